@@ -1,0 +1,273 @@
+"""The exception tree, and the mapping from an HTTP answer to the exception it means.
+
+    BatchsumError
+    ├── ConfigurationError             no key, a key over plain http to a remote host, a bad base URL
+    ├── InvalidParameterError          (also a ValueError) refused locally, nothing was sent
+    │   └── InvalidTextError           the text is outside the word limits; .reason: empty|too_short|too_long
+    └── APIError                       something went wrong talking to the service
+        ├── APIConnectionError         connection refused, dropped, reset       code "connection_error"
+        │   └── APITimeoutError        no answer in time                        code "timeout"
+        ├── APIResponseValidationError a 200 whose body is not {"result": str}  code "bad_response"
+        └── APIStatusError             any non-200 answer; .status_code .message .type .body
+            ├── AuthenticationError    401 incorrect API key provided           code "invalid_api_key"
+            ├── NotPremiumError        401 you are not premium for this request code "not_premium"
+            ├── UnprocessableEntityError 422 invalid parameters                 code "unprocessable"
+            │   ├── TextTooShortError  422 the text is too short
+            │   └── TextTooLongError   422 the text exceeds the word limit
+            ├── RateLimitError         429; .retry_after in seconds or None      code "rate_limited"
+            └── ServerError            5xx, HTML error pages from proxies       code "server_error"
+
+Every ``APIError`` has a ``code`` (the per-row error code of batch results) and ``attempts``.
+Error bodies come in many shapes (interface shape A ``{"error"}``, shape B ``{"type", "message"}``,
+FastAPI's ``{"detail"}``, an HTML page, nothing, truncated JSON); ``error_from_response`` reads them all.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from .contract import SkipReason
+
+__all__ = [
+    "BatchsumError",
+    "ConfigurationError",
+    "InvalidParameterError",
+    "InvalidTextError",
+    "APIError",
+    "APIConnectionError",
+    "APITimeoutError",
+    "APIResponseValidationError",
+    "APIStatusError",
+    "AuthenticationError",
+    "NotPremiumError",
+    "UnprocessableEntityError",
+    "TextTooShortError",
+    "TextTooLongError",
+    "RateLimitError",
+    "ServerError",
+    "error_from_response",
+    "read_error_body",
+]
+
+
+class BatchsumError(Exception):
+    """Root of every error batchsum raises on purpose."""
+
+
+class ConfigurationError(BatchsumError):
+    """The client cannot be used as configured (no key, insecure URL, ...). Nothing was sent."""
+
+
+class InvalidParameterError(BatchsumError, ValueError):
+    """A parameter the interface does not allow. Raised before anything is sent."""
+
+
+class InvalidTextError(InvalidParameterError):
+    """The text is empty or outside the word limits; ``reason`` is a ``SkipReason``."""
+
+    def __init__(self, reason: SkipReason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class APIError(BatchsumError):
+    """Talking to the service failed. ``code`` names the kind; ``attempts`` how many were made."""
+
+    code = "api_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.attempts = 1
+
+
+class APIConnectionError(APIError):
+    """The connection failed or was dropped before a whole answer arrived."""
+
+    code = "connection_error"
+
+
+class APITimeoutError(APIConnectionError):
+    """No answer within the timeout."""
+
+    code = "timeout"
+
+
+class APIResponseValidationError(APIError):
+    """The service said 200 but the body is not the ``{"result": "..."}`` the interface promises."""
+
+    code = "bad_response"
+
+    def __init__(self, message: str, *, body: str | None = None) -> None:
+        super().__init__(message)
+        self.body = body
+
+
+class APIStatusError(APIError):
+    """The service answered with a non-200 status."""
+
+    code = "http_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int,
+        type: str | None = None,
+        body: Any = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.type = type
+        self.body = body
+
+    def __str__(self) -> str:
+        return f"{self.status_code}: {self.message}"
+
+
+class AuthenticationError(APIStatusError):
+    """401: the API key is invalid or missing. Get the key from the service's "My Account" page."""
+
+    code = "invalid_api_key"
+
+
+class NotPremiumError(APIStatusError):
+    """401: the plan does not allow this request (e.g. mode 2) or has expired."""
+
+    code = "not_premium"
+
+
+class UnprocessableEntityError(APIStatusError):
+    """422: the service refused the parameters or the text."""
+
+    code = "unprocessable"
+
+
+class TextTooShortError(UnprocessableEntityError):
+    """422: the text has fewer words than the service needs."""
+
+
+class TextTooLongError(UnprocessableEntityError):
+    """422: the text exceeds the service's word limit."""
+
+
+class RateLimitError(APIStatusError):
+    """429: the plan's per-minute limit was exceeded. ``retry_after``: seconds to wait, if the service said."""
+
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.retry_after = retry_after
+
+
+class ServerError(APIStatusError):
+    """5xx: the service (or a proxy in front of it) failed. Transient: retried."""
+
+    code = "server_error"
+
+
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+_TAGS = re.compile(r"<[^>]+>")
+_REASONS = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    413: "Payload Too Large",
+    422: "Unprocessable Entity",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _detail_text(detail: Any) -> str:
+    """FastAPI's ``detail``: a string, or a list of ``{"loc": [...], "msg": "..."}``."""
+    if isinstance(detail, str):
+        return detail
+    if isinstance(detail, list):
+        parts = []
+        for item in detail:
+            if isinstance(item, Mapping):
+                loc = ".".join(str(p) for p in item.get("loc", []) if p != "body")
+                msg = str(item.get("msg", "invalid"))
+                parts.append(f"{loc}: {msg}" if loc else msg)
+            else:
+                parts.append(str(item))
+        return "Validation Error: " + "; ".join(parts) if parts else "Validation Error"
+    return json.dumps(detail)
+
+
+def read_error_body(status_code: int, content: bytes, content_type: str = "") -> tuple[str, str | None, Any]:
+    """(message, error type, body) from an error answer of any shape the service or a proxy may send."""
+    reason = _REASONS.get(status_code, f"HTTP {status_code}")
+    text = content.decode("utf-8", errors="replace").strip()
+    if not text:
+        return f"{reason} (empty body)", None, None
+    looks_html = "html" in content_type.lower() or text[:1] == "<"
+    if not looks_html:
+        try:
+            body = json.loads(text)
+        except ValueError:
+            return f"{reason} (unreadable body: {_one_line(text, 80)!r})", None, text
+        if isinstance(body, Mapping):
+            error_type = body.get("type") if isinstance(body.get("type"), str) else None
+            if isinstance(body.get("message"), str):  # shape B
+                return body["message"], error_type, body
+            if "error" in body:  # shape A, sometimes with a nested object
+                error = body["error"]
+                if isinstance(error, Mapping):
+                    return str(error.get("message", json.dumps(error))), error.get("type"), body
+                return str(error), error_type, body
+            if "detail" in body:  # FastAPI
+                return _detail_text(body["detail"]), error_type, body
+        return f"{reason}: {_one_line(json.dumps(body), 120)}", None, body
+    title = _TITLE.search(text)
+    page = html.unescape(title.group(1) if title else _TAGS.sub(" ", text))
+    return f"{reason} (HTML page from the server or a proxy: {_one_line(page, 80)!r})", None, text
+
+
+def error_from_response(
+    status_code: int,
+    headers: Mapping[str, str],
+    content: bytes,
+    *,
+    retry_after: float | None = None,
+) -> APIStatusError:
+    """The exception a non-200 answer means, with the service's own words as its message.
+
+    ``retry_after`` (seconds, already parsed from the headers) goes on a ``RateLimitError``.
+    """
+    content_type = headers.get("content-type", "")
+    message, error_type, body = read_error_body(status_code, content, content_type)
+    kwargs: dict[str, Any] = {"status_code": status_code, "type": error_type, "body": body}
+    lowered = message.lower()
+    if status_code == 401:
+        if "premium" in lowered or "plan" in lowered or "expired" in lowered:
+            return NotPremiumError(message, **kwargs)
+        return AuthenticationError(message, **kwargs)
+    if status_code == 422:
+        if "exceed" in lowered or "too long" in lowered:
+            return TextTooLongError(message, **kwargs)
+        if "greater" in lowered or "too short" in lowered or "at least" in lowered:
+            return TextTooShortError(message, **kwargs)
+        return UnprocessableEntityError(message, **kwargs)
+    if status_code == 429:
+        return RateLimitError(message, retry_after=retry_after, **kwargs)
+    if status_code >= 500:
+        return ServerError(message, **kwargs)
+    return APIStatusError(message, **kwargs)

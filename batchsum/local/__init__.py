@@ -1,0 +1,19 @@
+"""The local reference service: the interface of ``shared/api/interface.md`` on this machine.
+
+Needs the ``local`` extra (``pip install 'batchsum[local]'``). Imports only ``batchsum.contract``.
+"""
+
+from __future__ import annotations
+
+try:
+    import starlette  # noqa: F401
+    import uvicorn  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError(
+        f"the local service needs the 'local' extra: pip install 'batchsum[local]' ({exc.name} is missing)"
+    ) from exc
+
+from .server import LocalService
+from .state import FAULT_KINDS, Faults, Plan, ServiceState
+
+__all__ = ["LocalService", "Faults", "Plan", "ServiceState", "FAULT_KINDS"]

@@ -1,0 +1,197 @@
+"""The routes of the local reference service: the interface's one operation, answered as the
+interface says, plus ``/_local/*`` for tests and benchmarks (stats, faults, reset).
+
+Order of checks on the summarize route: injected fault, key, expired plan, rate limit (every
+request with a valid key counts, valid body or not), body, plan vs mode, word limits, summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from .. import contract
+from ..contract import Messages
+from .state import Faults, Plan, ServiceState
+from .summarizer import summarize
+
+__all__ = ["create_app"]
+
+
+def _shape_a(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _shape_b(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"type": contract.ERROR_TYPE_INVALID_REQUEST, "message": message}, status_code=status)
+
+
+def _validation_error(*problems: tuple[list[Any], str, str]) -> JSONResponse:
+    """FastAPI's own 422 body, which the interface calls "Validation Error"."""
+    detail = [{"loc": loc, "msg": msg, "type": kind} for loc, msg, kind in problems]
+    return JSONResponse({"detail": detail}, status_code=422)
+
+
+_BAD_GATEWAY = """<!DOCTYPE html>
+<html><head><title>502 Bad Gateway</title></head>
+<body><center><h1>502 Bad Gateway</h1></center><hr><center>nginx</center></body></html>
+"""
+
+
+class _DroppedConnection(Response):
+    """Starts a 200 answer, sends part of it, and stops: the server then cuts the connection."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"64")],
+            }
+        )
+        await send({"type": "http.response.body", "body": b'{"result": "', "more_body": True})
+
+
+async def _read_fields(request: Request) -> dict[str, Any] | JSONResponse:
+    """The request's fields from JSON, multipart or url-encoded bodies; a 422 body when unreadable."""
+    content_type = request.headers.get("content-type", "").lower()
+    if content_type.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
+        form = await request.form()
+        return {k: v for k, v in form.items() if isinstance(v, str)}
+    raw = await request.body()
+    try:
+        data = json.loads(raw) if raw.strip() else {}
+    except ValueError as exc:
+        return _validation_error((["body", getattr(exc, "pos", 0)], "JSON decode error", "json_invalid"))
+    if not isinstance(data, dict):
+        return _validation_error((["body"], "Input should be a valid dictionary", "model_attributes_type"))
+    return data
+
+
+def _validate(fields: dict[str, Any]) -> tuple[str, contract.Params] | JSONResponse:
+    """(text, params) when the fields fit the interface's types; else FastAPI's 422 listing each problem."""
+    problems: list[tuple[list[Any], str, str]] = []
+    text = fields.get(contract.FIELD_TEXT)
+    if text is None:
+        problems.append((["body", "text"], "Field required", "missing"))
+    elif not isinstance(text, str):
+        problems.append((["body", "text"], "Input should be a valid string", "string_type"))
+    mode = contract.as_int(fields.get(contract.FIELD_MODE))
+    if contract.FIELD_MODE not in fields:
+        problems.append((["body", "mode"], "Field required", "missing"))
+    elif mode not in (1, 2):
+        problems.append((["body", "mode"], "Input should be 1 or 2", "literal_error"))
+    percentage = fields.get(contract.FIELD_PERCENTAGE)
+    if percentage is not None:
+        percentage = contract.as_int(percentage)
+        if percentage is None or not contract.PERCENTAGE_MIN <= percentage <= contract.PERCENTAGE_MAX:
+            problems.append(
+                (["body", "percentage"], "Input should be between 1 and 6", "less_than_equal")
+            )
+    kind = fields.get(contract.FIELD_TYPE)
+    allowed = [t.value for t in contract.SummaryType]
+    if kind is not None and kind not in allowed:
+        problems.append(
+            (["body", "type"], "Input should be " + ", ".join(repr(a) for a in allowed), "literal_error")
+        )
+    if problems:
+        return _validation_error(*problems)
+    return text, contract.parse_params(mode, percentage, kind)
+
+
+def create_app(state: ServiceState) -> Starlette:
+    """The ASGI app serving ``state``'s keys, plans, limit and faults."""
+
+    async def summarize_route(request: Request) -> Response:
+        response, fields = await _answer(request)
+        state.record(response.status_code, fields)
+        return response
+
+    async def _answer(request: Request) -> tuple[Response, dict[str, Any] | None]:
+        faults = state.faults
+        if faults.latency:
+            await asyncio.sleep(faults.latency)
+        fault = faults.next()
+        if fault == "429":
+            headers = {} if faults.retry_after is None else {"Retry-After": f"{faults.retry_after:g}"}
+            return _shape_a(429, Messages.RATE_LIMITED, headers), None
+        if fault == "500":
+            return _shape_a(500, Messages.SERVER), None
+        if fault == "502":
+            return HTMLResponse(_BAD_GATEWAY, status_code=502), None
+        if fault == "drop":
+            return _DroppedConnection(), None
+        if fault == "garbled":
+            return Response(b'{"result": "The summ', media_type="application/json"), None
+        if fault == "hang":
+            await asyncio.sleep(faults.hang_seconds)
+
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        plan = state.plans.get(key.strip()) if scheme.lower() == "bearer" else None
+        if plan is None:
+            return _shape_b(401, Messages.INVALID_KEY), None
+        if plan is Plan.EXPIRED:
+            return _shape_b(401, Messages.NOT_PREMIUM), None
+        wait = state.admit(key.strip())
+        if wait is not None:
+            return _shape_a(429, Messages.RATE_LIMITED, {"Retry-After": str(wait)}), None
+
+        fields = await _read_fields(request)
+        if isinstance(fields, Response):
+            return fields, None
+        valid = _validate(fields)
+        if isinstance(valid, Response):
+            return valid, None
+        text, params = valid
+        if plan is Plan.BASIC and params.mode == contract.Mode.ADVANCED:
+            return _shape_b(401, Messages.NOT_PREMIUM), None
+        words = contract.count_words(text)
+        if words < contract.MIN_WORDS:
+            return _shape_b(422, Messages.TOO_SHORT), None
+        if words > contract.MAX_WORDS:
+            return _shape_a(422, Messages.TOO_LONG), None
+        try:
+            result = await run_in_threadpool(
+                summarize, text, params.mode, params.percentage, params.type and params.type.value
+            )
+        except Exception:  # the summarizer must never take the service down
+            return _shape_a(500, Messages.SERVER), None
+        return JSONResponse({contract.FIELD_RESULT: result}), {"text": text, **params.fields()}
+
+    async def stats_route(request: Request) -> Response:
+        return JSONResponse(state.stats())
+
+    async def faults_route(request: Request) -> Response:
+        try:
+            state.faults = Faults.from_json(await request.json())
+        except (ValueError, TypeError) as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse({"ok": True})
+
+    async def reset_route(request: Request) -> Response:
+        state.reset_stats()
+        state.faults = Faults()
+        return JSONResponse({"ok": True})
+
+    async def index_route(request: Request) -> Response:
+        return JSONResponse(
+            {"service": "batchsum local reference service", "endpoint": f"POST {contract.SUMMARIZE_PATH}"}
+        )
+
+    return Starlette(
+        routes=[
+            Route(contract.SUMMARIZE_PATH, summarize_route, methods=["POST"]),
+            Route("/_local/stats", stats_route, methods=["GET"]),
+            Route("/_local/faults", faults_route, methods=["POST"]),
+            Route("/_local/reset", reset_route, methods=["POST"]),
+            Route("/", index_route, methods=["GET"]),
+        ]
+    )

@@ -1,0 +1,99 @@
+"""Run the local reference service: in a background thread on a free loopback port (tests,
+notebooks, ``--local``), or in the foreground (``batchsum serve``)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import uvicorn
+
+from .app import create_app
+from .state import Faults, Plan, ServiceState
+
+__all__ = ["LocalService"]
+
+
+class LocalService:
+    """The local service in a thread. ``with LocalService(rpm=60) as service: service.url, service.key``.
+
+    ``keys``: ``["KEY", "KEY:basic", "KEY:expired"]`` or ``{key: Plan}``; one premium key is generated
+    when none is given. ``rpm``: per-key sliding-window limit (0 = none). ``faults``: see ``Faults``.
+    """
+
+    def __init__(
+        self,
+        keys: Iterable[str] | dict[str, Plan] | None = None,
+        *,
+        rpm: int = 0,
+        faults: Faults | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.state = ServiceState(keys, rpm=rpm, faults=faults)
+        self.host = host
+        self.port = port
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def key(self) -> str:
+        return self.state.key
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def faults(self) -> Faults:
+        return self.state.faults
+
+    @faults.setter
+    def faults(self, faults: Faults) -> None:
+        self.state.faults = faults
+
+    def stats(self) -> dict[str, Any]:
+        return self.state.stats()
+
+    def start(self, timeout: float = 10.0) -> LocalService:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            create_app(self.state),
+            log_level="critical",
+            lifespan="off",
+            timeout_graceful_shutdown=1,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="batchsum-local", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the local service did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+            self._server = self._thread = None
+
+    def __enter__(self) -> LocalService:
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"LocalService(url={self.url!r}, rpm={self.state.rpm})"

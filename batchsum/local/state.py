@@ -1,0 +1,168 @@
+"""What the local service remembers: keys and their plans, per-key sliding-window limits, faults to
+inject, and counts of what it was asked (so tests and benchmarks can check what was sent)."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import math
+import random
+import secrets
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Plan", "ServiceState", "Faults", "FAULT_KINDS", "parse_key_spec"]
+
+
+class Plan(str, enum.Enum):
+    """premium: everything; basic: mode 1 only; expired: nothing."""
+
+    PREMIUM = "premium"
+    BASIC = "basic"
+    EXPIRED = "expired"
+
+
+# "429": a rate-limit answer with Retry-After; "500": shape-A server error; "502": an HTML page
+# from a "proxy"; "drop": the connection is cut mid-answer; "hang": no answer for `hang_seconds`;
+# "garbled": a 200 whose JSON is cut short.
+FAULT_KINDS = ("429", "500", "502", "drop", "hang", "garbled")
+
+
+def parse_key_spec(spec: str) -> tuple[str, Plan]:
+    """``KEY`` or ``KEY:PLAN`` (premium, basic, expired) -> (key, plan)."""
+    key, _, plan = spec.partition(":")
+    if not key:
+        raise ValueError(f"invalid key {spec!r}: use KEY or KEY:PLAN")
+    try:
+        return key, Plan(plan or "premium")
+    except ValueError:
+        raise ValueError(f"invalid plan {plan!r} in {spec!r}: use premium, basic or expired") from None
+
+
+@dataclass
+class Faults:
+    """Faults to inject. ``script`` is consumed first, one fault (or "ok") per request; then each
+    kind in ``rates`` strikes with its probability (seeded, so runs repeat)."""
+
+    latency: float = 0.0
+    rates: dict[str, float] = field(default_factory=dict)
+    script: deque[str] = field(default_factory=deque)
+    retry_after: float | None = 1.0  # seconds on injected 429s; None sends no Retry-After
+    hang_seconds: float = 30.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for kind in list(self.rates) + list(self.script):
+            if kind not in FAULT_KINDS and kind != "ok":
+                raise ValueError(f"unknown fault {kind!r}: use one of {', '.join(FAULT_KINDS)}")
+        self._random = random.Random(self.seed)
+
+    def next(self) -> str | None:
+        if self.script:
+            kind = self.script.popleft()
+            return None if kind == "ok" else kind
+        for kind in FAULT_KINDS:
+            rate = self.rates.get(kind, 0.0)
+            if rate and self._random.random() < rate:
+                return kind
+        return None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Faults:
+        return cls(
+            latency=float(data.get("latency", 0.0)),
+            rates={str(k): float(v) for k, v in dict(data.get("rates", {})).items()},
+            script=deque(str(k) for k in data.get("script", [])),
+            retry_after=data.get("retry_after", 1.0),
+            hang_seconds=float(data.get("hang_seconds", 30.0)),
+            seed=int(data.get("seed", 0)),
+        )
+
+
+def fingerprint(fields: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+class SlidingWindow:
+    """At most ``limit`` accepted requests in any ``window`` seconds (a log of accept times)."""
+
+    __slots__ = ("limit", "window", "_times")
+
+    def __init__(self, limit: int, window: float = 60.0) -> None:
+        self.limit = limit
+        self.window = window
+        self._times: deque[float] = deque()
+
+    def admit(self, now: float) -> float | None:
+        """Record the request and return None, or return the seconds until it would be admitted."""
+        while self._times and self._times[0] <= now - self.window:
+            self._times.popleft()
+        if len(self._times) < self.limit:
+            self._times.append(now)
+            return None
+        return self._times[0] + self.window - now
+
+
+class ServiceState:
+    """Keys, plans, limits, faults and counters; shared by the routes, safe across threads."""
+
+    def __init__(
+        self,
+        keys: Iterable[str] | dict[str, Plan] | None = None,
+        rpm: int = 0,
+        faults: Faults | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if keys is None:
+            keys = {secrets.token_urlsafe(24): Plan.PREMIUM}
+        elif not isinstance(keys, dict):
+            keys = dict(parse_key_spec(spec) for spec in keys)
+        self.plans: dict[str, Plan] = dict(keys)
+        self.rpm = rpm
+        self.faults = faults or Faults()
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._windows: dict[str, SlidingWindow] = {}
+        self.reset_stats()
+
+    @property
+    def key(self) -> str:
+        """The first key (the generated one when none was given)."""
+        return next(iter(self.plans))
+
+    def reset_stats(self) -> None:
+        with getattr(self, "_lock", threading.Lock()):
+            self.requests = 0
+            self.by_status: Counter[int] = Counter()
+            self.answered: Counter[str] = Counter()
+
+    def admit(self, key: str) -> float | None:
+        """None when the key may send now; else the seconds to wait (the per-key sliding window)."""
+        if self.rpm <= 0:
+            return None
+        with self._lock:
+            window = self._windows.setdefault(key, SlidingWindow(self.rpm))
+            wait = window.admit(self.clock())
+        return None if wait is None else max(1, math.ceil(wait))
+
+    def record(self, status: int, fields: dict[str, Any] | None = None) -> None:
+        with self._lock:
+            self.requests += 1
+            self.by_status[status] += 1
+            if status == 200 and fields is not None:
+                self.answered[fingerprint(fields)] += 1
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "requests": self.requests,
+                "by_status": {str(k): v for k, v in sorted(self.by_status.items())},
+                "answered": sum(self.answered.values()),
+                "answered_unique": len(self.answered),
+                "answered_twice": sum(1 for c in self.answered.values() if c > 1),
+            }
