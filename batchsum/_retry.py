@@ -51,9 +51,9 @@ def parse_retry_after(headers: Mapping[str, str], now: Callable[[], float] = tim
         try:
             value = float(raw)
         except ValueError:
-            parsed = email.utils.parsedate_to_datetime(raw) if raw.strip() else None
+            parsed = email.utils.parsedate_tz(raw)
             if parsed is not None:
-                value = parsed.timestamp() - now()
+                value = email.utils.mktime_tz(parsed) - now()
     if value is None and (reset := headers.get("x-ratelimit-reset")) is not None:
         try:
             number = float(reset)

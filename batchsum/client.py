@@ -344,8 +344,7 @@ class AsyncClient:
             if delay is None:
                 raise error
             self._core.note_retry(error, attempt, delay)
-            if delay > 0:
-                await self._sleep(delay)
+            await self._sleep(delay)
 
     async def aclose(self) -> None:
         await self._http.aclose()

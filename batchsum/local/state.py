@@ -57,6 +57,7 @@ class Faults:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        self.script = deque(self.script)
         for kind in list(self.rates) + list(self.script):
             if kind not in FAULT_KINDS and kind != "ok":
                 raise ValueError(f"unknown fault {kind!r}: use one of {', '.join(FAULT_KINDS)}")

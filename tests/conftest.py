@@ -1,0 +1,52 @@
+"""Shared fixtures: the local service on a free loopback port, and a clean environment."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from batchsum.local import Faults, LocalService
+
+KEY = "test-key-premium-0123456789"
+BASIC_KEY = "test-key-basic-0123456789"
+EXPIRED_KEY = "test-key-expired-0123456789"
+
+
+@pytest.fixture(autouse=True)
+def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test sees the developer's BATCHSUM_* settings or proxies."""
+    for name in list(os.environ):
+        if name.startswith("BATCHSUM_") or name.lower().endswith("_proxy"):
+            monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="session")
+def service():
+    """One local service for the session, no rate limit; tests reset its faults and counts."""
+    with LocalService([KEY, f"{BASIC_KEY}:basic", f"{EXPIRED_KEY}:expired"]) as running:
+        yield running
+
+
+@pytest.fixture
+def svc(service: LocalService) -> LocalService:
+    service.state.reset_stats()
+    service.faults = Faults()
+    service.state.rpm = 0
+    yield service
+    service.faults = Faults()
+
+
+def article(words: int, seed: int = 0) -> str:
+    """A text of exactly ``words`` words in sentences of about twelve."""
+    vocabulary = (
+        "river council budget school market station harbour bridge museum garden library festival "
+        "factory railway hospital stadium theatre college village airport"
+    ).split()
+    out = []
+    for i in range(words):
+        word = vocabulary[(i * 7 + seed * 13 + i // 12) % len(vocabulary)]
+        out.append(word.capitalize() if i % 12 == 0 else word)
+        if i % 12 == 11 or i == words - 1:
+            out[-1] += "."
+    return " ".join(out)

@@ -1,0 +1,77 @@
+import math
+
+import pandas as pd
+import pytest
+
+from batchsum import contract
+from batchsum.contract import Mode, SkipReason, SummaryType, count_words, parse_params, text_problem
+from tests.conftest import article
+
+
+def test_defaults_follow_the_interface():
+    assert parse_params(1) == (Mode.STANDARD, 4, None)
+    assert parse_params(2, 6, "best_line") == (Mode.ADVANCED, 6, SummaryType.BEST_LINE)
+    assert parse_params("2", "3", "bullets").fields() == {"mode": 2, "percentage": 3, "type": "bullets"}
+    assert "type" not in parse_params(1).fields()
+    assert parse_params("advanced").mode is Mode.ADVANCED
+
+
+@pytest.mark.parametrize("mode", [0, 3, -1, "x", True, None, 1.5, "three"])
+def test_an_invalid_mode_is_named(mode):
+    with pytest.raises(ValueError, match="invalid mode"):
+        parse_params(mode)
+
+
+@pytest.mark.parametrize("percentage", [0, 7, -4, "many", True, 4.5, float("nan")])
+def test_an_invalid_percentage_is_named(percentage):
+    with pytest.raises(ValueError, match="invalid percentage"):
+        parse_params(1, percentage)
+
+
+@pytest.mark.parametrize("kind", ["summary", "BULLET", 3, "best line"])
+def test_an_invalid_type_is_named(kind):
+    with pytest.raises(ValueError, match="invalid type"):
+        parse_params(1, 4, kind)
+
+
+def test_words_are_runs_of_non_white_space_in_any_script():
+    assert count_words("  one\ttwo\nthree\u00a0four  ") == 4
+    assert count_words("東京 は 大きい 都市 です") == 5
+    assert count_words("") == 0
+
+
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        (None, SkipReason.EMPTY),
+        (float("nan"), SkipReason.EMPTY),
+        (pd.NA, SkipReason.EMPTY),
+        (pd.NaT, SkipReason.EMPTY),
+        (42, SkipReason.EMPTY),
+        (b"bytes are not text at all but here are ten words", SkipReason.EMPTY),
+        ("", SkipReason.EMPTY),
+        ("   \n\t ", SkipReason.EMPTY),
+        (article(9), SkipReason.TOO_SHORT),
+        (article(5001), SkipReason.TOO_LONG),
+    ],
+)
+def test_texts_the_service_would_refuse_are_classified(value, reason):
+    problem = text_problem(value)
+    assert problem is not None and problem[0] is reason
+    assert problem[1]  # a sentence for the user
+
+
+@pytest.mark.parametrize("words", [10, 11, 4999, 5000])
+def test_texts_within_the_limits_are_sent_including_exactly_10_and_5000(words):
+    assert text_problem(article(words)) is None
+
+
+def test_unicode_text_is_counted_and_accepted():
+    text = "Ça va très bien aujourd’hui, merci beaucoup — und wie geht es dir, mein Freund? 😀"
+    assert text_problem(text) is None
+    assert not math.isnan(count_words(text))
+
+
+def test_the_service_error_texts_are_the_interfaces():
+    assert contract.Messages.INVALID_KEY == "incorrect API key provided"
+    assert contract.Messages.TOO_SHORT == "Text must be greater then 10 words"
