@@ -65,13 +65,18 @@ class PreparedRequest:
         return {contract.FIELD_TEXT: self.text, **self.params.fields()}
 
 
+def validate_params(mode: Any = 1, percentage: Any = contract.PERCENTAGE_DEFAULT, type: Any = None) -> contract.Params:
+    """The parameters, normalized; ``InvalidParameterError`` (a ValueError) naming a bad one."""
+    try:
+        return contract.parse_params(mode, percentage, type)
+    except ValueError as exc:
+        raise InvalidParameterError(str(exc)) from None
+
+
 def prepare(text: Any, mode: Any = 1, percentage: Any = contract.PERCENTAGE_DEFAULT, type: Any = None) -> PreparedRequest:
     """Validate a request against the contract. Raises ``InvalidParameterError`` (a ValueError)
     or ``InvalidTextError`` naming the problem; nothing is sent."""
-    try:
-        params = contract.parse_params(mode, percentage, type)
-    except ValueError as exc:
-        raise InvalidParameterError(str(exc)) from None
+    params = validate_params(mode, percentage, type)
     problem = contract.text_problem(text)
     if problem is not None:
         raise InvalidTextError(*problem)

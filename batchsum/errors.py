@@ -2,6 +2,7 @@
 
     BatchsumError
     ├── ConfigurationError             no key, a key over plain http to a remote host, a bad base URL
+    ├── InputError                     (also a ValueError) a missing column, an unreadable file, ...
     ├── InvalidParameterError          (also a ValueError) refused locally, nothing was sent
     │   └── InvalidTextError           the text is outside the word limits; .reason: empty|too_short|too_long
     └── APIError                       something went wrong talking to the service
@@ -35,6 +36,7 @@ from .contract import SkipReason
 __all__ = [
     "BatchsumError",
     "ConfigurationError",
+    "InputError",
     "InvalidParameterError",
     "InvalidTextError",
     "APIError",
@@ -60,6 +62,10 @@ class BatchsumError(Exception):
 
 class ConfigurationError(BatchsumError):
     """The client cannot be used as configured (no key, insecure URL, ...). Nothing was sent."""
+
+
+class InputError(BatchsumError, ValueError):
+    """The input cannot be used: a missing column, an unreadable or non-Parquet file, a bad path."""
 
 
 class InvalidParameterError(BatchsumError, ValueError):

@@ -1,0 +1,313 @@
+"""The ``batchsum`` command: ``summarize`` Parquet files, summarize one ``text``, ``serve`` locally.
+
+Exit codes: 0 the run finished (per-row failures are in the output), 1 stopped by a fatal error
+(wrong key, expired plan, service unreachable for a single text), 2 bad usage or input,
+130 interrupted. Every stop says how to resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from . import contract
+from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from .client import ENV_API_KEY, AsyncClient, Client, validate_params
+from .engine import DEFAULT_CONCURRENCY, BatchStats, plan_batch
+from .errors import (
+    APIError,
+    AuthenticationError,
+    BatchsumError,
+    ConfigurationError,
+    InputError,
+    InvalidParameterError,
+    NotPremiumError,
+)
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+DEFAULT_RPM = 60.0
+ENV_RPM = "BATCHSUM_RPM"
+
+
+class _Stop(Exception):
+    """Leave with an exit code and a one-line message."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value < 0 or value != value:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return value
+
+
+def _add_request_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mode", default="1", choices=["1", "2", "standard", "advanced"],
+                        help="1 = standard (smaller, faster model; default), 2 = advanced (full model)")
+    parser.add_argument("--percentage", type=int, default=contract.PERCENTAGE_DEFAULT, choices=range(1, 7),
+                        metavar="1..6", help="summary length, 1 (shortest) to 6 (longest); default 4")
+    parser.add_argument("--type", default=None, choices=[t.value for t in contract.SummaryType],
+                        help="output format: summary_2 (headings and points), bullets, best_line; "
+                        "default: a plain summary")
+    parser.add_argument("--base-url", default=None,
+                        help="service address; default $BATCHSUM_BASE_URL or https://www.summarizer.org")
+    parser.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT,
+                        help=f"seconds to wait for one answer (default {DEFAULT_TIMEOUT:g})")
+    parser.add_argument("--max-retries", type=int, default=DEFAULT_MAX_RETRIES,
+                        help=f"retries of a transient failure (429, 5xx, timeout, dropped connection; "
+                        f"default {DEFAULT_MAX_RETRIES})")
+    parser.add_argument("--encoding", default="json", choices=["json", "form", "multipart"],
+                        help="request body encoding (default json)")
+    parser.add_argument("--local", action="store_true",
+                        help="start the local reference service in this process and use it (no key needed)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="batchsum",
+        description="Summarize text in bulk through a rate-limited summarization API.",
+        epilog=f"The API key comes from ${ENV_API_KEY}.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser(
+        "summarize",
+        help="summarize a text column of Parquet files into a new Parquet file",
+        description="Summarize the text column of Parquet files (files, folders or globs) into one "
+        "output file with every input column plus the result columns. Paced under --rpm, texts outside "
+        "10..5000 words skipped, identical requests sent once, answers kept in a journal so that an "
+        "interrupted run resumes where it stopped when the same command is run again.",
+    )
+    run.add_argument("inputs", nargs="+", metavar="INPUT", help="Parquet file, folder of them, or glob")
+    run.add_argument("-o", "--output", required=True, help="output Parquet file (written when complete)")
+    run.add_argument("--column", required=True, help="the input column holding the texts")
+    _add_request_options(run)
+    run.add_argument("--rpm", type=_positive_float, default=None,
+                     help=f"requests per minute your plan allows; starts are evenly spaced under it "
+                     f"(default ${ENV_RPM} or {DEFAULT_RPM:g}; with --local, no limit; 0 = no pacing)")
+    run.add_argument("--concurrency", type=_positive_int, default=DEFAULT_CONCURRENCY,
+                     help=f"requests in flight at once (default {DEFAULT_CONCURRENCY})")
+    run.add_argument("--output-column", default="summary",
+                     help="name of the summary column; the others are NAME_status, NAME_error, "
+                     "NAME_message, NAME_http_status, NAME_attempts (default summary)")
+    run.add_argument("--journal", default=None,
+                     help="SQLite journal of finished answers (default: OUTPUT.journal.sqlite); "
+                     "reused by later runs so nothing is paid for twice")
+    run.add_argument("--dry-run", action="store_true",
+                     help="send nothing: show what would be sent, skipped, reused, and the least time it takes")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    one = commands.add_parser("text", help="summarize one text (an argument or standard input) and print it")
+    one.add_argument("text", nargs="?", default="-", help="the text; '-' or nothing reads standard input")
+    _add_request_options(one)
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the local reference service",
+        description="Run the local reference implementation of the summarization API.",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
+    serve.add_argument("--key", action="append", default=None, metavar="KEY[:PLAN]",
+                       help="an accepted API key, with plan premium (default), basic or expired; "
+                       "repeat for more; one premium key is generated and printed when none is given")
+    serve.add_argument("--rpm", type=int, default=60,
+                       help="per-key limit over a sliding minute, answered with 429 and Retry-After "
+                       "(default 60; 0 = none)")
+    serve.add_argument("--latency", type=_positive_float, default=0.0, help="seconds added to every answer")
+    serve.add_argument("--fault", action="append", default=[], metavar="KIND=RATE",
+                       help="inject a fault into a share of requests: KIND one of 429, 500, 502, drop, "
+                       "hang, garbled; e.g. --fault 500=0.05 (repeatable)")
+    serve.add_argument("--seed", type=int, default=0, help="seed of the fault injection (default 0)")
+    return parser
+
+
+def _say(message: str) -> None:
+    print(f"batchsum: {message}", file=sys.stderr, flush=True)
+
+
+def _start_local(stack: ExitStack, rpm: float) -> tuple[str, str]:
+    try:
+        from .local import LocalService
+    except ImportError as exc:
+        raise _Stop(EXIT_USAGE, str(exc)) from None
+    service = stack.enter_context(LocalService(rpm=int(rpm)))
+    _say(f"using the local reference service at {service.url} (extractive summaries made on this machine)")
+    return service.url, service.key
+
+
+def _client_settings(args: argparse.Namespace, stack: ExitStack, rpm: float) -> dict[str, Any]:
+    settings: dict[str, Any] = {"timeout": args.timeout, "max_retries": args.max_retries, "encoding": args.encoding}
+    if args.local:
+        settings["base_url"], settings["api_key"] = _start_local(stack, rpm)
+    else:
+        settings["base_url"] = args.base_url
+    if args.max_retries < 0:
+        raise _Stop(EXIT_USAGE, "--max-retries must be >= 0")
+    return settings
+
+
+def _summarize(args: argparse.Namespace) -> int:
+    from .journal import Journal
+    from .parquet import ParquetInput, ParquetOutput, summarize_parquet
+    from .progress import ProgressBar
+
+    params = validate_params(args.mode, args.percentage, args.type)
+    if args.rpm is not None:
+        rpm = args.rpm
+    elif args.local:
+        rpm = 0.0
+    else:
+        rpm = _positive_float(os.environ.get(ENV_RPM, str(DEFAULT_RPM)))
+    source = ParquetInput(args.inputs, args.column)
+    output_path = Path(args.output)
+    journal_path = Path(args.journal) if args.journal else output_path.with_name(output_path.name + ".journal.sqlite")
+    with ExitStack() as stack:
+        journal = stack.enter_context(Journal(journal_path))
+        request = {"mode": params.mode, "percentage": params.percentage, "type": params.type}
+        if args.dry_run:
+            plan = plan_batch(source.texts(), store=journal, **request)
+            print(plan.describe(rpm))
+            return EXIT_OK
+        output = ParquetOutput(output_path, source.schema, args.output_column, source.paths)
+        settings = _client_settings(args, stack, rpm)
+        client = AsyncClient(**settings)
+        bar = stack.enter_context(ProgressBar(source.num_rows, enabled=not args.quiet))
+        stats = BatchStats(total=source.num_rows)
+
+        def on_pace_change(pace: float) -> None:
+            _say(f"the service keeps answering 429: pace lowered to {pace:g} requests/min")
+
+        from .pacing import Pacer
+
+        pacer = Pacer(rpm, on_pace_change=on_pace_change)
+        kept = len(journal)
+
+        async def run() -> None:
+            async with client:
+                await summarize_parquet(
+                    source, output, client, store=journal, stats=stats, pacer=pacer,
+                    concurrency=args.concurrency, on_result=bar, **request,
+                )
+
+        resume = f"run the same command again to resume (answers are kept in {journal_path})"
+        try:
+            asyncio.run(run())
+        except (AuthenticationError, NotPremiumError) as exc:
+            bar.close()
+            _say(f"stopped: the service answered {exc.status_code} \"{exc.message}\" after {stats.done} rows; "
+                 f"{len(journal) - kept} new answers kept. "
+                 + ("Check the key in $BATCHSUM_API_KEY, then " if isinstance(exc, AuthenticationError)
+                    else "Check your plan (mode 2 needs premium), then ")
+                 + resume)
+            return EXIT_FATAL
+        except KeyboardInterrupt:
+            bar.close()
+            _say(f"interrupted after {stats.done} rows; {len(journal) - kept} new answers kept; {resume}")
+            return EXIT_INTERRUPTED
+        bar.close()
+        _say(f"wrote {output_path}: {stats.account()}")
+        if stats.failed:
+            _say(f"{stats.failed} rows failed (see the {args.output_column}_error column); "
+                 f"running the same command again retries the transient ones")
+    return EXIT_OK
+
+
+def _text(args: argparse.Namespace) -> int:
+    text = sys.stdin.read() if args.text == "-" else args.text
+    with ExitStack() as stack:
+        settings = _client_settings(args, stack, 0)
+        with Client(**settings) as client:
+            try:
+                print(client.summarize(text, args.mode, args.percentage, args.type))
+            except APIError as exc:
+                raise _Stop(EXIT_FATAL, f"{type(exc).__name__}: {exc}") from None
+    return EXIT_OK
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from .local import Faults, ServiceState
+        from .local.app import create_app
+    except ImportError as exc:
+        raise _Stop(EXIT_USAGE, str(exc)) from None
+    rates: dict[str, float] = {}
+    for spec in args.fault:
+        kind, _, rate = spec.partition("=")
+        try:
+            rates[kind] = float(rate)
+        except ValueError:
+            raise _Stop(EXIT_USAGE, f"invalid --fault {spec!r}: use KIND=RATE, e.g. 500=0.05") from None
+    try:
+        faults = Faults(latency=args.latency, rates=rates, seed=args.seed)
+        state = ServiceState(args.key, rpm=args.rpm, faults=faults)
+    except ValueError as exc:
+        raise _Stop(EXIT_USAGE, str(exc)) from None
+    shown = f"{args.host}:{args.port}" if ":" not in args.host else f"[{args.host}]:{args.port}"
+    print(f"batchsum local service on http://{shown} (limit {args.rpm or 'none'} requests/min per key)", flush=True)
+    for key, plan in state.plans.items():
+        print(f"  key ({plan.value}): {key}" if args.key is None else f"  key ({plan.value}) accepted", flush=True)
+    if args.key is None:
+        print(f"  export {ENV_API_KEY}={state.key} BATCHSUM_BASE_URL=http://{shown}", flush=True)
+    uvicorn.run(create_app(state), host=args.host, port=args.port, log_level="warning")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {"summarize": _summarize, "text": _text, "serve": _serve}
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if in_main_thread else None
+    if in_main_thread and previous == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: journal flushed
+    try:
+        return handlers[args.command](args)
+    except _Stop as stop:
+        _say(str(stop))
+        return stop.code
+    except (InputError, InvalidParameterError, ConfigurationError) as exc:
+        _say(f"error: {exc}")
+        return EXIT_USAGE
+    except BatchsumError as exc:
+        _say(f"error: {exc}")
+        return EXIT_FATAL
+    except KeyboardInterrupt:
+        _say("interrupted")
+        return EXIT_INTERRUPTED
+    finally:
+        if in_main_thread and previous == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

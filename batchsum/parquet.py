@@ -1,0 +1,171 @@
+"""Parquet in and out, streamed: inputs (files, folders, globs) read in record batches; one output
+file with every input column plus the result columns, in input order, written as rows finish to a
+temporary name and renamed into place only when the run is complete."""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections import deque
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .engine import RowResult, result_columns, summarize_stream
+from .errors import InputError
+
+__all__ = ["ParquetInput", "ParquetOutput", "summarize_parquet", "resolve_inputs", "BATCH_ROWS"]
+
+BATCH_ROWS = 1024
+
+_RESULT_TYPES = [pa.string(), pa.string(), pa.string(), pa.string(), pa.int32(), pa.int32()]
+
+
+def resolve_inputs(specs: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """Files in order: a file as given, a folder's ``*.parquet`` (recursively, sorted), a glob's matches."""
+    paths: list[Path] = []
+    for spec in specs:
+        text = os.fspath(spec)
+        path = Path(text)
+        if any(c in text for c in "*?[") and not path.exists():
+            found = [Path(p) for p in sorted(glob.glob(text, recursive=True)) if Path(p).is_file()]
+            if not found:
+                raise InputError(f"no file matches {text!r}")
+        elif path.is_dir():
+            found = sorted(p for p in path.rglob("*.parquet") if p.is_file())
+            if not found:
+                raise InputError(f"folder {text} holds no .parquet files")
+        elif path.is_file():
+            found = [path]
+        else:
+            raise InputError(f"{text}: no such file or folder")
+        paths.extend(p for p in found if p not in paths)
+    if not paths:
+        raise InputError("no input given")
+    return paths
+
+
+def _is_text(arrow_type: pa.DataType) -> bool:
+    if pa.types.is_dictionary(arrow_type):
+        arrow_type = arrow_type.value_type
+    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_null(arrow_type)
+
+
+class ParquetInput:
+    """One or more Parquet files of the same schema, read as a stream of record batches."""
+
+    def __init__(self, specs: Sequence[str | os.PathLike[str]], column: str) -> None:
+        self.paths = resolve_inputs(specs)
+        self.column = column
+        self.num_rows = 0
+        self.schema: pa.Schema | None = None
+        for path in self.paths:
+            if path.stat().st_size == 0:
+                raise InputError(f"{path} is empty (0 bytes), not a Parquet file")
+            try:
+                metadata = pq.read_metadata(path)
+                schema = metadata.schema.to_arrow_schema()
+            except (pa.ArrowException, OSError) as exc:
+                raise InputError(f"{path} cannot be read as Parquet: {exc}") from None
+            if self.schema is None:
+                self.schema = schema
+                if column not in schema.names:
+                    raise InputError(
+                        f"no column {column!r} in {path}; its columns are: {', '.join(schema.names)}"
+                    )
+                if not _is_text(schema.field(column).type):
+                    raise InputError(
+                        f"column {column!r} in {path} holds {schema.field(column).type}, not text"
+                    )
+            elif not schema.remove_metadata().equals(self.schema.remove_metadata()):
+                raise InputError(f"{path} has other columns or types than {self.paths[0]}; inputs must match")
+            self.num_rows += metadata.num_rows
+        if self.num_rows == 0:
+            raise InputError(f"{', '.join(map(str, self.paths))}: no rows to summarize")
+
+    def batches(self, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+        for path in self.paths:
+            with pq.ParquetFile(path) as parquet_file:
+                yield from parquet_file.iter_batches(batch_size=batch_rows)
+
+    def texts(self, batch_rows: int = BATCH_ROWS) -> Iterator[Any]:
+        for batch in self.batches(batch_rows):
+            yield from batch.column(self.column).to_pylist()
+
+
+class ParquetOutput:
+    """The output file, written batch by batch to ``.NAME.partial`` and renamed when complete."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        input_schema: pa.Schema,
+        output_column: str = "summary",
+        inputs: Sequence[Path] = (),
+    ) -> None:
+        self.path = Path(path)
+        if self.path.is_dir():
+            raise InputError(f"output {self.path} is a folder; give a file name")
+        if not self.path.parent.is_dir():
+            raise InputError(f"cannot write {self.path}: folder {self.path.parent} does not exist")
+        if any(self.path.resolve() == p.resolve() for p in inputs):
+            raise InputError(f"output {self.path} is also an input; write to another file")
+        names = result_columns(output_column)
+        clash = [n for n in names if n in input_schema.names]
+        if clash:
+            raise InputError(
+                f"the input already has column {clash[0]!r}; choose another name with --output-column"
+            )
+        self.schema = input_schema
+        for name, arrow_type in zip(names, _RESULT_TYPES):
+            self.schema = self.schema.append(pa.field(name, arrow_type))
+        self.partial = self.path.with_name(f".{self.path.name}.partial")
+        self._writer = pq.ParquetWriter(self.partial, self.schema)
+
+    def write(self, batch: pa.RecordBatch, results: Sequence[RowResult]) -> None:
+        columns = list(zip(*results)) if results else [[] for _ in _RESULT_TYPES]
+        arrays = batch.columns + [pa.array(values, type=t) for values, t in zip(columns, _RESULT_TYPES)]
+        self._writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
+
+    def commit(self) -> None:
+        self._writer.close()
+        os.replace(self.partial, self.path)
+
+    def abort(self) -> None:
+        self._writer.close()
+        self.partial.unlink(missing_ok=True)
+
+
+async def summarize_parquet(
+    source: ParquetInput, output: ParquetOutput, client: Any, *, batch_rows: int = BATCH_ROWS, **engine: Any
+) -> None:
+    """Stream ``source`` through the engine into ``output``; ``engine`` goes to ``summarize_stream``.
+
+    Input batches are held only until their rows' results arrive, so memory stays bounded.
+    On any failure or interrupt the partial output is removed; finished answers stay in the store.
+    """
+    held: deque[pa.RecordBatch] = deque()
+    column = source.column
+
+    def texts() -> Iterator[Any]:
+        for batch in source.batches(batch_rows):
+            held.append(batch)
+            yield from batch.column(column).to_pylist()
+
+    finished: list[RowResult] = []
+    try:
+        async for result in summarize_stream(texts(), client, **engine):
+            finished.append(result)
+            while held and len(finished) >= held[0].num_rows:
+                batch = held.popleft()
+                output.write(batch, finished[: batch.num_rows])
+                del finished[: batch.num_rows]
+        while held:  # batches of no rows
+            output.write(held.popleft(), [])
+    except BaseException:
+        output.abort()
+        raise
+    output.commit()

@@ -1,0 +1,51 @@
+"""A progress bar fed by the engine's stats: done/total, ok/skipped/failed, 429s, pace, ETA.
+
+``tqdm.auto`` picks a notebook widget in Jupyter and a text bar (on stderr) in a terminal.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import IO, Any
+
+from .engine import BatchStats
+
+__all__ = ["ProgressBar"]
+
+
+class ProgressBar:
+    """Call it with the engine's ``BatchStats`` after each row (``on_result=bar``)."""
+
+    def __init__(
+        self, total: int | None, *, enabled: bool = True, file: IO[str] | None = None, desc: str = "summarize"
+    ) -> None:
+        from tqdm.auto import tqdm
+
+        self._bar: Any = tqdm(
+            total=total, disable=not enabled, file=file, desc=desc, unit="row", dynamic_ncols=True, smoothing=0.05
+        )
+        self._last_postfix = 0.0
+
+    def __call__(self, stats: BatchStats) -> None:
+        self._bar.update(stats.done - self._bar.n)
+        now = time.monotonic()
+        if now - self._last_postfix >= 0.5 or stats.done == stats.total:
+            self._last_postfix = now
+            self._bar.set_postfix_str(self.describe(stats), refresh=True)
+
+    @staticmethod
+    def describe(stats: BatchStats) -> str:
+        pace = f"{stats.pace:g}/min" if stats.pace else "unpaced"
+        return (
+            f"ok {stats.ok} · skipped {stats.skipped} · failed {stats.failed} · "
+            f"429s {stats.rate_limited} · pace {pace}"
+        )
+
+    def close(self) -> None:
+        self._bar.close()
+
+    def __enter__(self) -> ProgressBar:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
