@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--latency", type=_positive_float, default=0.0, help="seconds added to every answer")
     serve.add_argument("--fault", action="append", default=[], metavar="KIND=RATE",
                        help="inject a fault into a share of requests: KIND one of 429, 500, 502, drop, "
-                       "hang, garbled; e.g. --fault 500=0.05 (repeatable)")
+                       "hang, garbled, 422; e.g. --fault 500=0.05 (repeatable)")
     serve.add_argument("--seed", type=int, default=0, help="seed of the fault injection (default 0)")
     return parser
 

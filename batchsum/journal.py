@@ -1,8 +1,11 @@
 """The SQLite journal: finished answers by request fingerprint, kept across runs and crashes.
 
-WAL mode, commits batched every ``commit_seconds`` (or ``commit_rows`` answers): a SIGKILL or a
-power cut loses at most those few seconds of answers, and never corrupts the file. Only answers
-worth keeping are written (summaries and 422 refusals); transient failures are tried again.
+Each answer is committed as it arrives. In WAL mode with ``synchronous=NORMAL`` a commit is one
+append to the write-ahead log, with no fsync: a killed process (SIGKILL, Ctrl-C, a crash) loses
+nothing, because the data is already with the operating system; the log is synced at checkpoints,
+so a power cut loses at most the last few seconds the OS had not written back, and SQLite never
+leaves a corrupt file. Only answers worth keeping are written (summaries and 422 refusals);
+transient failures are tried again on the next run.
 """
 
 from __future__ import annotations
@@ -10,7 +13,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +40,7 @@ INSERT OR IGNORE INTO meta VALUES ('format', 'batchsum-journal-1');
 class Journal:
     """A SQLite-backed answer store. ``with Journal("run.journal.sqlite") as journal: ...``"""
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        commit_seconds: float = 2.0,
-        commit_rows: int = 500,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         if not self.path.parent.is_dir():
             raise InputError(f"cannot create the journal {self.path}: folder {self.path.parent} does not exist")
@@ -59,11 +54,6 @@ class Journal:
             raise InputError(f"{self.path} is not a batchsum journal ({exc}); pass another --journal path") from None
         if format_ != "batchsum-journal-1":
             raise InputError(f"{self.path} is a journal of an unknown format {format_!r}")
-        self._commit_seconds = commit_seconds
-        self._commit_rows = commit_rows
-        self._clock = clock
-        self._uncommitted = 0
-        self._last_commit = clock()
 
     def get(self, key: str) -> Answer | None:
         row = self._db.execute(
@@ -76,28 +66,19 @@ class Journal:
         return self._db.execute("SELECT 1 FROM answers WHERE fingerprint=?", (key,)).fetchone() is not None
 
     def put(self, key: str, answer: Answer) -> None:
-        if not self._uncommitted:
-            self._db.execute("BEGIN")
+        """Keep ``answer``; committed at once (autocommit)."""
         self._db.execute(
             "INSERT OR REPLACE INTO answers VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (key, *answer, time.time()),
         )
-        self._uncommitted += 1
-        if self._uncommitted >= self._commit_rows or self._clock() - self._last_commit >= self._commit_seconds:
-            self.flush()
 
     def flush(self) -> None:
-        """Commit what is written so far."""
-        if self._uncommitted:
-            self._db.execute("COMMIT")
-            self._uncommitted = 0
-        self._last_commit = self._clock()
+        """Nothing to do: every answer is committed as it is put."""
 
     def __len__(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM answers").fetchone()[0]
 
     def close(self) -> None:
-        self.flush()
         self._db.close()
 
     def __enter__(self) -> Journal:

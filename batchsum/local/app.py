@@ -129,6 +129,8 @@ def create_app(state: ServiceState) -> Starlette:
             return HTMLResponse(_BAD_GATEWAY, status_code=502), None
         if fault == "drop":
             return _DroppedConnection(), None
+        if fault == "422":
+            return _shape_a(422, Messages.TOO_LONG), None
         if fault == "garbled":
             return Response(b'{"result": "The summ', media_type="application/json"), None
         if fault == "hang":

@@ -21,7 +21,8 @@ class LocalService:
     """The local service in a thread. ``with LocalService(rpm=60) as service: service.url, service.key``.
 
     ``keys``: ``["KEY", "KEY:basic", "KEY:expired"]`` or ``{key: Plan}``; one premium key is generated
-    when none is given. ``rpm``: per-key sliding-window limit (0 = none). ``faults``: see ``Faults``.
+    when none is given. ``rpm``: per-key limit over a sliding ``window`` of 60 seconds (0 = none;
+    tests shrink the window to see several of them in seconds). ``faults``: see ``Faults``.
     """
 
     def __init__(
@@ -32,8 +33,9 @@ class LocalService:
         faults: Faults | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        window: float = 60.0,
     ) -> None:
-        self.state = ServiceState(keys, rpm=rpm, faults=faults)
+        self.state = ServiceState(keys, rpm=rpm, faults=faults, window=window)
         self.host = host
         self.port = port
         self._server: uvicorn.Server | None = None

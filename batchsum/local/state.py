@@ -29,8 +29,9 @@ class Plan(str, enum.Enum):
 
 # "429": a rate-limit answer with Retry-After; "500": shape-A server error; "502": an HTML page
 # from a "proxy"; "drop": the connection is cut mid-answer; "hang": no answer for `hang_seconds`;
-# "garbled": a 200 whose JSON is cut short.
-FAULT_KINDS = ("429", "500", "502", "drop", "hang", "garbled")
+# "garbled": a 200 whose JSON is cut short; "422": a refusal the client could not foresee (as when the
+# live service counts words differently), to exercise permanent failures.
+FAULT_KINDS = ("429", "500", "502", "drop", "hang", "garbled", "422")
 
 
 def parse_key_spec(spec: str) -> tuple[str, Plan]:
@@ -118,13 +119,15 @@ class ServiceState:
         rpm: int = 0,
         faults: Faults | None = None,
         clock: Callable[[], float] = time.monotonic,
+        window: float = 60.0,
     ) -> None:
         if keys is None:
             keys = {secrets.token_urlsafe(24): Plan.PREMIUM}
         elif not isinstance(keys, dict):
             keys = dict(parse_key_spec(spec) for spec in keys)
         self.plans: dict[str, Plan] = dict(keys)
-        self.rpm = rpm
+        self.rpm = rpm  # requests allowed per key in any `window` seconds (0 = no limit)
+        self.window = window
         self.faults = faults or Faults()
         self.clock = clock
         self._lock = threading.Lock()
@@ -147,7 +150,7 @@ class ServiceState:
         if self.rpm <= 0:
             return None
         with self._lock:
-            window = self._windows.setdefault(key, SlidingWindow(self.rpm))
+            window = self._windows.setdefault(key, SlidingWindow(self.rpm, self.window))
             wait = window.admit(self.clock())
         return None if wait is None else max(1, math.ceil(wait))
 

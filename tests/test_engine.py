@@ -1,0 +1,185 @@
+"""The batch engine against the local service over loopback."""
+
+import asyncio
+
+import pytest
+
+import batchsum
+from batchsum.engine import BatchStats, MemoryStore, fingerprint, plan_batch, summarize_stream
+from batchsum.client import PreparedRequest, validate_params
+from batchsum.local import Faults, LocalService
+from batchsum.local.summarizer import summarize as local_summary
+from tests.conftest import EXPIRED_KEY, KEY, article
+
+
+def texts(n, words=40):
+    return [article(words, seed=i) + f" Row number {i} ends here." for i in range(n)]
+
+
+async def collect(rows, svc, key=KEY, **kwargs):
+    kwargs.setdefault("concurrency", 8)
+    async with batchsum.AsyncClient(key, svc.url, max_retries=kwargs.pop("max_retries", 5)) as client:
+        return [r async for r in summarize_stream(rows, client, **kwargs)]
+
+
+async def test_rows_in_equal_rows_out_in_order_each_with_its_own_summary(svc):
+    svc.faults = Faults(rates={"500": 0.1, "drop": 0.05}, retry_after=0, seed=3)
+    rows = texts(120, words=30) + [article(400, seed=99)]
+    results = await collect(rows, svc, mode=2, percentage=2, type="bullets")
+    assert len(results) == len(rows)
+    for text, result in zip(rows, results):
+        assert result.status == "ok", result
+        assert result.summary == local_summary(text, 2, 2, "bullets")
+        assert result.http_status == 200 and result.attempts >= 1
+
+
+async def test_bad_rows_are_skipped_with_a_reason_and_never_sent(svc):
+    rows = [None, float("nan"), 7, "", "   ", article(9), article(10), article(5000), article(5001), "ünïcödé " * 12]
+    results = await collect(rows, svc)
+    assert [(r.status, r.error) for r in results] == [
+        ("skipped", "empty"), ("skipped", "empty"), ("skipped", "empty"), ("skipped", "empty"),
+        ("skipped", "empty"), ("skipped", "too_short"), ("ok", None), ("ok", None),
+        ("skipped", "too_long"), ("ok", None),
+    ]
+    assert all(r.message for r in results if r.status == "skipped")
+    assert svc.stats()["requests"] == 3
+
+
+async def test_identical_requests_are_sent_once_and_fan_out(svc):
+    base = texts(5)
+    rows = base * 4 + [base[0]]
+    stats = BatchStats()
+    results = await collect(rows, svc, stats=stats)
+    assert [r.summary for r in results] == [r.summary for r in results[:5]] * 4 + [results[0].summary]
+    assert svc.stats()["requests"] == 5 and svc.stats()["answered_twice"] == 0
+    assert stats.sent == 5 and stats.reused == 16
+
+
+async def test_other_parameters_are_other_requests(svc):
+    row = texts(1)
+    await collect(row, svc, mode=1)
+    await collect(row, svc, mode=1, store=None)
+    assert svc.stats()["requests"] == 2  # no store shared: sent again
+    store = MemoryStore()
+    await collect(row, svc, mode=1, store=store)
+    await collect(row, svc, mode=1, store=store)
+    await collect(row, svc, mode=1, percentage=5, store=store)
+    assert svc.stats()["requests"] == 4
+
+
+async def test_zero_429s_at_the_configured_rpm_against_a_sliding_window_of_the_same_rpm():
+    # 25 per 5-second sliding window is the same rate as 300 per minute: several windows in 9 s.
+    with LocalService([KEY], rpm=25, window=5.0) as service:
+        stats = BatchStats()
+        results = await collect(texts(45, words=15), service, rpm=300, concurrency=8, stats=stats)
+        assert all(r.status == "ok" for r in results)
+        assert service.stats()["by_status"] == {"200": 45}
+        assert stats.rate_limited == 0
+
+
+async def test_a_429_storm_is_survived_with_every_row_accounted_for(svc):
+    svc.faults = Faults(rates={"429": 0.6}, retry_after=0.01, seed=7)
+    rows = texts(60, words=12)
+    stats = BatchStats()
+    store = MemoryStore()
+    results = await collect(rows, svc, stats=stats, store=store, max_retries=3)
+    assert len(results) == 60
+    assert {r.status for r in results} <= {"ok", "failed"}
+    failed = [r for r in results if r.status == "failed"]
+    assert failed and all(r.error == "rate_limited" and r.http_status == 429 and r.attempts == 4 for r in failed)
+    assert stats.rate_limited > 30 and stats.ok + stats.failed == 60
+    # The storm passes: a second run sends only what failed.
+    svc.faults = Faults()
+    svc.state.reset_stats()
+    again = await collect(rows, svc, store=store)
+    assert all(r.status == "ok" for r in again)
+    assert svc.stats()["requests"] == len(failed)
+
+
+async def test_every_fault_kind_mixed_in_loses_no_row(svc):
+    svc.faults = Faults(rates={"500": 0.1, "502": 0.1, "drop": 0.1, "garbled": 0.1, "429": 0.1, "hang": 0.02},
+                        retry_after=0, hang_seconds=2, seed=11)
+    rows = texts(80, words=12)
+    async with batchsum.AsyncClient(KEY, svc.url, timeout=0.5, max_retries=8) as client:
+        results = [r async for r in summarize_stream(rows, client, concurrency=8)]
+    assert len(results) == 80
+    for text, result in zip(rows, results):
+        assert result.status == "ok" and result.summary == local_summary(text, 1, 4, None)
+
+
+async def test_a_wrong_key_stops_the_batch_after_one_request(svc):
+    with pytest.raises(batchsum.AuthenticationError, match="incorrect API key provided"):
+        await collect(texts(50), svc, key="wrong-key", concurrency=16)
+    assert svc.stats()["requests"] == 1
+
+
+async def test_an_expired_plan_stops_the_batch_after_one_request(svc):
+    with pytest.raises(batchsum.NotPremiumError, match="not premium"):
+        await collect(texts(20), svc, key=EXPIRED_KEY)
+    assert svc.stats()["requests"] == 1
+
+
+async def test_a_401_mid_run_stops_the_batch_and_keeps_finished_rows(svc):
+    svc.state.plans["rotating-key"] = svc.state.plans[KEY]
+    store = MemoryStore()
+    seen = []
+
+    def revoke_after_ten(stats):
+        if stats.done == 10:
+            svc.state.plans.pop("rotating-key", None)
+
+    async with batchsum.AsyncClient("rotating-key", svc.url) as client:
+        with pytest.raises(batchsum.AuthenticationError):
+            async for r in summarize_stream(texts(200), client, store=store, concurrency=1, window=1,
+                                            on_result=revoke_after_ten):
+                seen.append(r)
+    assert len(seen) >= 10 and all(r.status == "ok" for r in seen)
+    assert len(store) == len(seen)
+    assert svc.stats()["by_status"]["401"] == 1
+
+
+async def test_422_answers_are_failed_rows_kept_and_not_sent_again(svc):
+    rows = texts(3, words=60)
+    store = MemoryStore()
+    svc.faults = Faults(script=["422"] * 3)  # as if the live service counted words otherwise
+    results = await collect(rows, svc, store=store, concurrency=1)
+    assert [(r.status, r.error, r.http_status) for r in results] == [("failed", "unprocessable", 422)] * 3
+    assert results[0].message == "Text exceeds word limit" and results[0].attempts == 1
+    await collect(rows, svc, store=store)
+    assert svc.stats()["requests"] == 3
+
+
+async def test_invalid_parameters_raise_before_anything_is_sent(svc):
+    for kwargs in ({"mode": 5}, {"percentage": 0}, {"type": "poem"}, {"concurrency": 0}):
+        with pytest.raises(batchsum.InvalidParameterError):
+            await collect(texts(2), svc, **kwargs)
+    assert svc.stats()["requests"] == 0
+
+
+async def test_memory_stays_bounded_by_the_window(svc):
+    read = 0
+
+    def endless():
+        nonlocal read
+        for i in range(10_000):
+            read += 1
+            yield article(12, seed=i)
+
+    async with batchsum.AsyncClient(KEY, svc.url) as client:
+        stream = summarize_stream(endless(), client, concurrency=2, window=16)
+        first = [await stream.__anext__() for _ in range(5)]
+        assert read <= 5 + 16 + 1  # the reader stays at most `window` rows ahead
+        await stream.aclose()
+    assert all(r.status == "ok" for r in first)
+
+
+def test_a_dry_run_plan_counts_without_sending():
+    store = MemoryStore()
+    rows = texts(4) + [texts(4)[0], None, article(3)]
+    params = validate_params(1)
+    store.put(fingerprint(PreparedRequest(rows[1], params)), ("x", "ok", None, None, 200, 1))
+    plan = plan_batch(rows, store=store)
+    assert (plan.rows, plan.to_send, plan.known, plan.duplicates) == (7, 3, 1, 1)
+    assert dict(plan.skipped_by_reason) == {"empty": 1, "too_short": 1}
+    assert plan.minimum_seconds(60) == 2.0  # starts at 0, 1 and 2 seconds
+    assert "would send:       3 requests" in plan.describe(60)
