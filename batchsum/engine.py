@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
@@ -46,6 +47,9 @@ __all__ = [
 
 DEFAULT_CONCURRENCY = 16
 DEFAULT_WINDOW = 1024
+DEFAULT_DRAIN_SECONDS = 15.0
+
+log = logging.getLogger("batchsum")
 
 OK = "ok"
 SKIPPED = "skipped"
@@ -163,6 +167,32 @@ class BatchStats:
         )
 
 
+class _Gate:
+    """The pacer as the client's attempt hooks, plus what the engine must know when it stops:
+    which tasks have a request on the wire, and that no new attempt may start."""
+
+    __slots__ = ("pacer", "closing", "on_wire")
+
+    def __init__(self, pacer: Pacer) -> None:
+        self.pacer = pacer
+        self.closing = False
+        self.on_wire: set[asyncio.Task[Any]] = set()
+
+    async def before_attempt(self) -> float:
+        if self.closing:
+            raise asyncio.CancelledError
+        started = await self.pacer.before_attempt()
+        if self.closing:
+            raise asyncio.CancelledError
+        task = asyncio.current_task()
+        if task is not None:
+            self.on_wire.add(task)
+        return started
+
+    def after_rate_limit(self, started_at: float, retry_after: float | None) -> None:
+        self.pacer.after_rate_limit(started_at, retry_after)
+
+
 def _failure(error: APIError) -> Answer:
     status = error.status_code if isinstance(error, APIStatusError) else None
     return Answer(None, FAILED, error.code, error.message, status, error.attempts)
@@ -191,6 +221,7 @@ async def summarize_stream(
     pacer: Pacer | None = None,
     window: int = DEFAULT_WINDOW,
     on_result: Callable[[BatchStats], None] | None = None,
+    drain_seconds: float = DEFAULT_DRAIN_SECONDS,
 ) -> AsyncIterator[RowResult]:
     """Yield one ``RowResult`` per text, in input order.
 
@@ -211,6 +242,7 @@ async def summarize_stream(
     stopped = asyncio.Event()
     fatal: list[APIError] = []
 
+    gate = _Gate(pacer)
     # The first request goes alone: a wrong key or an expired plan costs one request, not `concurrency`.
     first_answered = asyncio.Event()
     first_sent = False
@@ -227,7 +259,7 @@ async def summarize_stream(
                     raise asyncio.CancelledError
                 stats.sent += 1
                 try:
-                    summary, attempts = await client.send(request, hooks=pacer)
+                    summary, attempts = await client.send(request, hooks=gate)
                     answer = Answer(summary, OK, None, None, 200, attempts)
                 except (AuthenticationError, NotPremiumError) as exc:
                     fatal.append(exc)
@@ -237,6 +269,7 @@ async def summarize_stream(
                     answer = _failure(exc)
                 stats.attempts += answer.attempts
         finally:
+            gate.on_wire.discard(asyncio.current_task())
             if is_first:
                 first_answered.set()
         if is_permanent(answer):
@@ -293,8 +326,17 @@ async def summarize_stream(
                 on_result(stats)
             yield result
     finally:
+        # Start nothing new; let requests already on the wire finish (the service will charge for
+        # them) and keep their answers; then cancel the rest. A second Ctrl-C aborts at once.
+        gate.closing = True
         stop_waiter.cancel()
-        tasks = [item for item in pending if isinstance(item, asyncio.Task)] + list(under_way.values())
+        tasks = {item for item in pending if isinstance(item, asyncio.Task)} | set(under_way.values())
+        for task in tasks - gate.on_wire:
+            task.cancel()
+        on_wire = [task for task in tasks & gate.on_wire if not task.done()]
+        if on_wire and not fatal:
+            log.info("waiting up to %gs for %d requests on the wire", drain_seconds, len(on_wire))
+            await asyncio.wait(on_wire, timeout=drain_seconds)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, stop_waiter, return_exceptions=True)

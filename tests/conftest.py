@@ -47,6 +47,8 @@ def article(words: int, seed: int = 0) -> str:
     for i in range(words):
         word = vocabulary[(i * 7 + seed * 13 + i // 12) % len(vocabulary)]
         out.append(word.capitalize() if i % 12 == 0 else word)
+        if i == 0:
+            out[0] = f"Case{seed}"  # every seed its own text
         if i % 12 == 11 or i == words - 1:
             out[-1] += "."
     return " ".join(out)
