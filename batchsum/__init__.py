@@ -28,11 +28,16 @@ from .errors import (
     UnprocessableEntityError,
 )
 
+from . import pandas_ext as _pandas_ext  # registers df.batchsum / series.batchsum
+from .pandas_ext import summarize_texts
+
 __version__ = "0.1.0"
 
 __all__ = [
     "Client",
     "AsyncClient",
+    "summarize_texts",
+    "widget",
     "Mode",
     "SummaryType",
     "BatchsumError",
@@ -53,3 +58,11 @@ __all__ = [
     "RateLimitError",
     "ServerError",
 ]
+
+
+def widget(data: object = None, **options: object) -> object:
+    """The notebook app: ``batchsum.widget()`` for one text, ``batchsum.widget(df)`` for a DataFrame.
+    Needs the ``notebook`` extra (ipywidgets)."""
+    from .widgets import make_widget
+
+    return make_widget(data, **options)

@@ -142,6 +142,7 @@ class ServiceState:
     def reset_stats(self) -> None:
         with getattr(self, "_lock", threading.Lock()):
             self.requests = 0
+            self.arrivals: deque[float] = deque(maxlen=1_000_000)  # clock() of each request, for benchmarks
             self.by_status: Counter[int] = Counter()
             self.answered: Counter[str] = Counter()
 
@@ -157,6 +158,7 @@ class ServiceState:
     def record(self, status: int, fields: dict[str, Any] | None = None) -> None:
         with self._lock:
             self.requests += 1
+            self.arrivals.append(self.clock())
             self.by_status[status] += 1
             if status == 200 and fields is not None:
                 self.answered[fingerprint(fields)] += 1

@@ -1,0 +1,254 @@
+"""``df.batchsum`` and ``series.batchsum``: summarize a text column, registered with pandas'
+accessor API when ``batchsum`` is imported.
+
+The synchronous calls run the engine on a worker thread with its own event loop, so they work
+unchanged inside a running loop (Jupyter, IPython, an async app). An interrupt (the stop button,
+Ctrl-C) stops sending at once; finished answers stay in an in-process cache (and in the journal
+when ``journal=`` is given), so calling the same thing again sends only what was not finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+from collections.abc import Callable, Coroutine, Hashable
+from typing import Any, TypeVar
+
+import pandas as pd
+
+from . import contract
+from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from .client import AsyncClient, validate_params
+from .engine import DEFAULT_CONCURRENCY, AnswerStore, BatchStats, MemoryStore, RowResult, result_columns, summarize_stream
+from .errors import InputError
+
+__all__ = ["DataFrameAccessor", "SeriesAccessor", "summarize_texts", "clear_cache", "local_service"]
+
+T = TypeVar("T")
+DEFAULT_RPM = 60.0
+
+_caches: dict[str, MemoryStore] = {}
+_local: Any = None
+_lock = threading.Lock()
+
+
+def clear_cache() -> None:
+    """Forget the answers cached in this process (the journal on disk is untouched)."""
+    with _lock:
+        _caches.clear()
+
+
+def local_service() -> Any:
+    """The process-wide local reference service behind ``local=True`` (started on first use)."""
+    global _local
+    with _lock:
+        if _local is None:
+            from .local import LocalService
+
+            _local = LocalService().start()
+        return _local
+
+
+def _cache_for(base_url: str) -> MemoryStore:
+    with _lock:
+        return _caches.setdefault(base_url, MemoryStore())
+
+
+def _run_in_worker(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to completion on a fresh loop in a worker thread; an interrupt in the
+    calling thread cancels it there (letting requests on the wire finish) and is re-raised."""
+    box: dict[str, Any] = {}
+    ready, finished = threading.Event(), threading.Event()
+
+    async def main() -> T:
+        box["loop"], box["task"] = asyncio.get_running_loop(), asyncio.current_task()
+        ready.set()
+        return await make()
+
+    def target() -> None:
+        try:
+            box["result"] = asyncio.run(main())
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+            box["error"] = exc
+        finally:
+            ready.set()
+            finished.set()
+
+    # Waiting on an Event, not Thread.join(): on CPython < 3.13 an interrupt inside join() can
+    # leave the thread marked finished while it still runs.
+    threading.Thread(target=target, name="batchsum-worker", daemon=True).start()
+    try:
+        while not finished.wait(0.1):
+            pass
+    except KeyboardInterrupt:
+        ready.wait()
+        if "task" in box and not box["task"].done():
+            box["loop"].call_soon_threadsafe(box["task"].cancel)
+        finished.wait()  # requests on the wire finish and are kept; a second interrupt leaves at once
+        print(
+            "batchsum: interrupted; finished answers are kept, so the same call again sends only the rest",
+            file=sys.stderr,
+        )
+        raise
+    if "error" in box:
+        error = box["error"]
+        if isinstance(error, asyncio.CancelledError):
+            raise KeyboardInterrupt from None
+        raise error
+    return box["result"]
+
+
+async def summarize_texts(
+    texts: Any,
+    mode: Any = contract.Mode.STANDARD,
+    percentage: Any = contract.PERCENTAGE_DEFAULT,
+    type: Any = None,
+    *,
+    rpm: float | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    api_key: str | None = None,
+    base_url: str | None = None,
+    local: bool = False,
+    progress: bool = True,
+    journal: str | os.PathLike[str] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    encoding: str = "json",
+    stats: BatchStats | None = None,
+    on_result: Callable[[BatchStats], None] | None = None,
+    results: list[RowResult] | None = None,
+) -> list[RowResult]:
+    """One ``RowResult`` per text, in order: the engine with the accessor's defaults.
+
+    ``rpm`` defaults to ``$BATCHSUM_RPM`` or 60 (0 with ``local=True``). ``results``, when given,
+    is filled as rows finish (the widget's live preview reads it).
+    """
+    validate_params(mode, percentage, type)
+    if local:
+        service = local_service()
+        api_key, base_url = service.key, service.url
+    if rpm is None:
+        rpm = 0.0 if local else float(os.environ.get("BATCHSUM_RPM", DEFAULT_RPM))
+    texts = list(texts)
+    stats = stats if stats is not None else BatchStats(total=len(texts))
+    stats.total = len(texts)
+    out: list[RowResult] = results if results is not None else []
+    async with AsyncClient(api_key, base_url, timeout=timeout, max_retries=max_retries, encoding=encoding) as client:  # type: ignore[arg-type]
+        store: AnswerStore
+        if journal is not None:
+            from .journal import Journal
+
+            store = Journal(journal)
+        else:
+            store = _cache_for(client.base_url)
+        from .progress import ProgressBar
+
+        bar = ProgressBar(len(texts), enabled=progress)
+
+        def update(current: BatchStats) -> None:
+            bar(current)
+            if on_result is not None:
+                on_result(current)
+
+        try:
+            async for result in summarize_stream(
+                texts, client, mode=mode, percentage=percentage, type=type, rpm=rpm,
+                concurrency=concurrency, store=store, stats=stats, on_result=update,
+            ):
+                out.append(result)
+        finally:
+            bar.close()
+            if journal is not None:
+                store.close()  # type: ignore[attr-defined]
+    return out
+
+
+def _frame(results: list[RowResult], index: pd.Index, output_column: str) -> pd.DataFrame:
+    names = result_columns(output_column)
+    columns = list(zip(*results)) if results else [[] for _ in names]
+    frame = pd.DataFrame(
+        {name: pd.Series(list(values), dtype=dtype, index=index)
+         for name, values, dtype in zip(names, columns, ["object", "object", "object", "object", "Int64", "int64"])},
+        index=index,
+    )
+    return frame
+
+
+def _check_output(columns: pd.Index, output_column: str) -> None:
+    clash = [name for name in result_columns(output_column) if name in columns]
+    if clash:
+        raise InputError(f"the DataFrame already has column {clash[0]!r}; pass output_column='...' to name the results")
+
+
+class SeriesAccessor:
+    """``series.batchsum.summarize(...)``: the result columns as a DataFrame on the Series' index."""
+
+    def __init__(self, series: pd.Series) -> None:
+        self._series = series
+
+    def summarize(self, mode: Any = 1, percentage: Any = 4, type: Any = None, *, output_column: str = "summary",
+                  **options: Any) -> pd.DataFrame:
+        """Summarize every value; see ``DataFrameAccessor.summarize`` for the options."""
+        return _run_in_worker(lambda: self.asummarize(mode, percentage, type, output_column=output_column, **options))
+
+    async def asummarize(self, mode: Any = 1, percentage: Any = 4, type: Any = None, *,
+                         output_column: str = "summary", **options: Any) -> pd.DataFrame:
+        """``await series.batchsum.asummarize(...)``: the same, in the running event loop."""
+        results = await summarize_texts(self._series.tolist(), mode, percentage, type, **options)
+        return _frame(results, self._series.index, output_column)
+
+
+class DataFrameAccessor:
+    """``df.batchsum.summarize("text", ...)``: every column of ``df`` plus the result columns."""
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        self._frame = frame
+
+    def _column(self, column: Hashable, output_column: str) -> pd.Series:
+        if column not in self._frame.columns:
+            shown = ", ".join(map(repr, list(self._frame.columns)[:20]))
+            raise InputError(f"no column {column!r} in the DataFrame; its columns are: {shown}")
+        series = self._frame[column]
+        if isinstance(series, pd.DataFrame):
+            raise InputError(f"column name {column!r} is not unique in the DataFrame")
+        _check_output(self._frame.columns, output_column)
+        return series
+
+    def summarize(self, column: Hashable, mode: Any = 1, percentage: Any = 4, type: Any = None, *,
+                  output_column: str = "summary", **options: Any) -> pd.DataFrame:
+        """A new DataFrame: every column of ``df`` plus ``summary``, ``summary_status``,
+        ``summary_error``, ``summary_message``, ``summary_http_status``, ``summary_attempts``;
+        same index (any kind) and row order.
+
+        Options: ``rpm`` (default $BATCHSUM_RPM or 60; starts evenly spaced under it), ``concurrency``,
+        ``api_key``/``base_url`` (default $BATCHSUM_API_KEY / $BATCHSUM_BASE_URL), ``local=True``
+        (use the local reference service), ``progress`` (a tqdm bar; notebook or terminal),
+        ``journal`` (a SQLite path that keeps answers across sessions), ``timeout``,
+        ``max_retries``, ``encoding``. Works inside a running event loop; an interrupt keeps
+        finished answers, so the same call again sends only the rest. Raises ``InputError`` for a
+        missing column, ``InvalidParameterError`` for bad parameters (before sending), and
+        ``AuthenticationError``/``NotPremiumError`` when the service refuses the key or plan.
+        """
+        series = self._column(column, output_column)
+        validate_params(mode, percentage, type)
+        results = _run_in_worker(lambda: summarize_texts(series.tolist(), mode, percentage, type, **options))
+        return self._join(results, output_column)
+
+    async def asummarize(self, column: Hashable, mode: Any = 1, percentage: Any = 4, type: Any = None, *,
+                         output_column: str = "summary", **options: Any) -> pd.DataFrame:
+        """``await df.batchsum.asummarize(...)``: the same, in the running event loop."""
+        series = self._column(column, output_column)
+        results = await summarize_texts(series.tolist(), mode, percentage, type, **options)
+        return self._join(results, output_column)
+
+    def _join(self, results: list[RowResult], output_column: str) -> pd.DataFrame:
+        out = self._frame.copy()
+        for name, values in _frame(results, self._frame.index, output_column).items():
+            out[name] = values.array  # positional: no index alignment, dtype kept
+        return out
+
+
+pd.api.extensions.register_dataframe_accessor("batchsum")(DataFrameAccessor)
+pd.api.extensions.register_series_accessor("batchsum")(SeriesAccessor)

@@ -1,0 +1,128 @@
+"""Summary quality of the local service's summarizer: ROUGE-1/2/Lsum F1 (Google's rouge-score,
+stemming on) and ms/doc, for mode 1, mode 2, Lead-k and a plain TF-IDF TextRank at the same
+number of sentences (3 for CNN/DM, 1 for XSum). Run by hand:
+
+    python benchmarks/quality.py --split test
+    python benchmarks/quality.py --split validation --tune     # the search that set Tuning
+
+Data: shared/data/eval/frank_{cnndm,xsum}.jsonl (tune on split=validation, report on split=test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import re
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+from rouge_score import rouge_scorer
+
+from batchsum.local import summarizer
+from batchsum.local.sentences import split_sentences
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "eval"
+SETS = {"cnndm": ("frank_cnndm.jsonl", 3), "xsum": ("frank_xsum.jsonl", 1)}
+SCORER = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeLsum"], use_stemmer=True)
+
+
+def load(name: str, split: str) -> list[dict]:
+    path = DATA / SETS[name][0]
+    return [row for row in map(json.loads, path.open()) if row["split"] == split]
+
+
+def reference_lines(reference: str) -> str:
+    """One sentence per line, as rougeLsum wants (the CNN/DM references end sentences with ' .')."""
+    return "\n".join(s.strip() for s in re.split(r"(?<=[.!?])\s+(?=[A-Z0-9\"'`])", reference) if s.strip())
+
+
+def lead(text: str, k: int) -> list[str]:
+    return split_sentences(text)[:k]
+
+
+def textrank(text: str, k: int) -> list[str]:
+    """Plain TextRank: TF-IDF cosine graph, PageRank (d=0.85), top k in text order; no position prior."""
+    doc = summarizer._Document(text)
+    n = len(doc.sentences)
+    if n == 0:
+        return []
+    sim = doc.similarities().astype(np.float64)
+    np.fill_diagonal(sim, 0.0)
+    rows = sim.sum(axis=1, keepdims=True)
+    rows[rows == 0] = 1.0
+    transition = sim / rows
+    rank = np.full(n, 1.0 / n)
+    for _ in range(50):
+        rank = 0.15 / n + 0.85 * transition.T @ rank
+    top = sorted(sorted(range(n), key=lambda i: (-rank[i], i))[:k])
+    return [doc.sentences[i] for i in top]
+
+
+def method(mode: int, tuning: summarizer.Tuning):
+    return lambda text, k: summarizer.rank_sentences(text, mode, k, tuning)
+
+
+def evaluate(rows: list[dict], k: int, pick) -> dict[str, float]:
+    scores = {"rouge1": [], "rouge2": [], "rougeLsum": []}
+    started = time.perf_counter()
+    predictions = [pick(row["text"], k) for row in rows]
+    ms = (time.perf_counter() - started) / len(rows) * 1e3
+    for row, sentences in zip(rows, predictions):
+        result = SCORER.score(reference_lines(row["reference"]), "\n".join(sentences))
+        for key in scores:
+            scores[key].append(result[key].fmeasure)
+    return {"R1": 100 * statistics.mean(scores["rouge1"]), "R2": 100 * statistics.mean(scores["rouge2"]),
+            "RLsum": 100 * statistics.mean(scores["rougeLsum"]), "ms/doc": ms}
+
+
+def report(split: str) -> None:
+    print(f"split={split}; ROUGE F1 x100, rouge-score with stemming")
+    print(f"| set | method | sentences | R1 | R2 | RLsum | ms/doc |")
+    print(f"| --- | --- | --- | --- | --- | --- | --- |")
+    for name, (_, k) in SETS.items():
+        rows = load(name, split)
+        methods = {"Lead-k": lead, "TextRank (TF-IDF)": textrank,
+                   "mode 1 (mini)": method(1, summarizer.TUNING), "mode 2 (full)": method(2, summarizer.TUNING)}
+        for label, pick in methods.items():
+            s = evaluate(rows, k, pick)
+            print(f"| {name} ({len(rows)}) | {label} | {k} | {s['R1']:.1f} | {s['R2']:.1f} | {s['RLsum']:.1f} | {s['ms/doc']:.2f} |")
+
+
+def tune() -> None:
+    """Grid search on the validation split; the score is the mean R1 of CNN/DM and XSum."""
+    data = {name: load(name, "validation") for name in SETS}
+    grid = {
+        "position_decay": [0.35, 0.8, 1.5, 3.0],
+        "backward_weight": [-1.0, -0.4, 0.0],
+        "edge_threshold": [0.0, 0.2],
+        "centroid_blend": [0.2, 0.5, 0.8],
+        "redundancy": [0.5, 0.7],
+    }
+    results = []
+    for values in itertools.product(*grid.values()):
+        tuning = dataclasses.replace(summarizer.TUNING, **dict(zip(grid, values)))
+        r1 = {n: evaluate(data[n], SETS[n][1], method(2, tuning))["R1"] for n in SETS}
+        m1 = {n: evaluate(data[n], SETS[n][1], method(1, tuning))["R1"] for n in SETS}
+        results.append((statistics.mean(r1.values()), r1, m1, values))
+    results.sort(key=lambda r: -r[0])
+    for mean, r1, m1, values in results[:10]:
+        print(f"{mean:.2f} mode2 {r1} mode1 {m1} {dict(zip(grid, values))}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--split", default="test", choices=["test", "validation"], help="which split to report")
+    parser.add_argument("--tune", action="store_true", help="grid-search Tuning on the validation split")
+    args = parser.parse_args()
+    if args.tune:
+        tune()
+    else:
+        report(args.split)
+
+
+if __name__ == "__main__":
+    main()

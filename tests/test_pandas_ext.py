@@ -1,0 +1,148 @@
+"""The pandas accessor: any index, inside a running loop, async, interrupt then resume."""
+
+import _thread
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import batchsum
+from batchsum.local import Faults
+from batchsum.local.summarizer import summarize as local_summary
+from batchsum.pandas_ext import clear_cache
+from tests.conftest import EXPIRED_KEY, KEY, article
+
+RESULT_COLUMNS = ["summary", "summary_status", "summary_error", "summary_message", "summary_http_status",
+                  "summary_attempts"]
+
+
+@pytest.fixture
+def opts(svc):
+    clear_cache()
+    return {"api_key": KEY, "base_url": svc.url, "rpm": 0, "progress": False}
+
+
+def texts(n):
+    return [article(20, seed=i) for i in range(n)]
+
+
+@pytest.mark.parametrize("index", [
+    pd.RangeIndex(6),
+    pd.Index(["b", "a", "c", "e", "d", "f"]),
+    pd.Index([3, 3, 1, 1, 2, 2]),
+    pd.MultiIndex.from_tuples([("x", 1), ("x", 2), ("y", 1), ("y", 2), ("z", 1), ("z", 1)]),
+    pd.date_range("2026-01-01", periods=6),
+])
+def test_every_column_plus_results_on_the_same_index_in_the_same_order(svc, opts, index):
+    values = texts(4) + [None, "short one"]
+    df = pd.DataFrame({"text": values, "n": range(6)}, index=index)
+    out = df.batchsum.summarize("text", mode=2, type="bullets", **opts)
+    assert list(out.columns) == ["text", "n"] + RESULT_COLUMNS
+    assert out.index.equals(df.index) and list(out["n"]) == list(range(6))
+    assert list(out["summary_status"]) == ["ok"] * 4 + ["skipped"] * 2
+    for text, summary in zip(values[:4], out["summary"][:4]):
+        assert summary == local_summary(text, 2, 4, "bullets")
+    assert out["summary_http_status"].dtype == "Int64" and pd.isna(out["summary_http_status"].iloc[4])
+    assert df.columns.tolist() == ["text", "n"]  # the input is untouched
+
+
+def test_the_series_accessor_returns_the_result_columns_on_its_index(opts):
+    s = pd.Series(texts(3) + [np.nan], index=["w", "x", "y", "z"], name="body")
+    out = s.batchsum.summarize(percentage=2, **opts)
+    assert list(out.columns) == RESULT_COLUMNS and list(out.index) == ["w", "x", "y", "z"]
+    assert list(out["summary_error"].fillna("-")) == ["-", "-", "-", "empty"]
+
+
+def test_the_sync_accessor_works_inside_a_running_event_loop(svc, opts):
+    df = pd.DataFrame({"text": texts(5)})
+
+    async def notebook_cell():
+        assert asyncio.get_running_loop().is_running()
+        return df.batchsum.summarize("text", **opts)
+
+    out = asyncio.run(notebook_cell())
+    assert (out["summary_status"] == "ok").all()
+
+
+async def test_asummarize_runs_in_the_callers_loop(opts):
+    df = pd.DataFrame({"text": texts(4)})
+    out = await df.batchsum.asummarize("text", output_column="digest", **opts)
+    assert list(out.columns)[:2] == ["text", "digest"] and (out["digest_status"] == "ok").all()
+    series_out = await df["text"].batchsum.asummarize(**opts)
+    assert list(series_out["summary"]) == list(out["digest"])
+
+
+def test_calling_again_reuses_every_answer(svc, opts):
+    df = pd.DataFrame({"text": texts(8)})
+    df.batchsum.summarize("text", **opts)
+    assert svc.stats()["requests"] == 8
+    df.batchsum.summarize("text", **opts)
+    assert svc.stats()["requests"] == 8
+
+
+def test_an_interrupt_stops_sending_and_the_rerun_sends_only_what_was_not_finished(svc, opts):
+    svc.faults = Faults(latency=0.05)
+    df = pd.DataFrame({"text": texts(60)})
+
+    def press_stop_after_answers(count):
+        deadline = time.monotonic() + 30
+        while svc.stats()["answered"] < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        _thread.interrupt_main()  # what Jupyter's stop button and Ctrl-C do
+
+    threading.Thread(target=press_stop_after_answers, args=(10,), daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        df.batchsum.summarize("text", concurrency=4, **opts)
+    answered = svc.stats()["answered"]
+    assert 10 <= answered < 60
+    time.sleep(0.3)
+    assert svc.stats()["answered"] == answered  # nothing more was sent after the interrupt
+    svc.faults = Faults()
+    out = df.batchsum.summarize("text", concurrency=4, **opts)
+    assert (out["summary_status"] == "ok").all()
+    stats = svc.stats()
+    assert stats["answered_unique"] == 60 and stats["answered_twice"] == 0
+
+
+def test_a_journal_keeps_answers_across_sessions(svc, opts, tmp_path):
+    df = pd.DataFrame({"text": texts(5)})
+    df.batchsum.summarize("text", journal=tmp_path / "j.sqlite", **opts)
+    clear_cache()  # a new session
+    df.batchsum.summarize("text", journal=tmp_path / "j.sqlite", **opts)
+    assert svc.stats()["requests"] == 5
+
+
+def test_bad_input_is_a_clear_error_before_anything_is_sent(svc, opts):
+    df = pd.DataFrame({"text": texts(2), "summary": ["x", "y"]})
+    with pytest.raises(batchsum.InputError, match="no column 'body'.*'text'"):
+        df.batchsum.summarize("body", **opts)
+    with pytest.raises(batchsum.InputError, match="output_column"):
+        df.batchsum.summarize("text", **opts)
+    for kwargs in ({"mode": 0}, {"percentage": 9}, {"type": "essay"}):
+        with pytest.raises(batchsum.InvalidParameterError):
+            df.batchsum.summarize("text", output_column="s", **kwargs, **opts)
+    assert svc.stats()["requests"] == 0
+
+
+def test_a_wrong_key_raises_after_one_request(svc, opts):
+    df = pd.DataFrame({"text": texts(10)})
+    with pytest.raises(batchsum.AuthenticationError):
+        df.batchsum.summarize("text", **{**opts, "api_key": "wrong"})
+    with pytest.raises(batchsum.NotPremiumError):
+        df.batchsum.summarize("text", **{**opts, "api_key": EXPIRED_KEY})
+    assert svc.stats()["requests"] == 2
+
+
+def test_local_true_needs_no_key_or_url():
+    clear_cache()
+    out = pd.DataFrame({"text": texts(2)}).batchsum.summarize("text", local=True, progress=False)
+    assert (out["summary_status"] == "ok").all()
+
+
+def test_progress_shows_a_text_bar_outside_notebooks(opts, capsys):
+    pd.DataFrame({"text": texts(3)}).batchsum.summarize("text", **{**opts, "progress": True})
+    err = capsys.readouterr().err
+    assert "3/3" in err and "ok 3" in err

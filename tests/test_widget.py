@@ -1,0 +1,135 @@
+"""The notebook apps without a browser: set values, click(), read what the user would see."""
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+import batchsum
+from batchsum.local import Faults
+from batchsum.local.summarizer import summarize as local_summary
+from batchsum.pandas_ext import clear_cache
+from batchsum.widgets import FrameApp, TextApp, render_summary
+from tests.conftest import BASIC_KEY, EXPIRED_KEY, KEY, article
+
+TEXT = article(80)
+
+
+def text_app(svc, key=KEY, **kwargs):
+    return batchsum.widget(api_key=key, base_url=svc.url, max_retries=kwargs.pop("max_retries", 0), **kwargs)
+
+
+def click(app):
+    app.button.click()
+    app.wait()
+
+
+def test_the_word_count_says_whether_the_text_fits(svc):
+    app = text_app(svc)
+    assert isinstance(app, TextApp)
+    app.text.value = "one two three"
+    assert "3 words: needs at least 10" in app.count.value
+    app.text.value = article(10)
+    assert "10 words: within 10..5000" in app.count.value
+    app.text.value = article(5001)
+    assert "5001 words: over the limit of 5000" in app.count.value
+
+
+@pytest.mark.parametrize("label, kind, check", [
+    ("Default", None, lambda html: html.count("<p>") >= 1),
+    ("Bullets", "bullets", lambda html: "<ul><li>" in html),
+    ("Headings & points", "summary_2", lambda html: "<h4>" in html and "<li>" in html),
+    ("Best line", "best_line", lambda html: html.startswith("<blockquote")),
+])
+def test_summarize_renders_each_format_for_reading(svc, label, kind, check):
+    app = text_app(svc)
+    app.text.value = TEXT
+    app.mode.value = 2
+    app.length.value = 5
+    app.format.label = label
+    assert app.format.value == kind
+    click(app)
+    assert app.error is None and app.summary == local_summary(TEXT, 2, 5, kind)
+    assert check(app.result.value) and app.message.value == ""
+    assert not app.button.disabled
+
+
+@pytest.mark.parametrize("setup, words", [
+    (lambda svc, app: setattr(app, "_connection", {**app._connection, "api_key": "wrong"}), "did not accept the API key"),
+    (lambda svc, app: setattr(app, "_connection", {**app._connection, "api_key": EXPIRED_KEY}), "plan does not allow"),
+    (lambda svc, app: (setattr(app, "_connection", {**app._connection, "api_key": BASIC_KEY}),
+                       setattr(app.mode, "value", 2)), "'Advanced' needs a premium plan"),
+    (lambda svc, app: setattr(app.text, "value", "far too short"), "too short"),
+    (lambda svc, app: setattr(app.text, "value", article(5001)), "too long"),
+    (lambda svc, app: setattr(svc, "faults", Faults(script=["429"])), "Rate limited"),
+    (lambda svc, app: setattr(svc, "faults", Faults(script=["502"])), "down or unreachable"),
+    (lambda svc, app: setattr(svc, "faults", Faults(script=["500"])), "down or unreachable"),
+    (lambda svc, app: setattr(svc, "faults", Faults(script=["hang"], hang_seconds=2)), "did not answer in time"),
+])
+def test_each_failure_is_explained_in_plain_words(svc, setup, words):
+    app = text_app(svc, timeout=0.5)
+    app.text.value = TEXT
+    setup(svc, app)
+    click(app)
+    assert app.summary is None and words in app.message.value
+    assert "Traceback" not in app.message.value
+
+
+def test_render_summary_escapes_and_structures():
+    html = render_summary("## Budget <b>\n- first point\n- second\n\nplain line", "summary_2")
+    assert "<h4>Budget &lt;b&gt;</h4>" in html and "<ul><li>first point</li><li>second</li></ul>" in html
+    assert "<p>plain line</p>" in html
+
+
+@pytest.fixture
+def frame():
+    texts = [article(25, seed=i) for i in range(12)] + [None, "short"]
+    return pd.DataFrame({"id": range(14), "body": texts, "n": [1.5] * 14})
+
+
+def test_the_frame_app_runs_with_progress_preview_and_result(svc, frame):
+    clear_cache()
+    app = batchsum.widget(frame, api_key=KEY, base_url=svc.url, rpm=0)
+    assert isinstance(app, FrameApp) and app.column.options == ("body",)
+    app.format.value = "best_line"
+    app.run_button.click()
+    app.wait()
+    assert app.error is None and app.result is not None
+    assert list(app.result["id"]) == list(range(14))
+    assert list(app.result["summary_status"]) == ["ok"] * 12 + ["skipped"] * 2
+    assert app.progress.value == 14 and "14/14 rows · ok 12 · skipped 2 · failed 0" in app.status.value
+    assert "<table" in app.preview.value and "skipped" in app.preview.value
+
+
+def test_cancel_keeps_what_finished_and_run_again_reuses_it(svc, frame):
+    clear_cache()
+    svc.faults = Faults(latency=0.1)
+    app = batchsum.widget(frame, api_key=KEY, base_url=svc.url, rpm=0, concurrency=1)
+    app.run_button.click()
+    import time
+    deadline = time.monotonic() + 20
+    while svc.stats()["answered"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    app.cancel_button.click()
+    app.wait()
+    done = len(app.result)
+    assert 2 <= done < 14 and "Cancelled after" in app.status.value
+    assert (app.result["summary_status"] == "ok").all()
+    svc.faults = Faults()
+    app.run_button.click()
+    app.wait()
+    assert len(app.result) == 14 and (app.result["summary_status"] != "failed").all()
+    assert svc.stats()["answered_unique"] == 12 and svc.stats()["answered_twice"] == 0
+
+
+def test_the_frame_app_explains_a_wrong_key(svc, frame):
+    clear_cache()
+    app = batchsum.widget(frame, api_key="wrong", base_url=svc.url, rpm=0)
+    app.run_button.click()
+    app.wait()
+    assert "did not accept the API key" in app.status.value and len(app.result) == 0
+
+
+def test_widget_refuses_other_data():
+    with pytest.raises(TypeError, match="DataFrame"):
+        batchsum.widget([1, 2, 3])
