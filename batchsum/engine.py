@@ -257,16 +257,17 @@ async def summarize_stream(
             async with slots:
                 if stopped.is_set():
                     raise asyncio.CancelledError
-                stats.sent += 1
                 try:
                     summary, attempts = await client.send(request, hooks=gate)
                     answer = Answer(summary, OK, None, None, 200, attempts)
                 except (AuthenticationError, NotPremiumError) as exc:
+                    stats.sent += 1
                     fatal.append(exc)
                     stopped.set()
                     raise
                 except APIError as exc:
                     answer = _failure(exc)
+                stats.sent += 1  # counted once it reached the service, not while it waited its turn
                 stats.attempts += answer.attempts
         finally:
             gate.on_wire.discard(asyncio.current_task())
