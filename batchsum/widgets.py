@@ -40,7 +40,8 @@ from .pandas_ext import DataFrameAccessor, local_service, summarize_texts
 
 __all__ = ["TextApp", "FrameApp", "make_widget", "explain", "render_summary"]
 
-FORMATS = [("Default", None), ("Headings & points", "summary_2"), ("Bullets", "bullets"), ("Best line", "best_line")]
+# "default" rather than None: a Dropdown shows a None value as no selection at all.
+FORMATS = [("Default", "default"), ("Headings & points", "summary_2"), ("Bullets", "bullets"), ("Best line", "best_line")]
 MODES = [("Standard", 1), ("Advanced", 2)]
 
 
@@ -114,7 +115,7 @@ class _App:
         self.mode = w.ToggleButtons(options=MODES, value=1, description="Model")
         self.length = w.IntSlider(value=contract.PERCENTAGE_DEFAULT, min=contract.PERCENTAGE_MIN,
                                   max=contract.PERCENTAGE_MAX, description="Length")
-        self.format = w.Dropdown(options=FORMATS, value=None, description="Format")
+        self.format = w.Dropdown(options=FORMATS, value="default", description="Format")
         self._thread: threading.Thread | None = None
         self.box: w.Box
 
@@ -198,7 +199,7 @@ class FrameApp(_App):
                  output_column: str = "summary", **options: Any) -> None:
         super().__init__(**options)
         self.frame = frame
-        text_columns = [c for c in frame.columns if frame[c].dtype == object or pd.api.types.is_string_dtype(frame[c])]
+        text_columns = _text_columns(frame)
         self.column = w.Dropdown(options=text_columns or list(frame.columns), description="Column")
         default_rpm = rpm if rpm is not None else (0 if options.get("local") else 60)
         self.rpm = w.BoundedFloatText(value=default_rpm, min=0, max=100_000, description="Per minute")
@@ -296,6 +297,17 @@ class FrameApp(_App):
                 for i, r in enumerate(recent)
             )
             self.preview.value = f"<table class='batchsum-preview'><tr><th>row</th><th>status</th><th>summary</th></tr>{rows}</table>"
+
+
+def _text_columns(frame: pd.DataFrame) -> list[Any]:
+    """Columns holding strings, the wordiest first (judged on a sample)."""
+    sample = frame.head(200)
+    scored = []
+    for column in frame.columns:
+        values = [v for v in sample[column].tolist() if isinstance(v, str)]
+        if values:
+            scored.append((-sum(contract.count_words(v) for v in values) / len(values), str(column), column))
+    return [column for *_, column in sorted(scored)]
 
 
 def make_widget(data: Any = None, **options: Any) -> TextApp | FrameApp:

@@ -1,9 +1,11 @@
 """The local service's extractive summarizer: sentences scored, chosen, and laid out per type.
 
-Mode 1 ("mini"): TF-IDF centroid similarity times a position prior, one matrix-vector product.
+Mode 1 ("mini"): TF-IDF centroid similarity plus a position prior: one matrix-vector product.
 Mode 2 ("full"): position-aware directed centrality over the sentence graph (after PacSum, Zheng &
-Lapata 2019), blended with the centroid score, then redundancy removal when choosing.
-Both are deterministic and need only numpy.
+Lapata 2019: similarity to later sentences counts for, to earlier ones against) plus the position
+prior, then redundancy removal when choosing. Sentences that are too short to say anything, or
+carry scraped boilerplate (a "word" of 30+ letters), rank last. Deterministic; needs only numpy.
+Weights were chosen on the validation splits by ``benchmarks/quality.py --tune``.
 """
 
 from __future__ import annotations
@@ -56,16 +58,17 @@ def _terms(sentence: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Tuning:
-    """Weights found on the validation splits (see benchmarks/quality.py)."""
+    """Weights found on the validation splits (``benchmarks/quality.py --tune``)."""
 
-    position_decay: float = 0.35  # mode 1 prior: 1 / (1 + position) ** decay
-    position_floor: float = 0.2
-    backward_weight: float = -0.4  # mode 2: similarity to earlier sentences counts against
-    forward_weight: float = 1.0  # similarity to later sentences counts for
-    edge_threshold: float = 0.1  # share of the similarity range under which an edge is dropped
-    centroid_blend: float = 0.5
-    redundancy: float = 0.6  # a sentence this similar to one already chosen is passed over
-    min_terms: int = 3  # shorter sentences (datelines, captions) are ranked last
+    position_decay: float = 1.0  # the prior: 1 / (1 + position) ** decay
+    mode1_prior: float = 8.0  # mode 1 score: centroid similarity + mode1_prior * prior
+    mode2_prior: float = 1.0  # mode 2 score: directed centrality + mode2_prior * prior
+    backward_weight: float = -0.5  # mode 2: similarity to earlier sentences counts against
+    forward_weight: float = 1.0  # mode 2: similarity to later sentences counts for
+    edge_threshold: float = 0.0  # share of the similarity range under which an edge is dropped
+    redundancy: float = 0.5  # mode 2 passes over a sentence this similar to one already chosen
+    min_terms: int = 3  # fewer content words: a dateline or a caption, ranked last
+    junk_length: int = 30  # a "word" this long is glued boilerplate ("Share this withEmailFacebook...")
 
 
 TUNING = Tuning()
@@ -107,8 +110,7 @@ class _Document:
 
 
 def _position_prior(n: int, tuning: Tuning) -> np.ndarray:
-    positions = np.arange(n, dtype=np.float64)
-    return np.maximum(1.0 / (1.0 + positions) ** tuning.position_decay, tuning.position_floor)
+    return 1.0 / (1.0 + np.arange(n, dtype=np.float64)) ** tuning.position_decay
 
 
 def _centroid_scores(doc: _Document) -> np.ndarray:
@@ -138,14 +140,15 @@ def _normalized(scores: np.ndarray) -> np.ndarray:
 def _scores(doc: _Document, mode: contract.Mode, tuning: Tuning) -> np.ndarray:
     n = len(doc.sentences)
     prior = _position_prior(n, tuning)
-    centroid = _normalized(_centroid_scores(doc))
     if mode == contract.Mode.STANDARD:
-        scores = centroid * prior
+        scores = _normalized(_centroid_scores(doc)) + tuning.mode1_prior * prior
     else:
-        centrality = _normalized(_directed_centrality(doc.similarities(), tuning))
-        scores = (tuning.centroid_blend * centroid + (1 - tuning.centroid_blend) * centrality) * prior
-    short = np.array([len(t) < tuning.min_terms for t in doc.terms])
-    return np.where(short, scores - 10.0, scores)  # keep them rankable, but last
+        scores = _normalized(_directed_centrality(doc.similarities(), tuning)) + tuning.mode2_prior * prior
+    junk = np.array(
+        [len(terms) < tuning.min_terms or any(len(word) >= tuning.junk_length for word in sentence.split())
+         for terms, sentence in zip(doc.terms, doc.sentences)]
+    )
+    return np.where(junk, scores - 100.0, scores)  # still rankable (a text of only such), but last
 
 
 def _choose(doc: _Document, scores: np.ndarray, k: int, redundancy: float | None) -> list[int]:
@@ -181,9 +184,10 @@ def _pick(doc: _Document, mode: contract.Mode, k: int, tuning: Tuning) -> list[i
     return _choose(doc, scores, k, redundancy)
 
 
-def _heading(doc: _Document, rows: list[int]) -> str:
-    """A short heading from the group's highest-weighted terms, in the text's own spelling."""
-    weights: Counter[str] = Counter()
+def _heading(doc: _Document, rows: list[int], used: set[str]) -> str:
+    """A short heading: the group's key terms (frequent in the whole text, specific to it, present
+    in the group), in the text's own spelling; terms another heading used already come last."""
+    document_counts = Counter(term for terms in doc.terms for term in terms)
     surface: dict[str, str] = {}
     for row in rows:
         for word in _TOKEN.findall(doc.sentences[row]):
@@ -192,10 +196,14 @@ def _heading(doc: _Document, rows: list[int]) -> str:
                 continue
             term = _stem(lowered)
             if term in doc.vocabulary:
-                weights[term] += float(doc.idf[doc.vocabulary[term]])
                 surface.setdefault(term, word if word[:1].isupper() else word.capitalize())
-    top = [surface[t] for t, _ in sorted(weights.items(), key=lambda kv: (-kv[1], kv[0]))[:3]]
-    return ", ".join(top) if top else "Summary"
+
+    def weight(term: str) -> tuple[bool, float, str]:
+        return (term in used, -document_counts[term] * float(doc.idf[doc.vocabulary[term]]), term)
+
+    top = sorted(surface, key=weight)[:3]
+    used.update(top)
+    return ", ".join(surface[t] for t in top) if top else "Summary"
 
 
 def _topics(doc: _Document, chosen: list[int]) -> list[list[int]]:
@@ -222,9 +230,9 @@ def summarize(text: str, mode: int = 1, percentage: int = 4, type: str | None = 
     if summary_type is contract.SummaryType.BULLETS:
         return "\n".join(f"- {doc.sentences[i]}" for i in sorted(chosen))
     if summary_type is contract.SummaryType.SUMMARY_2:
-        sections = []
+        sections, used = [], set()
         for rows in _topics(doc, chosen):
             points = "\n".join(f"- {doc.sentences[i]}" for i in rows)
-            sections.append(f"## {_heading(doc, rows)}\n{points}")
+            sections.append(f"## {_heading(doc, rows, used)}\n{points}")
         return "\n\n".join(sections)
     return " ".join(doc.sentences[i] for i in sorted(chosen))

@@ -1,0 +1,112 @@
+"""The local service's summarizer: the shape of each type, percentage, order, unicode, size, determinism."""
+
+import pytest
+
+from batchsum.local.sentences import split_sentences
+from batchsum.local.summarizer import rank_sentences, sentence_budget, summarize
+
+STORY = (
+    "The city council voted on Tuesday to rebuild the harbour bridge, closed since a storm damaged it in March. "
+    "Engineers said the steel supports had corroded far faster than expected. "
+    "The rebuild will cost 40 million pounds and take two years, the council said. "
+    "Shop owners near the harbour said the closure had already cut their trade by a third. "
+    "A free ferry will carry pedestrians and cyclists across the river every fifteen minutes. "
+    "Dr. Ellen Price, who chairs the transport committee, called the vote a turning point for the town. "
+    "Some residents asked why the supports were not inspected sooner. "
+    "The council promised an independent review of its inspection records. "
+    "Meanwhile the harbour festival in July will go ahead, with extra ferries on the busiest days. "
+    "Work on the new bridge is due to start in the autumn."
+)
+
+
+def test_the_splitter_handles_abbreviations_initials_decimals_and_quotes():
+    text = ('Mr. J. K. Smith paid $3.50 at 9 a.m. on Jan. 5 in the U.S. capital. "Was it worth it?" he asked. '
+            "She said no! (It was not.) The end…")
+    assert split_sentences(text) == [
+        "Mr. J. K. Smith paid $3.50 at 9 a.m. on Jan. 5 in the U.S. capital.",
+        '"Was it worth it?" he asked.',
+        "She said no!",
+        "(It was not.)",
+        "The end…",
+    ]
+
+
+def test_the_splitter_splits_paragraphs_and_list_items_and_joins_wrapped_lines():
+    text = "A first line that\nwraps here.\n\nA new paragraph\n- an item\n- another item"
+    assert split_sentences(text) == ["A first line that wraps here.", "A new paragraph", "- an item", "- another item"]
+
+
+def sentences_of(text):
+    return set(split_sentences(text))
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_default_is_a_paragraph_of_sentences_of_the_text_in_text_order(mode):
+    summary = summarize(STORY, mode, 4)
+    parts = split_sentences(summary)
+    assert "\n" not in summary and parts and set(parts) <= sentences_of(STORY)
+    order = [split_sentences(STORY).index(p) for p in parts]
+    assert order == sorted(order)
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_bullets_are_one_point_per_line(mode):
+    lines = summarize(STORY, mode, 5, "bullets").splitlines()
+    assert len(lines) >= 2 and all(line.startswith("- ") for line in lines)
+    assert {line[2:] for line in lines} <= sentences_of(STORY)
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("percentage", [1, 6])
+def test_best_line_is_exactly_one_sentence_of_the_input_the_top_ranked(mode, percentage):
+    best = summarize(STORY, mode, percentage, "best_line")
+    assert best in sentences_of(STORY) and "\n" not in best
+    assert [best] == rank_sentences(STORY, mode, 1)
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_summary_2_has_headings_and_points(mode):
+    text = summarize(STORY, mode, 6, "summary_2")
+    sections = text.split("\n\n")
+    assert len(sections) >= 2
+    for section in sections:
+        heading, *points = section.splitlines()
+        assert heading.startswith("## ") and len(heading) > 4 and points
+        assert all(p.startswith("- ") and p[2:] in sentences_of(STORY) for p in points)
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_percentage_is_monotone_and_never_empty(mode):
+    long_text = " ".join([STORY] * 4).replace("Tuesday", "Monday", 1)
+    lengths = [len(split_sentences(summarize(long_text, mode, p))) for p in range(1, 7)]
+    assert lengths == sorted(lengths) and lengths[0] >= 1 and lengths[-1] > lengths[0]
+    assert [sentence_budget(100, p) for p in range(1, 7)] == sorted(sentence_budget(100, p) for p in range(1, 7))
+    assert sentence_budget(1, 1) == 1
+
+
+def test_unicode_texts_are_summarized_without_loss():
+    text = ("Die Brücke über den Fluss wird nächstes Jahr erneuert. Ingenieure fanden Rost an den Stützen. "
+            "東京の新しい駅は来年開業します。 Ça coûtera quarante millions d’euros, selon la mairie. "
+            "Les commerçants s’inquiètent pour l’été. Лодки будут ходить каждые пятнадцать минут.")
+    for kind in (None, "bullets", "best_line", "summary_2"):
+        out = summarize(text, 2, 6, kind)
+        assert out and "\ufffd" not in out
+    assert "Brücke" in summarize(text, 1, 6)
+
+
+def test_a_5000_word_text_works_in_both_modes():
+    text = " ".join([STORY] * 40)
+    text = " ".join(text.split()[:5000])
+    for mode in (1, 2):
+        for kind in (None, "summary_2"):
+            assert summarize(text, mode, 3, kind)
+
+
+def test_the_same_request_gives_the_same_summary():
+    for kind in (None, "bullets", "best_line", "summary_2"):
+        assert len({summarize(STORY, 2, 3, kind) for _ in range(3)}) == 1
+
+
+def test_a_text_without_sentence_punctuation_is_still_summarized():
+    text = "word " * 30
+    assert summarize(text.strip(), 1, 4) == text.strip()
