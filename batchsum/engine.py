@@ -298,7 +298,7 @@ async def summarize_stream(
         return task
 
     pending: deque[RowResult | asyncio.Task[Answer]] = deque()
-    rows = _rows(texts).__aiter__()
+    rows = _rows(texts)
     exhausted = False
     stop_waiter = asyncio.ensure_future(stopped.wait())
     try:
@@ -341,6 +341,7 @@ async def summarize_stream(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, stop_waiter, return_exceptions=True)
+        await rows.aclose()  # closes the input (an open Parquet file) on an early stop too
         store.flush()
 
 

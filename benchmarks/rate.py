@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import time
 
 import httpx
@@ -26,6 +27,12 @@ WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".spl
 
 def texts(n: int, words: int = 40) -> list[str]:
     return [" ".join(f"w{i}" if j == 0 else WORDS[(i + j) % len(WORDS)] for j in range(words)) + "." for i in range(n)]
+
+
+def busiest(times: list[float], window: float) -> int:
+    """The most requests that arrived within any `window` seconds."""
+    times.sort()
+    return max((bisect.bisect_right(times, t + window) - i for i, t in enumerate(times)), default=0)
 
 
 async def run_batchsum(service: LocalService, rows: list[str], rpm: float, concurrency: int) -> BatchStats:
@@ -83,11 +90,11 @@ def main() -> None:
                 asyncio.run(run_aiolimiter(service, rows, args.rpm, args.concurrency))
             elapsed = time.monotonic() - started
             stats = service.stats()
-            arrivals = sorted(service.state.arrivals)
             ok = stats["by_status"].get("200", 0)
-            achieved = (ok - 1) / (elapsed) * 60 if elapsed else 0
-            print(f"  {name:10s} {ok} answered in {elapsed:6.1f}s = {achieved:7.1f}/min -> utilization "
-                  f"{achieved / args.rpm:.3f}; 429s: {stats['by_status'].get('429', 0)}")
+            achieved = ok / elapsed * 60
+            print(f"  {name:10s} {ok} answered in {elapsed:5.1f}s: {achieved:6.1f}/min = {achieved / args.rpm:.3f} "
+                  f"of the limit; 429s: {stats['by_status'].get('429', 0)}; requests sent in the busiest 60 s: "
+                  f"{busiest(list(service.state.arrivals), 60.0)}")
 
     print(f"overhead: {args.overhead_rows} requests, no limit, concurrency {args.concurrency}")
     rows = texts(args.overhead_rows, 40)
