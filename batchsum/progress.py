@@ -35,10 +35,10 @@ class ProgressBar:
 
     @staticmethod
     def describe(stats: BatchStats) -> str:
-        pace = f"{stats.pace:g}/min" if stats.pace else "unpaced"
+        pace = f"pace {stats.pace:g}/min" if stats.pace else "no pacing"
         return (
             f"ok {stats.ok} · skipped {stats.skipped} · failed {stats.failed} · "
-            f"429s {stats.rate_limited} · pace {pace}"
+            f"429s {stats.rate_limited} · {pace}"
         )
 
     def close(self) -> None:
