@@ -28,7 +28,7 @@ from .errors import (
     UnprocessableEntityError,
 )
 
-from . import pandas_ext as _pandas_ext  # registers df.batchsum / series.batchsum
+from . import pandas_ext as _pandas_ext  # noqa: F401  (registers df.batchsum / series.batchsum)
 from .pandas_ext import summarize_texts
 
 __version__ = "0.1.0"

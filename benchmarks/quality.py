@@ -81,8 +81,8 @@ def evaluate(rows: list[dict], k: int, pick) -> dict[str, float]:
 
 def report(split: str) -> None:
     print(f"split={split}; ROUGE F1 x100, rouge-score with stemming")
-    print(f"| set | method | sentences | R1 | R2 | RLsum | ms/doc |")
-    print(f"| --- | --- | --- | --- | --- | --- | --- |")
+    print("| set | method | sentences | R1 | R2 | RLsum | ms/doc |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, (_, k) in SETS.items():
         rows = load(name, split)
         methods = {"Lead-k": lead, "TextRank (TF-IDF)": textrank,

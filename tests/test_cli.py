@@ -1,6 +1,5 @@
 """The command line: Parquet in, Parquet out, exit codes, one-line errors, nothing sent on bad input."""
 
-import os
 import subprocess
 import sys
 
@@ -57,6 +56,8 @@ def test_a_file_is_summarized_into_every_column_plus_the_results(env, tmp_path, 
     err = capsys.readouterr().err
     assert "30 rows: 28 ok, 2 skipped (empty 1, too_short 1), 0 failed; 27 sent, 1 reused" in err
     assert not list(tmp_path.glob(".*.partial"))
+    for written in (out, tmp_path / "out.parquet.journal.sqlite"):
+        assert KEY.encode() not in written.read_bytes()  # the key is in no file we write
 
 
 def test_running_the_same_command_again_sends_nothing(env, tmp_path):

@@ -45,12 +45,16 @@ def respond(answer):
     return handler
 
 
+def describe(exc):
+    return (type(exc).__name__, str(exc), getattr(exc, "status_code", None), exc.code,
+            exc.attempts, getattr(exc, "retry_after", None) is not None, getattr(exc, "type", None))
+
+
 def outcome(call):
     try:
         return ("ok", call())
     except batchsum.BatchsumError as exc:
-        return (type(exc).__name__, str(exc), getattr(exc, "status_code", None), exc.code,
-                exc.attempts, getattr(exc, "retry_after", None) is not None, getattr(exc, "type", None))
+        return describe(exc)
 
 
 def run_sync(answer, max_retries):
@@ -71,7 +75,7 @@ async def run_async(answer, max_retries):
         try:
             result = ("ok", await c.summarize(TEXT))
         except batchsum.BatchsumError as exc:
-            result = outcome(lambda: (_ for _ in ()).throw(exc))
+            result = describe(exc)
         return result, len(delays)
 
 

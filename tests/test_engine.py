@@ -1,6 +1,5 @@
 """The batch engine against the local service over loopback."""
 
-import asyncio
 
 import pytest
 
