@@ -22,6 +22,7 @@ from . import contract
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .client import ENV_API_KEY, AsyncClient, Client, validate_params
 from .engine import DEFAULT_CONCURRENCY, BatchStats, plan_batch
+from .pacing import Pacer
 from .errors import (
     APIError,
     AuthenticationError,
@@ -57,14 +58,21 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
-    return value
+def _whole_number(minimum: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be >= {minimum}")
+        return value
+
+    return parse
+
+
+_positive_int = _whole_number(1)
+_non_negative_int = _whole_number(0)
 
 
 def _add_request_options(parser: argparse.ArgumentParser) -> None:
@@ -79,7 +87,7 @@ def _add_request_options(parser: argparse.ArgumentParser) -> None:
                         help="service address; default $BATCHSUM_BASE_URL or https://www.summarizer.org")
     parser.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT,
                         help=f"seconds to wait for one answer (default {DEFAULT_TIMEOUT:g})")
-    parser.add_argument("--max-retries", type=int, default=DEFAULT_MAX_RETRIES,
+    parser.add_argument("--max-retries", type=_non_negative_int, default=DEFAULT_MAX_RETRIES,
                         help=f"retries of a transient failure (429, 5xx, timeout, dropped connection; "
                         f"default {DEFAULT_MAX_RETRIES})")
     parser.add_argument("--encoding", default="json", choices=["json", "form", "multipart"],
@@ -168,8 +176,6 @@ def _client_settings(args: argparse.Namespace, stack: ExitStack, rpm: float) -> 
         settings["base_url"], settings["api_key"] = _start_local(stack, rpm)
     else:
         settings["base_url"] = args.base_url
-    if args.max_retries < 0:
-        raise _Stop(EXIT_USAGE, "--max-retries must be >= 0")
     return settings
 
 
@@ -203,8 +209,6 @@ def _summarize(args: argparse.Namespace) -> int:
 
         def on_pace_change(pace: float) -> None:
             _say(f"the service keeps answering 429: pace lowered to {pace:g} requests/min")
-
-        from .pacing import Pacer
 
         pacer = Pacer(rpm, on_pace_change=on_pace_change)
         kept = len(journal)

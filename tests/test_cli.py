@@ -155,7 +155,8 @@ def test_every_bad_input_is_one_line_exit_2_and_nothing_sent(env, tmp_path, caps
 
 
 @pytest.mark.parametrize("flag", [["--mode", "3"], ["--percentage", "0"], ["--percentage", "7"], ["--type", "poem"],
-                                  ["--rpm", "-1"], ["--concurrency", "0"], ["--timeout", "abc"]])
+                                  ["--rpm", "-1"], ["--concurrency", "0"], ["--timeout", "abc"],
+                                  ["--max-retries", "-1"]])
 def test_invalid_parameters_are_usage_errors(env, tmp_path, capsys, flag):
     src = write(frame(), tmp_path / "in.parquet")
     with pytest.raises(SystemExit) as info:

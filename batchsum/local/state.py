@@ -140,7 +140,7 @@ class ServiceState:
         return next(iter(self.plans))
 
     def reset_stats(self) -> None:
-        with getattr(self, "_lock", threading.Lock()):
+        with self._lock:
             self.requests = 0
             self.arrivals: deque[float] = deque(maxlen=1_000_000)  # clock() of each request, for benchmarks
             self.by_status: Counter[int] = Counter()
