@@ -293,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if in_main_thread else None
     if in_main_thread and previous == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: journal flushed
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: answers on the wire are kept
     try:
         return handlers[args.command](args)
     except _Stop as stop:

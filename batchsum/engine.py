@@ -88,8 +88,6 @@ class AnswerStore(Protocol):
 
     def put(self, key: str, answer: Answer) -> None: ...
 
-    def flush(self) -> None: ...
-
 
 class MemoryStore:
     """An in-process answer store (a dict)."""
@@ -102,9 +100,6 @@ class MemoryStore:
 
     def put(self, key: str, answer: Answer) -> None:
         self._answers[key] = answer
-
-    def flush(self) -> None:
-        pass
 
     def __len__(self) -> int:
         return len(self._answers)
@@ -342,7 +337,6 @@ async def summarize_stream(
             task.cancel()
         await asyncio.gather(*tasks, stop_waiter, return_exceptions=True)
         await rows.aclose()  # closes the input (an open Parquet file) on an early stop too
-        store.flush()
 
 
 

@@ -72,9 +72,6 @@ class Journal:
             (key, *answer, time.time()),
         )
 
-    def flush(self) -> None:
-        """Nothing to do: every answer is committed as it is put."""
-
     def __len__(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM answers").fetchone()[0]
 
