@@ -24,7 +24,7 @@ from .client import AsyncClient, validate_params
 from .engine import DEFAULT_CONCURRENCY, AnswerStore, BatchStats, MemoryStore, RowResult, result_columns, summarize_stream
 from .errors import InputError
 
-__all__ = ["DataFrameAccessor", "SeriesAccessor", "summarize_texts", "clear_cache", "local_service"]
+__all__ = ["DataFrameAccessor", "SeriesAccessor", "summarize_texts", "clear_cache", "local_service", "BackgroundRun"]
 
 T = TypeVar("T")
 DEFAULT_RPM = 60.0
@@ -56,48 +56,71 @@ def _cache_for(base_url: str) -> MemoryStore:
         return _caches.setdefault(base_url, MemoryStore())
 
 
-def _run_in_worker(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a coroutine to completion on a fresh loop in a worker thread; an interrupt in the
-    calling thread cancels it there (letting requests on the wire finish) and is re-raised."""
-    box: dict[str, Any] = {}
-    ready, finished = threading.Event(), threading.Event()
+class BackgroundRun:
+    """A coroutine run to completion on its own event loop in a worker thread, so that it works
+    whatever loop the caller is in; ``cancel()`` from any thread cancels it there, which lets
+    requests on the wire finish and keeps their answers."""
 
-    async def main() -> T:
-        box["loop"], box["task"] = asyncio.get_running_loop(), asyncio.current_task()
-        ready.set()
-        return await make()
+    def __init__(self, make: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        self._make = make
+        self._ready, self._finished = threading.Event(), threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._outcome: tuple[bool, Any] = (False, None)
+        threading.Thread(target=self._target, name="batchsum-worker", daemon=True).start()
 
-    def target() -> None:
+    async def _main(self) -> Any:
+        self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+        self._ready.set()
+        return await self._make()
+
+    def _target(self) -> None:
         try:
-            box["result"] = asyncio.run(main())
-        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
-            box["error"] = exc
+            self._outcome = (True, asyncio.run(self._main()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            self._outcome = (False, exc)
         finally:
-            ready.set()
-            finished.set()
+            self._ready.set()
+            self._finished.set()
 
-    # Waiting on an Event, not Thread.join(): on CPython < 3.13 an interrupt inside join() can
-    # leave the thread marked finished while it still runs.
-    threading.Thread(target=target, name="batchsum-worker", daemon=True).start()
+    def cancel(self) -> None:
+        """Cancel the run, also when it has not reached its event loop yet."""
+        self._ready.wait()
+        if self._loop is not None and self._task is not None and not self._task.done():
+            self._loop.call_soon_threadsafe(self._task.cancel)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once the run has finished. An Event, not Thread.join(): on CPython < 3.13 an
+        interrupt inside join() can leave the thread marked finished while it still runs."""
+        return self._finished.wait(timeout)
+
+    def result(self) -> Any:
+        """The coroutine's result, or its exception raised here (CancelledError when cancelled)."""
+        done, value = self._outcome
+        if not done:
+            raise value
+        return value
+
+
+def _run_in_worker(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine in a ``BackgroundRun`` and wait; an interrupt in the calling thread cancels
+    it (letting requests on the wire finish) and is re-raised."""
+    run = BackgroundRun(make)
     try:
-        while not finished.wait(0.1):
+        while not run.wait(0.1):
             pass
     except KeyboardInterrupt:
-        ready.wait()
-        if "task" in box and not box["task"].done():
-            box["loop"].call_soon_threadsafe(box["task"].cancel)
-        finished.wait()  # requests on the wire finish and are kept; a second interrupt leaves at once
+        run.cancel()
+        run.wait()  # requests on the wire finish and are kept; a second interrupt leaves at once
         print(
             "batchsum: interrupted; finished answers are kept, so the same call again sends only the rest",
             file=sys.stderr,
         )
         raise
-    if "error" in box:
-        error = box["error"]
-        if isinstance(error, asyncio.CancelledError):
-            raise KeyboardInterrupt from None
-        raise error
-    return box["result"]
+    try:
+        return run.result()
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None
 
 
 async def summarize_texts(
@@ -232,7 +255,6 @@ class DataFrameAccessor:
         ``AuthenticationError``/``NotPremiumError`` when the service refuses the key or plan.
         """
         series = self._column(column, output_column)
-        validate_params(mode, percentage, type)
         results = _run_in_worker(lambda: summarize_texts(series.tolist(), mode, percentage, type, **options))
         return self._join(results, output_column)
 

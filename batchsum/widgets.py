@@ -1,14 +1,14 @@
 """The notebook apps (ipywidgets): ``batchsum.widget()`` summarizes one text, ``batchsum.widget(df)``
 runs a DataFrame column through the engine with live progress, a preview and a Cancel button.
 
-Work runs on a background thread so the notebook stays responsive; ``app.wait()`` joins it (tests).
+Work runs on its own event loop in a background thread (``pandas_ext.BackgroundRun``), so the
+notebook stays responsive; ``app.wait()`` waits for it (tests).
 """
 
 from __future__ import annotations
 
 import asyncio
 import html
-import threading
 import time
 from typing import Any
 
@@ -20,7 +20,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("the widget needs the 'notebook' extra: pip install 'batchsum[notebook]'") from exc
 
 from . import contract
-from .client import Client
+from .client import AsyncClient
 from .engine import BatchStats, RowResult
 from .errors import (
     APIConnectionError,
@@ -36,7 +36,7 @@ from .errors import (
     TextTooShortError,
     UnprocessableEntityError,
 )
-from .pandas_ext import DataFrameAccessor, local_service, summarize_texts
+from .pandas_ext import BackgroundRun, DataFrameAccessor, local_service, summarize_texts
 
 __all__ = ["TextApp", "FrameApp", "make_widget", "explain", "render_summary"]
 
@@ -116,7 +116,7 @@ class _App:
         self.length = w.IntSlider(value=contract.PERCENTAGE_DEFAULT, min=contract.PERCENTAGE_MIN,
                                   max=contract.PERCENTAGE_MAX, description="Length")
         self.format = w.Dropdown(options=FORMATS, value="default", description="Format")
-        self._thread: threading.Thread | None = None
+        self._run: BackgroundRun | None = None
         self.box: w.Box
 
     def _settings(self) -> dict[str, Any]:
@@ -125,14 +125,10 @@ class _App:
             return {"api_key": service.key, "base_url": service.url}
         return {"api_key": self._connection["api_key"], "base_url": self._connection["base_url"]}
 
-    def _start(self, target: Any) -> None:
-        self._thread = threading.Thread(target=target, name="batchsum-widget", daemon=True)
-        self._thread.start()
-
     def wait(self, timeout: float | None = 60) -> None:
         """Wait for the work started by the last click (for tests and scripts)."""
-        if self._thread is not None:
-            self._thread.join(timeout)
+        if self._run is not None:
+            self._run.wait(timeout)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.box._repr_mimebundle_(**kwargs)
@@ -175,13 +171,13 @@ class TextApp(_App):
         self.message.value = "<i>Summarizing…</i>"
         self.result.value = ""
         request = (self.text.value, self.mode.value, self.length.value, self.format.value)
-        self._start(lambda: self._work(*request))
+        self._run = BackgroundRun(lambda: self._work(*request))
 
-    def _work(self, text: str, mode: int, length: int, kind: str | None) -> None:
+    async def _work(self, text: str, mode: int, length: int, kind: str | None) -> None:
         self.summary, self.error = None, None
         try:
-            with Client(**self._settings(), **self._client_options) as client:
-                self.summary = client.summarize(text, mode, length, kind)
+            async with AsyncClient(**self._settings(), **self._client_options) as client:
+                self.summary = await client.summarize(text, mode, length, kind)
             self.result.value = render_summary(self.summary, kind)
             self.message.value = ""
         except BatchsumError as exc:
@@ -212,8 +208,6 @@ class FrameApp(_App):
         self.error: BaseException | None = None
         self._concurrency = concurrency
         self._output_column = output_column
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task[Any] | None = None
         self._rows: list[RowResult] = []
         self._last_draw = 0.0
         self.run_button.on_click(lambda _: self.run())
@@ -236,33 +230,26 @@ class FrameApp(_App):
         self.run_button.disabled, self.cancel_button.disabled = True, False
         self.status.value = "<i>Starting…</i>"
         request = (self.column.value, self.mode.value, self.length.value, self.format.value, self.rpm.value)
-        self._start(lambda: self._work(*request))
+        self._run = BackgroundRun(lambda: self._work(*request))
 
     def cancel(self) -> None:
         """Stop sending; requests on the wire finish and every finished row is kept."""
-        if self._loop is not None and self._task is not None:
-            self._loop.call_soon_threadsafe(self._task.cancel)
+        if self._run is not None:
+            self._run.cancel()
         self.cancel_button.disabled = True
 
-    def _work(self, column: Any, mode: int, length: int, kind: str | None, rpm: float) -> None:
+    async def _work(self, column: Any, mode: int, length: int, kind: str | None, rpm: float) -> None:
         stats = BatchStats(total=len(self.frame))
-        texts = self.frame[column].tolist()
         settings = {**self._settings(), **self._client_options}
-
-        async def main() -> None:
-            self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
-            await summarize_texts(texts, mode, length, kind, rpm=rpm, concurrency=self._concurrency, progress=False,
-                                  stats=stats, on_result=self._draw, results=self._rows, **settings)
-
         cancelled = False
         try:
-            asyncio.run(main())
-        except (asyncio.CancelledError, KeyboardInterrupt):
+            await summarize_texts(self.frame[column].tolist(), mode, length, kind, rpm=rpm,
+                                  concurrency=self._concurrency, progress=False, stats=stats,
+                                  on_result=self._draw, results=self._rows, **settings)
+        except asyncio.CancelledError:  # Cancel: the engine has kept what finished
             cancelled = True
         except BatchsumError as exc:
             self.error = exc
-        finally:
-            self._loop = self._task = None
         done = len(self._rows)
         accessor = DataFrameAccessor(self.frame.iloc[:done])
         self.result = accessor._join(self._rows, self._output_column)
