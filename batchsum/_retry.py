@@ -6,9 +6,12 @@ Constants live here so the client, the engine and the pacer agree on them.
 from __future__ import annotations
 
 import email.utils
+import math
 import random
+import re
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from .errors import (
     APIConnectionError,
@@ -24,6 +27,8 @@ DEFAULT_TIMEOUT = 60.0  # seconds; a 5000-word text in mode 2 can take a while
 INITIAL_BACKOFF = 0.5  # seconds before the first retry when the service gives no Retry-After
 MAX_BACKOFF = 16.0
 MAX_RETRY_AFTER = 120.0  # a per-minute limit never needs longer; a larger value is clamped to this
+MAX_ANSWER_BYTES = 2 * 1024 * 1024  # a summary of 5000 words is tens of KB; a larger answer fails the row
+MAX_ERROR_BYTES = 64 * 1024  # of an error body, only this much is read (the message is near the start)
 
 # Statuses other than 429 and 5xx that can succeed when tried again.
 _RETRYABLE_STATUSES = frozenset({408, 409})
@@ -31,39 +36,96 @@ _RETRYABLE_STATUSES = frozenset({408, 409})
 
 def is_retryable(error: BaseException) -> bool:
     """True for what can succeed on retry: 429, 5xx, timeouts, dropped connections, garbled answers."""
-    if isinstance(error, (RateLimitError, ServerError, APIConnectionError, APIResponseValidationError)):
+    if isinstance(error, (RateLimitError, ServerError, APIConnectionError)):
         return True
+    if isinstance(error, APIResponseValidationError):
+        return error.transient
     if isinstance(error, APIStatusError):
         return error.status_code in _RETRYABLE_STATUSES
     return False
 
 
+def _seconds(raw: str | None, now: Callable[[], float], *, unix_above: float = math.inf) -> float | None:
+    """Seconds from a delta, an HTTP-date, or (above ``unix_above``) a Unix time; None if unreadable."""
+    if raw is None:
+        return None
+    try:
+        number = float(raw.strip())
+    except ValueError:
+        parsed = email.utils.parsedate_tz(raw)
+        if parsed is None:
+            return None
+        return email.utils.mktime_tz(parsed) - now()
+    if number != number or number in (math.inf, -math.inf):
+        return None
+    return number - now() if number > unix_above else number
+
+
 def parse_retry_after(headers: Mapping[str, str], now: Callable[[], float] = time.time) -> float | None:
     """Seconds to wait from ``retry-after-ms``, ``Retry-After`` (seconds or HTTP-date) or
-    ``X-RateLimit-Reset`` (seconds, or a Unix time), clamped to ``0..MAX_RETRY_AFTER``; None if absent."""
-    value: float | None = None
-    if (ms := headers.get("retry-after-ms")) is not None:
-        try:
-            value = float(ms) / 1000
-        except ValueError:
-            pass
-    if value is None and (raw := headers.get("retry-after")) is not None:
-        try:
-            value = float(raw)
-        except ValueError:
-            parsed = email.utils.parsedate_tz(raw)
-            if parsed is not None:
-                value = email.utils.mktime_tz(parsed) - now()
-    if value is None and (reset := headers.get("x-ratelimit-reset")) is not None:
-        try:
-            number = float(reset)
-        except ValueError:
-            number = None
-        if number is not None:
-            value = number - now() if number > 1e9 else number
-    if value is None or value != value:  # absent or NaN
+    ``X-RateLimit-Reset`` (seconds, or a Unix time), at most ``MAX_RETRY_AFTER``.
+
+    None when absent or unusable (garbage, NaN, zero, negative, a date in the past): the caller then
+    backs off with jitter, never retrying at once (a wait of 0 would turn into a retry storm).
+    """
+    ms = _seconds(headers.get("retry-after-ms"), now)
+    candidates = (
+        None if ms is None else ms / 1000,
+        _seconds(headers.get("retry-after"), now),
+        _seconds(headers.get("x-ratelimit-reset"), now, unix_above=1e9),
+    )
+    for value in candidates:
+        if value is not None and value > 0:
+            return min(value, MAX_RETRY_AFTER)
+    return None
+
+
+@dataclass(frozen=True)
+class RateLimitHeaders:
+    """What standard rate-limit headers say: the limit per minute, requests remaining, seconds to reset."""
+
+    per_minute: float | None = None
+    remaining: int | None = None
+    reset: float | None = None
+
+
+_POLICY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:;.*?\bw\s*=\s*(\d+(?:\.\d+)?))?", re.ASCII)
+_FIELD = re.compile(r"\b(limit|remaining|reset|r|t)\s*=\s*(\d+(?:\.\d+)?)", re.ASCII)
+
+
+def parse_rate_limit_headers(
+    headers: Mapping[str, str], now: Callable[[], float] = time.time
+) -> RateLimitHeaders | None:
+    """``X-RateLimit-Limit/Remaining/Reset``, ``RateLimit-Limit/Remaining/Reset``, ``RateLimit-Policy``
+    (``600;w=60``) and ``RateLimit`` (``limit=600, remaining=5, reset=30`` or ``"x";r=5;t=30``).
+    A limit with no window is taken as per minute, as the plan's limit is. None without any."""
+    per_minute: float | None = None
+    remaining: int | None = None
+    reset: float | None = None
+    for name in ("ratelimit-policy", "x-ratelimit-limit", "ratelimit-limit"):
+        match = _POLICY.match(headers.get(name, ""))
+        if match:
+            window = float(match.group(2)) if match.group(2) else 60.0
+            if window > 0:
+                per_minute = float(match.group(1)) * 60.0 / window
+            break
+    fields = {k: float(v) for k, v in _FIELD.findall(headers.get("ratelimit", ""))}
+    if per_minute is None and "limit" in fields:
+        per_minute = fields["limit"]
+    left = fields.get("remaining", fields.get("r"))
+    for name in ("x-ratelimit-remaining", "ratelimit-remaining"):
+        if left is None and (raw := headers.get(name, "").strip()).isdigit():
+            left = float(raw)
+    remaining = None if left is None else int(left)
+    reset = fields.get("reset", fields.get("t"))
+    for name in ("x-ratelimit-reset", "ratelimit-reset"):
+        if reset is None:
+            reset = _seconds(headers.get(name), now, unix_above=1e9)
+    if reset is not None and reset <= 0:
+        reset = None
+    if per_minute is None and remaining is None:
         return None
-    return min(max(value, 0.0), MAX_RETRY_AFTER)
+    return RateLimitHeaders(per_minute if per_minute and per_minute > 0 else None, remaining, reset)
 
 
 def backoff(attempt: int, rand: Callable[[], float] = random.random) -> float:

@@ -21,8 +21,8 @@ from typing import Any
 from . import contract
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .client import ENV_API_KEY, AsyncClient, Client, validate_params
-from .engine import DEFAULT_CONCURRENCY, BatchStats, plan_batch
-from .pacing import Pacer
+from .engine import BatchStats, RunOptions, plan_batch
+from .pacing import PaceChange
 from .errors import (
     APIError,
     AuthenticationError,
@@ -119,8 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rpm", type=_positive_float, default=None,
                      help=f"requests per minute your plan allows; starts are evenly spaced under it "
                      f"(default ${ENV_RPM} or {DEFAULT_RPM:g}; with --local, no limit; 0 = no pacing)")
-    run.add_argument("--concurrency", type=_positive_int, default=DEFAULT_CONCURRENCY,
-                     help=f"requests in flight at once (default {DEFAULT_CONCURRENCY})")
+    run.add_argument("--concurrency", type=_positive_int, default=None,
+                     help="a cap on requests in flight at once (default: sized from --rpm and the "
+                     "service's measured latency, so the pace holds at any latency)")
     run.add_argument("--output-column", default="summary",
                      help="name of the summary column; the others are NAME_status, NAME_error, "
                      "NAME_message, NAME_http_status, NAME_attempts (default summary)")
@@ -207,17 +208,16 @@ def _summarize(args: argparse.Namespace) -> int:
         bar = stack.enter_context(ProgressBar(source.num_rows, enabled=not args.quiet))
         stats = BatchStats(total=source.num_rows)
 
-        def on_pace_change(pace: float) -> None:
-            _say(f"the service keeps answering 429: pace lowered to {pace:g} requests/min")
+        def on_pace_change(change: PaceChange) -> None:
+            bar.write(f"batchsum: {change}")
 
-        pacer = Pacer(rpm, on_pace_change=on_pace_change)
+        pacer = RunOptions(rpm=rpm, concurrency=args.concurrency).pacer(on_pace_change)
         kept = len(journal)
 
         async def run() -> None:
             async with client:
                 await summarize_parquet(
-                    source, output, client, store=journal, stats=stats, pacer=pacer,
-                    concurrency=args.concurrency, on_result=bar, **request,
+                    source, output, client, store=journal, stats=stats, pacer=pacer, on_result=bar, **request,
                 )
 
         resume = f"run the same command again to resume (answers are kept in {journal_path})"

@@ -10,6 +10,7 @@ import asyncio
 import ipaddress
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -19,7 +20,16 @@ from typing import Any, Literal, Protocol
 import httpx
 
 from . import contract
-from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, parse_retry_after, retry_delay
+from ._retry import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_TIMEOUT,
+    MAX_ANSWER_BYTES,
+    MAX_ERROR_BYTES,
+    RateLimitHeaders,
+    parse_rate_limit_headers,
+    parse_retry_after,
+    retry_delay,
+)
 from .errors import (
     APIConnectionError,
     APIError,
@@ -44,14 +54,50 @@ log = logging.getLogger("batchsum")
 
 
 def is_loopback(host: str) -> bool:
-    """True for localhost and addresses in 127.0.0.0/8 or ::1."""
-    host = host.strip("[]").lower()
-    if host == "localhost" or host.endswith(".localhost"):
+    """True for ``localhost`` and literal addresses in 127.0.0.0/8 or ::1. Not ``*.localhost``:
+    a resolver may send such a name anywhere, and the key would go with it over plain http."""
+    host = host.strip("[]").lower().rstrip(".")
+    if host == "localhost":
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+REDACTED = "[redacted]"
+
+
+def check_key(key: object, source: str) -> str:
+    """The key, stripped, when it is printable ASCII with no space (what an Authorization header can
+    carry); else a ``ConfigurationError`` that says what is wrong without echoing the key."""
+    if not isinstance(key, str):
+        raise ConfigurationError(f"the API key from {source} is a {type(key).__name__}, not a text")
+    key = key.strip()
+    if not key:
+        raise ConfigurationError(
+            f"no API key: set {ENV_API_KEY} (the key is on the 'My Account' page of the service), "
+            "or use the local service"
+        )
+    for position, char in enumerate(key, 1):
+        if not "!" <= char <= "~":
+            kind = "a space" if char == " " else "a control character" if char < " " or char == "\x7f" \
+                else "a non-ASCII character"
+            raise ConfigurationError(
+                f"the API key from {source} contains {kind} at position {position}; "
+                "copy it again from the service's 'My Account' page"
+            )
+    return key
+
+
+def _seconds_setting(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise InvalidParameterError(f"invalid {name} {value!r}: use a finite number of seconds > 0")
+    return float(value)
+
+
+def _preview(content: bytes) -> str:
+    return content[:200].decode("utf-8", errors="replace")
 
 
 @dataclass(frozen=True)
@@ -84,11 +130,12 @@ def prepare(text: Any, mode: Any = 1, percentage: Any = contract.PERCENTAGE_DEFA
 
 
 class AttemptHooks(Protocol):
-    """What the batch engine plugs into the retry loop: pace every attempt, share 429 pauses."""
+    """What the batch engine plugs into the retry loop: every attempt waits for its turn, and the
+    engine hears how each ended (``error`` None for a summary; a CancelledError when abandoned)."""
 
-    async def before_attempt(self) -> float: ...
+    async def before_attempt(self) -> Any: ...
 
-    def after_rate_limit(self, started_at: float, retry_after: float | None) -> None: ...
+    def after_attempt(self, ticket: Any, error: BaseException | None, limits: RateLimitHeaders | None) -> None: ...
 
 
 class _ClientCore:
@@ -106,12 +153,8 @@ class _ClientCore:
         environ: Mapping[str, str] | None,
     ) -> None:
         env = os.environ if environ is None else environ
-        key = api_key if api_key is not None else env.get(ENV_API_KEY)
-        if not key or not key.strip():
-            raise ConfigurationError(
-                f"no API key: pass api_key=... or set {ENV_API_KEY} "
-                "(the key is on the 'My Account' page of the service)"
-            )
+        source = "api_key" if api_key is not None else f"${ENV_API_KEY}"
+        key = check_key(api_key if api_key is not None else env.get(ENV_API_KEY, ""), source)
         url = (base_url or env.get(ENV_BASE_URL) or contract.DEFAULT_BASE_URL).rstrip("/")
         parsed = httpx.URL(url)
         if parsed.scheme not in ("http", "https") or not parsed.host:
@@ -125,11 +168,9 @@ class _ClientCore:
             raise InvalidParameterError(f"invalid encoding {encoding!r}: use one of {', '.join(_ENCODINGS)}")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise InvalidParameterError(f"invalid max_retries {max_retries!r}: use a whole number >= 0")
-        if not timeout or timeout <= 0:
-            raise InvalidParameterError(f"invalid timeout {timeout!r}: use a number of seconds > 0")
-        self.api_key = key.strip()
+        self.timeout = _seconds_setting("timeout", timeout)
+        self.api_key = key
         self.base_url = url
-        self.timeout = float(timeout)
         self.max_retries = max_retries
         self.encoding = encoding
 
@@ -157,35 +198,73 @@ class _ClientCore:
             options["files"] = {k: (None, str(v)) for k, v in fields.items()}
         return options
 
-    def decode(self, response: httpx.Response) -> str:
-        """The summary from a 200, or the typed error any other answer means."""
-        if response.status_code != 200:
-            raise error_from_response(
-                response.status_code,
-                response.headers,
-                response.content,
-                retry_after=parse_retry_after(response.headers),
-            )
+    def redact(self, text: str) -> str:
+        """``text`` with the key taken out: a service or proxy may echo the Authorization header."""
+        return text.replace(self.api_key, REDACTED) if self.api_key in text else text
+
+    def decode(self, status: int, headers: httpx.Headers, content: bytes) -> tuple[str, RateLimitHeaders | None]:
+        """The summary from a 200, or the typed error any other answer means; with the rate-limit headers."""
+        limits = parse_rate_limit_headers(headers)
         try:
-            body = json.loads(response.content)
-        except ValueError:
+            return self._decode(status, headers, content), limits
+        except APIError as error:
+            error.rate_limit = limits
+            raise self.scrub(error) from None
+
+    def _decode(self, status: int, headers: httpx.Headers, content: bytes) -> str:
+        if status != 200:
+            raise error_from_response(status, headers, content, retry_after=parse_retry_after(headers))
+        try:
+            body = json.loads(content)
+        except ValueError:  # cut short or garbled on the way: asking again may succeed
             raise APIResponseValidationError(
-                "the service answered 200 with a body that is not JSON", body=response.text[:200]
+                "the service answered 200 with a body that is not JSON", body=_preview(content)
             ) from None
         result = body.get(contract.FIELD_RESULT) if isinstance(body, dict) else None
         if not isinstance(result, str):
             raise APIResponseValidationError(
-                'the service answered 200 without a "result" text', body=response.text[:200]
+                'the service answered 200 without a "result" text', body=_preview(content), transient=False
             )
-        return result
+        return self.redact(result)
+
+    def scrub(self, error: APIError) -> APIError:
+        """The error with the key taken out of its message and body."""
+        error.message = self.redact(error.message)
+        error.args = tuple(self.redact(a) if isinstance(a, str) else a for a in error.args)
+        body = getattr(error, "body", None)
+        if isinstance(body, str):
+            error.body = self.redact(body)  # type: ignore[attr-defined]
+        elif body is not None and self.api_key in json.dumps(body, default=str):
+            error.body = json.loads(self.redact(json.dumps(body, default=str)))  # type: ignore[attr-defined]
+        return error
+
+    def check_size(self, status: int, headers: httpx.Headers) -> int:
+        """How many bytes of this answer to read; a 200 announcing more than allowed fails at once."""
+        if status != 200:
+            return MAX_ERROR_BYTES
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > MAX_ANSWER_BYTES:
+            raise self.too_large()
+        return MAX_ANSWER_BYTES
 
     @staticmethod
-    def transport_error(exc: httpx.HTTPError) -> APIError:
+    def too_large() -> APIResponseValidationError:
+        return APIResponseValidationError(
+            f"the service answered 200 with more than {MAX_ANSWER_BYTES // 1024 // 1024} MiB; "
+            "no summary is that long", transient=False,
+        )
+
+    def transport_error(self, exc: httpx.HTTPError) -> APIError:
         if isinstance(exc, httpx.TimeoutException):
-            return APITimeoutError(f"no answer in time ({type(exc).__name__})")
-        if isinstance(exc, httpx.DecodingError):
-            return APIResponseValidationError(f"the answer could not be decoded ({exc})")
-        return APIConnectionError(f"connection failed: {type(exc).__name__}: {exc}")
+            error: APIError = APITimeoutError(f"no answer in time ({type(exc).__name__})")
+        elif isinstance(exc, httpx.DecodingError):
+            error = APIResponseValidationError(f"the answer could not be decoded ({exc})")
+        else:
+            error = APIConnectionError(f"connection to {self.base_url} failed: {type(exc).__name__}: {exc}")
+        return self.scrub(error)
+
+    def out_of_time(self) -> APITimeoutError:
+        return APITimeoutError(f"no whole answer within the timeout of {self.timeout:g} s")
 
     def next_delay(self, error: APIError, attempt: int, paced: bool) -> float | None:
         """Seconds to wait before the next attempt, or None to give up and raise ``error``.
@@ -256,10 +335,7 @@ class Client:
         while True:
             attempt += 1
             try:
-                response = self._http.post(**self._core.request_options(request))
-                return self._core.decode(response)
-            except httpx.HTTPError as exc:
-                error = self._core.transport_error(exc)
+                return self._attempt(request)
             except APIError as exc:
                 error = exc
             error.attempts = attempt
@@ -268,6 +344,26 @@ class Client:
                 raise error
             self._core.note_retry(error, attempt, delay)
             self._sleep(delay)
+
+    def _attempt(self, request: PreparedRequest) -> str:
+        """One attempt, its answer read in chunks: at most the size cap, and within the timeout as a
+        whole (checked between chunks, so a dripping answer stops within one read of it)."""
+        deadline = time.monotonic() + self._core.timeout
+        try:
+            with self._http.stream("POST", **self._core.request_options(request)) as response:
+                limit = self._core.check_size(response.status_code, response.headers)
+                body = bytearray()
+                for chunk in response.iter_bytes():
+                    body += chunk
+                    if time.monotonic() > deadline:
+                        raise self._core.out_of_time()
+                    if len(body) > limit:
+                        if response.status_code == 200:
+                            raise self._core.too_large()
+                        break
+        except httpx.HTTPError as exc:
+            raise self._core.transport_error(exc) from None
+        return self._core.decode(response.status_code, response.headers, bytes(body[:limit]))[0]
 
     def close(self) -> None:
         self._http.close()
@@ -329,27 +425,54 @@ class AsyncClient:
     async def send(self, request: PreparedRequest, hooks: AttemptHooks | None = None) -> tuple[str, int]:
         """Send a prepared request, retrying what can succeed on retry; (summary, attempts).
 
-        ``hooks`` (the batch engine's pacer) is awaited before every attempt and told of every 429.
+        ``hooks`` (the batch engine's pacer) is awaited before every attempt and told how each ended.
         """
         attempt = 0
         while True:
             attempt += 1
-            started_at = await hooks.before_attempt() if hooks is not None else 0.0
+            ticket = await hooks.before_attempt() if hooks is not None else None
             try:
-                response = await self._http.post(**self._core.request_options(request))
-                return self._core.decode(response), attempt
-            except httpx.HTTPError as exc:
-                error = self._core.transport_error(exc)
+                summary, limits = await self._attempt(request)
             except APIError as exc:
                 error = exc
+            except BaseException as exc:  # cancelled while on the wire: the hooks must hear of it too
+                if hooks is not None:
+                    hooks.after_attempt(ticket, exc, None)
+                raise
+            else:
+                if hooks is not None:
+                    hooks.after_attempt(ticket, None, limits)
+                return summary, attempt
+            if hooks is not None:
+                hooks.after_attempt(ticket, error, error.rate_limit)
             error.attempts = attempt
-            if hooks is not None and isinstance(error, RateLimitError):
-                hooks.after_rate_limit(started_at, error.retry_after)
             delay = self._core.next_delay(error, attempt, paced=hooks is not None)
             if delay is None:
                 raise error
             self._core.note_retry(error, attempt, delay)
             await self._sleep(delay)
+
+    async def _attempt(self, request: PreparedRequest) -> tuple[str, RateLimitHeaders | None]:
+        """One attempt within the timeout as a whole (a dripping answer cannot stretch it)."""
+        try:
+            return await asyncio.wait_for(self._exchange(request), self._core.timeout)
+        except asyncio.TimeoutError:
+            raise self._core.out_of_time() from None
+
+    async def _exchange(self, request: PreparedRequest) -> tuple[str, RateLimitHeaders | None]:
+        try:
+            async with self._http.stream("POST", **self._core.request_options(request)) as response:
+                limit = self._core.check_size(response.status_code, response.headers)
+                body = bytearray()
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > limit:
+                        if response.status_code == 200:
+                            raise self._core.too_large()
+                        break
+        except httpx.HTTPError as exc:
+            raise self._core.transport_error(exc) from None
+        return self._core.decode(response.status_code, response.headers, bytes(body[:limit]))
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -83,6 +83,7 @@ class SkipReason(str, enum.Enum):
     """Why a text is never sent: the contract says the service would refuse it."""
 
     EMPTY = "empty"
+    INVALID = "invalid_text"  # not valid Unicode (a lone surrogate): it cannot be encoded to send
     TOO_SHORT = "too_short"
     TOO_LONG = "too_long"
 
@@ -177,7 +178,7 @@ def is_missing(value: Any) -> bool:
     try:
         # pandas.NA and friends raise on bool(); NaT compares unequal to itself.
         return bool(value != value)
-    except (TypeError, ValueError):
+    except Exception:  # any object may define comparison as it likes: not a text either way
         return True
 
 
@@ -190,6 +191,12 @@ def text_problem(text: Any) -> tuple[SkipReason, str] | None:
         return SkipReason.EMPTY, "no text (missing value)"
     if not isinstance(text, str):
         return SkipReason.EMPTY, f"not a text ({type(text).__name__})"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return SkipReason.INVALID, (
+            f"not valid Unicode: a lone surrogate U+{ord(text[exc.start]):04X} at character {exc.start + 1}"
+        )
     words = count_words(text)
     if words == 0:
         return SkipReason.EMPTY, "the text is empty or only white space"

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import logging
+import math
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
@@ -22,18 +24,24 @@ from typing import Any, NamedTuple, Protocol
 
 from . import contract
 from .client import AsyncClient, PreparedRequest, validate_params
+from ._retry import RateLimitHeaders
 from .errors import (
     APIError,
+    APIResponseValidationError,
     APIStatusError,
     AuthenticationError,
+    BatchsumError,
     InvalidParameterError,
+    JournalError,
     NotPremiumError,
+    RateLimitError,
     UnprocessableEntityError,
 )
-from .pacing import Pacer
+from .pacing import Limiter, PaceChange, Pacer, PacerState
 
 __all__ = [
     "RowResult",
+    "RunOptions",
     "Answer",
     "AnswerStore",
     "MemoryStore",
@@ -41,11 +49,9 @@ __all__ = [
     "fingerprint",
     "summarize_stream",
     "result_columns",
-    "DEFAULT_CONCURRENCY",
     "DEFAULT_WINDOW",
 ]
 
-DEFAULT_CONCURRENCY = 16
 DEFAULT_WINDOW = 1024
 DEFAULT_DRAIN_SECONDS = 15.0
 
@@ -104,10 +110,11 @@ class MemoryStore:
     def __len__(self) -> int:
         return len(self._answers)
 
+    def items(self) -> list[tuple[str, Answer]]:
+        return list(self._answers.items())
 
-def is_permanent(answer: Answer) -> bool:
-    """Worth keeping across runs: a summary, or a refusal that would be repeated (422)."""
-    return answer.status == OK or answer.error == UnprocessableEntityError.code
+    def pop(self, key: str) -> Answer | None:
+        return self._answers.pop(key, None)
 
 
 @dataclass
@@ -134,6 +141,13 @@ class BatchStats:
     @property
     def pace(self) -> float:
         return self.pacer.pace if self.pacer else 0.0
+
+    def pacer_state(self) -> PacerState | None:
+        """The pacer's state now (pace, pause and why, in flight), for progress lines."""
+        try:
+            return self.pacer.state() if self.pacer else None
+        except RuntimeError:  # no running loop (read from another thread after the run)
+            return None
 
     @property
     def elapsed(self) -> float:
@@ -162,35 +176,107 @@ class BatchStats:
         )
 
 
-class _Gate:
-    """The pacer as the client's attempt hooks, plus what the engine must know when it stops:
-    which tasks have a request on the wire, and that no new attempt may start."""
+@dataclass(frozen=True)
+class RunOptions:
+    """How a batch runs, validated once where it is built (CLI, accessor, widget) and passed down.
 
-    __slots__ = ("pacer", "closing", "on_wire")
+    ``rpm``: the plan's requests per minute (0 = no pacing). ``concurrency``: a cap on requests in
+    flight; None sizes it from the pace and the measured latency. ``limiter``: your own
+    (``async acquire()``) instead of the even spacing. ``window``: rows held between reading and
+    yielding. ``drain_seconds``: how long a stop waits for answers on the wire.
+    """
+
+    rpm: float = 0.0
+    concurrency: int | None = None
+    limiter: Limiter | None = None
+    window: int = DEFAULT_WINDOW
+    drain_seconds: float = DEFAULT_DRAIN_SECONDS
+
+    def __post_init__(self) -> None:
+        rpm = self.rpm
+        if isinstance(rpm, bool) or not isinstance(rpm, (int, float)) or not 0 <= rpm < math.inf:
+            raise InvalidParameterError(
+                f"invalid rpm {rpm!r}: use a finite number of requests per minute >= 0 (0 = no pacing)"
+            )
+        _whole("concurrency", self.concurrency, allow_none=True)
+        _whole("window", self.window)
+        drain = self.drain_seconds
+        if isinstance(drain, bool) or not isinstance(drain, (int, float)) or not 0 <= drain < math.inf:
+            raise InvalidParameterError(f"invalid drain_seconds {drain!r}: use a finite number >= 0")
+        if self.limiter is not None and not callable(getattr(self.limiter, "acquire", None)):
+            raise InvalidParameterError("invalid limiter: it needs an async acquire() method, as AsyncLimiter has")
+
+    def pacer(self, on_pace_change: Callable[[PaceChange], None] | None = None) -> Pacer:
+        return Pacer(self.rpm, limiter=self.limiter, max_in_flight=self.concurrency, on_pace_change=on_pace_change)
+
+
+def _whole(name: str, value: Any, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        more = ", or None for automatic" if allow_none else ""
+        raise InvalidParameterError(f"invalid {name} {value!r}: use a whole number >= 1{more}")
+
+
+class _Gate:
+    """The client's attempt hooks: a slot in flight, then the pacer's turn; and what the engine
+    must know when it stops: which tasks have a request on the wire, and that nothing new starts."""
+
+    __slots__ = ("pacer", "closing", "on_wire", "_ids")
 
     def __init__(self, pacer: Pacer) -> None:
         self.pacer = pacer
         self.closing = False
         self.on_wire: set[asyncio.Task[Any]] = set()
+        self._ids = itertools.count()
 
-    async def before_attempt(self) -> float:
+    async def before_attempt(self) -> tuple[int, float, asyncio.Task[Any] | None]:
         if self.closing:
             raise asyncio.CancelledError
-        started = await self.pacer.before_attempt()
-        if self.closing:
-            raise asyncio.CancelledError
-        task = asyncio.current_task()
+        in_flight = self.pacer.in_flight
+        await in_flight.acquire()
+        try:
+            started = await self.pacer.before_attempt()
+            if self.closing:
+                raise asyncio.CancelledError
+        except BaseException:
+            in_flight.release()
+            raise
+        attempt, task = next(self._ids), asyncio.current_task()
+        in_flight.started(attempt, started)
         if task is not None:
             self.on_wire.add(task)
-        return started
+        return attempt, started, task
 
-    def after_rate_limit(self, started_at: float, retry_after: float | None) -> None:
-        self.pacer.after_rate_limit(started_at, retry_after)
+    def after_attempt(
+        self, ticket: tuple[int, float, asyncio.Task[Any] | None], error: BaseException | None,
+        limits: RateLimitHeaders | None,
+    ) -> None:
+        attempt, started, task = ticket
+        if task is not None:
+            self.on_wire.discard(task)
+        # An answer of any kind says how long the service takes; a timeout or a lost connection does not.
+        answered = error is None or isinstance(error, (APIStatusError, APIResponseValidationError))
+        self.pacer.in_flight.finished(attempt, answered)
+        self.pacer.after_attempt(
+            started,
+            rate_limited=isinstance(error, RateLimitError),
+            retry_after=error.retry_after if isinstance(error, RateLimitError) else None,
+            answered=answered,
+            headers=limits,
+        )
 
 
 def _failure(error: APIError) -> Answer:
     status = error.status_code if isinstance(error, APIStatusError) else None
     return Answer(None, FAILED, error.code, error.message, status, error.attempts)
+
+
+def _is_permanent(error: APIError) -> bool:
+    """A refusal that asking again would repeat (and pay for again): kept across runs."""
+    if isinstance(error, APIResponseValidationError):
+        return not error.transient
+    return isinstance(error, UnprocessableEntityError)
 
 
 async def _rows(texts: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]:
@@ -202,142 +288,218 @@ async def _rows(texts: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]
             yield text
 
 
-async def summarize_stream(
-    texts: Iterable[Any] | AsyncIterable[Any],
-    client: AsyncClient,
-    *,
-    mode: Any = contract.Mode.STANDARD,
-    percentage: Any = contract.PERCENTAGE_DEFAULT,
-    type: Any = None,
-    rpm: float = 0,
-    concurrency: int = DEFAULT_CONCURRENCY,
-    store: AnswerStore | None = None,
-    stats: BatchStats | None = None,
-    pacer: Pacer | None = None,
-    window: int = DEFAULT_WINDOW,
-    on_result: Callable[[BatchStats], None] | None = None,
-    drain_seconds: float = DEFAULT_DRAIN_SECONDS,
-) -> AsyncIterator[RowResult]:
-    """Yield one ``RowResult`` per text, in input order.
+class _Batch:
+    """One run of the engine: what is under way, what is kept, and why it stopped."""
 
-    ``rpm`` paces request starts (0 = no pacing); ``store`` keeps finished answers (default: in
-    memory for this call); ``stats`` is updated live and ``on_result`` called after every row.
-    Raises ``InvalidParameterError`` for bad parameters before reading any row, and
-    ``AuthenticationError`` / ``NotPremiumError`` when the service refuses the key or the plan.
-    """
-    params = validate_params(mode, percentage, type)
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise InvalidParameterError(f"invalid concurrency {concurrency!r}: use a whole number >= 1")
-    store = store if store is not None else MemoryStore()
-    pacer = pacer if pacer is not None else Pacer(rpm)
-    stats = stats if stats is not None else BatchStats()
-    stats.pacer = pacer
-    slots = asyncio.Semaphore(concurrency)
-    under_way: dict[str, asyncio.Task[Answer]] = {}
-    stopped = asyncio.Event()
-    fatal: list[APIError] = []
+    def __init__(
+        self, client: AsyncClient, params: contract.Params, options: RunOptions, store: AnswerStore,
+        stats: BatchStats, pacer: Pacer,
+    ) -> None:
+        self.client = client
+        self.params = params
+        self.options = options
+        self.store = store
+        self.stats = stats
+        self.gate = _Gate(pacer)
+        self.under_way: dict[str, asyncio.Task[Answer]] = {}
+        self.unsaved = MemoryStore()  # answers the store refused to take (a full disk): still ours
+        self.stopped = asyncio.Event()
+        self.fatal: BatchsumError | None = None
+        # The first request goes alone: a wrong key or an expired plan costs one request, not dozens.
+        self.first_answered = asyncio.Event()
+        self.first_sent = False
+        self.drain_deadline: float | None = None
 
-    gate = _Gate(pacer)
-    # The first request goes alone: a wrong key or an expired plan costs one request, not `concurrency`.
-    first_answered = asyncio.Event()
-    first_sent = False
+    def stop(self, error: BatchsumError) -> None:
+        if self.fatal is None:
+            self.fatal = error
+        self.stopped.set()
 
-    async def fetch(key: str, request: PreparedRequest) -> Answer:
-        nonlocal first_sent
-        is_first = not first_sent
-        first_sent = True
-        if not is_first:
-            await first_answered.wait()
+    def lookup(self, key: str) -> Answer | None:
+        known = self.unsaved.get(key)
+        if known is not None:
+            return known
         try:
-            async with slots:
-                if stopped.is_set():
-                    raise asyncio.CancelledError
-                try:
-                    summary, attempts = await client.send(request, hooks=gate)
-                    answer = Answer(summary, OK, None, None, 200, attempts)
-                except (AuthenticationError, NotPremiumError) as exc:
-                    stats.sent += 1
-                    fatal.append(exc)
-                    stopped.set()
-                    raise
-                except APIError as exc:
-                    answer = _failure(exc)
-                stats.sent += 1  # counted once it reached the service, not while it waited its turn
-                stats.attempts += answer.attempts
-        finally:
-            gate.on_wire.discard(asyncio.current_task())
-            if is_first:
-                first_answered.set()
-        if is_permanent(answer):
-            store.put(key, answer)
-        return answer
+            return self.store.get(key)
+        except Exception as exc:  # a damaged journal: a stop, not a traceback
+            self.stop(JournalError(f"cannot read the journal: {exc}"))
+            return None
 
-    def submit(text: Any) -> RowResult | asyncio.Task[Answer]:
+    def keep(self, key: str, answer: Answer) -> None:
+        if not isinstance(self.fatal, JournalError):
+            try:
+                self.store.put(key, answer)
+                return
+            except Exception as exc:
+                self.stop(JournalError(f"cannot write the journal ({exc}): stopped sending"))
+        self.unsaved.put(key, answer)
+
+    def flush_unsaved(self) -> None:
+        """One more try to journal what could not be (space may have been freed meanwhile)."""
+        for key, answer in list(self.unsaved.items()):
+            try:
+                self.store.put(key, answer)
+            except Exception:
+                return
+            self.unsaved.pop(key)
+
+    def submit(self, text: Any) -> RowResult | asyncio.Task[Answer]:
         problem = contract.text_problem(text)
         if problem is not None:
             reason, message = problem
             return RowResult(None, SKIPPED, reason.value, message, None, 0)
-        request = PreparedRequest(text, params)
+        request = PreparedRequest(text, self.params)
         key = fingerprint(request)
-        task = under_way.get(key)
+        task = self.under_way.get(key)
         if task is not None:
-            stats.reused += 1
+            self.stats.reused += 1
             return task
-        known = store.get(key)
+        known = self.lookup(key)
         if known is not None:
-            stats.reused += 1
+            self.stats.reused += 1
             return known
-        task = asyncio.ensure_future(fetch(key, request))
-        under_way[key] = task
-        task.add_done_callback(lambda _: under_way.pop(key, None))
+        task = asyncio.ensure_future(self.fetch(key, request))
+        self.under_way[key] = task
+        task.add_done_callback(lambda _: self.under_way.pop(key, None))
         return task
 
+    async def fetch(self, key: str, request: PreparedRequest) -> Answer:
+        is_first, self.first_sent = not self.first_sent, True
+        if not is_first:
+            await self.first_answered.wait()
+        permanent = False
+        try:
+            if self.stopped.is_set():
+                raise asyncio.CancelledError
+            try:
+                summary, attempts = await self.client.send(request, hooks=self.gate)
+                answer, permanent = Answer(summary, OK, None, None, 200, attempts), True
+            except (AuthenticationError, NotPremiumError) as exc:
+                self.stats.sent += 1
+                self.stop(exc)
+                raise
+            except APIError as exc:
+                answer, permanent = _failure(exc), _is_permanent(exc)
+            self.stats.sent += 1  # counted once it reached the service, not while it waited its turn
+            self.stats.attempts += answer.attempts
+        finally:
+            if is_first:
+                self.first_answered.set()
+        if permanent:
+            self.keep(key, answer)
+        return answer
+
+    def stop_sending(self) -> list[asyncio.Task[Answer]]:
+        """Start nothing new; cancel what is not on the wire; the tasks still on the wire."""
+        self.gate.closing = True
+        tasks = set(self.under_way.values())
+        for task in tasks - self.gate.on_wire:
+            task.cancel()
+        return [task for task in tasks & self.gate.on_wire if not task.done()]
+
+    async def close(self, pending: deque[RowResult | asyncio.Task[Answer]]) -> None:
+        """Let requests on the wire finish (the service charges for them) and keep their answers,
+        unless the key was refused; then cancel the rest. A second Ctrl-C aborts at once."""
+        on_wire = self.stop_sending()
+        tasks = {item for item in pending if isinstance(item, asyncio.Task)} | set(self.under_way.values())
+        if on_wire and self.drains():
+            log.info("waiting up to %gs for %d requests on the wire", self.options.drain_seconds, len(on_wire))
+            await asyncio.wait(on_wire, timeout=self.options.drain_seconds)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.unsaved:
+            self.flush_unsaved()
+
+    def drains(self) -> bool:
+        """Does this stop wait for answers on the wire? Not when the key or plan was refused:
+        those answers would be refusals too."""
+        return not isinstance(self.fatal, (AuthenticationError, NotPremiumError))
+
+    async def next_result(self, head: RowResult | asyncio.Task[Answer], stop_waiter: asyncio.Future[Any]) -> RowResult:
+        """The head row's result. After a stop, a head on the wire is still awaited (within the
+        drain time) for its answer; a head that never reached the wire raises the stop's error."""
+        if not isinstance(head, asyncio.Task):
+            return head
+        if not head.done() and not self.stopped.is_set():
+            await asyncio.wait({head, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if not head.done() and self.drains() and head in self.stop_sending():
+            if self.drain_deadline is None:
+                self.drain_deadline = time.monotonic() + self.options.drain_seconds
+            await asyncio.wait({head}, timeout=max(0.0, self.drain_deadline - time.monotonic()))
+        if head.done() and not head.cancelled() and head.exception() is None:
+            return head.result()
+        if self.fatal is not None:
+            raise self.fatal
+        return head.result()  # the task's own error
+
+
+async def summarize_stream(
+    texts: Iterable[Any] | AsyncIterable[Any],
+    client: AsyncClient,
+    params: contract.Params | None = None,
+    options: RunOptions | None = None,
+    *,
+    store: AnswerStore | None = None,
+    stats: BatchStats | None = None,
+    pacer: Pacer | None = None,
+    on_result: Callable[[BatchStats], None] | None = None,
+    **settings: Any,
+) -> AsyncIterator[RowResult]:
+    """Yield one ``RowResult`` per text, in input order.
+
+    ``params`` (``contract.Params``) and ``options`` (``RunOptions``) say what to ask and how to run;
+    for short calls their fields may be given as keywords instead (``mode``, ``percentage``,
+    ``type``; ``rpm``, ``concurrency``, ``limiter``, ``window``, ``drain_seconds``). ``store`` keeps
+    finished answers (default: in memory for this call); ``stats`` is updated live and ``on_result``
+    called after every row. Raises ``InvalidParameterError`` for bad settings before reading any row;
+    ``AuthenticationError`` / ``NotPremiumError`` when the service refuses the key or the plan, and
+    ``JournalError`` when the store cannot keep an answer, after yielding the rows already finished.
+    """
+    request_fields = {k: settings.pop(k) for k in ("mode", "percentage", "type") if k in settings}
+    if params is None:
+        params = validate_params(**request_fields)
+    elif request_fields:
+        raise TypeError("pass either params or mode/percentage/type, not both")
+    if options is None:
+        try:
+            options = RunOptions(**settings)
+        except TypeError as exc:
+            raise TypeError(f"summarize_stream: {exc}") from None
+    elif settings:
+        raise TypeError(f"pass either options or {', '.join(settings)}, not both")
+    stats = stats if stats is not None else BatchStats()
+    pacer = pacer if pacer is not None else options.pacer()
+    stats.pacer = pacer
+    batch = _Batch(client, params, options, store if store is not None else MemoryStore(), stats, pacer)
     pending: deque[RowResult | asyncio.Task[Answer]] = deque()
     rows = _rows(texts)
     exhausted = False
-    stop_waiter = asyncio.ensure_future(stopped.wait())
+    stop_waiter = asyncio.ensure_future(batch.stopped.wait())
     try:
         while True:
-            while not exhausted and not stopped.is_set() and len(pending) < window:
+            while not exhausted and not batch.stopped.is_set() and len(pending) < options.window:
                 try:
                     text = await rows.__anext__()
                 except StopAsyncIteration:
                     exhausted = True
                     break
-                pending.append(submit(text))
+                pending.append(batch.submit(text))
             if not pending:
+                if batch.fatal is not None:
+                    raise batch.fatal
                 break
-            head = pending[0]
-            if isinstance(head, asyncio.Task):
-                if not head.done():
-                    await asyncio.wait({head, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
-                if fatal:
-                    raise fatal[0]
-                result = head.result()
-            else:
-                result = head
+            result = await batch.next_result(pending[0], stop_waiter)
             pending.popleft()
             stats.count(result)
             if on_result is not None:
                 on_result(stats)
             yield result
     finally:
-        # Start nothing new; let requests already on the wire finish (the service will charge for
-        # them) and keep their answers; then cancel the rest. A second Ctrl-C aborts at once.
-        gate.closing = True
         stop_waiter.cancel()
-        tasks = {item for item in pending if isinstance(item, asyncio.Task)} | set(under_way.values())
-        for task in tasks - gate.on_wire:
-            task.cancel()
-        on_wire = [task for task in tasks & gate.on_wire if not task.done()]
-        if on_wire and not fatal:
-            log.info("waiting up to %gs for %d requests on the wire", drain_seconds, len(on_wire))
-            await asyncio.wait(on_wire, timeout=drain_seconds)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, stop_waiter, return_exceptions=True)
+        await batch.close(pending)
+        await asyncio.gather(stop_waiter, return_exceptions=True)
         await rows.aclose()  # closes the input (an open Parquet file) on an early stop too
-
 
 
 @dataclass

@@ -3,12 +3,14 @@
     BatchsumError
     ├── ConfigurationError             no key, a key over plain http to a remote host, a bad base URL
     ├── InputError                     (also a ValueError) a missing column, an unreadable file, ...
+    ├── JournalError                   the journal cannot be written or read: the run stops
     ├── InvalidParameterError          (also a ValueError) refused locally, nothing was sent
     │   └── InvalidTextError           the text is outside the word limits; .reason: empty|too_short|too_long
     └── APIError                       something went wrong talking to the service
         ├── APIConnectionError         connection refused, dropped, reset       code "connection_error"
         │   └── APITimeoutError        no answer in time                        code "timeout"
         ├── APIResponseValidationError a 200 whose body is not {"result": str}  code "bad_response"
+    │                              (.transient: cut short or undecodable, retried; else permanent)
         └── APIStatusError             any non-200 answer; .status_code .message .type .body
             ├── AuthenticationError    401 incorrect API key provided           code "invalid_api_key"
             ├── NotPremiumError        401 you are not premium for this request code "not_premium"
@@ -37,6 +39,7 @@ __all__ = [
     "BatchsumError",
     "ConfigurationError",
     "InputError",
+    "JournalError",
     "InvalidParameterError",
     "InvalidTextError",
     "APIError",
@@ -68,6 +71,11 @@ class InputError(BatchsumError, ValueError):
     """The input cannot be used: a missing column, an unreadable or non-Parquet file, a bad path."""
 
 
+class JournalError(BatchsumError):
+    """The journal cannot be written (disk full, I/O error) or read (damaged): the run stops, answers
+    already received are kept in memory and in the output, and nothing new is sent."""
+
+
 class InvalidParameterError(BatchsumError, ValueError):
     """A parameter the interface does not allow. Raised before anything is sent."""
 
@@ -89,6 +97,7 @@ class APIError(BatchsumError):
         super().__init__(message)
         self.message = message
         self.attempts = 1
+        self.rate_limit: Any = None  # the answer's rate-limit headers (_retry.RateLimitHeaders), if any
 
 
 class APIConnectionError(APIError):
@@ -104,13 +113,19 @@ class APITimeoutError(APIConnectionError):
 
 
 class APIResponseValidationError(APIError):
-    """The service said 200 but the body is not the ``{"result": "..."}`` the interface promises."""
+    """The service said 200 but the body is not the ``{"result": "..."}`` the interface promises.
+
+    ``transient``: the body was cut short or could not be decoded, so trying again may succeed. A
+    well-formed answer that breaks the contract (no ``result``, not a text, too large) is not
+    transient: it was paid for, and asking again would pay again for the same answer.
+    """
 
     code = "bad_response"
 
-    def __init__(self, message: str, *, body: str | None = None) -> None:
+    def __init__(self, message: str, *, body: str | None = None, transient: bool = True) -> None:
         super().__init__(message)
         self.body = body
+        self.transient = transient
 
 
 class APIStatusError(APIError):

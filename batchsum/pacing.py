@@ -1,32 +1,73 @@
-"""The pacer: request starts evenly spaced under the plan's per-minute limit, one shared pause on 429.
+"""The pace of a batch: when each attempt may start (``Pacer``) and how many may be on the wire
+(``InFlight``). Every attempt, retries included, goes through both.
 
-Starts are spaced at least ``60 / rpm`` seconds apart (plus a 1% margin for network jitter), so in
-any window of w seconds there are at most ceil(rpm*w/60)+1 starts, with no burst at the beginning:
-a service counting per fixed or per sliding minute never sees more than it allows. A token bucket
-that starts full (``AsyncLimiter(rpm, 60)``) instead sends up to 2*rpm in the first minute.
+Spacing. Starts are evenly spaced at the pace in force by an ``aiolimiter.AsyncLimiter(1, 60/pace)``
+(a bucket of one: no burst, at the start or after a pause), 1% under the pace to absorb arrival
+jitter, so in any w seconds there are at most ceil(rpm*w/60)+1 starts. A user may pass a limiter of
+their own (anything with ``async acquire()``, e.g. one ``AsyncLimiter`` shared by several batches).
 
-A 429 pauses every sender until its Retry-After (or a backoff when it gives none); afterwards the
-spacing starts doubled and shrinks back to normal, so the restart is gentle. A 429 from a request
-started after the previous pause ended means the real limit is lower than configured: from the
-second such episode on, the pace drops by a fifth each time, and ``on_pace_change`` is told.
+Pause. A 429 pauses every sender until its Retry-After (a jittered backoff when the value is absent
+or unusable); the restart is gentle: spacing starts doubled and shrinks back (the ramp).
+
+AIMD. The pace is lowered only on evidence that it is too high: a 429 for an attempt that started
+after a long enough stretch of unpaused sending at the pace, when the service had admitted less than
+a full minute at the pace in the 60 s before it. It is then set just under what the service admitted
+in that minute (at most 0.8x). 429s right after a pause are what the pause and ramp explain and
+change nothing. While answers come back clean the pace climbs back to ``rpm`` additively: in 30 s
+from far below, by a tenth of ``rpm`` a minute near a limit the service showed (forgotten once clean
+answers above it for 30 s prove it wrong). Standard rate-limit headers set a ceiling (a stated limit)
+or pause before a 429 (nothing remaining until the reset).
+
+In flight. Little's law: rate x latency. The latency is the larger of the recent answers' longest
+and the age of the oldest attempt still on the wire (so the limit grows before any answer is back),
+with headroom; within a small start and a cap.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import time
+from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
 
-from ._retry import backoff
+from aiolimiter import AsyncLimiter
 
-__all__ = ["Pacer", "JITTER_MARGIN", "max_starts"]
+from ._retry import MAX_RETRY_AFTER, RateLimitHeaders, backoff
+
+__all__ = [
+    "Pacer",
+    "InFlight",
+    "Limiter",
+    "PaceChange",
+    "PacerState",
+    "JITTER_MARGIN",
+    "DEFAULT_MAX_IN_FLIGHT",
+    "UNPACED_IN_FLIGHT",
+    "max_starts",
+]
 
 JITTER_MARGIN = 0.01  # pace 1% under the limit: arrival times wobble by milliseconds
 RAMP_START = 2.0  # after a pause, the first starts are this many intervals apart ...
 RAMP_DECAY = 0.85  # ... and each start brings the spacing this much closer to normal
-LOWER_BY = 0.8  # a repeated 429 episode sets the pace to this share of what it was
+DECREASE = 0.8  # on evidence, the pace drops to at most this share of what it was ...
+UNDER_LIMIT = 0.98  # ... and to this share of what the service admitted in the minute before
+FULL_MINUTE = 0.95  # the service admitted this share of a minute at the pace: the pace is not too high
+EVIDENCE_SECONDS = 10.0  # a 429 is evidence only after this long of unpaused sending at the pace ...
+EVIDENCE_STARTS = 10  # ... and at least this many starts
+RECOVER_SECONDS = 30.0  # far from any limit the service showed, the pace climbs from 0 to rpm in 30 s
+PROBE_SECONDS = 600.0  # near one, by rpm/600 a second (a tenth of rpm a minute)
+FORGET_SECONDS = 30.0  # clean answers above a shown limit for this long prove it wrong
+WINDOW = 60.0  # the plan's limit is per minute
 MIN_RPM = 1.0
+
+DEFAULT_MAX_IN_FLIGHT = 512  # the safety ceiling of automatic in-flight sizing
+UNPACED_IN_FLIGHT = 16  # without a pace there is no rate to size from
+START_IN_FLIGHT = 8  # before any latency is known
+HEADROOM = 1.5  # in flight = rate x latency x headroom + SPARE
+SPARE = 4
+LATENCY_SAMPLES = 50
 
 
 def max_starts(rpm: float, window: float) -> int:
@@ -34,80 +75,379 @@ def max_starts(rpm: float, window: float) -> int:
     return math.ceil(rpm * window / 60) + 1
 
 
+class Limiter(Protocol):
+    """Anything that spaces starts: ``await acquire()`` returns when one may start."""
+
+    async def acquire(self) -> object: ...
+
+
+@dataclass(frozen=True)
+class PaceChange:
+    """A change of the pace in force, reported once with its reason."""
+
+    at: float
+    pace: float
+    previous: float
+    reason: str
+
+    def __str__(self) -> str:
+        verb = "lowered" if self.pace < self.previous else "raised"
+        return f"pace {verb} to {self.pace:g}/min: {self.reason}"
+
+
+@dataclass(frozen=True)
+class PacerState:
+    """What a progress line shows: the pace, a pause and why, what is in flight."""
+
+    rpm: float
+    pace: float
+    paused_for: float
+    pause_reason: str | None
+    in_flight: int
+    in_flight_limit: int
+    rate_limited: int
+
+    def describe(self) -> str:
+        parts = []
+        if self.paused_for > 0:
+            parts.append(f"waiting {math.ceil(self.paused_for)} s: {self.pause_reason}")
+        parts.append(f"pace {self.pace:.0f}/min" if self.pace else "no pacing")
+        parts.append(f"in flight {self.in_flight}")
+        return " · ".join(parts)
+
+
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
 class Pacer:
-    """Shared by every sender of a batch. ``await before_attempt()`` before each attempt (retries
-    included); ``after_rate_limit(started_at, retry_after)`` after each 429. ``rpm=0``: no pacing,
-    but 429 pauses are still shared."""
+    """Shared by every sender of a batch: ``start = await before_attempt()`` before each attempt,
+    ``after_attempt(start, ...)`` after it. ``rpm=0``: no pacing, but 429 pauses are still shared.
+
+    ``limiter``: your own (``async acquire()``) instead of the even spacing; the pause, the ramp and
+    the lowered pace still apply. ``on_pace_change`` is told of each ``PaceChange``.
+    """
 
     __slots__ = (
         "rpm",
         "pace",
+        "ceiling",
         "rate_limited",
+        "changes",
         "_clock",
         "_sleep",
-        "_next",
+        "_limiter",
+        "_own_limiter",
+        "_turn",
+        "_not_before",
+        "_last_start",
         "_paused_until",
-        "_episodes",
+        "_pause_reason",
+        "_unpaused_since",
         "_ramp",
+        "_episodes",
+        "_starts",
+        "_refused",
+        "_shown_limit",
+        "_above_since",
+        "_last_climb",
         "_on_pace_change",
+        "in_flight",
     )
 
     def __init__(
         self,
         rpm: float,
         *,
-        clock: Callable[[], float] = time.monotonic,
+        limiter: Limiter | None = None,
+        max_in_flight: int | None = None,
+        clock: Callable[[], float] = _loop_time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        on_pace_change: Callable[[float], None] | None = None,
+        on_pace_change: Callable[[PaceChange], None] | None = None,
     ) -> None:
-        if rpm < 0 or rpm != rpm:
+        if isinstance(rpm, bool) or not isinstance(rpm, (int, float)) or not 0 <= rpm < math.inf:
             raise ValueError(f"invalid rpm {rpm!r}: use a number of requests per minute >= 0 (0 = no pacing)")
         self.rpm = float(rpm)
-        self.pace = float(rpm)  # the pace in force: rpm, or lower after repeated 429s
+        self.pace = float(rpm)  # the pace in force
+        self.ceiling = float(rpm)  # rpm, or lower when the service's headers state a lower limit
         self.rate_limited = 0  # 429s seen
+        self.changes: list[PaceChange] = []
         self._clock = clock
         self._sleep = sleep
-        self._next = -math.inf  # earliest time of the next start
+        self._own_limiter = limiter is None
+        self._limiter: Limiter | None = limiter if limiter is not None else self._new_limiter()
+        self._turn: asyncio.Lock | None = None
+        self._not_before = -math.inf
+        self._last_start = -math.inf
         self._paused_until = -math.inf
-        self._episodes = 0
+        self._pause_reason: str | None = None
+        self._unpaused_since: float | None = None
         self._ramp = 1.0
+        self._episodes = 0  # 429 episodes since the last clean answer (the backoff's exponent)
+        self._starts: deque[float] = deque()  # start times within the last minute or two
+        self._refused: list[float] = []  # start times of attempts answered 429, same span
+        self._shown_limit: float | None = None  # what the service admitted in a minute, when it refused more
+        self._above_since: float | None = None
+        self._last_climb = -math.inf
         self._on_pace_change = on_pace_change
+        self.in_flight = InFlight(self, max_in_flight)
+
+    # -- spacing -------------------------------------------------------------------------------
 
     @property
     def interval(self) -> float:
-        """Seconds between starts now (0 without pacing)."""
-        if not self.pace:
-            return 0.0
-        return 60.0 / self.pace * (1 + JITTER_MARGIN) * self._ramp
+        """Seconds between starts at the pace in force (0 without pacing)."""
+        return 60.0 / self.pace * (1 + JITTER_MARGIN) if self.pace else 0.0
+
+    def _new_limiter(self) -> AsyncLimiter | None:
+        return AsyncLimiter(1, self.interval) if self.pace else None
 
     async def before_attempt(self) -> float:
-        """Wait for this attempt's turn; returns the time it starts (for ``after_rate_limit``)."""
-        while True:
-            now = self._clock()
-            start = max(now, self._next, self._paused_until)
-            if self.pace:
-                self._next = start + self.interval
-                self._ramp = max(1.0, self._ramp * RAMP_DECAY)
-            paused_until = self._paused_until
-            if start > now:
-                await self._sleep(start - now)
-            if self._paused_until == paused_until or self._paused_until <= start:
-                return start
-            # A 429 arrived while we waited and its pause covers our turn: queue again behind it.
+        """Wait for this attempt's turn; returns the time it starts (pass it to ``after_attempt``)."""
+        if self._turn is None:
+            self._turn = asyncio.Lock()
+        # One caller at a time takes a turn: FIFO order, and a pace change never lets two limiters overlap.
+        async with self._turn:
+            while True:
+                await self._sleep_until_allowed()
+                if self._limiter is not None:
+                    await self._limiter.acquire()
+                now = self._clock()
+                if now >= self._paused_until:
+                    break  # else a 429 arrived while we waited: its pause covers our turn
+        self._started(now)
+        return now
+
+    async def _sleep_until_allowed(self) -> None:
+        while (wait := max(self._not_before, self._paused_until) - self._clock()) > 0:
+            await self._sleep(wait)
+
+    def _started(self, now: float) -> None:
+        if self._unpaused_since is None:
+            self._unpaused_since = now
+        self._last_start = now
+        self._starts.append(now)
+        while self._starts and self._starts[0] < now - 2 * WINDOW:
+            self._starts.popleft()
+        if self.pace and self._ramp > 1.0:
+            self._not_before = now + self.interval * self._ramp
+            self._ramp = max(1.0, self._ramp * RAMP_DECAY)
+        elif self.pace and not self._own_limiter and self.pace < self.rpm:
+            self._not_before = now + self.interval  # a user's limiter does not know the lowered pace
+
+    # -- outcomes ------------------------------------------------------------------------------
+
+    def after_attempt(
+        self,
+        started_at: float,
+        *,
+        rate_limited: bool = False,
+        retry_after: float | None = None,
+        answered: bool = True,
+        headers: RateLimitHeaders | None = None,
+    ) -> None:
+        """The attempt that started at ``started_at`` ended: answered 429 (``rate_limited``, with the
+        service's ``retry_after``), answered otherwise, or not answered at all (``answered=False``:
+        cancelled, timed out, connection lost)."""
+        now = self._clock()
+        if headers is not None:
+            self._obey_headers(headers, now)
+        if rate_limited:
+            self._on_429(started_at, retry_after, now)
+        elif answered:
+            self._episodes = 0
+            self._climb(now)
 
     def after_rate_limit(self, started_at: float, retry_after: float | None) -> None:
-        """A 429 answered the attempt that started at ``started_at``: pause everyone."""
-        self.rate_limited += 1
-        now = self._clock()
-        new_episode = started_at >= self._paused_until
-        if new_episode:
-            self._episodes += 1
-        wait = retry_after if retry_after is not None else backoff(min(self._episodes, 6))
-        self._paused_until = max(self._paused_until, now + wait)
-        self._next = max(self._next, self._paused_until)
+        """Shorthand for ``after_attempt(started_at, rate_limited=True, retry_after=...)``."""
+        self.after_attempt(started_at, rate_limited=True, retry_after=retry_after)
+
+    def _pause(self, until: float, reason: str) -> None:
+        if until > self._paused_until:
+            self._paused_until = until
+            self._pause_reason = reason
+        self._unpaused_since = None
         if self.pace:
             self._ramp = RAMP_START
-            if new_episode and self._episodes > 1:
-                self.pace = max(MIN_RPM, self.pace * LOWER_BY)
-                if self._on_pace_change is not None:
-                    self._on_pace_change(self.pace)
+
+    def _on_429(self, started_at: float, retry_after: float | None, now: float) -> None:
+        self.rate_limited += 1
+        self._refused.append(started_at)
+        self._refused = [t for t in self._refused if t >= now - 2 * WINDOW]
+        new_episode = started_at >= self._paused_until
+        evidence = new_episode and self._is_evidence(started_at)
+        if new_episode:
+            self._episodes += 1
+        if retry_after is not None:
+            wait, why = retry_after, f"the service answered 429 (Retry-After {retry_after:g})"
+        else:
+            wait = backoff(min(self._episodes, 8))
+            why = "the service answered 429 without a usable Retry-After; backing off"
+        self._pause(now + min(wait, MAX_RETRY_AFTER), why)
+        if evidence:
+            admitted = self._admitted(started_at)
+            self._shown_limit = max(MIN_RPM, float(admitted))
+            self._above_since = None
+            lowered = max(MIN_RPM, math.floor(min(self.pace * DECREASE, admitted * UNDER_LIMIT)))
+            self._set_pace(
+                lowered,
+                f"the service refused after admitting {admitted} requests in a minute at {self.pace:.0f}/min",
+                now,
+            )
+
+    def _is_evidence(self, started_at: float) -> bool:
+        """Was the refused attempt sent after enough unpaused sending at the pace, with the service
+        having admitted less than a full minute at that pace in the minute before?"""
+        if not self.pace or self._unpaused_since is None or started_at < self._unpaused_since:
+            return False
+        stretch = sum(1 for t in self._starts if self._unpaused_since <= t < started_at)
+        if stretch < max(EVIDENCE_STARTS, self.pace * EVIDENCE_SECONDS / WINDOW):
+            return False
+        return self._admitted(started_at) < FULL_MINUTE * self.pace / (1 + JITTER_MARGIN)
+
+    def _admitted(self, before: float) -> int:
+        """Starts in the minute before ``before`` that were not answered 429."""
+        since = before - WINDOW
+        started = sum(1 for t in self._starts if since <= t < before)
+        refused = sum(1 for t in self._refused if since <= t < before)
+        return max(0, started - refused)
+
+    def _climb(self, now: float) -> None:
+        """Additive increase toward the ceiling while answers come back clean."""
+        since = max(self._last_climb, self._paused_until)
+        self._last_climb = now
+        if not self.pace or self.pace >= self.ceiling or since == -math.inf or now <= since:
+            return
+        shown = self._shown_limit
+        if shown is not None and self.pace > shown:
+            if self._above_since is None:
+                self._above_since = now
+            elif now - self._above_since >= FORGET_SECONDS:
+                self._shown_limit = shown = None
+        near = shown is not None and self.pace >= 0.9 * shown
+        step = self.rpm * (now - since) / (PROBE_SECONDS if near else RECOVER_SECONDS)
+        pace = min(self.ceiling, self.pace + step)
+        if pace >= self.ceiling:
+            self._set_pace(self.ceiling, "answers came back clean", now)
+        else:
+            self._set_pace(pace, None, now)
+
+    def _obey_headers(self, headers: RateLimitHeaders, now: float) -> None:
+        if headers.per_minute is not None and headers.per_minute < self.ceiling:
+            self.ceiling = max(MIN_RPM, headers.per_minute)
+            if self.pace > self.ceiling or not self.pace:
+                self._set_pace(self.ceiling, f"the service's rate-limit headers state {headers.per_minute:g}/min", now)
+        if headers.remaining == 0 and headers.reset is not None and headers.reset > 0:
+            self._pause(now + min(headers.reset, MAX_RETRY_AFTER),
+                        f"the service's rate-limit headers say none left until the reset in {headers.reset:g} s")
+
+    def _set_pace(self, pace: float, reason: str | None, now: float) -> None:
+        """Change the pace; a ``reason`` makes it a reported change (climbing steps are not)."""
+        if pace == self.pace:
+            return
+        previous, self.pace = self.pace, pace
+        if self._own_limiter:
+            self._limiter = self._new_limiter()
+            # The new bucket is empty: the next start still keeps the new spacing from the last one.
+            self._not_before = max(self._not_before, self._last_start + self.interval)
+        if reason is not None:
+            change = PaceChange(now, pace, previous, reason)
+            self.changes.append(change)
+            if self._on_pace_change is not None:
+                self._on_pace_change(change)
+
+    # -- what a progress line shows ------------------------------------------------------------
+
+    def state(self) -> PacerState:
+        now = self._clock()
+        return PacerState(
+            rpm=self.rpm,
+            pace=self.pace,
+            paused_for=max(0.0, self._paused_until - now),
+            pause_reason=self._pause_reason,
+            in_flight=self.in_flight.on_wire,
+            in_flight_limit=self.in_flight.limit(now),
+            rate_limited=self.rate_limited,
+        )
+
+
+class InFlight:
+    """How many attempts may hold a slot (queued for their turn or on the wire): the pacer's rate x
+    the latency (Little's law) x headroom, at least ``START_IN_FLIGHT``, at most ``cap``. FIFO."""
+
+    __slots__ = ("cap", "held", "_pacer", "_wire", "_latencies", "_waiters", "_timer")
+
+    def __init__(self, pacer: Pacer, cap: int | None) -> None:
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ValueError(f"invalid concurrency {cap!r}: use a whole number >= 1, or None for automatic")
+        self._pacer = pacer
+        if cap is None:
+            cap = DEFAULT_MAX_IN_FLIGHT if pacer.rpm else UNPACED_IN_FLIGHT
+        self.cap = cap
+        self.held = 0
+        self._wire: dict[int, float] = {}  # attempt id -> start time
+        self._latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def on_wire(self) -> int:
+        return len(self._wire)
+
+    def latency(self, now: float) -> float:
+        """The latency to size for: the longest recent answer, or the oldest attempt still unanswered."""
+        recent = max(self._latencies, default=0.0)
+        oldest = now - min(self._wire.values(), default=now)
+        return max(recent, oldest)
+
+    def limit(self, now: float) -> int:
+        rate = self._pacer.pace / WINDOW
+        if not rate:
+            return self.cap
+        wanted = math.ceil(rate * self.latency(now) * HEADROOM) + SPARE
+        return max(1, min(self.cap, max(START_IN_FLIGHT, wanted)))
+
+    async def acquire(self) -> None:
+        if not self._waiters and self.held < self.limit(self._pacer._clock()):
+            self.held += 1
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        self._arm()
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release()  # the slot was given as we were cancelled: hand it on
+            raise
+
+    def release(self) -> None:
+        self.held -= 1
+        self._wake()
+
+    def started(self, attempt: int, at: float) -> None:
+        self._wire[attempt] = at
+
+    def finished(self, attempt: int, answered: bool) -> None:
+        start = self._wire.pop(attempt, None)
+        if start is not None and answered:
+            self._latencies.append(max(0.0, self._pacer._clock() - start))
+        self.release()
+
+    def _wake(self) -> None:
+        now = self._pacer._clock()
+        while self._waiters and self.held < self.limit(now):
+            future = self._waiters.popleft()
+            if not future.done():
+                self.held += 1
+                future.set_result(None)
+        self._arm()
+
+    def _arm(self) -> None:
+        """While some wait, look again as time passes: the oldest attempt's age raises the limit."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._waiters:
+            recheck = min(1.0, max(0.05, self._pacer.interval or 0.25))
+            self._timer = asyncio.get_running_loop().call_later(recheck, self._wake)

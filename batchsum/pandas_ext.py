@@ -21,8 +21,9 @@ import pandas as pd
 from . import contract
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .client import AsyncClient, validate_params
-from .engine import DEFAULT_CONCURRENCY, AnswerStore, BatchStats, MemoryStore, RowResult, result_columns, summarize_stream
-from .errors import InputError
+from .engine import AnswerStore, BatchStats, MemoryStore, RowResult, RunOptions, result_columns, summarize_stream
+from .pacing import Limiter
+from .errors import InputError, InvalidParameterError
 
 __all__ = ["DataFrameAccessor", "SeriesAccessor", "summarize_texts", "clear_cache", "local_service", "BackgroundRun"]
 
@@ -49,6 +50,14 @@ def local_service() -> Any:
 
             _local = LocalService().start()
         return _local
+
+
+def _rpm_from_env() -> float:
+    raw = os.environ.get("BATCHSUM_RPM", str(DEFAULT_RPM))
+    try:
+        return float(raw)
+    except ValueError:
+        raise InvalidParameterError(f"invalid $BATCHSUM_RPM {raw!r}: use a number of requests per minute") from None
 
 
 def _cache_for(base_url: str) -> MemoryStore:
@@ -130,7 +139,8 @@ async def summarize_texts(
     type: Any = None,
     *,
     rpm: float | None = None,
-    concurrency: int = DEFAULT_CONCURRENCY,
+    concurrency: int | None = None,
+    limiter: Limiter | None = None,
     api_key: str | None = None,
     base_url: str | None = None,
     local: bool = False,
@@ -145,15 +155,18 @@ async def summarize_texts(
 ) -> list[RowResult]:
     """One ``RowResult`` per text, in order: the engine with the accessor's defaults.
 
-    ``rpm`` defaults to ``$BATCHSUM_RPM`` or 60 (0 with ``local=True``). ``results``, when given,
-    is filled as rows finish (the widget's live preview reads it).
+    ``rpm`` defaults to ``$BATCHSUM_RPM`` or 60 (0 with ``local=True``); ``concurrency`` caps the
+    requests in flight (None: sized from the pace and the measured latency); ``limiter`` replaces the
+    even spacing with your own (``async acquire()``). ``results``, when given, is filled as rows
+    finish (the widget's live preview reads it).
     """
-    validate_params(mode, percentage, type)
+    params = validate_params(mode, percentage, type)
+    if rpm is None:
+        rpm = 0.0 if local else _rpm_from_env()
+    options = RunOptions(rpm=rpm, concurrency=concurrency, limiter=limiter)
     if local:
         service = local_service()
         api_key, base_url = service.key, service.url
-    if rpm is None:
-        rpm = 0.0 if local else float(os.environ.get("BATCHSUM_RPM", DEFAULT_RPM))
     texts = list(texts)
     stats = stats if stats is not None else BatchStats(total=len(texts))
     stats.total = len(texts)
@@ -177,8 +190,7 @@ async def summarize_texts(
 
         try:
             async for result in summarize_stream(
-                texts, client, mode=mode, percentage=percentage, type=type, rpm=rpm,
-                concurrency=concurrency, store=store, stats=stats, on_result=update,
+                texts, client, params, options, store=store, stats=stats, on_result=update,
             ):
                 out.append(result)
         finally:
@@ -245,7 +257,8 @@ class DataFrameAccessor:
         ``summary_error``, ``summary_message``, ``summary_http_status``, ``summary_attempts``;
         same index (any kind) and row order.
 
-        Options: ``rpm`` (default $BATCHSUM_RPM or 60; starts evenly spaced under it), ``concurrency``,
+        Options: ``rpm`` (default $BATCHSUM_RPM or 60; starts evenly spaced under it), ``concurrency``
+        (a cap on requests in flight; default: sized from the pace and the latency), ``limiter``,
         ``api_key``/``base_url`` (default $BATCHSUM_API_KEY / $BATCHSUM_BASE_URL), ``local=True``
         (use the local reference service), ``progress`` (a tqdm bar; notebook or terminal),
         ``journal`` (a SQLite path that keeps answers across sessions), ``timeout``,

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import IO, Any
 
@@ -35,11 +36,18 @@ class ProgressBar:
 
     @staticmethod
     def describe(stats: BatchStats) -> str:
-        pace = f"pace {stats.pace:g}/min" if stats.pace else "no pacing"
-        return (
-            f"ok {stats.ok} · skipped {stats.skipped} · failed {stats.failed} · "
-            f"429s {stats.rate_limited} · {pace}"
-        )
+        """``ok 10 · skipped 1 · failed 0 · 429s 2 · waiting 41 s: the service answered 429
+        (Retry-After 41) · pace 480/min · in flight 12``."""
+        state = stats.pacer_state()
+        pacer = state.describe() if state is not None else "no pacing"
+        return f"ok {stats.ok} · skipped {stats.skipped} · failed {stats.failed} · 429s {stats.rate_limited} · {pacer}"
+
+    def write(self, message: str) -> None:
+        """A line above the bar (or on stderr when the bar is off)."""
+        if self._bar.disable:
+            print(message, file=sys.stderr, flush=True)
+        else:
+            self._bar.write(message, file=self._bar.fp)
 
     def close(self) -> None:
         self._bar.close()

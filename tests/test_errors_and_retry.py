@@ -3,7 +3,7 @@ import email.utils
 import pytest
 
 from batchsum import errors
-from batchsum._retry import MAX_RETRY_AFTER, backoff, is_retryable, parse_retry_after, retry_delay
+from batchsum._retry import INITIAL_BACKOFF, MAX_RETRY_AFTER, backoff, is_retryable, parse_retry_after, retry_delay
 
 
 def make(status, body: bytes, content_type="application/json", retry_after=None):
@@ -91,9 +91,23 @@ def test_retry_after_in_seconds_http_date_ms_and_reset():
 
 def test_retry_after_is_capped_and_never_negative_and_garbage_is_ignored():
     assert parse_retry_after({"retry-after": "100000"}) == MAX_RETRY_AFTER
-    assert parse_retry_after({"retry-after": "-3"}) == 0.0
+    assert parse_retry_after({"retry-after": "1e308"}) == MAX_RETRY_AFTER
     assert parse_retry_after({"retry-after": "soon"}) is None
     assert parse_retry_after({}) is None
+
+
+@pytest.mark.parametrize("value", ["-3", "0", "0.0", "-0", "nan", "inf", "-inf", "", "  ", "1,5", "Tue, 01 Jan 2019 00:00:00 GMT"])
+def test_an_unusable_retry_after_means_back_off_never_a_wait_of_zero(value):
+    assert parse_retry_after({"retry-after": value}) is None
+    error = errors.RateLimitError("Too Many Requests", status_code=429, retry_after=parse_retry_after({"retry-after": value}))
+    delays = [retry_delay(error, 1, 5, rand=lambda: r) for r in (0.0, 0.5, 0.999)]
+    assert all(d is not None and d >= INITIAL_BACKOFF * 0.75 for d in delays)
+    assert len(set(delays)) == 3  # jittered
+
+
+def test_a_past_reset_or_zero_ms_falls_through_to_the_next_header():
+    assert parse_retry_after({"retry-after-ms": "0", "retry-after": "3"}) == 3.0
+    assert parse_retry_after({"retry-after-ms": "250"}) == 0.25
 
 
 def test_backoff_doubles_with_at_most_a_quarter_of_jitter_off():
