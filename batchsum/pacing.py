@@ -10,12 +10,14 @@ Pause. A 429 pauses every sender until its Retry-After (a jittered backoff when 
 or unusable); the restart is gentle: spacing starts doubled and shrinks back (the ramp).
 
 AIMD. The pace is lowered only on evidence that it is too high: a 429 for an attempt that started
-after a long enough stretch of unpaused sending at the pace, when the service had admitted less than
-a full minute at the pace in the 60 s before it. It is then set just under what the service admitted
-in that minute (at most 0.8x). 429s right after a pause are what the pause and ramp explain and
-change nothing. While answers come back clean the pace climbs back to ``rpm`` additively: in 30 s
-from far below, by a tenth of ``rpm`` a minute near a limit the service showed (forgotten once clean
-answers above it for 30 s prove it wrong). Standard rate-limit headers set a ceiling (a stated limit)
+after a stretch of unpaused sending at the pace (10 s of it), when the service had admitted less than
+a minute at the pace in the minute before. It is then set just under what the service admitted in
+that minute (never below half of what it was). 429s right after a pause
+are what the pause and ramp explain, or a storm that refuses whatever we send: they lower nothing. While answers come back clean the pace climbs back to ``rpm`` additively: in 30 s
+from far below; near a limit the service showed, by a tenth of ``rpm`` a minute up to it and a
+hundredth above it (the limit is forgotten once clean
+answers show the service admitting more than it in a minute, or when it refuses right after a
+pause, whatever the pace: a storm, not a limit). Standard rate-limit headers set a ceiling (a stated limit)
 or pause before a 429 (nothing remaining until the reset).
 
 In flight. Little's law: rate x latency. The latency is the larger of the recent answers' longest
@@ -51,14 +53,15 @@ __all__ = [
 JITTER_MARGIN = 0.01  # pace 1% under the limit: arrival times wobble by milliseconds
 RAMP_START = 2.0  # after a pause, the first starts are this many intervals apart ...
 RAMP_DECAY = 0.85  # ... and each start brings the spacing this much closer to normal
-DECREASE = 0.8  # on evidence, the pace drops to at most this share of what it was ...
-UNDER_LIMIT = 0.98  # ... and to this share of what the service admitted in the minute before
-FULL_MINUTE = 0.95  # the service admitted this share of a minute at the pace: the pace is not too high
+UNDER_LIMIT = 0.98  # on evidence, the pace drops to this share of what the service admitted in a minute ...
+MAX_DECREASE = 0.5  # ... but to no less than this share of what it was
+FULL_MINUTE = 0.97  # a minute that admitted this share of the pace shows the pace is not too high
 EVIDENCE_SECONDS = 10.0  # a 429 is evidence only after this long of unpaused sending at the pace ...
 EVIDENCE_STARTS = 10  # ... and at least this many starts
 RECOVER_SECONDS = 30.0  # far from any limit the service showed, the pace climbs from 0 to rpm in 30 s
-PROBE_SECONDS = 600.0  # near one, by rpm/600 a second (a tenth of rpm a minute)
-FORGET_SECONDS = 30.0  # clean answers above a shown limit for this long prove it wrong
+APPROACH_SECONDS = 600.0  # just under one, by rpm/600 a second (a tenth of rpm a minute) ...
+PROBE_SECONDS = 6000.0  # ... and above it, probing whether the limit rose, by a hundredth a minute
+FORGET_SHARE = 1.05  # a minute that admitted this share of a shown limit proves it wrong
 WINDOW = 60.0  # the plan's limit is per minute
 MIN_RPM = 1.0
 
@@ -138,6 +141,7 @@ class Pacer:
         "_sleep",
         "_limiter",
         "_own_limiter",
+        "_limiter_pace",
         "_turn",
         "_not_before",
         "_last_start",
@@ -149,7 +153,6 @@ class Pacer:
         "_starts",
         "_refused",
         "_shown_limit",
-        "_above_since",
         "_last_climb",
         "_on_pace_change",
         "in_flight",
@@ -175,6 +178,7 @@ class Pacer:
         self._clock = clock
         self._sleep = sleep
         self._own_limiter = limiter is None
+        self._limiter_pace = self.pace
         self._limiter: Limiter | None = limiter if limiter is not None else self._new_limiter()
         self._turn: asyncio.Lock | None = None
         self._not_before = -math.inf
@@ -187,7 +191,6 @@ class Pacer:
         self._starts: deque[float] = deque()  # start times within the last minute or two
         self._refused: list[float] = []  # start times of attempts answered 429, same span
         self._shown_limit: float | None = None  # what the service admitted in a minute, when it refused more
-        self._above_since: float | None = None
         self._last_climb = -math.inf
         self._on_pace_change = on_pace_change
         self.in_flight = InFlight(self, max_in_flight)
@@ -200,7 +203,18 @@ class Pacer:
         return 60.0 / self.pace * (1 + JITTER_MARGIN) if self.pace else 0.0
 
     def _new_limiter(self) -> AsyncLimiter | None:
+        self._limiter_pace = self.pace
         return AsyncLimiter(1, self.interval) if self.pace else None
+
+    def _follow_pace(self) -> None:
+        """Give our limiter the pace in force: at once when lowered, in steps of 1% when climbing.
+        Called holding the turn, so no one waits in the old limiter; the new one's bucket is empty,
+        so the first start under it still keeps the new spacing from the last start."""
+        if not self._own_limiter or self.pace == self._limiter_pace:
+            return
+        if self.pace < self._limiter_pace or self.pace >= min(self.ceiling, self._limiter_pace * 1.01):
+            self._limiter = self._new_limiter()
+            self._not_before = max(self._not_before, self._last_start + self.interval)
 
     async def before_attempt(self) -> float:
         """Wait for this attempt's turn; returns the time it starts (pass it to ``after_attempt``)."""
@@ -208,18 +222,21 @@ class Pacer:
             self._turn = asyncio.Lock()
         # One caller at a time takes a turn: FIFO order, and a pace change never lets two limiters overlap.
         async with self._turn:
+            self._follow_pace()
             while True:
                 await self._sleep_until_allowed()
                 if self._limiter is not None:
                     await self._limiter.acquire()
                 now = self._clock()
-                if now >= self._paused_until:
+                if now >= self._paused_until - 1e-6:
                     break  # else a 429 arrived while we waited: its pause covers our turn
         self._started(now)
         return now
 
     async def _sleep_until_allowed(self) -> None:
-        while (wait := max(self._not_before, self._paused_until) - self._clock()) > 0:
+        # Within a microsecond is on time: a float sum can land an ulp short, and a sleep of an ulp
+        # does not move the clock.
+        while (wait := max(self._not_before, self._paused_until) - self._clock()) > 1e-6:
             await self._sleep(wait)
 
     def _started(self, now: float) -> None:
@@ -274,8 +291,12 @@ class Pacer:
         self.rate_limited += 1
         self._refused.append(started_at)
         self._refused = [t for t in self._refused if t >= now - 2 * WINDOW]
-        new_episode = started_at >= self._paused_until
-        evidence = new_episode and self._is_evidence(started_at)
+        new_episode = started_at >= self._paused_until  # else it was sent before the pause in force
+        unpaused_since = self._unpaused_since
+        sent_since = (
+            sum(1 for t in self._starts if unpaused_since <= t < started_at)
+            if unpaused_since is not None and started_at >= unpaused_since else None
+        )
         if new_episode:
             self._episodes += 1
         if retry_after is not None:
@@ -284,26 +305,24 @@ class Pacer:
             wait = backoff(min(self._episodes, 8))
             why = "the service answered 429 without a usable Retry-After; backing off"
         self._pause(now + min(wait, MAX_RETRY_AFTER), why)
-        if evidence:
-            admitted = self._admitted(started_at)
-            self._shown_limit = max(MIN_RPM, float(admitted))
-            self._above_since = None
-            lowered = max(MIN_RPM, math.floor(min(self.pace * DECREASE, admitted * UNDER_LIMIT)))
-            self._set_pace(
-                lowered,
-                f"the service refused after admitting {admitted} requests in a minute at {self.pace:.0f}/min",
-                now,
-            )
-
-    def _is_evidence(self, started_at: float) -> bool:
-        """Was the refused attempt sent after enough unpaused sending at the pace, with the service
-        having admitted less than a full minute at that pace in the minute before?"""
-        if not self.pace or self._unpaused_since is None or started_at < self._unpaused_since:
-            return False
-        stretch = sum(1 for t in self._starts if self._unpaused_since <= t < started_at)
-        if stretch < max(EVIDENCE_STARTS, self.pace * EVIDENCE_SECONDS / WINDOW):
-            return False
-        return self._admitted(started_at) < FULL_MINUTE * self.pace / (1 + JITTER_MARGIN)
+        if not new_episode or sent_since is None or not self.pace:
+            return
+        if sent_since < max(EVIDENCE_STARTS, self.pace * EVIDENCE_SECONDS / WINDOW):
+            # Refused right after a pause, before the pace could matter: the service is refusing
+            # whatever we send (a storm). It lowers nothing, and what the service admitted before
+            # says nothing about a limit.
+            self._shown_limit = None
+            return
+        admitted = self._admitted(started_at)
+        if admitted >= FULL_MINUTE * self.pace / (1 + JITTER_MARGIN):
+            return  # it took a whole minute at the pace before refusing: the pace is not too high
+        # Refused after a stretch of sending at the pace, having admitted less than a minute of it:
+        # the limit is about what it admitted. Never more than halve the pace on one episode.
+        self._shown_limit = max(MIN_RPM, float(admitted))
+        lowered = max(MIN_RPM, math.floor(max(self.pace * MAX_DECREASE, min(self.pace, admitted) * UNDER_LIMIT)))
+        self._set_pace(
+            lowered, f"the service refused after admitting {admitted} requests in a minute at {self.pace:.0f}/min", now
+        )
 
     def _admitted(self, before: float) -> int:
         """Starts in the minute before ``before`` that were not answered 429."""
@@ -319,13 +338,13 @@ class Pacer:
         if not self.pace or self.pace >= self.ceiling or since == -math.inf or now <= since:
             return
         shown = self._shown_limit
-        if shown is not None and self.pace > shown:
-            if self._above_since is None:
-                self._above_since = now
-            elif now - self._above_since >= FORGET_SECONDS:
-                self._shown_limit = shown = None
-        near = shown is not None and self.pace >= 0.9 * shown
-        step = self.rpm * (now - since) / (PROBE_SECONDS if near else RECOVER_SECONDS)
+        if shown is not None and self._admitted(now) >= FORGET_SHARE * shown:
+            self._shown_limit = shown = None  # the service admitted more in a minute: the limit is higher
+        if shown is None or self.pace < 0.9 * shown:
+            seconds = RECOVER_SECONDS
+        else:
+            seconds = APPROACH_SECONDS if self.pace < shown else PROBE_SECONDS
+        step = self.rpm * (now - since) / seconds
         pace = min(self.ceiling, self.pace + step)
         if pace >= self.ceiling:
             self._set_pace(self.ceiling, "answers came back clean", now)
@@ -346,10 +365,6 @@ class Pacer:
         if pace == self.pace:
             return
         previous, self.pace = self.pace, pace
-        if self._own_limiter:
-            self._limiter = self._new_limiter()
-            # The new bucket is empty: the next start still keeps the new spacing from the last one.
-            self._not_before = max(self._not_before, self._last_start + self.interval)
         if reason is not None:
             change = PaceChange(now, pace, previous, reason)
             self.changes.append(change)
