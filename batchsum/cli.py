@@ -1,8 +1,8 @@
 """The ``batchsum`` command: ``summarize`` Parquet files, summarize one ``text``, ``serve`` locally.
 
 Exit codes: 0 the run finished (per-row failures are in the output), 1 stopped by a fatal error
-(wrong key, expired plan, service unreachable for a single text), 2 bad usage or input,
-130 interrupted. Every stop says how to resume.
+(wrong key, expired plan, a journal that cannot be written, service unreachable for a single text),
+2 bad usage or input, 130 interrupted (SIGINT), 143 terminated (SIGTERM). Every stop says how to resume.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from . import contract
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .client import ENV_API_KEY, AsyncClient, Client, validate_params
 from .engine import BatchStats, RunOptions, plan_batch
-from .pacing import PaceChange
 from .errors import (
     APIError,
     AuthenticationError,
@@ -30,12 +29,13 @@ from .errors import (
     ConfigurationError,
     InputError,
     InvalidParameterError,
+    JournalError,
     NotPremiumError,
 )
 
 __all__ = ["main"]
 
-EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 DEFAULT_RPM = 60.0
 ENV_RPM = "BATCHSUM_RPM"
 
@@ -53,8 +53,8 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value < 0 or value != value:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
     return value
 
 
@@ -131,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dry-run", action="store_true",
                      help="send nothing: show what would be sent, skipped, reused, and the least time it takes")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--wait", action="store_true",
+                     help="when another run holds the output or the journal, wait for it instead of refusing")
 
     one = commands.add_parser("text", help="summarize one text (an argument or standard input) and print it")
     one.add_argument("text", nargs="?", default="-", help="the text; '-' or nothing reads standard input")
@@ -180,45 +182,92 @@ def _client_settings(args: argparse.Namespace, stack: ExitStack, rpm: float) -> 
     return settings
 
 
+def _run_rpm(args: argparse.Namespace) -> float:
+    if args.rpm is not None:
+        return float(args.rpm)
+    if args.local:
+        return 0.0
+    raw = os.environ.get(ENV_RPM, str(DEFAULT_RPM))
+    try:
+        return _positive_float(raw)
+    except argparse.ArgumentTypeError:
+        raise InvalidParameterError(f"invalid ${ENV_RPM} {raw!r}: use a finite number of requests per minute >= 0") from None
+
+
+class _StopOnSignal:
+    """SIGINT and SIGTERM stop a run the same way: the first cancels it (nothing new starts, answers
+    on the wire are awaited and kept); a second aborts at once."""
+
+    def __init__(self, task: asyncio.Task[Any], say: Any) -> None:
+        self.received: int | None = None
+        self._task = task
+        self._say = say
+        self._loop = asyncio.get_running_loop()
+        self._installed = threading.current_thread() is threading.main_thread()
+        if self._installed:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._loop.add_signal_handler(signum, self._on_signal, signum)
+
+    def _on_signal(self, signum: int) -> None:
+        if self.received is not None:
+            raise KeyboardInterrupt  # the second signal: leave now
+        self.received = signum
+        self._say(f"batchsum: {signal.Signals(signum).name}: stopping; waiting for answers on the wire "
+                  "(signal again to abort at once)")
+        self._task.cancel()
+
+    def remove(self) -> None:
+        if self._installed:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._loop.remove_signal_handler(signum)
+
+
 def _summarize(args: argparse.Namespace) -> int:
-    from .journal import Journal
-    from .parquet import ParquetInput, ParquetOutput, summarize_parquet
+    from .journal import Journal, RunLock
+    from .parquet import ParquetInput, ParquetOutput, check_output_path, summarize_parquet
     from .progress import ProgressBar
 
+    # Everything that can be refused is checked before any file is created or anything is sent.
     params = validate_params(args.mode, args.percentage, args.type)
-    if args.rpm is not None:
-        rpm = args.rpm
-    elif args.local:
-        rpm = 0.0
-    else:
-        rpm = _positive_float(os.environ.get(ENV_RPM, str(DEFAULT_RPM)))
+    rpm = _run_rpm(args)
+    options = RunOptions(rpm=rpm, concurrency=args.concurrency)
     source = ParquetInput(args.inputs, args.column)
-    output_path = Path(args.output)
+    output_path = check_output_path(args.output, source.paths)
     journal_path = Path(args.journal) if args.journal else output_path.with_name(output_path.name + ".journal.sqlite")
+    if os.path.abspath(journal_path) == os.path.abspath(output_path):
+        raise InputError(f"--journal {journal_path} is the output file; give the journal a path of its own")
+    if any(os.path.abspath(journal_path) == os.path.abspath(p) for p in source.paths):
+        raise InputError(f"--journal {journal_path} is an input file; give the journal a path of its own")
+    if args.dry_run:
+        with ExitStack() as stack:
+            store = stack.enter_context(Journal(journal_path, readonly=True)) if journal_path.exists() else None
+            print(plan_batch(source.texts(), params=params, store=store).describe(rpm))
+        return EXIT_OK
     with ExitStack() as stack:
+        client = AsyncClient(**_client_settings(args, stack, rpm))
+        stack.enter_context(RunLock(output_path, "output", wait=args.wait))
+        stack.enter_context(RunLock(journal_path, "journal", wait=args.wait))
         journal = stack.enter_context(Journal(journal_path))
-        request = {"mode": params.mode, "percentage": params.percentage, "type": params.type}
-        if args.dry_run:
-            plan = plan_batch(source.texts(), store=journal, **request)
-            print(plan.describe(rpm))
-            return EXIT_OK
         output = ParquetOutput(output_path, source.schema, args.output_column, source.paths)
-        settings = _client_settings(args, stack, rpm)
-        client = AsyncClient(**settings)
         bar = stack.enter_context(ProgressBar(source.num_rows, enabled=not args.quiet))
         stats = BatchStats(total=source.num_rows)
-
-        def on_pace_change(change: PaceChange) -> None:
-            bar.write(f"batchsum: {change}")
-
-        pacer = RunOptions(rpm=rpm, concurrency=args.concurrency).pacer(on_pace_change)
+        pacer = options.pacer(lambda change: bar.write(f"batchsum: {change}"))
         kept = len(journal)
+        stop: _StopOnSignal | None = None
 
         async def run() -> None:
-            async with client:
-                await summarize_parquet(
-                    source, output, client, store=journal, stats=stats, pacer=pacer, on_result=bar, **request,
-                )
+            nonlocal stop
+            current = asyncio.current_task()
+            assert current is not None
+            stop = _StopOnSignal(current, bar.write)
+            ticker = asyncio.ensure_future(bar.follow(stats))
+            try:
+                async with client:
+                    await summarize_parquet(source, output, client, params, options, store=journal, stats=stats,
+                                            pacer=pacer, on_result=bar)
+            finally:
+                ticker.cancel()
+                stop.remove()
 
         resume = f"run the same command again to resume (answers are kept in {journal_path})"
         try:
@@ -231,10 +280,17 @@ def _summarize(args: argparse.Namespace) -> int:
                     else "Check your plan (mode 2 needs premium), then ")
                  + resume)
             return EXIT_FATAL
-        except KeyboardInterrupt:
+        except JournalError as exc:
             bar.close()
-            _say(f"interrupted after {stats.done} rows; {len(journal) - kept} new answers kept; {resume}")
-            return EXIT_INTERRUPTED
+            _say(f"stopped: {exc}. {output_path} holds the {stats.done} rows finished so far, with every answer "
+                 f"received; free space (or pass another --journal), then run the same command again to resume")
+            return EXIT_FATAL
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            bar.close()
+            signum = stop.received if stop is not None else None
+            why = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+            _say(f"{why} after {stats.done} rows; {len(journal) - kept} new answers kept; {resume}")
+            return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
         bar.close()
         _say(f"wrote {output_path}: {stats.account()}")
         if stats.failed:

@@ -546,10 +546,11 @@ def plan_batch(
     mode: Any = contract.Mode.STANDARD,
     percentage: Any = contract.PERCENTAGE_DEFAULT,
     type: Any = None,
+    params: contract.Params | None = None,
     store: AnswerStore | None = None,
 ) -> BatchPlan:
     """Classify every row as the engine would, and send nothing."""
-    params = validate_params(mode, percentage, type)
+    params = params if params is not None else validate_params(mode, percentage, type)
     plan = BatchPlan()
     seen: set[bytes] = set()
     for text in texts:

@@ -1,28 +1,37 @@
-"""The SQLite journal: finished answers by request fingerprint, kept across runs and crashes.
+"""The SQLite journal: finished answers by request fingerprint, kept across runs and crashes, held by
+one run at a time; and ``RunLock``, the lock a run takes on its journal and its output.
 
 Each answer is committed as it arrives. In WAL mode with ``synchronous=NORMAL`` a commit is one
 append to the write-ahead log, with no fsync: a killed process (SIGKILL, Ctrl-C, a crash) loses
 nothing, because the data is already with the operating system; the log is synced at checkpoints,
 so a power cut loses at most the last few seconds the OS had not written back, and SQLite never
-leaves a corrupt file. Only answers worth keeping are written (summaries and 422 refusals);
+leaves a corrupt file. Only answers worth keeping are written (summaries and permanent refusals);
 transient failures are tried again on the next run.
+
+A file that is not a batchsum journal (another program's database, any other file) is refused and
+left as it was; a new journal is created exclusively, never through a link planted at its name.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import socket
 import sqlite3
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from .engine import Answer
-from .errors import InputError
+from .errors import InputError, JournalError
 
-__all__ = ["Journal"]
+__all__ = ["Journal", "RunLock", "FORMAT"]
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS answers (
+FORMAT = "batchsum-journal-1"
+
+_SCHEMA = f"""
+CREATE TABLE answers (
     fingerprint TEXT PRIMARY KEY,
     summary TEXT,
     status TEXT NOT NULL,
@@ -32,48 +41,152 @@ CREATE TABLE IF NOT EXISTS answers (
     attempts INTEGER NOT NULL,
     finished_at REAL NOT NULL
 );
-CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-INSERT OR IGNORE INTO meta VALUES ('format', 'batchsum-journal-1');
+CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT INTO meta VALUES ('format', '{FORMAT}');
 """
 
 
-class Journal:
-    """A SQLite-backed answer store. ``with Journal("run.journal.sqlite") as journal: ...``"""
+class RunLock:
+    """This process's exclusive hold on ``path`` for a run, through ``.NAME.lock`` beside it (an
+    ``flock``: released when the process ends, however it ends, so a crash leaves no stale lock).
+    ``wait``: wait for the other run instead of refusing at once."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], what: str, *, wait: bool = False) -> None:
+        self.path = Path(path)
+        lock_path = self.path.with_name(f".{self.path.name}.lock")
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            fd = os.open(lock_path, flags, 0o644)
+        except OSError as exc:
+            raise InputError(f"cannot lock the {what} {self.path}: {exc.strerror} ({lock_path})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+            if not wait:
+                os.close(fd)
+                raise InputError(
+                    f"the {what} {self.path} is in use by another batchsum run ({holder}); "
+                    "wait for it to finish, or pass --wait"
+                ) from None
+            print(f"batchsum: waiting for the other run on {self.path} ({holder}) to finish", file=sys.stderr)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            os.close(self._fd)  # closing releases the flock
+            self._fd = None
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.release()
+
+
+def _is_journal(path: Path) -> str | None:
+    """None when ``path`` is a batchsum journal in good order; else why not. Opens it read-only."""
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        return f"cannot be opened ({exc})"
+    try:
+        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "meta" not in tables or "answers" not in tables:
+            return "is not a batchsum journal (another program's database, or not a database)"
+        row = db.execute("SELECT value FROM meta WHERE name='format'").fetchone()
+        if row is None or row[0] != FORMAT:
+            return f"is a journal of an unknown format {row[0] if row else None!r}"
+        (check,) = db.execute("PRAGMA quick_check(1)").fetchone()
+        if check != "ok":
+            return f"is damaged ({check})"
+    except sqlite3.DatabaseError as exc:
+        return "is not a batchsum journal" if "not a database" in str(exc) else f"is damaged ({exc})"
+    finally:
+        db.close()
+    return None
+
+
+class Journal:
+    """A SQLite-backed answer store. ``with Journal("run.journal.sqlite") as journal: ...``
+
+    ``create``: make a new journal when there is none (exclusively). ``readonly``: look, never write
+    (``--dry-run``, ``batchsum journal``). Raises ``InputError`` for a file that is not a batchsum
+    journal or is damaged, leaving it as it was."""
+
+    def __init__(self, path: str | os.PathLike[str], *, create: bool = True, readonly: bool = False) -> None:
         self.path = Path(path)
         if not self.path.parent.is_dir():
             raise InputError(f"cannot create the journal {self.path}: folder {self.path.parent} does not exist")
+        if self.path.is_dir():
+            raise InputError(f"the journal {self.path} is a folder; pass a file path with --journal")
+        if os.path.lexists(self.path):
+            problem = _is_journal(self.path)
+            if problem is not None:
+                raise InputError(f"the journal {self.path} {problem}; it was left as it is: pass another --journal")
+        elif not create or readonly:
+            raise InputError(f"no journal at {self.path}")
+        else:
+            self._create()
         try:
-            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-            (format_,) = self._db.execute("SELECT value FROM meta WHERE name='format'").fetchone()
-        except sqlite3.DatabaseError as exc:
-            raise InputError(f"{self.path} is not a batchsum journal ({exc}); pass another --journal path") from None
-        if format_ != "batchsum-journal-1":
-            raise InputError(f"{self.path} is a journal of an unknown format {format_!r}")
+            uri = f"file:{self.path}?mode=ro" if readonly else f"file:{self.path}"
+            self._db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+            if not readonly:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=NORMAL")
+        except sqlite3.Error as exc:
+            raise InputError(f"cannot open the journal {self.path}: {exc}") from None
+
+    def _create(self) -> None:
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            os.close(os.open(self.path, flags, 0o644))
+        except FileExistsError:
+            raise InputError(f"the journal {self.path} appeared while it was being created; run again") from None
+        except OSError as exc:
+            raise InputError(f"cannot create the journal {self.path}: {exc.strerror}") from None
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None)
+            try:
+                db.executescript(_SCHEMA)
+            finally:
+                db.close()
+        except sqlite3.Error as exc:
+            self.path.unlink(missing_ok=True)
+            raise InputError(f"cannot create the journal {self.path}: {exc}") from None
 
     def get(self, key: str) -> Answer | None:
-        row = self._db.execute(
-            "SELECT summary, status, error, message, http_status, attempts FROM answers WHERE fingerprint=?",
-            (key,),
+        row = self._query(
+            "SELECT summary, status, error, message, http_status, attempts FROM answers WHERE fingerprint=?", (key,)
         ).fetchone()
         return Answer(*row) if row else None
 
     def __contains__(self, key: str) -> bool:
-        return self._db.execute("SELECT 1 FROM answers WHERE fingerprint=?", (key,)).fetchone() is not None
+        return self._query("SELECT 1 FROM answers WHERE fingerprint=?", (key,)).fetchone() is not None
 
     def put(self, key: str, answer: Answer) -> None:
-        """Keep ``answer``; committed at once (autocommit)."""
-        self._db.execute(
-            "INSERT OR REPLACE INTO answers VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (key, *answer, time.time()),
-        )
+        """Keep ``answer``; committed at once (autocommit). ``JournalError`` when it cannot be written."""
+        self._query("INSERT OR REPLACE INTO answers VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (key, *answer, time.time()))
+
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        try:
+            return self._db.execute(sql, args)
+        except sqlite3.Error as exc:
+            raise JournalError(f"the journal {self.path}: {exc}") from None
 
     def __len__(self) -> int:
-        return self._db.execute("SELECT COUNT(*) FROM answers").fetchone()[0]
+        return int(self._query("SELECT COUNT(*) FROM answers").fetchone()[0])
+
+    def summary(self) -> dict[str, Any]:
+        """What the journal holds: answers by status and error, size on disk, last write."""
+        by = self._query("SELECT status, COALESCE(error, ''), COUNT(*) FROM answers GROUP BY 1, 2").fetchall()
+        (last,) = self._query("SELECT MAX(finished_at) FROM answers").fetchone()
+        size = sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal")) if p.exists())
+        return {"answers": {f"{s}{'/' + e if e else ''}": n for s, e, n in by}, "bytes": size, "last_write": last}
 
     def close(self) -> None:
         self._db.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import tempfile
 from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -15,9 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .engine import RowResult, result_columns, summarize_stream
-from .errors import InputError
+from .errors import InputError, JournalError
 
-__all__ = ["ParquetInput", "ParquetOutput", "summarize_parquet", "resolve_inputs", "BATCH_ROWS"]
+__all__ = ["ParquetInput", "ParquetOutput", "summarize_parquet", "resolve_inputs", "check_output_path", "BATCH_ROWS"]
 
 BATCH_ROWS = 1024
 
@@ -96,8 +97,21 @@ class ParquetInput:
             yield from batch.column(self.column).to_pylist()
 
 
+def check_output_path(path: str | os.PathLike[str], inputs: Sequence[Path] = ()) -> Path:
+    """The output path, when a file can be written there; else an ``InputError`` saying why."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"output {path} is a folder; give a file name")
+    if not path.parent.is_dir():
+        raise InputError(f"cannot write {path}: folder {path.parent} does not exist")
+    if any(path.resolve() == p.resolve() for p in inputs):
+        raise InputError(f"output {path} is also an input; write to another file")
+    return path
+
+
 class ParquetOutput:
-    """The output file, written batch by batch to ``.NAME.partial`` and renamed when complete."""
+    """The output file, written batch by batch to a temporary file of its own beside it (created
+    exclusively, a unique name per run) and renamed into place when complete."""
 
     def __init__(
         self,
@@ -106,13 +120,7 @@ class ParquetOutput:
         output_column: str = "summary",
         inputs: Sequence[Path] = (),
     ) -> None:
-        self.path = Path(path)
-        if self.path.is_dir():
-            raise InputError(f"output {self.path} is a folder; give a file name")
-        if not self.path.parent.is_dir():
-            raise InputError(f"cannot write {self.path}: folder {self.path.parent} does not exist")
-        if any(self.path.resolve() == p.resolve() for p in inputs):
-            raise InputError(f"output {self.path} is also an input; write to another file")
+        self.path = check_output_path(path, inputs)
         names = result_columns(output_column)
         clash = [n for n in names if n in input_schema.names]
         if clash:
@@ -122,8 +130,13 @@ class ParquetOutput:
         self.schema = input_schema
         for name, arrow_type in zip(names, _RESULT_TYPES):
             self.schema = self.schema.append(pa.field(name, arrow_type))
-        self.partial = self.path.with_name(f".{self.path.name}.partial")
-        self._writer = pq.ParquetWriter(self.partial, self.schema)
+        try:
+            fd, name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".partial", dir=self.path.parent)
+        except OSError as exc:
+            raise InputError(f"cannot write {self.path}: {exc.strerror} in folder {self.path.parent}") from None
+        self.partial = Path(name)
+        self._file = os.fdopen(fd, "wb")
+        self._writer = pq.ParquetWriter(self._file, self.schema)
 
     def write(self, batch: pa.RecordBatch, results: Sequence[RowResult]) -> None:
         columns = list(zip(*results)) if results else [[] for _ in _RESULT_TYPES]
@@ -132,20 +145,24 @@ class ParquetOutput:
 
     def commit(self) -> None:
         self._writer.close()
+        self._file.close()
         os.replace(self.partial, self.path)
 
     def abort(self) -> None:
         self._writer.close()
+        self._file.close()
         self.partial.unlink(missing_ok=True)
 
 
 async def summarize_parquet(
-    source: ParquetInput, output: ParquetOutput, client: Any, *, batch_rows: int = BATCH_ROWS, **engine: Any
+    source: ParquetInput, output: ParquetOutput, client: Any, *args: Any, batch_rows: int = BATCH_ROWS, **engine: Any
 ) -> None:
     """Stream ``source`` through the engine into ``output``; ``engine`` goes to ``summarize_stream``.
 
     Input batches are held only until their rows' results arrive, so memory stays bounded.
-    On any failure or interrupt the partial output is removed; finished answers stay in the store.
+    On an interrupt or a refused key the partial output is removed (finished answers stay in the
+    store, and the same command resumes). When the journal cannot be written, the rows finished so far
+    are written to the output, since some of their answers may be nowhere else, and the error raised.
     """
     held: deque[pa.RecordBatch] = deque()
     column = source.column
@@ -157,7 +174,7 @@ async def summarize_parquet(
 
     finished: list[RowResult] = []
     try:
-        async for result in summarize_stream(texts(), client, **engine):
+        async for result in summarize_stream(texts(), client, *args, **engine):
             finished.append(result)
             while held and len(finished) >= held[0].num_rows:
                 batch = held.popleft()
@@ -165,6 +182,11 @@ async def summarize_parquet(
                 del finished[: batch.num_rows]
         while held:  # batches of no rows
             output.write(held.popleft(), [])
+    except JournalError:
+        if finished and held:
+            output.write(held[0].slice(0, len(finished)), finished)
+        output.commit()
+        raise
     except BaseException:
         output.abort()
         raise

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from typing import IO, Any
@@ -41,6 +42,13 @@ class ProgressBar:
         state = stats.pacer_state()
         pacer = state.describe() if state is not None else "no pacing"
         return f"ok {stats.ok} · skipped {stats.skipped} · failed {stats.failed} · 429s {stats.rate_limited} · {pacer}"
+
+    async def follow(self, stats: BatchStats, every: float = 1.0) -> None:
+        """Refresh the line while no row finishes (a pause, slow answers), so it never looks frozen."""
+        while True:
+            await asyncio.sleep(every)
+            self._last_postfix = 0.0
+            self(stats)
 
     def write(self, message: str) -> None:
         """A line above the bar (or on stderr when the bar is off)."""

@@ -3,6 +3,7 @@ without sending any answered request twice. Counted at the service."""
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -69,13 +70,39 @@ def test_sigkill_mid_run_then_the_same_command_sends_no_answered_request_twice(s
     assert f"{ROWS - answered_before} sent, {answered_before} reused" in done.stderr
 
 
-def test_ctrl_c_exits_130_says_how_to_resume_and_loses_nothing(setup):
+def journal_rows(tmp_path):
+    with sqlite3.connect(tmp_path / "out.parquet.journal.sqlite") as db:
+        return db.execute("SELECT COUNT(*) FROM answers").fetchone()[0]
+
+
+@pytest.mark.parametrize("signum, code, words", [(signal.SIGINT, 130, "interrupted after"),
+                                                 (signal.SIGTERM, 143, "terminated (SIGTERM) after")])
+def test_sigint_and_sigterm_stop_alike_and_keep_every_answer_on_the_wire(setup, signum, code, words):
+    service, argv, env, tmp_path = setup
+    service.faults = Faults(latency=0.4)  # requests spend a while on the wire
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_answers(service, 20, proc)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == code, err
+    assert words in err and "run the same command again to resume" in err
+    assert "waiting for answers on the wire" in err
+    # Every answer the service gave (those on the wire at the signal included) is in the journal.
+    assert service.stats()["answered"] == journal_rows(tmp_path)
+    assert not (tmp_path / "out.parquet").exists() and not list(tmp_path.glob(".*.partial"))
+    finish(service, argv, env, tmp_path)
+
+
+def test_a_second_signal_aborts_at_once(setup):
     service, argv, env, tmp_path = setup
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_answers(service, 40, proc)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130, err
-    assert "interrupted after" in err and "run the same command again to resume" in err
-    assert not (tmp_path / "out.parquet").exists() and not list(tmp_path.glob(".*.partial"))
+    wait_for_answers(service, 20, proc)
+    service.faults = Faults(latency=100)  # what is on the wire now would keep a drain waiting
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=12)  # well before the 15 s a drain may take
+    assert proc.returncode == 143, err
+    service.faults = Faults()
     finish(service, argv, env, tmp_path)

@@ -143,6 +143,7 @@ class ServiceState:
         with self._lock:
             self.requests = 0
             self.arrivals: deque[float] = deque(maxlen=1_000_000)  # clock() of each request, for benchmarks
+            self.admitted: deque[float] = deque(maxlen=1_000_000)  # clock() of each request the limit let through
             self.by_status: Counter[int] = Counter()
             self.answered: Counter[str] = Counter()
 
@@ -152,7 +153,10 @@ class ServiceState:
             return None
         with self._lock:
             window = self._windows.setdefault(key, SlidingWindow(self.rpm, self.window))
-            wait = window.admit(self.clock())
+            now = self.clock()
+            wait = window.admit(now)
+            if wait is None:
+                self.admitted.append(now)
         return None if wait is None else max(1, math.ceil(wait))
 
     def record(self, status: int, fields: dict[str, Any] | None = None) -> None:
