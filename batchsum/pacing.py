@@ -1,10 +1,14 @@
 """The pace of a batch: when each attempt may start (``Pacer``) and how many may be on the wire
 (``InFlight``). Every attempt, retries included, goes through both.
 
-Spacing. Starts are evenly spaced at the pace in force by an ``aiolimiter.AsyncLimiter(1, 60/pace)``
-(a bucket of one: no burst, at the start or after a pause), 1% under the pace to absorb arrival
-jitter, so in any w seconds there are at most ceil(rpm*w/60)+1 starts. A user may pass a limiter of
-their own (anything with ``async acquire()``, e.g. one ``AsyncLimiter`` shared by several batches).
+Spacing. Starts follow a schedule at the pace in force, 1% under it to absorb arrival jitter: each
+is due one interval after the one before was due, not after the event loop got to it, so scheduling
+delays do not add up (a bucket of one alone, as aiolimiter's, drops them: 0.96 of the plan under
+load, see benchmarks/README.md). Under the schedule lies a floor, ``aiolimiter.AsyncLimiter(1,
+60/rpm)`` with half the margin: no two starts are ever closer than the plan's own spacing, so no
+burst at the start or after a pause, and in any w seconds at most ceil(rpm*w/60)+1 starts. A user
+may pass a limiter of their own as the floor (anything with ``async acquire()``, e.g. one
+``AsyncLimiter`` shared by several batches in one process).
 
 Pause. A 429 pauses every sender until its Retry-After (a jittered backoff when the value is absent
 or unusable); the restart is gentle: spacing starts doubled and shrinks back (the ramp).
@@ -127,8 +131,8 @@ class Pacer:
     """Shared by every sender of a batch: ``start = await before_attempt()`` before each attempt,
     ``after_attempt(start, ...)`` after it. ``rpm=0``: no pacing, but 429 pauses are still shared.
 
-    ``limiter``: your own (``async acquire()``) instead of the even spacing; the pause, the ramp and
-    the lowered pace still apply. ``on_pace_change`` is told of each ``PaceChange``.
+    ``limiter``: your own floor (``async acquire()``) instead of ``AsyncLimiter(1, 60/rpm)``; the
+    schedule at the pace, the pause, the ramp and the lowered pace still apply. ``on_pace_change`` is told of each ``PaceChange``.
     """
 
     __slots__ = (
@@ -140,11 +144,8 @@ class Pacer:
         "_clock",
         "_sleep",
         "_limiter",
-        "_own_limiter",
-        "_limiter_pace",
         "_turn",
-        "_not_before",
-        "_last_start",
+        "_next",
         "_paused_until",
         "_pause_reason",
         "_unpaused_since",
@@ -177,12 +178,12 @@ class Pacer:
         self.changes: list[PaceChange] = []
         self._clock = clock
         self._sleep = sleep
-        self._own_limiter = limiter is None
-        self._limiter_pace = self.pace
-        self._limiter: Limiter | None = limiter if limiter is not None else self._new_limiter()
+        if limiter is None and self.rpm:
+            # The floor: never two starts closer than the plan's own spacing (with half the margin).
+            limiter = AsyncLimiter(1, 60.0 / self.rpm * (1 + JITTER_MARGIN / 2))
+        self._limiter = limiter
         self._turn: asyncio.Lock | None = None
-        self._not_before = -math.inf
-        self._last_start = -math.inf
+        self._next = -math.inf  # when the next start is due on the pace's schedule
         self._paused_until = -math.inf
         self._pause_reason: str | None = None
         self._unpaused_since: float | None = None
@@ -202,27 +203,11 @@ class Pacer:
         """Seconds between starts at the pace in force (0 without pacing)."""
         return 60.0 / self.pace * (1 + JITTER_MARGIN) if self.pace else 0.0
 
-    def _new_limiter(self) -> AsyncLimiter | None:
-        self._limiter_pace = self.pace
-        return AsyncLimiter(1, self.interval) if self.pace else None
-
-    def _follow_pace(self) -> None:
-        """Give our limiter the pace in force: at once when lowered, in steps of 1% when climbing.
-        Called holding the turn, so no one waits in the old limiter; the new one's bucket is empty,
-        so the first start under it still keeps the new spacing from the last start."""
-        if not self._own_limiter or self.pace == self._limiter_pace:
-            return
-        if self.pace < self._limiter_pace or self.pace >= min(self.ceiling, self._limiter_pace * 1.01):
-            self._limiter = self._new_limiter()
-            self._not_before = max(self._not_before, self._last_start + self.interval)
-
     async def before_attempt(self) -> float:
         """Wait for this attempt's turn; returns the time it starts (pass it to ``after_attempt``)."""
         if self._turn is None:
             self._turn = asyncio.Lock()
-        # One caller at a time takes a turn: FIFO order, and a pace change never lets two limiters overlap.
-        async with self._turn:
-            self._follow_pace()
+        async with self._turn:  # one caller at a time takes a turn: FIFO order, one schedule
             while True:
                 await self._sleep_until_allowed()
                 if self._limiter is not None:
@@ -236,21 +221,24 @@ class Pacer:
     async def _sleep_until_allowed(self) -> None:
         # Within a microsecond is on time: a float sum can land an ulp short, and a sleep of an ulp
         # does not move the clock.
-        while (wait := max(self._not_before, self._paused_until) - self._clock()) > 1e-6:
+        while (wait := max(self._next, self._paused_until) - self._clock()) > 1e-6:
             await self._sleep(wait)
 
     def _started(self, now: float) -> None:
         if self._unpaused_since is None:
             self._unpaused_since = now
-        self._last_start = now
         self._starts.append(now)
         while self._starts and self._starts[0] < now - 2 * WINDOW:
             self._starts.popleft()
-        if self.pace and self._ramp > 1.0:
-            self._not_before = now + self.interval * self._ramp
-            self._ramp = max(1.0, self._ramp * RAMP_DECAY)
-        elif self.pace and not self._own_limiter and self.pace < self.rpm:
-            self._not_before = now + self.interval  # a user's limiter does not know the lowered pace
+        if not self.pace:
+            return
+        # Drift-free: the next start is due an interval after this one was due, not after the event
+        # loop got to it, so scheduling delays do not add up (the floor bounds the catching up).
+        # After an idle spell or a pause the schedule starts afresh from now.
+        if now - self._next > self.interval:
+            self._next = now
+        self._next += self.interval * self._ramp
+        self._ramp = max(1.0, self._ramp * RAMP_DECAY)
 
     # -- outcomes ------------------------------------------------------------------------------
 
