@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="inject a fault into a share of requests: KIND one of 429, 500, 502, drop, "
                        "hang, garbled, 422; e.g. --fault 500=0.05 (repeatable)")
     serve.add_argument("--seed", type=int, default=0, help="seed of the fault injection (default 0)")
+    serve.add_argument("--test-controls", action="store_true",
+                       help="serve /_local/stats, /_local/faults and /_local/reset (for tests and benchmarks), "
+                       "behind an admin key printed at start; off by default")
     return parser
 
 
@@ -317,6 +320,7 @@ def _serve(args: argparse.Namespace) -> int:
 
         from .local import Faults, ServiceState
         from .local.app import create_app
+        from .local.state import new_key
     except ImportError as exc:
         raise _Stop(EXIT_USAGE, str(exc)) from None
     rates: dict[str, float] = {}
@@ -328,7 +332,8 @@ def _serve(args: argparse.Namespace) -> int:
             raise _Stop(EXIT_USAGE, f"invalid --fault {spec!r}: use KIND=RATE, e.g. 500=0.05") from None
     try:
         faults = Faults(latency=args.latency, rates=rates, seed=args.seed)
-        state = ServiceState(args.key, rpm=args.rpm, faults=faults)
+        state = ServiceState(args.key, rpm=args.rpm, faults=faults,
+                             admin_key=new_key() if args.test_controls else None)
     except ValueError as exc:
         raise _Stop(EXIT_USAGE, str(exc)) from None
     shown = f"{args.host}:{args.port}" if ":" not in args.host else f"[{args.host}]:{args.port}"
@@ -337,6 +342,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"  key ({plan.value}): {key}" if args.key is None else f"  key ({plan.value}) accepted", flush=True)
     if args.key is None:
         print(f"  export {ENV_API_KEY}={state.key} BATCHSUM_BASE_URL=http://{shown}", flush=True)
+    if state.admin_key is not None:
+        print(f"  test controls on /_local/* with admin key: {state.admin_key}", flush=True)
     uvicorn.run(create_app(state), host=args.host, port=args.port, log_level="warning")
     return EXIT_OK
 

@@ -1,5 +1,5 @@
 """The routes of the local reference service: the interface's one operation, answered as the
-interface says, plus ``/_local/*`` for tests and benchmarks (stats, faults, reset).
+interface says, plus ``/_local/*`` for tests and benchmarks (stats, faults, reset), off unless an admin key is set.
 
 Order of checks on the summarize route: injected fault, key, expired plan, rate limit (every
 request with a valid key counts, valid body or not), body, plan vs mode, word limits, summary.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from typing import Any
 
 from starlette.applications import Starlette
@@ -60,16 +61,43 @@ class _DroppedConnection(Response):
         await send({"type": "http.response.body", "body": b'{"result": "', "more_body": True})
 
 
+MAX_BODY_BYTES = 1024 * 1024  # a 5000-word text is about 40 KB: 25 times that is generous
+
+
+def _too_large() -> JSONResponse:
+    return _shape_a(413, f"Payload Too Large: the body may hold at most {MAX_BODY_BYTES} bytes")
+
+
+async def _read_body(request: Request) -> bytes | None:
+    """The body, or None once it passes MAX_BODY_BYTES: never read whole."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            return None
+    request._body = bytes(body)  # what request.form() then parses, instead of the spent stream
+    return request._body
+
+
 async def _read_fields(request: Request) -> dict[str, Any] | JSONResponse:
-    """The request's fields from JSON, multipart or url-encoded bodies; a 422 body when unreadable."""
+    """The request's fields from JSON, multipart or url-encoded bodies; 413 when too large, a 422
+    body when unreadable (malformed or nested too deep)."""
+    raw = await _read_body(request)
+    if raw is None:
+        return _too_large()
     content_type = request.headers.get("content-type", "").lower()
     if content_type.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
-        form = await request.form()
+        try:
+            form = await request.form()
+        except Exception:  # a malformed form: the interface's 422, not a 500
+            return _validation_error((["body"], "Invalid form data", "value_error"))
         return {k: v for k, v in form.items() if isinstance(v, str)}
-    raw = await request.body()
     try:
         data = json.loads(raw) if raw.strip() else {}
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         return _validation_error((["body", getattr(exc, "pos", 0)], "JSON decode error", "json_invalid"))
     if not isinstance(data, dict):
         return _validation_error((["body"], "Input should be a valid dictionary", "model_attributes_type"))
@@ -108,7 +136,17 @@ def _validate(fields: dict[str, Any]) -> tuple[str, contract.Params] | JSONRespo
 
 
 def create_app(state: ServiceState) -> Starlette:
-    """The ASGI app serving ``state``'s keys, plans, limit and faults."""
+    """The ASGI app serving ``state``'s keys, plans, limit and faults. The test controls
+    (``/_local/*``) exist only when ``state.admin_key`` is set, and need it as a bearer token."""
+
+    def admin(request: Request) -> Response | None:
+        """None when the request may use the test controls; else the answer that refuses it."""
+        if state.admin_key is None:
+            return JSONResponse({"error": "Not Found"}, status_code=404)
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(key.strip(), state.admin_key):
+            return _shape_b(401, Messages.INVALID_KEY)
+        return None
 
     async def summarize_route(request: Request) -> Response:
         response, fields = await _answer(request)
@@ -169,9 +207,13 @@ def create_app(state: ServiceState) -> Starlette:
         return JSONResponse({contract.FIELD_RESULT: result}), {"text": text, **params.fields()}
 
     async def stats_route(request: Request) -> Response:
+        if (refused := admin(request)) is not None:
+            return refused
         return JSONResponse(state.stats())
 
     async def faults_route(request: Request) -> Response:
+        if (refused := admin(request)) is not None:
+            return refused
         try:
             state.faults = Faults.from_json(await request.json())
         except (ValueError, TypeError) as exc:
@@ -179,6 +221,8 @@ def create_app(state: ServiceState) -> Starlette:
         return JSONResponse({"ok": True})
 
     async def reset_route(request: Request) -> Response:
+        if (refused := admin(request)) is not None:
+            return refused
         state.reset_stats()
         state.faults = Faults()
         return JSONResponse({"ok": True})

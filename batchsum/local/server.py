@@ -12,7 +12,7 @@ from typing import Any
 import uvicorn
 
 from .app import create_app
-from .state import Faults, Plan, ServiceState
+from .state import Faults, Plan, ServiceState, new_key
 
 __all__ = ["LocalService"]
 
@@ -23,6 +23,7 @@ class LocalService:
     ``keys``: ``["KEY", "KEY:basic", "KEY:expired"]`` or ``{key: Plan}``; one premium key is generated
     when none is given. ``rpm``: per-key limit over a sliding ``window`` of 60 seconds (0 = none;
     tests shrink the window to see several of them in seconds). ``faults``: see ``Faults``.
+    ``test_controls``: serve ``/_local/*`` (stats, faults, reset), behind ``state.admin_key``.
     """
 
     def __init__(
@@ -34,8 +35,10 @@ class LocalService:
         host: str = "127.0.0.1",
         port: int = 0,
         window: float = 60.0,
+        test_controls: bool = True,
     ) -> None:
-        self.state = ServiceState(keys, rpm=rpm, faults=faults, window=window)
+        admin_key = new_key() if test_controls else None
+        self.state = ServiceState(keys, rpm=rpm, faults=faults, window=window, admin_key=admin_key)
         self.host = host
         self.port = port
         self._server: uvicorn.Server | None = None

@@ -34,11 +34,16 @@ class Plan(str, enum.Enum):
 FAULT_KINDS = ("429", "500", "502", "drop", "hang", "garbled", "422")
 
 
+def new_key() -> str:
+    """A random key that never starts with '-' (a command line would read it as an option)."""
+    return "bs-" + secrets.token_urlsafe(24)
+
+
 def parse_key_spec(spec: str) -> tuple[str, Plan]:
     """``KEY`` or ``KEY:PLAN`` (premium, basic, expired) -> (key, plan)."""
     key, _, plan = spec.partition(":")
-    if not key:
-        raise ValueError(f"invalid key {spec!r}: use KEY or KEY:PLAN")
+    if not key or key.startswith("-") or not all("!" <= c <= "~" for c in key):
+        raise ValueError(f"invalid key {spec!r}: use KEY or KEY:PLAN, printable ASCII not starting with '-'")
     try:
         return key, Plan(plan or "premium")
     except ValueError:
@@ -59,6 +64,14 @@ class Faults:
 
     def __post_init__(self) -> None:
         self.script = deque(self.script)
+        for name in ("latency", "hang_seconds"):
+            if not 0 <= getattr(self, name) <= 600:
+                raise ValueError(f"invalid {name} {getattr(self, name)!r}: use 0 to 600 seconds")
+        if self.retry_after is not None and not 0 <= self.retry_after <= 3600:
+            raise ValueError(f"invalid retry_after {self.retry_after!r}: use 0 to 3600 seconds, or null")
+        for kind, rate in self.rates.items():
+            if not 0 <= rate <= 1:
+                raise ValueError(f"invalid rate {rate!r} for {kind!r}: use 0 to 1")
         for kind in list(self.rates) + list(self.script):
             if kind not in FAULT_KINDS and kind != "ok":
                 raise ValueError(f"unknown fault {kind!r}: use one of {', '.join(FAULT_KINDS)}")
@@ -120,12 +133,14 @@ class ServiceState:
         faults: Faults | None = None,
         clock: Callable[[], float] = time.monotonic,
         window: float = 60.0,
+        admin_key: str | None = None,
     ) -> None:
         if keys is None:
-            keys = {secrets.token_urlsafe(24): Plan.PREMIUM}
+            keys = {new_key(): Plan.PREMIUM}
         elif not isinstance(keys, dict):
             keys = dict(parse_key_spec(spec) for spec in keys)
         self.plans: dict[str, Plan] = dict(keys)
+        self.admin_key = admin_key  # the test controls (/_local/*) need it; None: they are off
         self.rpm = rpm  # requests allowed per key in any `window` seconds (0 = no limit)
         self.window = window
         self.faults = faults or Faults()
