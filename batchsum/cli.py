@@ -16,7 +16,7 @@ import threading
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from . import contract
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
@@ -96,13 +96,22 @@ def _add_request_options(parser: argparse.ArgumentParser) -> None:
                         help="start the local reference service in this process and use it (no key needed)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line naming the problem, and one pointing to --help (not the usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        _say(f"error: {message}")
+        _say(f"see '{self.prog} --help'")
+        raise SystemExit(EXIT_USAGE)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="batchsum",
         description="Summarize text in bulk through a rate-limited summarization API.",
         epilog=f"The API key comes from ${ENV_API_KEY}.",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     run = commands.add_parser(
         "summarize",
@@ -250,8 +259,11 @@ def _summarize(args: argparse.Namespace) -> int:
         client = AsyncClient(**_client_settings(args, stack, rpm))
         stack.enter_context(RunLock(output_path, "output", wait=args.wait))
         stack.enter_context(RunLock(journal_path, "journal", wait=args.wait))
-        journal = stack.enter_context(Journal(journal_path))
         output = ParquetOutput(output_path, source.schema, args.output_column, source.paths)
+        cleanup = stack.enter_context(ExitStack())
+        cleanup.callback(output.abort)  # a refused journal leaves no temporary output behind
+        journal = stack.enter_context(Journal(journal_path))
+        cleanup.pop_all()
         bar = stack.enter_context(ProgressBar(source.num_rows, enabled=not args.quiet))
         stats = BatchStats(total=source.num_rows)
         pacer = options.pacer(lambda change: bar.write(f"batchsum: {change}"))
@@ -351,7 +363,10 @@ def _serve(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help, --version, or a usage error already said in one line
+        return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
     handlers = {"summarize": _summarize, "text": _text, "serve": _serve}
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if in_main_thread else None

@@ -48,36 +48,49 @@ INSERT INTO meta VALUES ('format', '{FORMAT}');
 
 class RunLock:
     """This process's exclusive hold on ``path`` for a run, through ``.NAME.lock`` beside it (an
-    ``flock``: released when the process ends, however it ends, so a crash leaves no stale lock).
+    ``flock``: released when the process ends, however it ends, so a crash leaves no stale lock;
+    the file is removed when the run is done).
     ``wait``: wait for the other run instead of refusing at once."""
 
     def __init__(self, path: str | os.PathLike[str], what: str, *, wait: bool = False) -> None:
         self.path = Path(path)
-        lock_path = self.path.with_name(f".{self.path.name}.lock")
-        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
-        try:
-            fd = os.open(lock_path, flags, 0o644)
-        except OSError as exc:
-            raise InputError(f"cannot lock the {what} {self.path}: {exc.strerror} ({lock_path})") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
-            if not wait:
-                os.close(fd)
-                raise InputError(
-                    f"the {what} {self.path} is in use by another batchsum run ({holder}); "
-                    "wait for it to finish, or pass --wait"
-                ) from None
-            print(f"batchsum: waiting for the other run on {self.path} ({holder}) to finish", file=sys.stderr)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        self._lock_path = self.path.with_name(f".{self.path.name}.lock")
+        while True:
+            fd = self._open()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+                if not wait:
+                    os.close(fd)
+                    raise InputError(
+                        f"the {what} {self.path} is in use by another batchsum run ({holder}); "
+                        "wait for it to finish, or pass --wait"
+                    ) from None
+                print(f"batchsum: waiting for the other run on {self.path} ({holder}) to finish", file=sys.stderr)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            # The holder removes the lock file when it is done: a lock on a removed file holds nothing.
+            try:
+                same = os.stat(self._lock_path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
         self._fd: int | None = fd
 
+    def _open(self) -> int:
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            return os.open(self._lock_path, flags, 0o644)
+        except OSError as exc:
+            raise InputError(f"cannot lock {self.path}: {exc.strerror} ({self._lock_path})") from None
+
     def release(self) -> None:
         if self._fd is not None:
-            os.ftruncate(self._fd, 0)
+            self._lock_path.unlink(missing_ok=True)  # before unlocking: a waiter then sees it is gone
             os.close(self._fd)  # closing releases the flock
             self._fd = None
 
@@ -103,7 +116,7 @@ def _is_journal(path: Path) -> str | None:
             return f"is a journal of an unknown format {row[0] if row else None!r}"
         (check,) = db.execute("PRAGMA quick_check(1)").fetchone()
         if check != "ok":
-            return f"is damaged ({check})"
+            return f"is damaged ({' '.join(check.replace('*', ' ').split())})"
     except sqlite3.DatabaseError as exc:
         return "is not a batchsum journal" if "not a database" in str(exc) else f"is damaged ({exc})"
     finally:

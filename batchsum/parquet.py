@@ -149,8 +149,9 @@ class ParquetOutput:
         os.replace(self.partial, self.path)
 
     def abort(self) -> None:
-        self._writer.close()
-        self._file.close()
+        if not self._file.closed:
+            self._writer.close()
+            self._file.close()
         self.partial.unlink(missing_ok=True)
 
 
