@@ -7,6 +7,7 @@ import batchsum
 from batchsum.engine import BatchStats, MemoryStore, fingerprint, plan_batch, summarize_stream
 from batchsum.client import PreparedRequest, validate_params
 from batchsum.local import Faults, LocalService
+from batchsum.pacing import Pacer
 from batchsum.local.summarizer import summarize as local_summary
 from tests.conftest import EXPIRED_KEY, KEY, article
 
@@ -182,3 +183,32 @@ def test_a_dry_run_plan_counts_without_sending():
     assert dict(plan.skipped_by_reason) == {"empty": 1, "too_short": 1}
     assert plan.minimum_seconds(60) == 2.0  # starts at 0, 1 and 2 seconds
     assert "would send:       3 requests" in plan.describe(60)
+
+
+async def test_in_flight_follows_rate_times_latency_instead_of_a_constant(svc):
+    svc.faults = Faults(latency=0.5)
+    stats = BatchStats()
+    results = await collect(texts(120), svc, rpm=6000, concurrency=None, stats=stats)
+    assert [r.status for r in results] == ["ok"] * 120
+    # 6000/min = 100/s at 0.5 s each: about 50 on the wire; a constant 16 would cap the rate at 32/s.
+    assert svc.stats()["most_in_progress"] > 16
+
+
+async def test_a_fixed_concurrency_is_a_cap(svc):
+    svc.faults = Faults(latency=0.2)
+    await collect(texts(40), svc, rpm=6000, concurrency=5)
+    assert svc.stats()["most_in_progress"] <= 5
+
+
+async def test_a_storm_of_429s_that_ends_leaves_the_pace_where_it_was(svc):
+    # The first 25 requests are refused with Retry-After 0.2: each text's first attempt, and then some.
+    svc.faults = Faults(script=["429"] * 25, retry_after=0.2)
+    stats = BatchStats()
+    changes = []
+    async with batchsum.AsyncClient(KEY, svc.url, max_retries=30) as client:
+        pacer = Pacer(600, on_pace_change=changes.append)
+        results = [r async for r in summarize_stream(texts(40), client, pacer=pacer, stats=stats)]
+    assert [r.status for r in results] == ["ok"] * 40
+    assert svc.stats()["by_status"] == {"200": 40, "429": 25}
+    assert stats.rate_limited == 25 and pacer.pace == 600
+    assert not [c for c in changes if c.pace < c.previous]

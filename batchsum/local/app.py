@@ -149,7 +149,11 @@ def create_app(state: ServiceState) -> Starlette:
         return None
 
     async def summarize_route(request: Request) -> Response:
-        response, fields = await _answer(request)
+        state.begin()
+        try:
+            response, fields = await _answer(request)
+        finally:
+            state.end()
         state.record(response.status_code, fields)
         return response
 

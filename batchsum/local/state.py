@@ -147,6 +147,7 @@ class ServiceState:
         self.clock = clock
         self._lock = threading.Lock()
         self._windows: dict[str, SlidingWindow] = {}
+        self.in_progress = 0  # requests being answered now
         self.reset_stats()
 
     @property
@@ -161,6 +162,7 @@ class ServiceState:
             self.admitted: deque[float] = deque(maxlen=1_000_000)  # clock() of each request the limit let through
             self.by_status: Counter[int] = Counter()
             self.answered: Counter[str] = Counter()
+            self.most_in_progress = self.in_progress
 
     def admit(self, key: str) -> float | None:
         """None when the key may send now; else the seconds to wait (the per-key sliding window)."""
@@ -173,6 +175,16 @@ class ServiceState:
             if wait is None:
                 self.admitted.append(now)
         return None if wait is None else max(1, math.ceil(wait))
+
+    def begin(self) -> None:
+        """A request arrived: count what is in progress at once (how much a client keeps in flight)."""
+        with self._lock:
+            self.in_progress += 1
+            self.most_in_progress = max(self.most_in_progress, self.in_progress)
+
+    def end(self) -> None:
+        with self._lock:
+            self.in_progress -= 1
 
     def record(self, status: int, fields: dict[str, Any] | None = None) -> None:
         with self._lock:
@@ -190,4 +202,5 @@ class ServiceState:
                 "answered": sum(self.answered.values()),
                 "answered_unique": len(self.answered),
                 "answered_twice": sum(1 for c in self.answered.values() if c > 1),
+                "most_in_progress": self.most_in_progress,
             }
