@@ -242,6 +242,7 @@ class FrameApp(_App):
         stats = BatchStats(total=len(self.frame))
         settings = {**self._settings(), **self._client_options}
         cancelled = False
+        ticker = asyncio.ensure_future(self._tick(stats))
         try:
             await summarize_texts(self.frame[column].tolist(), mode, length, kind, rpm=rpm,
                                   concurrency=self._concurrency, progress=False, stats=stats,
@@ -250,6 +251,8 @@ class FrameApp(_App):
             cancelled = True
         except BatchsumError as exc:
             self.error = exc
+        finally:
+            ticker.cancel()
         done = len(self._rows)
         accessor = DataFrameAccessor(self.frame.iloc[:done])
         self.result = accessor._join(self._rows, self._output_column)
@@ -262,6 +265,12 @@ class FrameApp(_App):
                                  "Run again to continue: finished answers are reused.")
         self.run_button.disabled, self.cancel_button.disabled = False, True
 
+    async def _tick(self, stats: BatchStats) -> None:
+        """Redraw while no row finishes (a pause after a 429, slow answers): the state, not a frozen bar."""
+        while True:
+            await asyncio.sleep(1.0)
+            self._draw(stats, force=True)
+
     def _draw(self, stats: BatchStats, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last_draw < 0.25 and stats.done != stats.total:
@@ -270,11 +279,15 @@ class FrameApp(_App):
         total = stats.total or 1
         self.progress.value = stats.done
         self.progress.description = f"{100 * stats.done // total}%"
+        state = stats.pacer_state()
         rate = stats.done / stats.elapsed if stats.elapsed > 0 else 0
+        if state is not None and state.pace:  # rows still to send go at the pace, whatever came before
+            rate = min(rate, state.pace / 60) if rate else state.pace / 60
         eta = f"{(total - stats.done) / rate:.0f}s" if rate and stats.done < total else "—"
-        self.status.value = (
+        self.status.value = html.escape(
             f"{stats.done}/{total} rows · ok {stats.ok} · skipped {stats.skipped} · failed {stats.failed} · "
-            f"429s {stats.rate_limited} · ETA {eta}"
+            f"429s {stats.rate_limited} · ETA {eta}" + (f" · {state.describe()}" if state is not None else ""),
+            quote=False,
         )
         recent = self._rows[-5:]
         if recent:

@@ -314,3 +314,21 @@ def test_5xx_answers_neither_lower_nor_pause():
 
     pacer, state = virtual_clock.run(main())
     assert pacer.pace == 600 and state.paused_for == 0
+
+
+def test_the_progress_line_says_why_it_waits_the_pace_and_what_is_in_flight():
+    from batchsum.engine import BatchStats
+    from batchsum.progress import ProgressBar
+
+    async def main():
+        pacer = Pacer(600)
+        gate = _Gate(pacer)
+        stats = BatchStats(pacer=pacer)
+        first = await gate.before_attempt()
+        second = await gate.before_attempt()
+        gate.after_attempt(first, RateLimitError("Too Many Requests", status_code=429, retry_after=41), None)
+        return ProgressBar.describe(stats), second
+
+    line, _ = virtual_clock.run(main())
+    assert "waiting 41 s: the service answered 429 (Retry-After 41)" in line
+    assert "pace 600/min" in line and "in flight 1" in line and "429s 1" in line
