@@ -32,6 +32,7 @@ with headroom; within a small start and a cap.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -189,8 +190,8 @@ class Pacer:
         self._unpaused_since: float | None = None
         self._ramp = 1.0
         self._episodes = 0  # 429 episodes since the last clean answer (the backoff's exponent)
-        self._starts: deque[float] = deque()  # start times within the last minute or two
-        self._refused: list[float] = []  # start times of attempts answered 429, same span
+        self._starts: list[float] = []  # start times of the last two minutes or so, in order
+        self._refused: list[float] = []  # start times of attempts answered 429, same span, sorted
         self._shown_limit: float | None = None  # what the service admitted in a minute, when it refused more
         self._last_climb = -math.inf
         self._on_pace_change = on_pace_change
@@ -228,8 +229,8 @@ class Pacer:
         if self._unpaused_since is None:
             self._unpaused_since = now
         self._starts.append(now)
-        while self._starts and self._starts[0] < now - 2 * WINDOW:
-            self._starts.popleft()
+        if self._starts[0] < now - 3 * WINDOW:  # forget what is older than two minutes, now and then
+            del self._starts[: bisect.bisect_left(self._starts, now - 2 * WINDOW)]
         if not self.pace:
             return
         # Drift-free: the next start is due an interval after this one was due, not after the event
@@ -277,12 +278,12 @@ class Pacer:
 
     def _on_429(self, started_at: float, retry_after: float | None, now: float) -> None:
         self.rate_limited += 1
-        self._refused.append(started_at)
-        self._refused = [t for t in self._refused if t >= now - 2 * WINDOW]
+        bisect.insort(self._refused, started_at)
+        del self._refused[: bisect.bisect_left(self._refused, now - 2 * WINDOW)]
         new_episode = started_at >= self._paused_until  # else it was sent before the pause in force
         unpaused_since = self._unpaused_since
         sent_since = (
-            sum(1 for t in self._starts if unpaused_since <= t < started_at)
+            self._count(self._starts, unpaused_since, started_at)
             if unpaused_since is not None and started_at >= unpaused_since else None
         )
         if new_episode:
@@ -315,9 +316,12 @@ class Pacer:
     def _admitted(self, before: float) -> int:
         """Starts in the minute before ``before`` that were not answered 429."""
         since = before - WINDOW
-        started = sum(1 for t in self._starts if since <= t < before)
-        refused = sum(1 for t in self._refused if since <= t < before)
-        return max(0, started - refused)
+        return max(0, self._count(self._starts, since, before) - self._count(self._refused, since, before))
+
+    @staticmethod
+    def _count(times: list[float], since: float, before: float) -> int:
+        """How many of the sorted ``times`` lie in [since, before)."""
+        return bisect.bisect_left(times, before) - bisect.bisect_left(times, since)
 
     def _climb(self, now: float) -> None:
         """Additive increase toward the ceiling while answers come back clean."""
