@@ -194,13 +194,6 @@ class Journal:
     def __len__(self) -> int:
         return int(self._query("SELECT COUNT(*) FROM answers").fetchone()[0])
 
-    def summary(self) -> dict[str, Any]:
-        """What the journal holds: answers by status and error, size on disk, last write."""
-        by = self._query("SELECT status, COALESCE(error, ''), COUNT(*) FROM answers GROUP BY 1, 2").fetchall()
-        (last,) = self._query("SELECT MAX(finished_at) FROM answers").fetchone()
-        size = sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal")) if p.exists())
-        return {"answers": {f"{s}{'/' + e if e else ''}": n for s, e, n in by}, "bytes": size, "last_write": last}
-
     def close(self) -> None:
         self._db.close()
 

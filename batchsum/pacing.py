@@ -264,10 +264,6 @@ class Pacer:
             self._episodes = 0
             self._climb(now)
 
-    def after_rate_limit(self, started_at: float, retry_after: float | None) -> None:
-        """Shorthand for ``after_attempt(started_at, rate_limited=True, retry_after=...)``."""
-        self.after_attempt(started_at, rate_limited=True, retry_after=retry_after)
-
     def _pause(self, until: float, reason: str) -> None:
         if until > self._paused_until:
             self._paused_until = until
