@@ -287,6 +287,32 @@ class _ClientCore:
         )
 
 
+class _Body:
+    """An answer's body as it streams in, within its size cap: a 200 over the cap fails at once (no
+    summary is that long), an error body is cut there (its message is near the start)."""
+
+    __slots__ = ("_core", "_response", "_limit", "_content")
+
+    def __init__(self, core: _ClientCore, response: httpx.Response) -> None:
+        self._core = core
+        self._response = response
+        self._limit = core.check_size(response.status_code, response.headers)
+        self._content = bytearray()
+
+    def full(self, chunk: bytes) -> bool:
+        """Take a chunk; True once no more is wanted."""
+        self._content += chunk
+        if len(self._content) <= self._limit:
+            return False
+        if self._response.status_code == 200:
+            raise self._core.too_large()
+        return True
+
+    def decode(self) -> tuple[str, RateLimitHeaders | None]:
+        response = self._response
+        return self._core.decode(response.status_code, response.headers, bytes(self._content[: self._limit]))
+
+
 class Client:
     """Summarize one text per call, synchronously.
 
@@ -351,19 +377,15 @@ class Client:
         deadline = time.monotonic() + self._core.timeout
         try:
             with self._http.stream("POST", **self._core.request_options(request)) as response:
-                limit = self._core.check_size(response.status_code, response.headers)
-                body = bytearray()
+                body = _Body(self._core, response)
                 for chunk in response.iter_bytes():
-                    body += chunk
                     if time.monotonic() > deadline:
                         raise self._core.out_of_time()
-                    if len(body) > limit:
-                        if response.status_code == 200:
-                            raise self._core.too_large()
+                    if body.full(chunk):
                         break
         except httpx.HTTPError as exc:
             raise self._core.transport_error(exc) from None
-        return self._core.decode(response.status_code, response.headers, bytes(body[:limit]))[0]
+        return body.decode()[0]
 
     def close(self) -> None:
         self._http.close()
@@ -462,17 +484,13 @@ class AsyncClient:
     async def _exchange(self, request: PreparedRequest) -> tuple[str, RateLimitHeaders | None]:
         try:
             async with self._http.stream("POST", **self._core.request_options(request)) as response:
-                limit = self._core.check_size(response.status_code, response.headers)
-                body = bytearray()
+                body = _Body(self._core, response)
                 async for chunk in response.aiter_bytes():
-                    body += chunk
-                    if len(body) > limit:
-                        if response.status_code == 200:
-                            raise self._core.too_large()
+                    if body.full(chunk):
                         break
         except httpx.HTTPError as exc:
             raise self._core.transport_error(exc) from None
-        return self._core.decode(response.status_code, response.headers, bytes(body[:limit]))
+        return body.decode()
 
     async def aclose(self) -> None:
         await self._http.aclose()
