@@ -3,12 +3,12 @@
 
 Spacing. Starts follow a schedule at the pace in force, 1% under it to absorb arrival jitter: each
 is due one interval after the one before was due, not after the event loop got to it, so scheduling
-delays do not add up (a bucket of one alone, as aiolimiter's, drops them: 0.96 of the plan under
-load, see benchmarks/README.md). Under the schedule lies a floor, ``aiolimiter.AsyncLimiter(1,
-60/rpm)`` with half the margin: no two starts are ever closer than the plan's own spacing, so no
-burst at the start or after a pause, and in any w seconds at most ceil(rpm*w/60)+1 starts. A user
-may pass a limiter of their own as the floor (anything with ``async acquire()``, e.g. one
-``AsyncLimiter`` shared by several batches in one process).
+delays do not add up (a bucket of one alone, as aiolimiter's, drops every delay; the difference is
+small, see benchmarks/README.md, but it only ever goes one way). Under the schedule lies a floor,
+``aiolimiter.AsyncLimiter(1, 60/rpm)`` with half the margin: no two starts are ever closer than the
+plan's own spacing, so no burst at the start or after a pause, and in any w seconds at most
+ceil(rpm*w/60)+1 starts. A user may pass a limiter of their own as the floor (anything with
+``async acquire()``, e.g. one ``AsyncLimiter`` shared by several batches in one process).
 
 Pause. A 429 pauses every sender until its Retry-After (a jittered backoff when the value is absent
 or unusable); the restart is gentle: spacing starts doubled and shrinks back (the ramp).
