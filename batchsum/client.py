@@ -44,6 +44,7 @@ from .errors import (
 
 __all__ = ["Client", "AsyncClient", "Encoding", "ENV_API_KEY", "ENV_BASE_URL"]
 
+MAX_CONNECTIONS = 512  # = pacing.DEFAULT_MAX_IN_FLIGHT (the client sits above the pacer)
 ENV_API_KEY = "BATCHSUM_API_KEY"
 ENV_BASE_URL = "BATCHSUM_BASE_URL"
 
@@ -418,10 +419,12 @@ class AsyncClient:
         transport: httpx.AsyncBaseTransport | None = None,
         environ: Mapping[str, str] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        max_connections: int = 100,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self._core = _ClientCore(api_key, base_url, timeout, max_retries, encoding, environ)
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        # As many connections as the batch engine may keep in flight: a smaller pool would cap the
+        # rate at pool / latency (100 connections at 20 s a request is 300/min, whatever the pace).
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=min(max_connections, 100))
         self._http = httpx.AsyncClient(transport=transport, limits=limits, **self._core.http_options())
         self._sleep = sleep
 

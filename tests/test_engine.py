@@ -212,3 +212,11 @@ async def test_a_storm_of_429s_that_ends_leaves_the_pace_where_it_was(svc):
     assert svc.stats()["by_status"] == {"200": 40, "429": 25}
     assert stats.rate_limited == 25 and pacer.pace == 600
     assert not [c for c in changes if c.pace < c.previous]
+
+
+async def test_more_than_a_hundred_in_flight_when_rate_times_latency_needs_it(svc):
+    svc.faults = Faults(latency=1.0)
+    results = await collect([f"{article(12, seed=i)} Row {i}." for i in range(300)], svc, rpm=60000,
+                            concurrency=None)
+    assert [r.status for r in results] == ["ok"] * 300
+    assert svc.stats()["most_in_progress"] > 100  # the connection pool is no hidden cap
