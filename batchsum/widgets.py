@@ -191,7 +191,7 @@ class FrameApp(_App):
     """A DataFrame: pick the column and parameters, Run and Cancel, live progress and preview.
     The finished DataFrame is ``.result``; Cancel keeps the rows that finished."""
 
-    def __init__(self, frame: pd.DataFrame, *, rpm: float | None = None, concurrency: int = 8,
+    def __init__(self, frame: pd.DataFrame, *, rpm: float | None = None, concurrency: int | None = None,
                  output_column: str = "summary", **options: Any) -> None:
         super().__init__(**options)
         self.frame = frame
