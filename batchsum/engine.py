@@ -311,9 +311,11 @@ class _Batch:
         self.drain_deadline: float | None = None
 
     def stop(self, error: BatchsumError) -> None:
+        """Stop at once: nothing new starts from here on, whoever notices the stop first."""
         if self.fatal is None:
             self.fatal = error
         self.stopped.set()
+        self.stop_sending()
 
     def lookup(self, key: str) -> Answer | None:
         known = self.unsaved.get(key)
@@ -393,7 +395,7 @@ class _Batch:
         """Start nothing new; cancel what is not on the wire; the tasks still on the wire."""
         self.gate.closing = True
         tasks = set(self.under_way.values())
-        for task in tasks - self.gate.on_wire:
+        for task in tasks - self.gate.on_wire - {asyncio.current_task()}:
             task.cancel()
         return [task for task in tasks & self.gate.on_wire if not task.done()]
 
