@@ -97,6 +97,12 @@ class ParquetInput:
             yield from batch.column(self.column).to_pylist()
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def check_output_path(path: str | os.PathLike[str], inputs: Sequence[Path] = ()) -> Path:
     """The output path, when a file can be written there; else an ``InputError`` saying why."""
     path = Path(path)
@@ -134,6 +140,7 @@ class ParquetOutput:
             fd, name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".partial", dir=self.path.parent)
         except OSError as exc:
             raise InputError(f"cannot write {self.path}: {exc.strerror} in folder {self.path.parent}") from None
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it private; the output is an ordinary file
         self.partial = Path(name)
         self._file = os.fdopen(fd, "wb")
         self._writer = pq.ParquetWriter(self._file, self.schema)

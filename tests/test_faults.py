@@ -415,3 +415,12 @@ def test_malformed_or_deeply_nested_bodies_get_the_interfaces_422(svc, body, con
     response = httpx.post(f"{svc.url}/api/user/summarize", content=body,
                           headers={"Authorization": f"Bearer {KEY}", "content-type": content_type})
     assert response.status_code == 422 and "detail" in response.json()
+
+
+def test_the_output_gets_ordinary_permissions_not_the_temporary_files(env, tmp_path):
+    old = os.umask(0o022)
+    try:
+        assert run(parquet(tmp_path, 5), "-o", str(tmp_path / "out.parquet"), "--column", "text", "--rpm", "0") == 0
+    finally:
+        os.umask(old)
+    assert (tmp_path / "out.parquet").stat().st_mode & 0o777 == 0o644
