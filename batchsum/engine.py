@@ -181,8 +181,8 @@ class RunOptions:
     """How a batch runs, validated once where it is built (CLI, accessor, widget) and passed down.
 
     ``rpm``: the plan's requests per minute (0 = no pacing). ``concurrency``: a cap on requests in
-    flight; None sizes it from the pace and the measured latency. ``limiter``: your own
-    (``async acquire()``) instead of the even spacing. ``window``: rows held between reading and
+    flight; None sizes it from the pace and the measured latency. ``limiter``: your own floor
+    under the pace (``async acquire()``) instead of ``AsyncLimiter(1, 60/rpm)``. ``window``: rows held between reading and
     yielding. ``drain_seconds``: how long a stop waits for answers on the wire.
     """
 

@@ -156,8 +156,8 @@ async def summarize_texts(
     """One ``RowResult`` per text, in order: the engine with the accessor's defaults.
 
     ``rpm`` defaults to ``$BATCHSUM_RPM`` or 60 (0 with ``local=True``); ``concurrency`` caps the
-    requests in flight (None: sized from the pace and the measured latency); ``limiter`` replaces the
-    even spacing with your own (``async acquire()``). ``results``, when given, is filled as rows
+    requests in flight (None: sized from the pace and the measured latency); ``limiter`` is your own floor
+    under the pace (``async acquire()``, e.g. an ``AsyncLimiter`` shared by several batches). ``results``, when given, is filled as rows
     finish (the widget's live preview reads it).
     """
     params = validate_params(mode, percentage, type)
