@@ -37,7 +37,7 @@ from .errors import (
     RateLimitError,
     UnprocessableEntityError,
 )
-from .pacing import Limiter, PaceChange, Pacer, PacerState
+from .pacing import Limiter, PaceChange, Pacer, PacerState, check_rpm
 
 __all__ = [
     "RowResult",
@@ -193,11 +193,7 @@ class RunOptions:
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
 
     def __post_init__(self) -> None:
-        rpm = self.rpm
-        if isinstance(rpm, bool) or not isinstance(rpm, (int, float)) or not 0 <= rpm < math.inf:
-            raise InvalidParameterError(
-                f"invalid rpm {rpm!r}: use a finite number of requests per minute >= 0 (0 = no pacing)"
-            )
+        check_rpm(self.rpm)
         _whole("concurrency", self.concurrency, allow_none=True)
         _whole("window", self.window)
         drain = self.drain_seconds
@@ -425,7 +421,8 @@ class _Batch:
             return head
         if not head.done() and not self.stopped.is_set():
             await asyncio.wait({head, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
-        if not head.done() and self.drains() and head in self.stop_sending():
+        # A stop has already stopped sending: only a head on the wire is still worth waiting for.
+        if not head.done() and self.drains() and head in self.gate.on_wire:
             if self.drain_deadline is None:
                 self.drain_deadline = time.monotonic() + self.options.drain_seconds
             await asyncio.wait({head}, timeout=max(0.0, self.drain_deadline - time.monotonic()))

@@ -42,6 +42,7 @@ from typing import Protocol
 from aiolimiter import AsyncLimiter
 
 from ._retry import MAX_RETRY_AFTER, RateLimitHeaders, backoff
+from .errors import InvalidParameterError
 
 __all__ = [
     "Pacer",
@@ -53,6 +54,7 @@ __all__ = [
     "DEFAULT_MAX_IN_FLIGHT",
     "UNPACED_IN_FLIGHT",
     "max_starts",
+    "check_rpm",
 ]
 
 JITTER_MARGIN = 0.01  # pace 1% under the limit: arrival times wobble by milliseconds
@@ -76,6 +78,15 @@ START_IN_FLIGHT = 8  # before any latency is known
 HEADROOM = 1.5  # in flight = rate x latency x headroom + SPARE
 SPARE = 4
 LATENCY_SAMPLES = 50
+
+
+def check_rpm(rpm: object) -> float:
+    """``rpm`` as a float when it is a finite number >= 0; else ``InvalidParameterError`` (a ValueError)."""
+    if isinstance(rpm, bool) or not isinstance(rpm, (int, float)) or not 0 <= rpm < math.inf:
+        raise InvalidParameterError(
+            f"invalid rpm {rpm!r}: use a finite number of requests per minute >= 0 (0 = no pacing)"
+        )
+    return float(rpm)
 
 
 def max_starts(rpm: float, window: float) -> int:
@@ -170,9 +181,7 @@ class Pacer:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         on_pace_change: Callable[[PaceChange], None] | None = None,
     ) -> None:
-        if isinstance(rpm, bool) or not isinstance(rpm, (int, float)) or not 0 <= rpm < math.inf:
-            raise ValueError(f"invalid rpm {rpm!r}: use a number of requests per minute >= 0 (0 = no pacing)")
-        self.rpm = float(rpm)
+        self.rpm = check_rpm(rpm)
         self.pace = float(rpm)  # the pace in force
         self.ceiling = float(rpm)  # rpm, or lower when the service's headers state a lower limit
         self.rate_limited = 0  # 429s seen
