@@ -7,6 +7,7 @@ only send and sleep. ``tests/test_client_parity.py`` proves they agree.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import ipaddress
 import json
 import logging
@@ -174,6 +175,9 @@ class _ClientCore:
         self.base_url = url
         self.max_retries = max_retries
         self.encoding = encoding
+
+    def identity(self) -> str:
+        return hashlib.sha256(f"batchsum-key\n{self.base_url}\n{self.api_key}".encode()).hexdigest()[:32]
 
     def http_options(self) -> dict[str, Any]:
         """Keyword arguments for ``httpx.Client`` / ``httpx.AsyncClient``."""
@@ -431,6 +435,11 @@ class AsyncClient:
     @property
     def base_url(self) -> str:
         return self._core.base_url
+
+    @property
+    def identity(self) -> str:
+        """This key at this service, without revealing the key: names its rate budget and answers."""
+        return self._core.identity()
 
     @property
     def max_retries(self) -> int:

@@ -5,7 +5,8 @@ by request fingerprint in the answer store (an earlier run's journal, this run's
 an identical request already under way, or sent through the pacer. At most ``concurrency`` requests
 are in flight and at most ``window`` rows wait between reading and yielding, whatever the input size.
 The first 401 stops the batch: nothing more is sent, and the error is raised after the rows already
-finished are yielded; their answers stay in the store.
+finished are yielded; their answers stay in the store. So does a rate budget that can no longer be
+reached (``BudgetError``): without it, no process could know what the others send.
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ from .errors import (
     APIStatusError,
     AuthenticationError,
     BatchsumError,
+    BudgetError,
     InvalidParameterError,
     JournalError,
     NotPremiumError,
     RateLimitError,
     UnprocessableEntityError,
 )
+from .budget import Budget
 from .pacing import Limiter, PaceChange, Pacer, PacerState, check_rpm
 
 __all__ = [
@@ -182,13 +185,16 @@ class RunOptions:
 
     ``rpm``: the plan's requests per minute (0 = no pacing). ``concurrency``: a cap on requests in
     flight; None sizes it from the pace and the measured latency. ``limiter``: your own floor
-    under the pace (``async acquire()``) instead of ``AsyncLimiter(1, 60/rpm)``. ``window``: rows held between reading and
-    yielding. ``drain_seconds``: how long a stop waits for answers on the wire.
+    under the pace (``async acquire()``) instead of ``AsyncLimiter(1, 60/rpm)``. ``budget``: the
+    key's rate budget shared with other batches, processes or machines (``budget.open_budget``;
+    None: a private one for this batch). ``window``: rows held between reading and yielding.
+    ``drain_seconds``: how long a stop waits for answers on the wire.
     """
 
     rpm: float = 0.0
     concurrency: int | None = None
     limiter: Limiter | None = None
+    budget: Budget | None = None
     window: int = DEFAULT_WINDOW
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
 
@@ -201,9 +207,12 @@ class RunOptions:
             raise InvalidParameterError(f"invalid drain_seconds {drain!r}: use a finite number >= 0")
         if self.limiter is not None and not callable(getattr(self.limiter, "acquire", None)):
             raise InvalidParameterError("invalid limiter: it needs an async acquire() method, as AsyncLimiter has")
+        if self.budget is not None and not isinstance(self.budget, Budget):
+            raise InvalidParameterError(f"invalid budget {self.budget!r}: open one with batchsum.budget.open_budget")
 
     def pacer(self, on_pace_change: Callable[[PaceChange], None] | None = None) -> Pacer:
-        return Pacer(self.rpm, limiter=self.limiter, max_in_flight=self.concurrency, on_pace_change=on_pace_change)
+        return Pacer(self.rpm, limiter=self.limiter, budget=self.budget, max_in_flight=self.concurrency,
+                     on_pace_change=on_pace_change)
 
 
 def _whole(name: str, value: Any, *, allow_none: bool = False) -> None:
@@ -374,6 +383,9 @@ class _Batch:
                 answer, permanent = Answer(summary, OK, None, None, 200, attempts), True
             except (AuthenticationError, NotPremiumError) as exc:
                 self.stats.sent += 1
+                self.stop(exc)
+                raise
+            except BudgetError as exc:  # the shared budget is gone: nothing more may start
                 self.stop(exc)
                 raise
             except APIError as exc:

@@ -4,6 +4,7 @@
     ├── ConfigurationError             no key, a key over plain http to a remote host, a bad base URL
     ├── InputError                     (also a ValueError) a missing column, an unreadable file, ...
     ├── JournalError                   the journal cannot be written or read: the run stops
+    ├── BudgetError                    the shared rate budget cannot be used (unreachable, bad URL)
     ├── InvalidParameterError          (also a ValueError) refused locally, nothing was sent
     │   └── InvalidTextError           the text is outside the word limits; .reason: empty|too_short|too_long
     └── APIError                       something went wrong talking to the service
@@ -40,6 +41,7 @@ __all__ = [
     "ConfigurationError",
     "InputError",
     "JournalError",
+    "BudgetError",
     "InvalidParameterError",
     "InvalidTextError",
     "APIError",
@@ -74,6 +76,11 @@ class InputError(BatchsumError, ValueError):
 class JournalError(BatchsumError):
     """The journal cannot be written (disk full, I/O error) or read (damaged): the run stops, answers
     already received are kept in memory and in the output, and nothing new is sent."""
+
+
+class BudgetError(BatchsumError):
+    """The rate budget cannot be used: an unknown URL scheme, an unreachable Redis, a cache folder
+    that cannot be written. Raised before anything is sent; mid-run it stops the run (answers kept)."""
 
 
 class InvalidParameterError(BatchsumError, ValueError):

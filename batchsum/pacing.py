@@ -1,10 +1,13 @@
 """The pace of a batch: when each attempt may start (``Pacer``) and how many may be on the wire
 (``InFlight``). Every attempt, retries included, goes through both.
 
-Spacing. Starts follow a schedule at the pace in force, 1% under it to absorb arrival jitter: each
-is due one interval after the one before was due, not after the event loop got to it, so scheduling
-delays do not add up (a bucket of one alone, as aiolimiter's, drops every delay; the difference is
-small, see benchmarks/README.md, but it only ever goes one way). Under the schedule lies a floor,
+Spacing. Starts follow a schedule at the pace in force, 1% under it to absorb arrival jitter, kept
+by the key's rate budget (``budget.py``: this process, every process on the machine, or every machine
+through Redis): each start is due one interval after the one before was due, not after the event
+loop got to it, so scheduling delays do not add up (a bucket of one alone, as aiolimiter's, drops
+every delay; the difference is small, see benchmarks/README.md, but it only ever goes one way).
+The 429 pause, the pace in force and the key's counts of the last minute travel through the budget
+too, so every process sharing it pauses and slows together. Under the schedule lies a floor,
 ``aiolimiter.AsyncLimiter(1, 60/rpm)`` with half the margin: no two starts are ever closer than the
 plan's own spacing, so no burst at the start or after a pause, and in any w seconds at most
 ceil(rpm*w/60)+1 starts. A user may pass a limiter of their own as the floor (anything with
@@ -42,6 +45,7 @@ from typing import Protocol
 from aiolimiter import AsyncLimiter
 
 from ._retry import MAX_RETRY_AFTER, RateLimitHeaders, backoff
+from .budget import Budget, ProcessBudget, Report, Slot
 from .errors import InvalidParameterError
 
 __all__ = [
@@ -144,7 +148,9 @@ class Pacer:
     ``after_attempt(start, ...)`` after it. ``rpm=0``: no pacing, but 429 pauses are still shared.
 
     ``limiter``: your own floor (``async acquire()``) instead of ``AsyncLimiter(1, 60/rpm)``; the
-    schedule at the pace, the pause, the ramp and the lowered pace still apply. ``on_pace_change`` is told of each ``PaceChange``.
+    schedule at the pace, the pause, the ramp and the lowered pace still apply. ``budget``: the key's
+    rate budget the schedule, pause and pace are shared through (default: a private one in this
+    process). ``on_pace_change`` is told of each ``PaceChange``.
     """
 
     __slots__ = (
@@ -156,8 +162,14 @@ class Pacer:
         "_clock",
         "_sleep",
         "_limiter",
+        "_budget",
+        "_seen",
+        "_pause_unreported",
+        "_pace_dirty",
+        "_refused_unreported",
+        "_pace_version",
+        "_pause_mark",
         "_turn",
-        "_next",
         "_paused_until",
         "_pause_reason",
         "_unpaused_since",
@@ -176,6 +188,7 @@ class Pacer:
         rpm: float,
         *,
         limiter: Limiter | None = None,
+        budget: Budget | None = None,
         max_in_flight: int | None = None,
         clock: Callable[[], float] = _loop_time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -192,8 +205,14 @@ class Pacer:
             # The floor: never two starts closer than the plan's own spacing (with half the margin).
             limiter = AsyncLimiter(1, 60.0 / self.rpm * (1 + JITTER_MARGIN / 2))
         self._limiter = limiter
+        self._budget = budget if budget is not None else ProcessBudget(clock)
+        self._seen: Slot | None = None  # the budget's state at the last reservation
+        self._pause_unreported = False  # our own pause, not yet told to the budget
+        self._pace_dirty = False  # our own pace, not yet told to the budget
+        self._refused_unreported = 0
+        self._pace_version = 0
+        self._pause_mark: float | None = None
         self._turn: asyncio.Lock | None = None
-        self._next = -math.inf  # when the next start is due on the pace's schedule
         self._paused_until = -math.inf
         self._pause_reason: str | None = None
         self._unpaused_since: float | None = None
@@ -217,22 +236,55 @@ class Pacer:
         """Wait for this attempt's turn; returns the time it starts (pass it to ``after_attempt``)."""
         if self._turn is None:
             self._turn = asyncio.Lock()
-        async with self._turn:  # one caller at a time takes a turn: FIFO order, one schedule
+        async with self._turn:  # one caller at a time takes a turn: FIFO order, one reservation
             while True:
-                await self._sleep_until_allowed()
+                slot = await self._reserve()
+                # Within a microsecond is on time: a float sum can land an ulp short, and a sleep
+                # of an ulp does not move the clock.
+                if slot.wait > 1e-6:
+                    await self._sleep(slot.wait)
                 if self._limiter is not None:
                     await self._limiter.acquire()
                 now = self._clock()
                 if now >= self._paused_until - 1e-6:
-                    break  # else a 429 arrived while we waited: its pause covers our turn
+                    break  # else a 429 arrived while we waited: reserve again, sharing its pause
         self._started(now)
         return now
 
-    async def _sleep_until_allowed(self) -> None:
-        # Within a microsecond is on time: a float sum can land an ulp short, and a sleep of an ulp
-        # does not move the clock.
-        while (wait := max(self._next, self._paused_until) - self._clock()) > 1e-6:
-            await self._sleep(wait)
+    async def _reserve(self) -> Slot:
+        """Reserve the next start on the budget, telling it what it must share; adopt what others
+        told it. The schedule is drift-free: a start is due an interval after the one before was
+        due; after an idle spell or a pause it starts afresh from now."""
+        now = self._clock()
+        report = Report(
+            pause_for=max(0.0, self._paused_until - now) if self._pause_unreported else 0.0,
+            pause_reason=self._pause_reason if self._pause_unreported else None,
+            pace=self.pace if self._pace_dirty and self.rpm else None,
+            refused=self._refused_unreported,
+        )
+        self._pause_unreported = self._pace_dirty = False
+        self._refused_unreported = 0
+        slot = await self._budget.reserve(self.interval * self._ramp, report)
+        self._adopt(slot, report)
+        return slot
+
+    def _adopt(self, slot: Slot, report: Report) -> None:
+        """Take on a pause or a pace another user of the budget set."""
+        now = self._clock()
+        self._seen = slot
+        if slot.paused_for > 0 and slot.pause_mark != self._pause_mark:
+            self._pause_mark = slot.pause_mark
+            if not report.pause_for:  # someone else's pause
+                self._pause(now + slot.paused_for, slot.pause_reason or "another process sharing the budget got a 429",
+                            publish=False)
+        if self.rpm and slot.pace is not None and slot.pace_version != self._pace_version:
+            self._pace_version = slot.pace_version
+            pace = max(MIN_RPM, min(self.ceiling, slot.pace))
+            if report.pace is None and abs(pace - self.pace) >= 0.5:  # someone else's pace
+                lowered = pace < self.pace
+                self._set_pace(pace, "another process sharing the rate budget lowered it" if lowered else None,
+                               now, publish=False)
+                self._last_climb = now  # climb from here, not again over what they climbed
 
     def _started(self, now: float) -> None:
         if self._unpaused_since is None:
@@ -240,15 +292,8 @@ class Pacer:
         self._starts.append(now)
         if self._starts[0] < now - 3 * WINDOW:  # forget what is older than two minutes, now and then
             del self._starts[: bisect.bisect_left(self._starts, now - 2 * WINDOW)]
-        if not self.pace:
-            return
-        # Drift-free: the next start is due an interval after this one was due, not after the event
-        # loop got to it, so scheduling delays do not add up (the floor bounds the catching up).
-        # After an idle spell or a pause the schedule starts afresh from now.
-        if now - self._next > self.interval:
-            self._next = now
-        self._next += self.interval * self._ramp
-        self._ramp = max(1.0, self._ramp * RAMP_DECAY)
+        if self.pace:
+            self._ramp = max(1.0, self._ramp * RAMP_DECAY)
 
     # -- outcomes ------------------------------------------------------------------------------
 
@@ -273,16 +318,18 @@ class Pacer:
             self._episodes = 0
             self._climb(now)
 
-    def _pause(self, until: float, reason: str) -> None:
+    def _pause(self, until: float, reason: str, *, publish: bool = True) -> None:
         if until > self._paused_until:
             self._paused_until = until
             self._pause_reason = reason
+            self._pause_unreported = self._pause_unreported or publish
         self._unpaused_since = None
         if self.pace:
             self._ramp = RAMP_START
 
     def _on_429(self, started_at: float, retry_after: float | None, now: float) -> None:
         self.rate_limited += 1
+        self._refused_unreported += 1
         bisect.insort(self._refused, started_at)
         del self._refused[: bisect.bisect_left(self._refused, now - 2 * WINDOW)]
         new_episode = started_at >= self._paused_until  # else it was sent before the pause in force
@@ -291,6 +338,10 @@ class Pacer:
             self._count(self._starts, unpaused_since, started_at)
             if unpaused_since is not None and started_at >= unpaused_since else None
         )
+        if sent_since is not None and self._budget.shared:
+            # Our starts are our share of the key's: judge the stretch by its length instead.
+            long_enough = started_at - unpaused_since >= EVIDENCE_SECONDS  # type: ignore[operator]
+            sent_since = math.inf if long_enough else 0
         if new_episode:
             self._episodes += 1
         if retry_after is not None:
@@ -319,7 +370,10 @@ class Pacer:
         )
 
     def _admitted(self, before: float) -> int:
-        """Starts in the minute before ``before`` that were not answered 429."""
+        """Starts in the minute before ``before`` that were not answered 429: this process's, or
+        with a shared budget the key's as a whole (as of the last reservation)."""
+        if self._budget.shared and self._seen is not None:
+            return max(0, self._seen.starts - self._seen.refused)
         since = before - WINDOW
         return max(0, self._count(self._starts, since, before) - self._count(self._refused, since, before))
 
@@ -357,11 +411,12 @@ class Pacer:
             self._pause(now + min(headers.reset, MAX_RETRY_AFTER),
                         f"the service's rate-limit headers say none left until the reset in {headers.reset:g} s")
 
-    def _set_pace(self, pace: float, reason: str | None, now: float) -> None:
+    def _set_pace(self, pace: float, reason: str | None, now: float, *, publish: bool = True) -> None:
         """Change the pace; a ``reason`` makes it a reported change (climbing steps are not)."""
         if pace == self.pace:
             return
         previous, self.pace = self.pace, pace
+        self._pace_dirty = self._pace_dirty or publish
         if reason is not None:
             change = PaceChange(now, pace, previous, reason)
             self.changes.append(change)

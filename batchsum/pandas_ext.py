@@ -10,6 +10,7 @@ when ``journal=`` is given), so calling the same thing again sends only what was
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 import threading
@@ -22,6 +23,7 @@ from . import contract
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .client import AsyncClient, validate_params
 from .engine import AnswerStore, BatchStats, MemoryStore, RowResult, RunOptions, result_columns, summarize_stream
+from .budget import Budget, open_budget
 from .pacing import Limiter
 from .errors import InputError, InvalidParameterError
 
@@ -141,6 +143,7 @@ async def summarize_texts(
     rpm: float | None = None,
     concurrency: int | None = None,
     limiter: Limiter | None = None,
+    budget: str | Budget | None = None,
     api_key: str | None = None,
     base_url: str | None = None,
     local: bool = False,
@@ -157,13 +160,18 @@ async def summarize_texts(
 
     ``rpm`` defaults to ``$BATCHSUM_RPM`` or 60 (0 with ``local=True``); ``concurrency`` caps the
     requests in flight (None: sized from the pace and the measured latency); ``limiter`` is your own floor
-    under the pace (``async acquire()``, e.g. an ``AsyncLimiter`` shared by several batches). ``results``, when given, is filled as rows
-    finish (the widget's live preview reads it).
+    under the pace (``async acquire()``, e.g. an ``AsyncLimiter`` shared by several batches).
+    ``budget``: the key's rate budget, shared with every other run using the key: ``"machine"``
+    (default, or ``$BATCHSUM_BUDGET``: every process on this machine), ``"redis://HOST:PORT/DB"``
+    (every machine), ``"sqlite:///PATH"``, ``"none"`` (this process), or a ``Budget``. ``results``,
+    when given, is filled as rows finish (the widget's live preview reads it).
     """
     params = validate_params(mode, percentage, type)
     if rpm is None:
         rpm = 0.0 if local else _rpm_from_env()
     options = RunOptions(rpm=rpm, concurrency=concurrency, limiter=limiter)
+    if budget is not None and not isinstance(budget, (str, Budget)):
+        raise InvalidParameterError(f"invalid budget {budget!r}: use 'machine', 'none', 'redis://HOST:PORT/DB' or a Budget")
     if local:
         service = local_service()
         api_key, base_url = service.key, service.url
@@ -172,6 +180,9 @@ async def summarize_texts(
     stats.total = len(texts)
     out: list[RowResult] = results if results is not None else []
     async with AsyncClient(api_key, base_url, timeout=timeout, max_retries=max_retries, encoding=encoding) as client:  # type: ignore[arg-type]
+        shared = open_budget(budget, client.identity)
+        await shared.check()  # an unreachable or unusable budget: one line, before anything is sent
+        options = dataclasses.replace(options, budget=shared)
         store: AnswerStore
         if journal is not None:
             from .journal import Journal
@@ -195,6 +206,7 @@ async def summarize_texts(
                 out.append(result)
         finally:
             bar.close()
+            await shared.aclose()
             if journal is not None:
                 store.close()  # type: ignore[attr-defined]
     return out
@@ -259,6 +271,8 @@ class DataFrameAccessor:
 
         Options: ``rpm`` (default $BATCHSUM_RPM or 60; starts evenly spaced under it), ``concurrency``
         (a cap on requests in flight; default: sized from the pace and the latency), ``limiter``,
+        ``budget`` (the key's rate budget shared across processes: "machine" by default, "redis://...",
+        "none"; see ``summarize_texts``),
         ``api_key``/``base_url`` (default $BATCHSUM_API_KEY / $BATCHSUM_BASE_URL), ``local=True``
         (use the local reference service), ``progress`` (a tqdm bar; notebook or terminal),
         ``journal`` (a SQLite path that keeps answers across sessions), ``timeout``,

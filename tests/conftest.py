@@ -14,11 +14,13 @@ EXPIRED_KEY = "test-key-expired-0123456789"
 
 
 @pytest.fixture(autouse=True)
-def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test sees the developer's BATCHSUM_* settings or proxies."""
+def clean_environ(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """No test sees the developer's BATCHSUM_* settings or proxies, or their cache folder (the
+    machine-wide rate budget lives there): each test gets a cache folder of its own."""
     for name in list(os.environ):
         if name.startswith("BATCHSUM_") or name.lower().endswith("_proxy"):
             monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
 
 
 @pytest.fixture(scope="session")
