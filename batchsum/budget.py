@@ -72,11 +72,15 @@ def default_budget_path() -> Path:
 @dataclass(frozen=True)
 class Report:
     """What a pacer tells the budget with its next reservation: a pause it must share, a pace it
-    set, 429s it got."""
+    set, the attempts it started and the 429s it got since its last report. A pace lowered on
+    evidence always applies; a pace raised while climbing (``pace_base``: the version it climbed
+    from) applies only if nobody wrote one since, so a climb never undoes another's lowering."""
 
     pause_for: float = 0.0
     pause_reason: str | None = None
     pace: float | None = None
+    pace_base: int | None = None
+    started: int = 0
     refused: int = 0
 
 
@@ -88,13 +92,14 @@ class Slot:
     """A reservation (or a look, ``start=False``): the wait until the start, and the budget's state."""
 
     wait: float
+    at: float | None  # the reserved start on the budget's clock (None: a look)
     paused_for: float  # seconds of the shared pause left (0: none)
     pause_mark: float  # when the pause in force ends, on the budget's clock: a new value is a new pause
     pause_reason: str | None
     pace: float | None  # the shared pace in force; None: nobody set one
     pace_version: int  # bumped at every pace written: a value not seen before is someone else's
-    starts: int  # starts on the budget in the last minute, every process together
-    refused: int  # 429s reported in the last minute, every process together
+    starts: int  # attempts started in the last minute, every process together (as reported)
+    refused: int  # 429s in the last minute, every process together (as reported)
 
 
 @dataclass
@@ -114,7 +119,7 @@ class _State:
         if report.pause_for > 0 and now + report.pause_for > self.paused_until:
             self.paused_until = now + min(report.pause_for, MAX_PAUSE)
             self.reason = (report.pause_reason or "")[:REASON_CHARS] or None
-        if report.pace is not None:
+        if report.pace is not None and report.pace_base in (None, self.pace_version):
             self.pace = report.pace
             self.pace_version += 1
         if not start:
@@ -126,6 +131,7 @@ class _State:
     def slot(self, now: float, at: float | None, starts: int, refused: int) -> Slot:
         return Slot(
             wait=0.0 if at is None else at - now,
+            at=at,
             paused_for=max(0.0, self.paused_until - now),
             pause_mark=self.paused_until,
             pause_reason=self.reason,
@@ -149,6 +155,10 @@ class Budget(abc.ABC):
     async def check(self) -> None:
         """Raise ``BudgetError`` when the budget cannot be used (before anything is sent)."""
         await self.reserve(0.0, start=False)
+
+    async def look(self) -> Slot:
+        """The budget's state now, reserving nothing and creating nothing (``--dry-run``)."""
+        return await self.reserve(0.0, start=False)
 
     async def aclose(self) -> None:
         """Let go of connections (the budget's state stays for the others)."""
@@ -184,14 +194,14 @@ class _Counts:
 class ProcessBudget(Budget):
     """The budget in this process's memory. Safe across threads and event loops (a thread lock,
     nothing awaited inside). ``ProcessBudget.for_key(id)`` is the one every batch in this process
-    with that key shares; ``ProcessBudget()`` a private one (the engine's default)."""
+    with that key shares; ``ProcessBudget()`` a private one (the engine's default, ``shared=False``)."""
 
-    shared = False
     where = "this process"
     _registry: dict[str, ProcessBudget] = {}
     _registry_lock = threading.Lock()
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, *, shared: bool = False) -> None:
+        self.shared = shared
         self._clock = clock
         self._lock = threading.Lock()
         self._state = _State(tat=-math.inf, paused_until=-math.inf)
@@ -200,14 +210,14 @@ class ProcessBudget(Budget):
     @classmethod
     def for_key(cls, key_id: str) -> ProcessBudget:
         with cls._registry_lock:
-            return cls._registry.setdefault(key_id, cls())
+            return cls._registry.setdefault(key_id, cls(shared=True))
 
     async def reserve(self, interval: float, report: Report = NO_REPORT, *, start: bool = True) -> Slot:
         with self._lock:
             now = self._clock()
             at = self._state.advance(now, interval, report, start)
-            if at is not None or report.refused:
-                self._counts.add(math.floor(now if at is None else at), int(at is not None), report.refused)
+            if report.started or report.refused:
+                self._counts.add(math.floor(now), report.started, report.refused)
             return self._state.slot(now, at, *self._counts.last_minute(now))
 
 
@@ -287,11 +297,11 @@ class SQLiteBudget(Budget):
                 "INSERT OR REPLACE INTO budgets VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (self.id, state.tat, state.paused_until, state.reason, state.pace, state.pace_version, now),
             )
-        if at is not None or report.refused:
+        if report.started or report.refused:
             db.execute(
                 "INSERT INTO counts VALUES (?, ?, ?, ?) ON CONFLICT (id, second) DO UPDATE SET "
                 "starts = starts + excluded.starts, refused = refused + excluded.refused",
-                (self.id, math.floor(now if at is None else at), int(at is not None), report.refused),
+                (self.id, math.floor(now), report.started, report.refused),
             )
             db.execute("DELETE FROM counts WHERE id=? AND second < ?", (self.id, math.floor(now) - KEEP_SECONDS))
         starts, refused = db.execute(
@@ -299,6 +309,11 @@ class SQLiteBudget(Budget):
             (self.id, math.floor(now) - MINUTE),
         ).fetchone()
         return state.slot(now, at, int(starts), int(refused))
+
+    async def look(self) -> Slot:
+        if not self.path.exists():
+            return _State().slot(time.time(), None, 0, 0)
+        return await self.reserve(0.0, start=False)
 
     async def aclose(self) -> None:
         with self._lock:
@@ -315,6 +330,7 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local interval, start = tonumber(ARGV[1]), ARGV[2] == '1'
 local pause_for, reason, pace, refused = tonumber(ARGV[3]), ARGV[4], ARGV[5], tonumber(ARGV[6])
 local max_ahead, max_pause, keep, minute = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local started, base = tonumber(ARGV[11]), ARGV[12]
 local s = redis.call('HMGET', KEYS[1], 'tat', 'paused_until', 'reason', 'pace', 'pace_version')
 local tat, paused_until = tonumber(s[1]) or 0, tonumber(s[2]) or 0
 local old_reason, old_pace, version = s[3] or '', s[4] or '', tonumber(s[5]) or 0
@@ -324,7 +340,7 @@ if pause_for > 0 and now + pause_for > paused_until then
   paused_until = now + math.min(pause_for, max_pause)
   old_reason = reason
 end
-if pace ~= '' then old_pace = pace; version = version + 1 end
+if pace ~= '' and (base == '' or tonumber(base) == version) then old_pace = pace; version = version + 1 end
 local at = nil
 if start then
   at = math.max(tat, now, paused_until)
@@ -333,23 +349,24 @@ end
 redis.call('HSET', KEYS[1], 'tat', string.format('%.6f', tat), 'paused_until', string.format('%.6f', paused_until),
   'reason', old_reason, 'pace', old_pace, 'pace_version', version)
 redis.call('EXPIRE', KEYS[1], 86400)
-if at ~= nil or refused > 0 then
-  local second = math.floor(at or now)
-  local k = KEYS[2] .. ':' .. second
-  if at ~= nil then redis.call('HINCRBY', k, 's', 1) end
+if started > 0 or refused > 0 then
+  local k = KEYS[2] .. ':' .. math.floor(now)
+  if started > 0 then redis.call('HINCRBY', k, 's', started) end
   if refused > 0 then redis.call('HINCRBY', k, 'r', refused) end
   redis.call('EXPIRE', k, keep)
 end
 local starts, refusals = 0, 0
 local first = math.floor(now) - minute
-for second = first, math.floor(now) + 2 do
+for second = first, math.floor(now) do
   local c = redis.call('HMGET', KEYS[2] .. ':' .. second, 's', 'r')
   starts = starts + (tonumber(c[1]) or 0)
   refusals = refusals + (tonumber(c[2]) or 0)
 end
 local wait = 0
 if at ~= nil then wait = at - now end
-return {string.format('%.6f', wait), string.format('%.6f', paused_until - now), string.format('%.6f', paused_until),
+local at_text = ''
+if at ~= nil then at_text = string.format('%.6f', at) end
+return {string.format('%.6f', wait), at_text, string.format('%.6f', paused_until - now), string.format('%.6f', paused_until),
   old_reason, old_pace, tostring(version), tostring(starts), tostring(refusals)}
 """
 
@@ -397,7 +414,8 @@ class RedisBudget(Budget):
         args = [
             f"{max(0.0, interval):.6f}", "1" if start else "0", f"{max(0.0, report.pause_for):.6f}",
             (report.pause_reason or "")[:REASON_CHARS], "" if report.pace is None else f"{report.pace:.6f}",
-            str(report.refused), str(MAX_AHEAD), str(MAX_PAUSE), str(KEEP_SECONDS), str(MINUTE),
+            str(report.refused), str(MAX_AHEAD), str(MAX_PAUSE), str(KEEP_SECONDS), str(MINUTE), str(report.started),
+            "" if report.pace_base is None else str(report.pace_base),
         ]
         for attempt in range(_REDIS_ATTEMPTS):
             try:
@@ -412,11 +430,11 @@ class RedisBudget(Budget):
                 await asyncio.sleep(0.2 * 2**attempt)
             except redis.exceptions.RedisError as exc:
                 raise BudgetError(f"the rate budget at {self.where} refused: {_one_line(exc)}") from None
-        wait, paused_for, mark, reason, pace, version, starts, refused = (
+        wait, at, paused_for, mark, reason, pace, version, starts, refused = (
             v.decode() if isinstance(v, bytes) else str(v) for v in raw
         )
         return Slot(
-            wait=float(wait), paused_for=max(0.0, float(paused_for)), pause_mark=float(mark),
+            wait=float(wait), at=float(at) if at else None, paused_for=max(0.0, float(paused_for)), pause_mark=float(mark),
             pause_reason=reason or None, pace=float(pace) if pace else None, pace_version=int(version),
             starts=int(starts), refused=int(refused),
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import signal
 import sys
@@ -21,11 +22,13 @@ from typing import Any, NoReturn
 from . import contract
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .client import ENV_API_KEY, AsyncClient, Client, validate_params
+from .budget import ENV_BUDGET, Budget, open_budget
 from .engine import BatchStats, RunOptions, plan_batch
 from .errors import (
     APIError,
     AuthenticationError,
     BatchsumError,
+    BudgetError,
     ConfigurationError,
     InputError,
     InvalidParameterError,
@@ -128,6 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rpm", type=_positive_float, default=None,
                      help=f"requests per minute your plan allows; starts are evenly spaced under it "
                      f"(default ${ENV_RPM} or {DEFAULT_RPM:g}; with --local, no limit; 0 = no pacing)")
+    run.add_argument("--budget", default=None, metavar="WHERE",
+                     help="the key's rate budget, shared with every other run using the same key and "
+                     "service: machine (every batchsum process on this machine; the default, or "
+                     f"${ENV_BUDGET}), redis://HOST:PORT/DB (every machine), sqlite:///PATH, or none "
+                     "(this process only)")
     run.add_argument("--concurrency", type=_positive_int, default=None,
                      help="a cap on requests in flight at once (default: sized from --rpm and the "
                      "service's measured latency, so the pace holds at any latency)")
@@ -194,6 +202,39 @@ def _client_settings(args: argparse.Namespace, stack: ExitStack, rpm: float) -> 
     return settings
 
 
+def _check_budget(budget: Budget) -> None:
+    async def check() -> None:
+        try:
+            await budget.check()
+        finally:
+            await budget.aclose()
+
+    asyncio.run(check())
+
+
+def _budget_line(args: argparse.Namespace, stack: ExitStack, rpm: float) -> str:
+    """Which budget a run would join, and how many starts it had in the last minute (others' runs)."""
+    if args.local:
+        return "budget:           the local service's own fresh key: no other run uses it"
+    try:
+        client = AsyncClient(**_client_settings(args, stack, rpm))
+    except ConfigurationError as exc:
+        return f"budget:           not known without a key ({exc})"
+    budget = open_budget(args.budget, client.identity)
+
+    async def look() -> Any:
+        async with client:
+            try:
+                return await budget.look()
+            finally:
+                await budget.aclose()
+
+    seen = asyncio.run(look())
+    pause = f"; paused {seen.paused_for:.0f} s more: {seen.pause_reason}" if seen.paused_for > 0 else ""
+    return (f"budget:           {budget.where}; {seen.starts} requests started on it in the last minute "
+            f"by other runs with this key{pause}")
+
+
 def _run_rpm(args: argparse.Namespace) -> float:
     if args.rpm is not None:
         return float(args.rpm)
@@ -254,9 +295,13 @@ def _summarize(args: argparse.Namespace) -> int:
         with ExitStack() as stack:
             store = stack.enter_context(Journal(journal_path, readonly=True)) if journal_path.exists() else None
             print(plan_batch(source.texts(), params=params, store=store).describe(rpm))
+            print(_budget_line(args, stack, rpm))
         return EXIT_OK
     with ExitStack() as stack:
         client = AsyncClient(**_client_settings(args, stack, rpm))
+        budget = open_budget(args.budget, client.identity)
+        _check_budget(budget)  # before any file is created
+        options = dataclasses.replace(options, budget=budget)
         stack.enter_context(RunLock(output_path, "output", wait=args.wait))
         stack.enter_context(RunLock(journal_path, "journal", wait=args.wait))
         output = ParquetOutput(output_path, source.schema, args.output_column, source.paths)
@@ -283,6 +328,7 @@ def _summarize(args: argparse.Namespace) -> int:
             finally:
                 ticker.cancel()
                 stop.remove()
+                await budget.aclose()
 
         resume = f"run the same command again to resume (answers are kept in {journal_path})"
         try:
@@ -294,6 +340,11 @@ def _summarize(args: argparse.Namespace) -> int:
                  + ("Check the key in $BATCHSUM_API_KEY, then " if isinstance(exc, AuthenticationError)
                     else "Check your plan (mode 2 needs premium), then ")
                  + resume)
+            return EXIT_FATAL
+        except BudgetError as exc:
+            bar.close()
+            _say(f"stopped: {exc}. {output_path} holds the {stats.done} rows finished so far; "
+                 f"{len(journal) - kept} new answers kept; {resume}")
             return EXIT_FATAL
         except JournalError as exc:
             bar.close()
@@ -377,7 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _Stop as stop:
         _say(str(stop))
         return stop.code
-    except (InputError, InvalidParameterError, ConfigurationError) as exc:
+    except (InputError, InvalidParameterError, ConfigurationError, BudgetError) as exc:
         _say(f"error: {exc}")
         return EXIT_USAGE
     except BatchsumError as exc:

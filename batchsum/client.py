@@ -350,6 +350,11 @@ class Client:
     def base_url(self) -> str:
         return self._core.base_url
 
+    @property
+    def identity(self) -> str:
+        """This key at this service, without revealing the key: names its rate budget and answers."""
+        return self._core.identity()
+
     def summarize(
         self,
         text: str,

@@ -47,6 +47,7 @@ __all__ = [
     "RunOptions",
     "Answer",
     "AnswerStore",
+    "SharedAnswerStore",
     "MemoryStore",
     "BatchStats",
     "fingerprint",
@@ -96,6 +97,20 @@ class AnswerStore(Protocol):
     def get(self, key: str) -> Answer | None: ...
 
     def put(self, key: str, answer: Answer) -> None: ...
+
+
+class SharedAnswerStore(AnswerStore, Protocol):
+    """An answer store several runs use at once (Dask partitions on many workers): before sending,
+    a run claims the request; the others wait for its answer instead of paying for it again. A claim
+    expires on its own (``CLAIM_SECONDS``), so a run that died holds nothing for long."""
+
+    def claim(self, key: str) -> bool: ...
+
+    def release(self, key: str) -> None: ...
+
+
+CLAIM_SECONDS = 600.0  # longer than any request with its retries and pauses
+CLAIM_POLL_SECONDS = 0.5
 
 
 class MemoryStore:
@@ -371,6 +386,35 @@ class _Batch:
         return task
 
     async def fetch(self, key: str, request: PreparedRequest) -> Answer:
+        claims = getattr(self.store, "claim", None)
+        if claims is None:
+            return await self.send(key, request)
+        store: SharedAnswerStore = self.store  # type: ignore[assignment]
+        while not self.claim(store, key):  # another run is sending it: wait for its answer
+            await asyncio.sleep(CLAIM_POLL_SECONDS)
+            known = self.lookup(key)
+            if known is not None:
+                self.stats.reused += 1
+                return known
+        try:
+            known = self.lookup(key)  # answered between our look-up and the claim
+            return known if known is not None else await self.send(key, request)
+        finally:
+            try:
+                store.release(key)
+            except Exception:  # noqa: BLE001 - an unreleased claim expires on its own
+                log.warning("could not release a claim in the shared answer store", exc_info=True)
+
+    def claim(self, store: SharedAnswerStore, key: str) -> bool:
+        if self.stopped.is_set():
+            raise asyncio.CancelledError
+        try:
+            return store.claim(key)
+        except Exception as exc:
+            self.stop(JournalError(f"cannot use the shared answer store: {exc}"))
+            raise asyncio.CancelledError from None
+
+    async def send(self, key: str, request: PreparedRequest) -> Answer:
         is_first, self.first_sent = not self.first_sent, True
         if not is_first:
             await self.first_answered.wait()
@@ -510,6 +554,10 @@ async def summarize_stream(
         stop_waiter.cancel()
         await batch.close(pending)
         await asyncio.gather(stop_waiter, return_exceptions=True)
+        try:
+            await pacer.flush()
+        except BudgetError as exc:  # the budget is gone: its counts are only advice
+            log.warning("%s", exc)
         await rows.aclose()  # closes the input (an open Parquet file) on an early stop too
 
 

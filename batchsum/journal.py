@@ -10,11 +10,16 @@ transient failures are tried again on the next run.
 
 A file that is not a batchsum journal (another program's database, any other file) is refused and
 left as it was; a new journal is created exclusively, never through a link planted at its name.
+
+Several runs at once (Dask partitions on several workers) share answers through a ``SharedJournal``
+(one machine) or a ``RedisStore`` (many machines): both add claims, so that a request another run is
+already sending is awaited, not paid for again.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import socket
 import sqlite3
@@ -23,10 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .engine import Answer
-from .errors import InputError, JournalError
+from .engine import CLAIM_SECONDS, Answer
+from .errors import BudgetError, InputError, JournalError
 
-__all__ = ["Journal", "RunLock", "FORMAT"]
+__all__ = ["Journal", "SharedJournal", "RedisStore", "RunLock", "FORMAT"]
 
 FORMAT = "batchsum-journal-1"
 
@@ -205,3 +210,66 @@ class Journal:
 
     def __repr__(self) -> str:
         return f"Journal({str(self.path)!r})"
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(6).hex()}"
+
+
+class SharedJournal(Journal):
+    """A journal several runs use at once, with claims (``engine.SharedAnswerStore``): a request
+    is sent by the run that claims it; a claim left by a run that died expires after ``CLAIM_SECONDS``."""
+
+    def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
+        super().__init__(path, create=create)
+        self._owner = _owner()
+        self._query("CREATE TABLE IF NOT EXISTS claims (fingerprint TEXT PRIMARY KEY, owner TEXT NOT NULL, "
+                    "expires REAL NOT NULL)")
+
+    def claim(self, key: str) -> bool:
+        now = time.time()
+        cursor = self._query(
+            "INSERT INTO claims VALUES (?, ?, ?) ON CONFLICT (fingerprint) DO UPDATE SET owner=excluded.owner, "
+            "expires=excluded.expires WHERE claims.expires < ?",
+            (key, self._owner, now + CLAIM_SECONDS, now),
+        )
+        return cursor.rowcount == 1
+
+    def release(self, key: str) -> None:
+        self._query("DELETE FROM claims WHERE fingerprint=? AND owner=?", (key, self._owner))
+
+
+_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+
+
+class RedisStore:
+    """Answers in Redis, for runs on many machines (``budget="redis://..."``): one key per answer
+    under ``batchsum:answers:{IDENTITY}:`` (the key's identity, a hash), kept ``ttl`` seconds
+    (30 days) after the last write; claims as ``SharedJournal``'s."""
+
+    def __init__(self, url: str, identity: str, *, ttl: int = 30 * 86400) -> None:
+        try:
+            import redis
+        except ImportError:
+            raise BudgetError("a redis:// budget needs the redis package: pip install 'batchsum[redis]'") from None
+        self._redis = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+        self._prefix = f"batchsum:answers:{{{identity}}}:"
+        self._ttl = ttl
+        self._owner = _owner()
+        self._release = self._redis.register_script(_RELEASE)
+
+    def get(self, key: str) -> Answer | None:
+        raw = self._redis.get(self._prefix + key)
+        return Answer(*json.loads(raw)) if raw is not None else None
+
+    def put(self, key: str, answer: Answer) -> None:
+        self._redis.set(self._prefix + key, json.dumps(list(answer)), ex=self._ttl)
+
+    def claim(self, key: str) -> bool:
+        return bool(self._redis.set(f"{self._prefix}claim:{key}", self._owner, nx=True, ex=int(CLAIM_SECONDS)))
+
+    def release(self, key: str) -> None:
+        self._release(keys=[f"{self._prefix}claim:{key}"], args=[self._owner])
+
+    def close(self) -> None:
+        self._redis.close()

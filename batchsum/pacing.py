@@ -38,7 +38,7 @@ import asyncio
 import bisect
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -160,13 +160,14 @@ class Pacer:
         "rate_limited",
         "changes",
         "_clock",
-        "_sleep",
+        "_wake",
         "_limiter",
         "_budget",
         "_seen",
         "_pause_unreported",
         "_pace_dirty",
         "_refused_unreported",
+        "_started_unreported",
         "_pace_version",
         "_pause_mark",
         "_turn",
@@ -191,7 +192,6 @@ class Pacer:
         budget: Budget | None = None,
         max_in_flight: int | None = None,
         clock: Callable[[], float] = _loop_time,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         on_pace_change: Callable[[PaceChange], None] | None = None,
     ) -> None:
         self.rpm = check_rpm(rpm)
@@ -200,7 +200,7 @@ class Pacer:
         self.rate_limited = 0  # 429s seen
         self.changes: list[PaceChange] = []
         self._clock = clock
-        self._sleep = sleep
+        self._wake: asyncio.Event | None = None  # set when our own 429 pauses us: a sleeping turn rechecks
         if limiter is None and self.rpm:
             # The floor: never two starts closer than the plan's own spacing (with half the margin).
             limiter = AsyncLimiter(1, 60.0 / self.rpm * (1 + JITTER_MARGIN / 2))
@@ -208,8 +208,9 @@ class Pacer:
         self._budget = budget if budget is not None else ProcessBudget(clock)
         self._seen: Slot | None = None  # the budget's state at the last reservation
         self._pause_unreported = False  # our own pause, not yet told to the budget
-        self._pace_dirty = False  # our own pace, not yet told to the budget
+        self._pace_dirty: str | None = None  # our own pace, not yet told: "lowered" or "climbed"
         self._refused_unreported = 0
+        self._started_unreported = 0
         self._pace_version = 0
         self._pause_mark: float | None = None
         self._turn: asyncio.Lock | None = None
@@ -242,16 +243,31 @@ class Pacer:
                 # Within a microsecond is on time: a float sum can land an ulp short, and a sleep
                 # of an ulp does not move the clock.
                 if slot.wait > 1e-6:
-                    await self._sleep(slot.wait)
+                    await self._nap(slot.wait)
+                    if self._budget.shared and not self._paused():
+                        await self._reserve(start=False)  # did another process get a 429 meanwhile?
                 if self._limiter is not None:
                     await self._limiter.acquire()
-                now = self._clock()
-                if now >= self._paused_until - 1e-6:
+                if not self._paused():
                     break  # else a 429 arrived while we waited: reserve again, sharing its pause
+        now = self._clock()
         self._started(now)
         return now
 
-    async def _reserve(self) -> Slot:
+    def _paused(self) -> bool:
+        return self._clock() < self._paused_until - 1e-6
+
+    async def _nap(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less when a 429 pauses us meanwhile (to share the pause at once)."""
+        self._wake = wake = asyncio.Event()
+        try:
+            await asyncio.wait_for(wake.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._wake = None
+
+    async def _reserve(self, *, start: bool = True) -> Slot:
         """Reserve the next start on the budget, telling it what it must share; adopt what others
         told it. The schedule is drift-free: a start is due an interval after the one before was
         due; after an idle spell or a pause it starts afresh from now."""
@@ -260,13 +276,22 @@ class Pacer:
             pause_for=max(0.0, self._paused_until - now) if self._pause_unreported else 0.0,
             pause_reason=self._pause_reason if self._pause_unreported else None,
             pace=self.pace if self._pace_dirty and self.rpm else None,
+            pace_base=self._pace_version if self._pace_dirty == "climbed" else None,
+            started=self._started_unreported,
             refused=self._refused_unreported,
         )
-        self._pause_unreported = self._pace_dirty = False
-        self._refused_unreported = 0
-        slot = await self._budget.reserve(self.interval * self._ramp, report)
+        self._pause_unreported = False
+        self._pace_dirty = None
+        self._refused_unreported = self._started_unreported = 0
+        slot = await self._budget.reserve(self.interval * self._ramp, report, start=start)
         self._adopt(slot, report)
         return slot
+
+    async def flush(self) -> None:
+        """Tell the budget what it has not heard yet (the last starts, a pause, a pace): at the end
+        of a batch, so that others' counts are whole."""
+        if self._started_unreported or self._refused_unreported or self._pause_unreported or self._pace_dirty:
+            await self._reserve(start=False)
 
     def _adopt(self, slot: Slot, report: Report) -> None:
         """Take on a pause or a pace another user of the budget set."""
@@ -280,13 +305,16 @@ class Pacer:
         if self.rpm and slot.pace is not None and slot.pace_version != self._pace_version:
             self._pace_version = slot.pace_version
             pace = max(MIN_RPM, min(self.ceiling, slot.pace))
-            if report.pace is None and abs(pace - self.pace) >= 0.5:  # someone else's pace
-                lowered = pace < self.pace
-                self._set_pace(pace, "another process sharing the rate budget lowered it" if lowered else None,
-                               now, publish=False)
+            if slot.pace != report.pace and abs(pace - self.pace) >= 0.5:  # someone else's pace
+                if pace < self.pace:  # lowered on their evidence of a limit about where it now is
+                    self._shown_limit = pace / UNDER_LIMIT
+                    self._set_pace(pace, "another process sharing the rate budget lowered it", now, publish=False)
+                else:
+                    self._set_pace(pace, None, now, publish=False)
                 self._last_climb = now  # climb from here, not again over what they climbed
 
     def _started(self, now: float) -> None:
+        self._started_unreported += 1
         if self._unpaused_since is None:
             self._unpaused_since = now
         self._starts.append(now)
@@ -323,6 +351,8 @@ class Pacer:
             self._paused_until = until
             self._pause_reason = reason
             self._pause_unreported = self._pause_unreported or publish
+            if publish and self._wake is not None:
+                self._wake.set()
         self._unpaused_since = None
         if self.pace:
             self._ramp = RAMP_START
@@ -416,7 +446,8 @@ class Pacer:
         if pace == self.pace:
             return
         previous, self.pace = self.pace, pace
-        self._pace_dirty = self._pace_dirty or publish
+        if publish:  # a lowering is told as such even when a climb follows before the next report
+            self._pace_dirty = "lowered" if pace < previous or self._pace_dirty == "lowered" else "climbed"
         if reason is not None:
             change = PaceChange(now, pace, previous, reason)
             self.changes.append(change)

@@ -212,12 +212,17 @@ async def summarize_texts(
     return out
 
 
+# summary, status, error, message, http_status, attempts: text as pandas' string dtype (missing is
+# pd.NA), the HTTP status nullable (skipped rows have none).
+RESULT_DTYPES = ["string", "string", "string", "string", "Int64", "int64"]
+
+
 def _frame(results: list[RowResult], index: pd.Index, output_column: str) -> pd.DataFrame:
     names = result_columns(output_column)
     columns = list(zip(*results)) if results else [[] for _ in names]
     frame = pd.DataFrame(
         {name: pd.Series(list(values), dtype=dtype, index=index)
-         for name, values, dtype in zip(names, columns, ["object", "object", "object", "object", "Int64", "int64"])},
+         for name, values, dtype in zip(names, columns, RESULT_DTYPES)},
         index=index,
     )
     return frame

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import subprocess
+import time
 
 import pytest
 
@@ -54,3 +58,51 @@ def article(words: int, seed: int = 0) -> str:
         if i % 12 == 11 or i == words - 1:
             out[-1] += "."
     return " ".join(out)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def need(what: str, install: str) -> None:
+    """Skip for want of a real server, with what to install; CI sets BATCHSUM_TEST_SERVERS=required
+    (read before ``clean_environ``) so that a missing server fails there instead of hiding."""
+    message = f"needs {what}: {install}"
+    if _SERVERS_REQUIRED:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+_SERVERS_REQUIRED = os.environ.get("BATCHSUM_TEST_SERVERS") == "required"
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory):
+    """A real redis-server (Debian's package) on a free loopback port, for the session."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        need("a real redis-server", "apt-get install redis-server (Debian's package)")
+    redis = pytest.importorskip("redis")
+    port = free_port()
+    folder = tmp_path_factory.mktemp("redis")
+    process = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                redis.Redis.from_url(url).ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.05)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(10)

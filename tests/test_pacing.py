@@ -58,36 +58,38 @@ class Sim:
         return None
 
 
+async def send_one(gate, sim, *, delay=0.0):
+    """One sender: one request through ``gate``, retried until ``sim`` answers it."""
+    if delay:
+        await asyncio.sleep(delay)
+    first = True
+    while True:
+        ticket = await gate.before_attempt()
+        start = ticket[1]
+        sim.starts.append(start)
+        sim.on_wire += 1
+        sim.max_on_wire = max(sim.max_on_wire, sim.on_wire)
+        retry_after = sim.decide(start, first)
+        first = False
+        await asyncio.sleep(sim.latency(start))
+        sim.on_wire -= 1
+        if retry_after is None:
+            sim.admitted.append(start)
+            gate.after_attempt(ticket, None, sim.headers(start) if sim.headers else None)
+            return
+        sim.refused.append(start)
+        error = RateLimitError("Too Many Requests", status_code=429, retry_after=retry_after or None)
+        gate.after_attempt(ticket, error, None)
+
+
 def simulate(rpm, sim, *, texts, concurrency=None, limiter=None, stop_at=None, pacer=None, spread=0.0):
     """``texts`` senders (one request each, retried until answered) through one pacer; returns the pacer.
     ``spread``: senders arrive over this many seconds (a stream of rows) instead of all at once."""
     pacer = pacer or Pacer(rpm, max_in_flight=concurrency, limiter=limiter)
     gate = _Gate(pacer)
 
-    async def one(i):
-        if spread:
-            await asyncio.sleep(spread * i / texts)
-        first = True
-        while True:
-            ticket = await gate.before_attempt()
-            start = ticket[1]
-            sim.starts.append(start)
-            sim.on_wire += 1
-            sim.max_on_wire = max(sim.max_on_wire, sim.on_wire)
-            retry_after = sim.decide(start, first)
-            first = False
-            await asyncio.sleep(sim.latency(start))
-            sim.on_wire -= 1
-            if retry_after is None:
-                sim.admitted.append(start)
-                gate.after_attempt(ticket, None, sim.headers(start) if sim.headers else None)
-                return
-            sim.refused.append(start)
-            error = RateLimitError("Too Many Requests", status_code=429, retry_after=retry_after or None)
-            gate.after_attempt(ticket, error, None)
-
     async def main():
-        tasks = [asyncio.ensure_future(one(i)) for i in range(texts)]
+        tasks = [asyncio.ensure_future(send_one(gate, sim, delay=spread * i / texts)) for i in range(texts)]
         if stop_at is None:
             await asyncio.gather(*tasks)
         else:
