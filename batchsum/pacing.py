@@ -363,15 +363,7 @@ class Pacer:
         bisect.insort(self._refused, started_at)
         del self._refused[: bisect.bisect_left(self._refused, now - 2 * WINDOW)]
         new_episode = started_at >= self._paused_until  # else it was sent before the pause in force
-        unpaused_since = self._unpaused_since
-        sent_since = (
-            self._count(self._starts, unpaused_since, started_at)
-            if unpaused_since is not None and started_at >= unpaused_since else None
-        )
-        if sent_since is not None and self._budget.shared:
-            # Our starts are our share of the key's: judge the stretch by its length instead.
-            long_enough = started_at - unpaused_since >= EVIDENCE_SECONDS  # type: ignore[operator]
-            sent_since = math.inf if long_enough else 0
+        stretch = self._stretch_before(started_at)
         if new_episode:
             self._episodes += 1
         if retry_after is not None:
@@ -380,9 +372,9 @@ class Pacer:
             wait = backoff(min(self._episodes, 8))
             why = "the service answered 429 without a usable Retry-After; backing off"
         self._pause(now + min(wait, MAX_RETRY_AFTER), why)
-        if not new_episode or sent_since is None or not self.pace:
+        if not new_episode or stretch is None or not self.pace:
             return
-        if sent_since < max(EVIDENCE_STARTS, self.pace * EVIDENCE_SECONDS / WINDOW):
+        if not stretch:
             # Refused right after a pause, before the pace could matter: the service is refusing
             # whatever we send (a storm). It lowers nothing, and what the service admitted before
             # says nothing about a limit.
@@ -398,6 +390,17 @@ class Pacer:
         self._set_pace(
             lowered, f"the service refused after admitting {admitted} requests in a minute at {self.pace:.0f}/min", now
         )
+
+    def _stretch_before(self, started_at: float) -> bool | None:
+        """Had we been sending unpaused at the pace for long enough (``EVIDENCE_SECONDS``) before
+        ``started_at``? None: it was sent before the last pause ended."""
+        since = self._unpaused_since
+        if since is None or started_at < since:
+            return None
+        if self._budget.shared:  # our starts are only our share of the key's: judge by time
+            return started_at - since >= EVIDENCE_SECONDS
+        sent = self._count(self._starts, since, started_at)
+        return sent >= max(EVIDENCE_STARTS, self.pace * EVIDENCE_SECONDS / WINDOW)
 
     def _admitted(self, before: float) -> int:
         """Starts in the minute before ``before`` that were not answered 429: this process's, or
