@@ -25,7 +25,10 @@ from .client import ENV_API_KEY, AsyncClient, Client, validate_params
 from .budget import ENV_BUDGET, Budget, open_budget
 from .engine import BatchStats, RunOptions, plan_batch
 from .errors import (
+    APIConnectionError,
     APIError,
+    APIStatusError,
+    APITimeoutError,
     AuthenticationError,
     BatchsumError,
     BudgetError,
@@ -34,6 +37,8 @@ from .errors import (
     InvalidParameterError,
     JournalError,
     NotPremiumError,
+    RateLimitError,
+    UnprocessableEntityError,
 )
 
 __all__ = ["main"]
@@ -49,6 +54,16 @@ class _Stop(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def _summary_type(text: str) -> str | None:
+    lowered = text.strip().lower()
+    if lowered in ("default", "none", ""):
+        return None
+    names = [t.value for t in contract.SummaryType]
+    if lowered not in names:
+        raise argparse.ArgumentTypeError(f"invalid type {text!r}: use default, {', '.join(names)}")
+    return lowered
 
 
 def _positive_float(text: str) -> float:
@@ -83,9 +98,9 @@ def _add_request_options(parser: argparse.ArgumentParser) -> None:
                         help="1 = standard (smaller, faster model; default), 2 = advanced (full model)")
     parser.add_argument("--percentage", type=int, default=contract.PERCENTAGE_DEFAULT, choices=range(1, 7),
                         metavar="1..6", help="summary length, 1 (shortest) to 6 (longest); default 4")
-    parser.add_argument("--type", default=None, choices=[t.value for t in contract.SummaryType],
-                        help="output format: summary_2 (headings and points), bullets, best_line; "
-                        "default: a plain summary")
+    parser.add_argument("--type", default=None, type=_summary_type, metavar="TYPE",
+                        help="output format: default (a plain summary), summary_2 (headings and points), "
+                        "bullets, best_line (any case)")
     parser.add_argument("--base-url", default=None,
                         help="service address; default $BATCHSUM_BASE_URL or https://www.summarizer.org")
     parser.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT,
@@ -114,19 +129,28 @@ def build_parser() -> argparse.ArgumentParser:
         description="Summarize text in bulk through a rate-limited summarization API.",
         epilog=f"The API key comes from ${ENV_API_KEY}.",
     )
+    parser.add_argument("--version", action="version", version=f"batchsum {_version()}",
+                        help="print the version and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     run = commands.add_parser(
         "summarize",
-        help="summarize a text column of Parquet files into a new Parquet file",
-        description="Summarize the text column of Parquet files (files, folders or globs) into one "
-        "output file with every input column plus the result columns. Paced under --rpm, texts outside "
-        "10..5000 words skipped, identical requests sent once, answers kept in a journal so that an "
-        "interrupted run resumes where it stopped when the same command is run again.",
+        help="summarize a text column of a dataset (Parquet, CSV, JSON Lines; local or s3://) into a new file",
+        description="Summarize the text column of a dataset (Parquet, CSV or JSON Lines files, folders, "
+        "hive-partitioned folders, globs; local paths or s3://, gs://, abfs://, https:// URIs) into one "
+        "output file with every input column plus the result columns, in input order (the inputs as "
+        "given, a folder's files sorted by path, each file's rows in order). Paced under --rpm, texts "
+        "outside 10..5000 words skipped, identical requests sent once, answers kept in a journal so "
+        "that an interrupted run resumes where it stopped when the same command is run again.",
     )
-    run.add_argument("inputs", nargs="+", metavar="INPUT", help="Parquet file, folder of them, or glob")
-    run.add_argument("-o", "--output", required=True, help="output Parquet file (written when complete)")
+    run.add_argument("inputs", nargs="+", metavar="INPUT",
+                     help="a file, a folder (recursive; key=value sub-folders become columns), a glob, or a URI; "
+                     "several inputs must share one schema")
+    run.add_argument("-o", "--output", required=True,
+                     help="output file: .parquet, .csv or .jsonl, local or a URI (written when complete)")
     run.add_argument("--column", required=True, help="the input column holding the texts")
+    run.add_argument("--format", default=None, choices=["parquet", "csv", "jsonl"], type=str.lower,
+                     help="the inputs' format (default: from their extension)")
     _add_request_options(run)
     run.add_argument("--rpm", type=_positive_float, default=None,
                      help=f"requests per minute your plan allows; starts are evenly spaced under it "
@@ -150,6 +174,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("--wait", action="store_true",
                      help="when another run holds the output or the journal, wait for it instead of refusing")
+
+    journal = commands.add_parser(
+        "journal",
+        help="show what a journal holds",
+        description="Show what a run's journal holds: answers by status, size, last write, and which "
+        "output it served. A journal is safe to delete once its output is complete and you will not "
+        "rerun the command (it only saves paying again for answers already received).",
+    )
+    journal.add_argument("path", metavar="PATH", help="the journal (OUTPUT.journal.sqlite by default)")
 
     one = commands.add_parser("text", help="summarize one text (an argument or standard input) and print it")
     one.add_argument("text", nargs="?", default="-", help="the text; '-' or nothing reads standard input")
@@ -179,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
 def _say(message: str) -> None:
     print(f"batchsum: {message}", file=sys.stderr, flush=True)
 
@@ -198,6 +237,9 @@ def _client_settings(args: argparse.Namespace, stack: ExitStack, rpm: float) -> 
     if args.local:
         settings["base_url"], settings["api_key"] = _start_local(stack, rpm)
     else:
+        if not os.environ.get(ENV_API_KEY, "").strip():
+            raise _Stop(EXIT_USAGE, f"error: no API key: export {ENV_API_KEY}=... (the key is on the service's "
+                        "'My Account' page), or pass --local to try the local service")
         settings["base_url"] = args.base_url
     return settings
 
@@ -216,10 +258,12 @@ def _budget_line(args: argparse.Namespace, stack: ExitStack, rpm: float) -> str:
     """Which budget a run would join, and how many starts it had in the last minute (others' runs)."""
     if args.local:
         return "budget:           the local service's own fresh key: no other run uses it"
+    if not os.environ.get(ENV_API_KEY, "").strip():
+        return f"budget:           not known without a key (${ENV_API_KEY} is not set)"
     try:
         client = AsyncClient(**_client_settings(args, stack, rpm))
     except ConfigurationError as exc:
-        return f"budget:           not known without a key ({exc})"
+        return f"budget:           not known ({exc})"
     budget = open_budget(args.budget, client.identity)
 
     async def look() -> Any:
@@ -276,18 +320,19 @@ class _StopOnSignal:
 
 
 def _summarize(args: argparse.Namespace) -> int:
+    from .datasets import DatasetInput, DatasetOutput, check_output, default_journal, summarize_dataset
     from .journal import Journal, RunLock
-    from .parquet import ParquetInput, ParquetOutput, check_output_path, summarize_parquet
     from .progress import ProgressBar
 
     # Everything that can be refused is checked before any file is created or anything is sent.
     params = validate_params(args.mode, args.percentage, args.type)
     rpm = _run_rpm(args)
     options = RunOptions(rpm=rpm, concurrency=args.concurrency)
-    source = ParquetInput(args.inputs, args.column)
-    output_path = check_output_path(args.output, source.paths)
-    journal_path = Path(args.journal) if args.journal else output_path.with_name(output_path.name + ".journal.sqlite")
-    if os.path.abspath(journal_path) == os.path.abspath(output_path):
+    source = DatasetInput(args.inputs, args.column, format=args.format)
+    target = check_output(args.output, source)
+    output_path = target.spec
+    journal_path = Path(args.journal) if args.journal else default_journal(target)
+    if not target.remote and os.path.abspath(journal_path) == os.path.abspath(target.local):
         raise InputError(f"--journal {journal_path} is the output file; give the journal a path of its own")
     if any(os.path.abspath(journal_path) == os.path.abspath(p) for p in source.paths):
         raise InputError(f"--journal {journal_path} is an input file; give the journal a path of its own")
@@ -302,12 +347,16 @@ def _summarize(args: argparse.Namespace) -> int:
         budget = open_budget(args.budget, client.identity)
         _check_budget(budget)  # before any file is created
         options = dataclasses.replace(options, budget=budget)
-        stack.enter_context(RunLock(output_path, "output", wait=args.wait))
+        if not target.remote:  # a remote output is one PUT at the end: the journal's lock guards the run
+            stack.enter_context(RunLock(target.local, "output", wait=args.wait))
+        journal_path.parent.mkdir(parents=True, exist_ok=True)
         stack.enter_context(RunLock(journal_path, "journal", wait=args.wait))
-        output = ParquetOutput(output_path, source.schema, args.output_column, source.paths)
+        assert source.schema is not None
+        output = DatasetOutput(target, source.schema, args.output_column, source)
         cleanup = stack.enter_context(ExitStack())
         cleanup.callback(output.abort)  # a refused journal leaves no temporary output behind
         journal = stack.enter_context(Journal(journal_path))
+        journal.note_output(output_path)
         cleanup.pop_all()
         bar = stack.enter_context(ProgressBar(source.num_rows, enabled=not args.quiet))
         stats = BatchStats(total=source.num_rows)
@@ -323,7 +372,7 @@ def _summarize(args: argparse.Namespace) -> int:
             ticker = asyncio.ensure_future(bar.follow(stats))
             try:
                 async with client:
-                    await summarize_parquet(source, output, client, params, options, store=journal, stats=stats,
+                    await summarize_dataset(source, output, client, params, options, store=journal, stats=stats,
                                             pacer=pacer, on_result=bar)
             finally:
                 ticker.cancel()
@@ -343,8 +392,7 @@ def _summarize(args: argparse.Namespace) -> int:
             return EXIT_FATAL
         except BudgetError as exc:
             bar.close()
-            _say(f"stopped: {exc}. {output_path} holds the {stats.done} rows finished so far; "
-                 f"{len(journal) - kept} new answers kept; {resume}")
+            _say(f"stopped: {exc}; {stats.done} rows were done; {len(journal) - kept} new answers kept; {resume}")
             return EXIT_FATAL
         except JournalError as exc:
             bar.close()
@@ -355,10 +403,15 @@ def _summarize(args: argparse.Namespace) -> int:
             bar.close()
             signum = stop.received if stop is not None else None
             why = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
-            _say(f"{why} after {stats.done} rows; {len(journal) - kept} new answers kept; {resume}")
+            _say(f"{why}: {stats.done} rows were done ({stats.ok} ok); {len(journal) - kept} new answers kept in "
+                 f"the journal, with those that arrived while stopping; {resume}")
             return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
         bar.close()
         _say(f"wrote {output_path}: {stats.account()}")
+        unreachable = stats.failed_by_code["connection_error"] + stats.failed_by_code["timeout"]
+        if unreachable:
+            _say(f"{unreachable} rows could not reach the service at {client.base_url} after {args.max_retries} "
+                 "retries each: check --base-url and the network, then run the same command again")
         if stats.failed:
             _say(f"{stats.failed} rows failed (see the {args.output_column}_error column); "
                  f"running the same command again retries the transient ones")
@@ -366,14 +419,61 @@ def _summarize(args: argparse.Namespace) -> int:
 
 
 def _text(args: argparse.Namespace) -> int:
+    if args.text == "-" and sys.stdin.isatty():
+        raise _Stop(EXIT_USAGE, 'error: no text given: pass it as an argument (batchsum text "...") or on standard '
+                    "input (batchsum text < article.txt)")
     text = sys.stdin.read() if args.text == "-" else args.text
+    validate_params(args.mode, args.percentage, args.type)
     with ExitStack() as stack:
         settings = _client_settings(args, stack, 0)
         with Client(**settings) as client:
             try:
                 print(client.summarize(text, args.mode, args.percentage, args.type))
             except APIError as exc:
-                raise _Stop(EXIT_FATAL, f"{type(exc).__name__}: {exc}") from None
+                raise _Stop(EXIT_FATAL, f"error: {explain(exc, client.base_url)}") from None
+    return EXIT_OK
+
+
+def explain(error: APIError, base_url: str) -> str:
+    """What went wrong in words a CLI user acts on: who answered what, and what to do."""
+    tries = f"after {error.attempts} attempt{'s' if error.attempts != 1 else ''}"
+    if isinstance(error, AuthenticationError):
+        return f'the service answered 401 "{error.message}": check the key in ${ENV_API_KEY}'
+    if isinstance(error, NotPremiumError):
+        return f'the service answered 401 "{error.message}": your plan does not allow this request (mode 2 needs premium)'
+    if isinstance(error, UnprocessableEntityError):
+        return f'the service refused the request (422 "{error.message}")'
+    if isinstance(error, RateLimitError):
+        return f"the service kept answering 429 (too many requests) {tries}; try again later, or lower --rpm"
+    if isinstance(error, APITimeoutError):
+        return f"no answer from {base_url} in time {tries}; try again, or raise --timeout"
+    if isinstance(error, APIConnectionError):
+        return f"cannot reach the service at {base_url} ({error.message}) {tries}; check --base-url and the network"
+    if isinstance(error, APIStatusError):
+        return f'the service at {base_url} answered {error.status_code} "{error.message}" {tries}'
+    return f"{error.message} ({base_url}, {tries})"
+
+
+def _journal(args: argparse.Namespace) -> int:
+    import datetime
+
+    from .journal import Journal
+
+    path = Path(args.path)
+    with Journal(path, readonly=True) as journal:
+        counts = journal.counts()
+        meta = journal.meta()
+        last = journal.last_write()
+    size = path.stat().st_size + sum(p.stat().st_size for p in path.parent.glob(path.name + "-*") if p.is_file())
+    when = datetime.datetime.fromtimestamp(last).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z") if last else "never"
+    by_status = ", ".join(f"{status} {n}" for status, n in sorted(counts.items())) or "none"
+    print(f"journal:    {path}")
+    print(f"answers:    {sum(counts.values())} ({by_status})")
+    print(f"size:       {size / 1024:.1f} KiB")
+    print(f"last write: {when}")
+    print(f"output:     {meta.get('output', 'not recorded')}")
+    print("safe to delete once its output is complete and you will not rerun the command: it only spares "
+          "paying again for answers already received")
     return EXIT_OK
 
 
@@ -418,7 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # --help, --version, or a usage error already said in one line
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
-    handlers = {"summarize": _summarize, "text": _text, "serve": _serve}
+    handlers = {"summarize": _summarize, "text": _text, "serve": _serve, "journal": _journal}
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if in_main_thread else None
     if in_main_thread and previous == signal.SIG_DFL:

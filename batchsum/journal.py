@@ -190,6 +190,21 @@ class Journal:
         """Keep ``answer``; committed at once (autocommit). ``JournalError`` when it cannot be written."""
         self._query("INSERT OR REPLACE INTO answers VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (key, *answer, time.time()))
 
+    def note_output(self, output: str) -> None:
+        """Remember which output this journal served (``batchsum journal`` shows it)."""
+        self._query("INSERT OR REPLACE INTO meta VALUES ('output', ?)", (str(output),))
+
+    def counts(self) -> dict[str, int]:
+        """Answers by status (``ok``, ``failed``)."""
+        return dict(self._query("SELECT status, COUNT(*) FROM answers GROUP BY status").fetchall())
+
+    def last_write(self) -> float | None:
+        (last,) = self._query("SELECT MAX(finished_at) FROM answers").fetchone()
+        return float(last) if last is not None else None
+
+    def meta(self) -> dict[str, str]:
+        return dict(self._query("SELECT name, value FROM meta").fetchall())
+
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> sqlite3.Cursor:
         try:
             return self._db.execute(sql, args)

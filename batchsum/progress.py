@@ -29,11 +29,13 @@ class ProgressBar:
         self._last_postfix = 0.0
 
     def __call__(self, stats: BatchStats) -> None:
-        self._bar.update(stats.done - self._bar.n)
+        # The row count and the counts after it are drawn together, so they always agree.
         now = time.monotonic()
         if now - self._last_postfix >= 0.5 or stats.done == stats.total:
             self._last_postfix = now
-            self._bar.set_postfix_str(self.describe(stats), refresh=True)
+            self._bar.n = stats.done
+            self._bar.set_postfix_str(self.describe(stats), refresh=False)
+            self._bar.refresh()
 
     @staticmethod
     def describe(stats: BatchStats) -> str:

@@ -75,8 +75,8 @@ def journal_rows(tmp_path):
         return db.execute("SELECT COUNT(*) FROM answers").fetchone()[0]
 
 
-@pytest.mark.parametrize("signum, code, words", [(signal.SIGINT, 130, "interrupted after"),
-                                                 (signal.SIGTERM, 143, "terminated (SIGTERM) after")])
+@pytest.mark.parametrize("signum, code, words", [(signal.SIGINT, 130, "interrupted: "),
+                                                 (signal.SIGTERM, 143, "terminated (SIGTERM): ")])
 def test_sigint_and_sigterm_stop_alike_and_keep_every_answer_on_the_wire(setup, signum, code, words):
     service, argv, env, tmp_path = setup
     service.faults = Faults(latency=0.4)  # requests spend a while on the wire
