@@ -29,6 +29,7 @@ from .errors import (
 )
 
 from . import pandas_ext as _pandas_ext  # noqa: F401  (registers df.batchsum / series.batchsum)
+from .engine import result_dtypes
 from .pandas_ext import summarize_texts
 
 __version__ = "0.1.0"
@@ -37,6 +38,7 @@ __all__ = [
     "Client",
     "AsyncClient",
     "summarize_texts",
+    "result_dtypes",
     "widget",
     "Mode",
     "SummaryType",

@@ -35,7 +35,7 @@ import pyarrow.fs as pafs
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
-from .engine import RowResult, result_columns, summarize_stream
+from .engine import RESULT_DTYPES, RowResult, result_columns, summarize_stream
 from .errors import InputError, JournalError
 
 __all__ = [
@@ -52,10 +52,9 @@ __all__ = [
 
 BATCH_ROWS = 1024
 
-# summary, status, error, message, http_status, attempts; pandas reads them back as string,
-# string, string, string, Int32, int32 (the accessor's dtypes).
+# summary, status, error, message, http_status, attempts; pandas reads Parquet outputs back with
+# the accessor's dtypes (engine.RESULT_DTYPES), through the pandas metadata written with them.
 RESULT_TYPES = [pa.string(), pa.string(), pa.string(), pa.string(), pa.int32(), pa.int32()]
-PANDAS_DTYPES = ["string", "string", "string", "string", "Int32", "int32"]
 
 INPUT_FORMATS = {"parquet": (".parquet", ".pq", ".parq"), "csv": (".csv",), "jsonl": (".jsonl", ".ndjson", ".json")}
 OUTPUT_FORMATS = {"parquet": (".parquet", ".pq"), "csv": (".csv",), "jsonl": (".jsonl", ".ndjson")}
@@ -75,7 +74,11 @@ def _filesystem(spec: str) -> tuple[pafs.FileSystem, str]:
     scheme = spec.partition("://")[0].lower()
     if scheme not in _HTTP:
         try:
-            return pafs.FileSystem.from_uri(spec)
+            filesystem, path = pafs.FileSystem.from_uri(spec)
+            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            if scheme == "s3" and endpoint:  # an S3-compatible store (MinIO, R2, moto): the standard variable
+                filesystem = pafs.S3FileSystem(endpoint_override=endpoint)
+            return filesystem, path
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
             if "Unrecognized filesystem type" not in str(exc):
                 raise InputError(f"{spec}: {_one_line(exc)}") from None
@@ -296,13 +299,14 @@ def check_output(target: str | os.PathLike[str], inputs: DatasetInput | None = N
         if inputs is not None and any(local.resolve() == p.resolve() for p in inputs.paths):
             raise InputError(f"output {spec} is also an input; write to another file")
     else:
-        parent = path.rsplit("/", 1)[0] if "/" in path else path
+        # Object stores have no folders: only the bucket (the path's first part) must exist.
+        bucket = path.split("/", 1)[0]
         try:
-            info = filesystem.get_file_info(parent)
+            info = filesystem.get_file_info(bucket)
         except OSError as exc:
             raise InputError(f"cannot write {spec}: {_one_line(exc)}") from None
         if info.type == pafs.FileType.NotFound:
-            raise InputError(f"cannot write {spec}: {parent} does not exist (bucket or folder)")
+            raise InputError(f"cannot write {spec}: bucket {bucket} does not exist")
         if inputs is not None and spec in inputs.uris:
             raise InputError(f"output {spec} is also an input; write to another file")
     return _Target(spec, filesystem, path, format, remote)
@@ -327,12 +331,12 @@ def _umask() -> int:
 
 
 def _pandas_metadata(schema: pa.Schema, names: Sequence[str]) -> pa.Schema:
-    """``schema`` with pandas metadata that reads the result columns back as ``PANDAS_DTYPES``."""
+    """``schema`` with pandas metadata that reads the result columns back as ``RESULT_DTYPES``."""
     import pandas as pd
 
     try:
         frame = schema.remove_metadata().empty_table().to_pandas()
-        for name, dtype in zip(names, PANDAS_DTYPES):
+        for name, dtype in zip(names, RESULT_DTYPES):
             frame[name] = frame[name].astype(dtype)
         pandas = pa.Schema.from_pandas(frame, preserve_index=False).metadata[b"pandas"]
     except (pa.ArrowException, TypeError, ValueError, KeyError):

@@ -53,6 +53,7 @@ __all__ = [
     "fingerprint",
     "summarize_stream",
     "result_columns",
+    "result_dtypes",
     "DEFAULT_WINDOW",
 ]
 
@@ -80,6 +81,16 @@ class RowResult(NamedTuple):
 def result_columns(output_column: str = "summary") -> list[str]:
     """Column names of a ``RowResult``, named after the output column."""
     return [output_column] + [f"{output_column}_{name}" for name in RowResult._fields[1:]]
+
+
+# The result columns' pandas dtypes, the same on every path (accessor, Dask, Parquet read back):
+# text as pandas' string dtype (missing: pd.NA), the HTTP status nullable (skipped rows have none).
+RESULT_DTYPES = ("string", "string", "string", "string", "Int32", "int32")
+
+
+def result_dtypes(output_column: str = "summary") -> dict[str, str]:
+    """``{column: dtype}`` of the result columns, e.g. for ``pd.read_csv(path, dtype=...)``."""
+    return dict(zip(result_columns(output_column), RESULT_DTYPES))
 
 
 Answer = RowResult  # what the store keeps per fingerprint: an "ok" or a permanent "failed" result

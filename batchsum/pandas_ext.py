@@ -22,7 +22,7 @@ import pandas as pd
 from . import contract
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .client import AsyncClient, validate_params
-from .engine import AnswerStore, BatchStats, MemoryStore, RowResult, RunOptions, result_columns, summarize_stream
+from .engine import RESULT_DTYPES, AnswerStore, BatchStats, MemoryStore, RowResult, RunOptions, result_columns, summarize_stream
 from .budget import Budget, open_budget
 from .pacing import Limiter
 from .errors import InputError, InvalidParameterError
@@ -210,11 +210,6 @@ async def summarize_texts(
             if journal is not None:
                 store.close()  # type: ignore[attr-defined]
     return out
-
-
-# summary, status, error, message, http_status, attempts: text as pandas' string dtype (missing is
-# pd.NA), the HTTP status nullable (skipped rows have none).
-RESULT_DTYPES = ["string", "string", "string", "string", "Int64", "int64"]
 
 
 def _frame(results: list[RowResult], index: pd.Index, output_column: str) -> pd.DataFrame:

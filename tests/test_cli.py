@@ -1,7 +1,10 @@
 """The command line: Parquet in, Parquet out, exit codes, one-line errors, nothing sent on bad input."""
 
+import os
+import pty
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pandas as pd
@@ -9,10 +12,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchsum.cli import main
+import batchsum
+from batchsum.cli import build_parser, main
 from batchsum.journal import Journal
 from batchsum.local.summarizer import summarize as local_summary
-from tests.conftest import EXPIRED_KEY, KEY, article
+from tests.conftest import EXPIRED_KEY, KEY, article, free_port
 
 
 @pytest.fixture
@@ -96,7 +100,8 @@ def test_dry_run_sends_nothing_and_says_what_would_happen(env, tmp_path, capsys)
     out = capsys.readouterr().out
     assert "would send:       27 requests; at 30 requests/min that takes at least 0m52s" in out
     assert "would skip:       2 rows (empty 1, too_short 1)" in out
-    assert env.stats()["requests"] == 0 and not (tmp_path / "out.parquet").exists()
+    assert env.stats()["requests"] == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]
+    assert not list(Path(os.environ["XDG_CACHE_HOME"]).iterdir())  # nor the budget's file
 
 
 def test_local_runs_without_a_key(tmp_path, capsys):
@@ -166,11 +171,74 @@ def test_invalid_parameters_are_usage_errors(env, tmp_path, capsys, flag):
     assert env.stats()["requests"] == 0
 
 
-def test_no_key_is_a_usage_error(svc, tmp_path, capsys, monkeypatch):
+def test_no_key_is_a_usage_error_that_speaks_to_a_cli_user(svc, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("BATCHSUM_BASE_URL", svc.url)
     src = write(frame(), tmp_path / "in.parquet")
-    assert run(src, "-o", str(tmp_path / "o.parquet"), "--column", "text") == 2
-    assert "BATCHSUM_API_KEY" in capsys.readouterr().err
+    for argv in (["summarize", src, "-o", str(tmp_path / "o.parquet"), "--column", "text"], ["text", article(20)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "BATCHSUM_API_KEY" in err and "--local" in err, err
+        assert "api_key" not in err
+    assert svc.stats()["requests"] == 0
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--version"])
+    assert capsys.readouterr().out.strip() == f"batchsum {batchsum.__version__}"
+    assert main(["--version"]) == 0
+
+
+@pytest.mark.parametrize("given, sent", [("default", None), ("DEFAULT", None), ("Bullets", "bullets"),
+                                         ("best_line", "best_line"), ("SUMMARY_2", "summary_2")])
+def test_type_accepts_default_and_any_case(env, capsys, given, sent):
+    text = article(40)
+    assert main(["text", text, "--type", given]) == 0
+    assert capsys.readouterr().out.strip() == local_summary(text, 1, 4, sent)
+
+
+def test_an_unknown_type_is_one_line_naming_the_choices(capsys):
+    assert main(["text", "a text", "--type", "haiku"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "invalid type 'haiku'" in err[0] and "default, summary_2, bullets, best_line" in err[0]
+    assert err[1] == "batchsum: see 'batchsum text --help'"
+
+
+def test_text_on_a_terminal_says_how_to_pass_one_instead_of_waiting(env):
+    main_fd, terminal = pty.openpty()
+    try:
+        done = subprocess.run([sys.executable, "-m", "batchsum.cli", "text"], stdin=terminal, capture_output=True,
+                              text=True, timeout=60)
+    finally:
+        os.close(main_fd)
+        os.close(terminal)
+    assert done.returncode == 2
+    assert "no text given" in done.stderr and "batchsum text < article.txt" in done.stderr
+    assert env.stats()["requests"] == 0
+
+
+def test_text_explains_errors_as_summarize_does(env, capsys, monkeypatch):
+    monkeypatch.setenv("BATCHSUM_API_KEY", EXPIRED_KEY)
+    assert main(["text", article(20)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith('batchsum: error: the service answered 401 "') and "NotPremiumError" not in err
+    port = free_port()
+    monkeypatch.setenv("BATCHSUM_API_KEY", KEY)
+    assert main(["text", article(20), "--base-url", f"http://127.0.0.1:{port}", "--max-retries", "1"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert f"cannot reach the service at http://127.0.0.1:{port}" in err and "after 2 attempts" in err
+
+
+def test_journal_command_shows_what_a_journal_holds(env, tmp_path, capsys):
+    src = write(frame(), tmp_path / "in.parquet")
+    out = tmp_path / "out.parquet"
+    assert run(src, "-o", str(out), "--column", "text") == 0
+    capsys.readouterr()
+    assert main(["journal", str(tmp_path / "out.parquet.journal.sqlite")]) == 0
+    shown = capsys.readouterr().out
+    assert "answers:    27 (ok 27)" in shown and f"output:     {out}" in shown and "safe to delete" in shown
+    assert main(["journal", str(src)]) == 2
+    assert "is not a batchsum journal" in capsys.readouterr().err
 
 
 def test_every_flag_has_help(capsys):

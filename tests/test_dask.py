@@ -73,7 +73,7 @@ def test_two_workers_share_one_budget_and_pay_once_per_text(cluster, limited, re
         assert most_in_any_window(list(limited.state.admitted), window) <= max_starts(600, window), window
     assert result.index.equals(data.index) and result["id"].tolist() == data["id"].tolist()
     assert (result["summary_status"] == "ok").all() and result["summary"].str.len().gt(0).all()
-    assert str(result["summary_http_status"].dtype) == "Int64" and result["summary_attempts"].dtype == "int64"
+    assert str(result["summary_http_status"].dtype) == "Int32" and result["summary_attempts"].dtype == "int32"
 
     cluster.restart()  # every worker process killed and started again: the answers are in Redis
     limited.state.reset_stats()

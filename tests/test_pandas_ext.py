@@ -45,7 +45,7 @@ def test_every_column_plus_results_on_the_same_index_in_the_same_order(svc, opts
     assert list(out["summary_status"]) == ["ok"] * 4 + ["skipped"] * 2
     for text, summary in zip(values[:4], out["summary"][:4]):
         assert summary == local_summary(text, 2, 4, "bullets")
-    assert out["summary_http_status"].dtype == "Int64" and pd.isna(out["summary_http_status"].iloc[4])
+    assert out["summary_http_status"].dtype == "Int32" and pd.isna(out["summary_http_status"].iloc[4])
     assert df.columns.tolist() == ["text", "n"]  # the input is untouched
 
 
