@@ -1,5 +1,6 @@
 """The routes of the local reference service: the interface's one operation, answered as the
-interface says, plus ``/_local/*`` for tests and benchmarks (stats, faults, reset), off unless an admin key is set.
+interface says, its OpenAPI document at ``/openapi.json``, plus ``/_local/*`` for tests and
+benchmarks (stats, faults, reset), off unless an admin key is set.
 
 Order of checks on the summarize route: injected fault, key, expired plan, rate limit (every
 request with a valid key counts, valid body or not), body, plan vs mode, word limits, summary.
@@ -21,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from .. import contract
 from ..contract import Messages
+from .openapi import openapi_document
 from .state import Faults, Plan, ServiceState
 from .summarizer import summarize
 
@@ -233,8 +235,14 @@ def create_app(state: ServiceState) -> Starlette:
 
     async def index_route(request: Request) -> Response:
         return JSONResponse(
-            {"service": "batchsum local reference service", "endpoint": f"POST {contract.SUMMARIZE_PATH}"}
+            {"service": "batchsum local reference service", "endpoint": f"POST {contract.SUMMARIZE_PATH}",
+             "openapi": "/openapi.json"}
         )
+
+    document = openapi_document()
+
+    async def openapi_route(request: Request) -> Response:
+        return JSONResponse(document)
 
     return Starlette(
         routes=[
@@ -243,5 +251,6 @@ def create_app(state: ServiceState) -> Starlette:
             Route("/_local/faults", faults_route, methods=["POST"]),
             Route("/_local/reset", reset_route, methods=["POST"]),
             Route("/", index_route, methods=["GET"]),
+            Route("/openapi.json", openapi_route, methods=["GET"]),
         ]
     )
