@@ -6,8 +6,10 @@
 
 from __future__ import annotations
 
+from . import pandas_ext as _pandas_ext  # noqa: F401  (registers df.batchsum / series.batchsum)
 from .client import AsyncClient, Client
 from .contract import Mode, SummaryType
+from .engine import result_dtypes
 from .errors import (
     APIConnectionError,
     APIError,
@@ -27,9 +29,6 @@ from .errors import (
     TextTooShortError,
     UnprocessableEntityError,
 )
-
-from . import pandas_ext as _pandas_ext  # noqa: F401  (registers df.batchsum / series.batchsum)
-from .engine import result_dtypes
 from .pandas_ext import summarize_texts
 
 __version__ = "0.1.0"

@@ -134,8 +134,8 @@ def backoff(attempt: int, rand: Callable[[], float] = random.random) -> float:
     Doubles from INITIAL_BACKOFF up to MAX_BACKOFF, then takes off up to a quarter at random so that
     many senders failing together do not come back together.
     """
-    ceiling = min(INITIAL_BACKOFF * 2 ** (attempt - 1), MAX_BACKOFF)
-    return ceiling * (1 - 0.25 * rand())
+    ceiling = min(INITIAL_BACKOFF * 2.0 ** (attempt - 1), MAX_BACKOFF)
+    return float(ceiling * (1 - 0.25 * rand()))
 
 
 def retry_delay(

@@ -160,7 +160,7 @@ class Budget(abc.ABC):
         """The budget's state now, reserving nothing and creating nothing (``--dry-run``)."""
         return await self.reserve(0.0, start=False)
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - most budgets hold nothing to let go of
         """Let go of connections (the budget's state stays for the others)."""
 
     def __repr__(self) -> str:
@@ -381,9 +381,7 @@ class RedisBudget(Budget):
         try:
             import redis.asyncio  # noqa: F401
         except ImportError:
-            raise BudgetError(
-                "a redis:// budget needs the redis package: pip install 'batchsum[redis]'"
-            ) from None
+            raise BudgetError("a redis:// budget needs the redis package: pip install 'batchsum[redis]'") from None
         self.url = url
         self.id = key_id
         self.where = _redacted_url(url)
@@ -412,9 +410,17 @@ class RedisBudget(Budget):
 
         _, _, script = self._client()
         args = [
-            f"{max(0.0, interval):.6f}", "1" if start else "0", f"{max(0.0, report.pause_for):.6f}",
-            (report.pause_reason or "")[:REASON_CHARS], "" if report.pace is None else f"{report.pace:.6f}",
-            str(report.refused), str(MAX_AHEAD), str(MAX_PAUSE), str(KEEP_SECONDS), str(MINUTE), str(report.started),
+            f"{max(0.0, interval):.6f}",
+            "1" if start else "0",
+            f"{max(0.0, report.pause_for):.6f}",
+            (report.pause_reason or "")[:REASON_CHARS],
+            "" if report.pace is None else f"{report.pace:.6f}",
+            str(report.refused),
+            str(MAX_AHEAD),
+            str(MAX_PAUSE),
+            str(KEEP_SECONDS),
+            str(MINUTE),
+            str(report.started),
             "" if report.pace_base is None else str(report.pace_base),
         ]
         for attempt in range(_REDIS_ATTEMPTS):
@@ -434,9 +440,15 @@ class RedisBudget(Budget):
             v.decode() if isinstance(v, bytes) else str(v) for v in raw
         )
         return Slot(
-            wait=float(wait), at=float(at) if at else None, paused_for=max(0.0, float(paused_for)), pause_mark=float(mark),
-            pause_reason=reason or None, pace=float(pace) if pace else None, pace_version=int(version),
-            starts=int(starts), refused=int(refused),
+            wait=float(wait),
+            at=float(at) if at else None,
+            paused_for=max(0.0, float(paused_for)),
+            pause_mark=float(mark),
+            pause_reason=reason or None,
+            pace=float(pace) if pace else None,
+            pace_version=int(version),
+            starts=int(starts),
+            refused=int(refused),
         )
 
     async def aclose(self) -> None:
@@ -485,7 +497,7 @@ def open_budget(spec: str | Budget | None, identity: str) -> Budget:
     if lowered == MACHINE:
         return SQLiteBudget(default_budget_path(), key_id, default=True)
     if lowered.startswith("sqlite:///"):
-        return SQLiteBudget(spec.strip()[len("sqlite://"):], key_id)
+        return SQLiteBudget(spec.strip()[len("sqlite://") :], key_id)
     if lowered.startswith(("redis://", "rediss://", "unix://")):
         return RedisBudget(spec.strip(), key_id)
     raise BudgetError(

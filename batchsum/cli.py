@@ -21,8 +21,8 @@ from typing import Any, NoReturn
 
 from . import contract
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from .client import ENV_API_KEY, AsyncClient, Client, validate_params
 from .budget import ENV_BUDGET, Budget, open_budget
+from .client import ENV_API_KEY, AsyncClient, Client, validate_params
 from .engine import BatchStats, RunOptions, plan_batch
 from .errors import (
     APIConnectionError,
@@ -94,24 +94,50 @@ _non_negative_int = _whole_number(0)
 
 
 def _add_request_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--mode", default="1", choices=["1", "2", "standard", "advanced"],
-                        help="1 = standard (smaller, faster model; default), 2 = advanced (full model)")
-    parser.add_argument("--percentage", type=int, default=contract.PERCENTAGE_DEFAULT, choices=range(1, 7),
-                        metavar="1..6", help="summary length, 1 (shortest) to 6 (longest); default 4")
-    parser.add_argument("--type", default=None, type=_summary_type, metavar="TYPE",
-                        help="output format: default (a plain summary), summary_2 (headings and points), "
-                        "bullets, best_line (any case)")
-    parser.add_argument("--base-url", default=None,
-                        help="service address; default $BATCHSUM_BASE_URL or https://www.summarizer.org")
-    parser.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT,
-                        help=f"seconds to wait for one answer (default {DEFAULT_TIMEOUT:g})")
-    parser.add_argument("--max-retries", type=_non_negative_int, default=DEFAULT_MAX_RETRIES,
-                        help=f"retries of a transient failure (429, 5xx, timeout, dropped connection; "
-                        f"default {DEFAULT_MAX_RETRIES})")
-    parser.add_argument("--encoding", default="json", choices=["json", "form", "multipart"],
-                        help="request body encoding (default json)")
-    parser.add_argument("--local", action="store_true",
-                        help="start the local reference service in this process and use it (no key needed)")
+    parser.add_argument(
+        "--mode",
+        default="1",
+        choices=["1", "2", "standard", "advanced"],
+        help="1 = standard (smaller, faster model; default), 2 = advanced (full model)",
+    )
+    parser.add_argument(
+        "--percentage",
+        type=int,
+        default=contract.PERCENTAGE_DEFAULT,
+        choices=range(1, 7),
+        metavar="1..6",
+        help="summary length, 1 (shortest) to 6 (longest); default 4",
+    )
+    parser.add_argument(
+        "--type",
+        default=None,
+        type=_summary_type,
+        metavar="TYPE",
+        help="output format: default (a plain summary), summary_2 (headings and points), bullets, best_line (any case)",
+    )
+    parser.add_argument(
+        "--base-url", default=None, help="service address; default $BATCHSUM_BASE_URL or https://www.summarizer.org"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=DEFAULT_TIMEOUT,
+        help=f"seconds to wait for one answer (default {DEFAULT_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--max-retries",
+        type=_non_negative_int,
+        default=DEFAULT_MAX_RETRIES,
+        help=f"retries of a transient failure (429, 5xx, timeout, dropped connection; default {DEFAULT_MAX_RETRIES})",
+    )
+    parser.add_argument(
+        "--encoding", default="json", choices=["json", "form", "multipart"], help="request body encoding (default json)"
+    )
+    parser.add_argument(
+        "--local",
+        action="store_true",
+        help="start the local reference service in this process and use it (no key needed)",
+    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -129,8 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Summarize text in bulk through a rate-limited summarization API.",
         epilog=f"The API key comes from ${ENV_API_KEY}.",
     )
-    parser.add_argument("--version", action="version", version=f"batchsum {_version()}",
-                        help="print the version and exit")
+    parser.add_argument(
+        "--version", action="version", version=f"batchsum {_version()}", help="print the version and exit"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     run = commands.add_parser(
@@ -143,37 +170,74 @@ def build_parser() -> argparse.ArgumentParser:
         "outside 10..5000 words skipped, identical requests sent once, answers kept in a journal so "
         "that an interrupted run resumes where it stopped when the same command is run again.",
     )
-    run.add_argument("inputs", nargs="+", metavar="INPUT",
-                     help="a file, a folder (recursive; key=value sub-folders become columns), a glob, or a URI; "
-                     "several inputs must share one schema")
-    run.add_argument("-o", "--output", required=True,
-                     help="output file: .parquet, .csv or .jsonl, local or a URI (written when complete)")
+    run.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="a file, a folder (recursive; key=value sub-folders become columns), a glob, or a URI; "
+        "several inputs must share one schema",
+    )
+    run.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="output file: .parquet, .csv or .jsonl, local or a URI (written when complete)",
+    )
     run.add_argument("--column", required=True, help="the input column holding the texts")
-    run.add_argument("--format", default=None, choices=["parquet", "csv", "jsonl"], type=str.lower,
-                     help="the inputs' format (default: from their extension)")
+    run.add_argument(
+        "--format",
+        default=None,
+        choices=["parquet", "csv", "jsonl"],
+        type=str.lower,
+        help="the inputs' format (default: from their extension)",
+    )
     _add_request_options(run)
-    run.add_argument("--rpm", type=_positive_float, default=None,
-                     help=f"requests per minute your plan allows; starts are evenly spaced under it "
-                     f"(default ${ENV_RPM} or {DEFAULT_RPM:g}; with --local, no limit; 0 = no pacing)")
-    run.add_argument("--budget", default=None, metavar="WHERE",
-                     help="the key's rate budget, shared with every other run using the same key and "
-                     "service: machine (every batchsum process on this machine; the default, or "
-                     f"${ENV_BUDGET}), redis://HOST:PORT/DB (every machine), sqlite:///PATH, or none "
-                     "(this process only)")
-    run.add_argument("--concurrency", type=_positive_int, default=None,
-                     help="a cap on requests in flight at once (default: sized from --rpm and the "
-                     "service's measured latency, so the pace holds at any latency)")
-    run.add_argument("--output-column", default="summary",
-                     help="name of the summary column; the others are NAME_status, NAME_error, "
-                     "NAME_message, NAME_http_status, NAME_attempts (default summary)")
-    run.add_argument("--journal", default=None,
-                     help="SQLite journal of finished answers (default: OUTPUT.journal.sqlite); "
-                     "reused by later runs so nothing is paid for twice")
-    run.add_argument("--dry-run", action="store_true",
-                     help="send nothing: show what would be sent, skipped, reused, and the least time it takes")
+    run.add_argument(
+        "--rpm",
+        type=_positive_float,
+        default=None,
+        help=f"requests per minute your plan allows; starts are evenly spaced under it "
+        f"(default ${ENV_RPM} or {DEFAULT_RPM:g}; with --local, no limit; 0 = no pacing)",
+    )
+    run.add_argument(
+        "--budget",
+        default=None,
+        metavar="WHERE",
+        help="the key's rate budget, shared with every other run using the same key and "
+        "service: machine (every batchsum process on this machine; the default, or "
+        f"${ENV_BUDGET}), redis://HOST:PORT/DB (every machine), sqlite:///PATH, or none "
+        "(this process only)",
+    )
+    run.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        default=None,
+        help="a cap on requests in flight at once (default: sized from --rpm and the "
+        "service's measured latency, so the pace holds at any latency)",
+    )
+    run.add_argument(
+        "--output-column",
+        default="summary",
+        help="name of the summary column; the others are NAME_status, NAME_error, "
+        "NAME_message, NAME_http_status, NAME_attempts (default summary)",
+    )
+    run.add_argument(
+        "--journal",
+        default=None,
+        help="SQLite journal of finished answers (default: OUTPUT.journal.sqlite); "
+        "reused by later runs so nothing is paid for twice",
+    )
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="send nothing: show what would be sent, skipped, reused, and the least time it takes",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bar")
-    run.add_argument("--wait", action="store_true",
-                     help="when another run holds the output or the journal, wait for it instead of refusing")
+    run.add_argument(
+        "--wait",
+        action="store_true",
+        help="when another run holds the output or the journal, wait for it instead of refusing",
+    )
 
     journal = commands.add_parser(
         "journal",
@@ -195,20 +259,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
-    serve.add_argument("--key", action="append", default=None, metavar="KEY[:PLAN]",
-                       help="an accepted API key, with plan premium (default), basic or expired; "
-                       "repeat for more; one premium key is generated and printed when none is given")
-    serve.add_argument("--rpm", type=int, default=60,
-                       help="per-key limit over a sliding minute, answered with 429 and Retry-After "
-                       "(default 60; 0 = none)")
+    serve.add_argument(
+        "--key",
+        action="append",
+        default=None,
+        metavar="KEY[:PLAN]",
+        help="an accepted API key, with plan premium (default), basic or expired; "
+        "repeat for more; one premium key is generated and printed when none is given",
+    )
+    serve.add_argument(
+        "--rpm",
+        type=int,
+        default=60,
+        help="per-key limit over a sliding minute, answered with 429 and Retry-After (default 60; 0 = none)",
+    )
     serve.add_argument("--latency", type=_positive_float, default=0.0, help="seconds added to every answer")
-    serve.add_argument("--fault", action="append", default=[], metavar="KIND=RATE",
-                       help="inject a fault into a share of requests: KIND one of 429, 500, 502, drop, "
-                       "hang, garbled, 422; e.g. --fault 500=0.05 (repeatable)")
+    serve.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="KIND=RATE",
+        help="inject a fault into a share of requests: KIND one of 429, 500, 502, drop, "
+        "hang, garbled, 422; e.g. --fault 500=0.05 (repeatable)",
+    )
     serve.add_argument("--seed", type=int, default=0, help="seed of the fault injection (default 0)")
-    serve.add_argument("--test-controls", action="store_true",
-                       help="serve /_local/stats, /_local/faults and /_local/reset (for tests and benchmarks), "
-                       "behind an admin key printed at start; off by default")
+    serve.add_argument(
+        "--test-controls",
+        action="store_true",
+        help="serve /_local/stats, /_local/faults and /_local/reset (for tests and benchmarks), "
+        "behind an admin key printed at start; off by default",
+    )
     return parser
 
 
@@ -238,8 +318,11 @@ def _client_settings(args: argparse.Namespace, stack: ExitStack, rpm: float) -> 
         settings["base_url"], settings["api_key"] = _start_local(stack, rpm)
     else:
         if not os.environ.get(ENV_API_KEY, "").strip():
-            raise _Stop(EXIT_USAGE, f"error: no API key: export {ENV_API_KEY}=... (the key is on the service's "
-                        "'My Account' page), or pass --local to try the local service")
+            raise _Stop(
+                EXIT_USAGE,
+                f"error: no API key: export {ENV_API_KEY}=... (the key is on the service's "
+                "'My Account' page), or pass --local to try the local service",
+            )
         settings["base_url"] = args.base_url
     return settings
 
@@ -275,8 +358,10 @@ def _budget_line(args: argparse.Namespace, stack: ExitStack, rpm: float) -> str:
 
     seen = asyncio.run(look())
     pause = f"; paused {seen.paused_for:.0f} s more: {seen.pause_reason}" if seen.paused_for > 0 else ""
-    return (f"budget:           {budget.where}; {seen.starts} requests started on it in the last minute "
-            f"by other runs with this key{pause}")
+    return (
+        f"budget:           {budget.where}; {seen.starts} requests started on it in the last minute "
+        f"by other runs with this key{pause}"
+    )
 
 
 def _run_rpm(args: argparse.Namespace) -> float:
@@ -288,7 +373,9 @@ def _run_rpm(args: argparse.Namespace) -> float:
     try:
         return _positive_float(raw)
     except argparse.ArgumentTypeError:
-        raise InvalidParameterError(f"invalid ${ENV_RPM} {raw!r}: use a finite number of requests per minute >= 0") from None
+        raise InvalidParameterError(
+            f"invalid ${ENV_RPM} {raw!r}: use a finite number of requests per minute >= 0"
+        ) from None
 
 
 class _StopOnSignal:
@@ -309,8 +396,10 @@ class _StopOnSignal:
         if self.received is not None:
             raise KeyboardInterrupt  # the second signal: leave now
         self.received = signum
-        self._say(f"batchsum: {signal.Signals(signum).name}: stopping; waiting for answers on the wire "
-                  "(signal again to abort at once)")
+        self._say(
+            f"batchsum: {signal.Signals(signum).name}: stopping; waiting for answers on the wire "
+            "(signal again to abort at once)"
+        )
         self._task.cancel()
 
     def remove(self) -> None:
@@ -372,8 +461,9 @@ def _summarize(args: argparse.Namespace) -> int:
             ticker = asyncio.ensure_future(bar.follow(stats))
             try:
                 async with client:
-                    await summarize_dataset(source, output, client, params, options, store=journal, stats=stats,
-                                            pacer=pacer, on_result=bar)
+                    await summarize_dataset(
+                        source, output, client, params, options, store=journal, stats=stats, pacer=pacer, on_result=bar
+                    )
             finally:
                 ticker.cancel()
                 stop.remove()
@@ -384,11 +474,16 @@ def _summarize(args: argparse.Namespace) -> int:
             asyncio.run(run())
         except (AuthenticationError, NotPremiumError) as exc:
             bar.close()
-            _say(f"stopped: the service answered {exc.status_code} \"{exc.message}\" after {stats.done} rows; "
-                 f"{len(journal) - kept} new answers kept. "
-                 + ("Check the key in $BATCHSUM_API_KEY, then " if isinstance(exc, AuthenticationError)
-                    else "Check your plan (mode 2 needs premium), then ")
-                 + resume)
+            _say(
+                f'stopped: the service answered {exc.status_code} "{exc.message}" after {stats.done} rows; '
+                f"{len(journal) - kept} new answers kept. "
+                + (
+                    "Check the key in $BATCHSUM_API_KEY, then "
+                    if isinstance(exc, AuthenticationError)
+                    else "Check your plan (mode 2 needs premium), then "
+                )
+                + resume
+            )
             return EXIT_FATAL
         except BudgetError as exc:
             bar.close()
@@ -396,32 +491,43 @@ def _summarize(args: argparse.Namespace) -> int:
             return EXIT_FATAL
         except JournalError as exc:
             bar.close()
-            _say(f"stopped: {exc}. {output_path} holds the {stats.done} rows finished so far, with every answer "
-                 f"received; free space (or pass another --journal), then run the same command again to resume")
+            _say(
+                f"stopped: {exc}. {output_path} holds the {stats.done} rows finished so far, with every answer "
+                f"received; free space (or pass another --journal), then run the same command again to resume"
+            )
             return EXIT_FATAL
         except (KeyboardInterrupt, asyncio.CancelledError):
             bar.close()
             signum = stop.received if stop is not None else None
             why = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
-            _say(f"{why}: {stats.done} rows were done ({stats.ok} ok); {len(journal) - kept} new answers kept in "
-                 f"the journal, with those that arrived while stopping; {resume}")
+            _say(
+                f"{why}: {stats.done} rows were done ({stats.ok} ok); {len(journal) - kept} new answers kept in "
+                f"the journal, with those that arrived while stopping; {resume}"
+            )
             return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
         bar.close()
         _say(f"wrote {output_path}: {stats.account()}")
         unreachable = stats.failed_by_code["connection_error"] + stats.failed_by_code["timeout"]
         if unreachable:
-            _say(f"{unreachable} rows could not reach the service at {client.base_url} after {args.max_retries} "
-                 "retries each: check --base-url and the network, then run the same command again")
+            _say(
+                f"{unreachable} rows could not reach the service at {client.base_url} after {args.max_retries} "
+                "retries each: check --base-url and the network, then run the same command again"
+            )
         if stats.failed:
-            _say(f"{stats.failed} rows failed (see the {args.output_column}_error column); "
-                 f"running the same command again retries the transient ones")
+            _say(
+                f"{stats.failed} rows failed (see the {args.output_column}_error column); "
+                f"running the same command again retries the transient ones"
+            )
     return EXIT_OK
 
 
 def _text(args: argparse.Namespace) -> int:
     if args.text == "-" and sys.stdin.isatty():
-        raise _Stop(EXIT_USAGE, 'error: no text given: pass it as an argument (batchsum text "...") or on standard '
-                    "input (batchsum text < article.txt)")
+        raise _Stop(
+            EXIT_USAGE,
+            'error: no text given: pass it as an argument (batchsum text "...") or on standard '
+            "input (batchsum text < article.txt)",
+        )
     text = sys.stdin.read() if args.text == "-" else args.text
     validate_params(args.mode, args.percentage, args.type)
     with ExitStack() as stack:
@@ -440,7 +546,9 @@ def explain(error: APIError, base_url: str) -> str:
     if isinstance(error, AuthenticationError):
         return f'the service answered 401 "{error.message}": check the key in ${ENV_API_KEY}'
     if isinstance(error, NotPremiumError):
-        return f'the service answered 401 "{error.message}": your plan does not allow this request (mode 2 needs premium)'
+        return (
+            f'the service answered 401 "{error.message}": your plan does not allow this request (mode 2 needs premium)'
+        )
     if isinstance(error, UnprocessableEntityError):
         return f'the service refused the request (422 "{error.message}")'
     if isinstance(error, RateLimitError):
@@ -472,8 +580,10 @@ def _journal(args: argparse.Namespace) -> int:
     print(f"size:       {size / 1024:.1f} KiB")
     print(f"last write: {when}")
     print(f"output:     {meta.get('output', 'not recorded')}")
-    print("safe to delete once its output is complete and you will not rerun the command: it only spares "
-          "paying again for answers already received")
+    print(
+        "safe to delete once its output is complete and you will not rerun the command: it only spares "
+        "paying again for answers already received"
+    )
     return EXIT_OK
 
 
@@ -495,8 +605,7 @@ def _serve(args: argparse.Namespace) -> int:
             raise _Stop(EXIT_USAGE, f"invalid --fault {spec!r}: use KIND=RATE, e.g. 500=0.05") from None
     try:
         faults = Faults(latency=args.latency, rates=rates, seed=args.seed)
-        state = ServiceState(args.key, rpm=args.rpm, faults=faults,
-                             admin_key=new_key() if args.test_controls else None)
+        state = ServiceState(args.key, rpm=args.rpm, faults=faults, admin_key=new_key() if args.test_controls else None)
     except ValueError as exc:
         raise _Stop(EXIT_USAGE, str(exc)) from None
     shown = f"{args.host}:{args.port}" if ":" not in args.host else f"[{args.host}]:{args.port}"

@@ -83,8 +83,13 @@ def check_key(key: object, source: str) -> str:
         )
     for position, char in enumerate(key, 1):
         if not "!" <= char <= "~":
-            kind = "a space" if char == " " else "a control character" if char < " " or char == "\x7f" \
+            kind = (
+                "a space"
+                if char == " "
+                else "a control character"
+                if char < " " or char == "\x7f"
                 else "a non-ASCII character"
+            )
             raise ConfigurationError(
                 f"the API key from {source} contains {kind} at position {position}; "
                 "copy it again from the service's 'My Account' page"
@@ -121,7 +126,9 @@ def validate_params(mode: Any = 1, percentage: Any = contract.PERCENTAGE_DEFAULT
         raise InvalidParameterError(str(exc)) from None
 
 
-def prepare(text: Any, mode: Any = 1, percentage: Any = contract.PERCENTAGE_DEFAULT, type: Any = None) -> PreparedRequest:
+def prepare(
+    text: Any, mode: Any = 1, percentage: Any = contract.PERCENTAGE_DEFAULT, type: Any = None
+) -> PreparedRequest:
     """Validate a request against the contract. Raises ``InvalidParameterError`` (a ValueError)
     or ``InvalidTextError`` naming the problem; nothing is sent."""
     params = validate_params(mode, percentage, type)
@@ -255,8 +262,8 @@ class _ClientCore:
     @staticmethod
     def too_large() -> APIResponseValidationError:
         return APIResponseValidationError(
-            f"the service answered 200 with more than {MAX_ANSWER_BYTES // 1024 // 1024} MiB; "
-            "no summary is that long", transient=False,
+            f"the service answered 200 with more than {MAX_ANSWER_BYTES // 1024 // 1024} MiB; no summary is that long",
+            transient=False,
         )
 
     def transport_error(self, exc: httpx.HTTPError) -> APIError:

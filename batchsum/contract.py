@@ -143,9 +143,7 @@ def parse_percentage(value: Any) -> int:
         return PERCENTAGE_DEFAULT
     number = as_int(value)
     if number is None or not PERCENTAGE_MIN <= number <= PERCENTAGE_MAX:
-        raise ValueError(
-            f"invalid percentage {value!r}: use a whole number from {PERCENTAGE_MIN} to {PERCENTAGE_MAX}"
-        )
+        raise ValueError(f"invalid percentage {value!r}: use a whole number from {PERCENTAGE_MIN} to {PERCENTAGE_MAX}")
     return number
 
 

@@ -119,8 +119,13 @@ class _Job:
             return _memory.setdefault(identity, _MemoryClaims())
 
     async def results(self, texts: list[Any]) -> list[RowResult]:
-        settings = {"timeout": self.timeout, "max_retries": self.max_retries, "encoding": self.encoding}
-        async with AsyncClient(self.key.value, self.base_url, **settings) as client:
+        async with AsyncClient(
+            self.key.value,
+            self.base_url,
+            timeout=self.timeout,
+            max_retries=self.max_retries,
+            encoding=self.encoding,  # type: ignore[arg-type]  # checked on the client
+        ) as client:
             budget = open_budget(self.budget, client.identity)
             store = self.store(client.identity)
             options = RunOptions(rpm=self.rpm, concurrency=self.concurrency, budget=budget)
@@ -133,7 +138,8 @@ class _Job:
                     close()
 
     def __call__(self, part: pd.DataFrame | pd.Series) -> pd.DataFrame:
-        texts = (part if self.column is None else part[self.column]).tolist()
+        column: pd.Series = part if isinstance(part, pd.Series) else part[self.column]
+        texts = column.tolist()
         results = _run_in_worker(lambda: self.results(texts))
         if isinstance(part, pd.Series):
             return _frame(results, part.index, self.output_column)
@@ -186,8 +192,8 @@ def _default_journal(budget: Budget, identity: str) -> Path | None:
 class _Summarize:
     """``summarize`` for both accessors: everything checked on the client, then one lazy map."""
 
-    def __init__(self, data: dd.DataFrame | dd.Series) -> None:
-        self._data = data
+    def __init__(self, data: Any) -> None:
+        self._data = data  # a dd.DataFrame or a dd.Series, by the accessor
 
     def _job(
         self,
@@ -217,7 +223,7 @@ class _Summarize:
         if local:
             service = local_service()
             api_key, base_url = service.key, service.url
-        with Client(api_key, base_url, timeout=timeout, max_retries=max_retries, encoding=encoding) as client:
+        with Client(api_key, base_url, timeout=timeout, max_retries=max_retries, encoding=encoding) as client:  # type: ignore[arg-type]
             identity, base_url, key = client.identity, client.base_url, client._core.api_key
         spec = budget if budget is not None else (os.environ.get(ENV_BUDGET, "").strip() or MACHINE)
         opened = open_budget(spec, identity)
@@ -238,9 +244,18 @@ class _Summarize:
 
             SharedJournal(journal_path).close()  # created here, once, before the workers open it
         return _Job(
-            column=column, output_column=output_column, params=params, rpm=float(rpm), concurrency=concurrency,
-            budget=spec, journal=None if journal_path is None else str(journal_path), base_url=base_url,
-            key=_Secret(key), timeout=timeout, max_retries=max_retries, encoding=encoding,
+            column=column,
+            output_column=output_column,
+            params=params,
+            rpm=float(rpm),
+            concurrency=concurrency,
+            budget=spec,
+            journal=None if journal_path is None else str(journal_path),
+            base_url=base_url,
+            key=_Secret(key),
+            timeout=timeout,
+            max_retries=max_retries,
+            encoding=encoding,
         )
 
 
@@ -287,9 +302,21 @@ class DaskDataFrameAccessor(_Summarize):
             raise InputError(f"no column {column!r} in the DataFrame; its columns are: {shown}")
         _check_output(frame.columns, output_column)
         job = self._job(
-            column, mode, percentage, type, output_column=output_column, budget=budget, journal=journal, rpm=rpm,
-            concurrency=concurrency, api_key=api_key, base_url=base_url, local=local, timeout=timeout,
-            max_retries=max_retries, encoding=encoding,
+            column,
+            mode,
+            percentage,
+            type,
+            output_column=output_column,
+            budget=budget,
+            journal=journal,
+            rpm=rpm,
+            concurrency=concurrency,
+            api_key=api_key,
+            base_url=base_url,
+            local=local,
+            timeout=timeout,
+            max_retries=max_retries,
+            encoding=encoding,
         )
         meta = DataFrameAccessor(frame._meta)._join([], output_column)
         return frame.map_partitions(_partition, job, meta=meta, align_dataframes=False)
@@ -298,19 +325,27 @@ class DaskDataFrameAccessor(_Summarize):
 class DaskSeriesAccessor(_Summarize):
     """``dseries.batchsum.summarize(...)``: the result columns as a lazy Dask DataFrame."""
 
-    def summarize(self, mode: Any = 1, percentage: Any = 4, type: Any = None, *, output_column: str = "summary",
-                  **options: Any) -> dd.DataFrame:
+    def summarize(
+        self, mode: Any = 1, percentage: Any = 4, type: Any = None, *, output_column: str = "summary", **options: Any
+    ) -> dd.DataFrame:
         """The result columns on the Series' index; options as ``DaskDataFrameAccessor.summarize``."""
         series: dd.Series = self._data
-        job = self._job(None, mode, percentage, type, output_column=output_column,
-                        **{**_SERIES_DEFAULTS, **options})
+        job = self._job(None, mode, percentage, type, output_column=output_column, **{**_SERIES_DEFAULTS, **options})
         meta = _frame([], series._meta.index, output_column)
         return series.map_partitions(_partition, job, meta=meta, align_dataframes=False)
 
 
 _SERIES_DEFAULTS: dict[str, Any] = {
-    "budget": None, "journal": None, "rpm": None, "concurrency": None, "api_key": None, "base_url": None,
-    "local": False, "timeout": DEFAULT_TIMEOUT, "max_retries": DEFAULT_MAX_RETRIES, "encoding": "json",
+    "budget": None,
+    "journal": None,
+    "rpm": None,
+    "concurrency": None,
+    "api_key": None,
+    "base_url": None,
+    "local": False,
+    "timeout": DEFAULT_TIMEOUT,
+    "max_retries": DEFAULT_MAX_RETRIES,
+    "encoding": "json",
 }
 
 register_dataframe_accessor("batchsum")(DaskDataFrameAccessor)

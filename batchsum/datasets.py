@@ -92,8 +92,9 @@ def _filesystem(spec: str) -> tuple[pafs.FileSystem, str]:
     try:
         filesystem, path = fsspec.core.url_to_fs(spec)
     except (ImportError, ValueError) as exc:
-        raise InputError(f"{scheme}:// paths need a library fsspec could not load ({_one_line(exc)}): "
-                         "pip install 'batchsum[cloud]'") from None
+        raise InputError(
+            f"{scheme}:// paths need a library fsspec could not load ({_one_line(exc)}): pip install 'batchsum[cloud]'"
+        ) from None
     return PyFileSystem(FSSpecHandler(filesystem)), path
 
 
@@ -105,7 +106,7 @@ _NAMES = {"parquet": "Parquet", "csv": "CSV", "jsonl": "JSON Lines"}
 
 
 def _unreadable(what: str, format: str, exc: BaseException) -> InputError:
-    """"X cannot be read as Parquet: <pyarrow's reason, without its preamble>"."""
+    """ "X cannot be read as Parquet: <pyarrow's reason, without its preamble>"."""
     reason = _one_line(exc)
     if "magic bytes not found" in reason:
         reason = "not a Parquet file (no Parquet footer)"
@@ -166,7 +167,9 @@ def _resolve(spec: str, format: str | None) -> _Source:
     if format is None:
         formats = {_format_by_extension(f, INPUT_FORMATS) for f in files}
         if len(formats) != 1 or None in formats:
-            raise InputError(f"cannot tell the format of {spec} from its extension; pass --format parquet, csv or jsonl")
+            raise InputError(
+                f"cannot tell the format of {spec} from its extension; pass --format parquet, csv or jsonl"
+            )
         format = formats.pop()
     assert format is not None
     return _Source(spec, filesystem, files, format, base, remote)
@@ -178,8 +181,9 @@ def _file_format(format: str, column: str) -> ds.FileFormat:
     if format == "csv":  # the text column is text, whatever it looks like
         return ds.CsvFileFormat(convert_options=pcsv.ConvertOptions(column_types={column: pa.string()}))
     if format == "jsonl":
-        options = pjson.ParseOptions(explicit_schema=pa.schema([(column, pa.string())]),
-                                     unexpected_field_behavior="infer")
+        options = pjson.ParseOptions(
+            explicit_schema=pa.schema([(column, pa.string())]), unexpected_field_behavior="infer"
+        )
         return ds.JsonFileFormat(parse_options=options)
     raise InputError(f"unknown format {format!r}: use parquet, csv or jsonl")
 
@@ -187,7 +191,7 @@ def _file_format(format: str, column: str) -> ds.FileFormat:
 def _is_text(arrow_type: pa.DataType) -> bool:
     if pa.types.is_dictionary(arrow_type):
         arrow_type = arrow_type.value_type
-    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_null(arrow_type)
+    return bool(pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_null(arrow_type))
 
 
 class DatasetInput:
@@ -213,7 +217,9 @@ class DatasetInput:
                 self.schema = dataset.schema
                 self._check_column(source)
             elif not dataset.schema.remove_metadata().equals(self.schema.remove_metadata()):
-                raise InputError(f"{source.spec} has other columns or types than {self.sources[0].spec}; inputs must match")
+                raise InputError(
+                    f"{source.spec} has other columns or types than {self.sources[0].spec}; inputs must match"
+                )
             self.datasets.append(dataset)
             counts.append(self._count(dataset, source))
         self.num_rows: int | None = None if None in counts else sum(c for c in counts if c is not None)
@@ -227,8 +233,11 @@ class DatasetInput:
                     if not source.remote and os.path.getsize(path) == 0:
                         raise InputError(f"{path} is empty (0 bytes), not a Parquet file")
             return ds.dataset(
-                source.files, filesystem=source.filesystem, format=_file_format(source.format, self.column),
-                partitioning="hive" if source.base is not None else None, partition_base_dir=source.base,
+                source.files,
+                filesystem=source.filesystem,
+                format=_file_format(source.format, self.column),
+                partitioning="hive" if source.base is not None else None,
+                partition_base_dir=source.base,
             )
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise _unreadable(source.spec, source.format, exc) from None
@@ -236,9 +245,13 @@ class DatasetInput:
     def _check_column(self, source: _Source) -> None:
         assert self.schema is not None
         if self.column not in self.schema.names:
-            raise InputError(f"no column {self.column!r} in {source.spec}; its columns are: {', '.join(self.schema.names)}")
+            raise InputError(
+                f"no column {self.column!r} in {source.spec}; its columns are: {', '.join(self.schema.names)}"
+            )
         if not _is_text(self.schema.field(self.column).type):
-            raise InputError(f"column {self.column!r} in {source.spec} holds {self.schema.field(self.column).type}, not text")
+            raise InputError(
+                f"column {self.column!r} in {source.spec} holds {self.schema.field(self.column).type}, not text"
+            )
 
     def _count(self, dataset: ds.Dataset, source: _Source) -> int | None:
         if source.remote and source.format != "parquet":
@@ -332,7 +345,6 @@ def _umask() -> int:
 
 def _pandas_metadata(schema: pa.Schema, names: Sequence[str]) -> pa.Schema:
     """``schema`` with pandas metadata that reads the result columns back as ``RESULT_DTYPES``."""
-    import pandas as pd
 
     try:
         frame = schema.remove_metadata().empty_table().to_pandas()
@@ -381,8 +393,10 @@ class DatasetOutput:
         if self.target.format == "csv":
             nested = [f.name for f in schema if pa.types.is_nested(f.type)]
             if nested:
-                raise InputError(f"column {nested[0]!r} holds {schema.field(nested[0]).type}, which CSV cannot "
-                                 "hold; write .parquet or .jsonl")
+                raise InputError(
+                    f"column {nested[0]!r} holds {schema.field(nested[0]).type}, which CSV cannot "
+                    "hold; write .parquet or .jsonl"
+                )
         self.schema = _pandas_metadata(schema, names) if self.target.format == "parquet" else schema
         folder = tempfile.gettempdir() if self.target.remote else str(self.target.local.parent)
         name = PurePosixPath(self.target.path).name
@@ -406,7 +420,7 @@ class DatasetOutput:
         return self.target.spec
 
     def write(self, batch: pa.RecordBatch, results: Sequence[RowResult]) -> None:
-        columns = list(zip(*results)) if results else [[] for _ in RESULT_TYPES]
+        columns: list[tuple[Any, ...]] = list(zip(*results)) if results else [() for _ in RESULT_TYPES]
         arrays = batch.columns + [pa.array(values, type=t) for values, t in zip(columns, RESULT_TYPES)]
         self._writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
 
@@ -417,12 +431,17 @@ class DatasetOutput:
             os.replace(self.partial, self.target.local)
             return
         try:
-            with open(self.partial, "rb") as local, self.target.filesystem.open_output_stream(self.target.path) as remote:
+            with (
+                open(self.partial, "rb") as local,
+                self.target.filesystem.open_output_stream(self.target.path) as remote,
+            ):
                 shutil.copyfileobj(local, remote, 8 << 20)
         except (OSError, pa.ArrowException) as exc:
             kept = self.partial.with_name(self.partial.name.removeprefix(".").removesuffix(".partial"))
             os.replace(self.partial, kept)
-            raise InputError(f"cannot put {self.target.spec} ({_one_line(exc)}); the output is kept in {kept}") from None
+            raise InputError(
+                f"cannot put {self.target.spec} ({_one_line(exc)}); the output is kept in {kept}"
+            ) from None
         self.partial.unlink(missing_ok=True)
 
     def abort(self) -> None:

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from . import contract
-from .client import AsyncClient, PreparedRequest, validate_params
 from ._retry import RateLimitHeaders
+from .budget import Budget
+from .client import AsyncClient, PreparedRequest, validate_params
 from .errors import (
     APIError,
     APIResponseValidationError,
@@ -39,7 +40,6 @@ from .errors import (
     RateLimitError,
     UnprocessableEntityError,
 )
-from .budget import Budget
 from .pacing import Limiter, PaceChange, Pacer, PacerState, check_rpm
 
 __all__ = [
@@ -195,6 +195,7 @@ class BatchStats:
 
     def account(self) -> str:
         """One line: rows, sent, reused, skipped by reason, failed by code, 429s, wall time."""
+
         def by(counter: Counter[str]) -> str:
             return " (" + ", ".join(f"{k} {v}" for k, v in sorted(counter.items())) + ")" if counter else ""
 
@@ -237,8 +238,13 @@ class RunOptions:
             raise InvalidParameterError(f"invalid budget {self.budget!r}: open one with batchsum.budget.open_budget")
 
     def pacer(self, on_pace_change: Callable[[PaceChange], None] | None = None) -> Pacer:
-        return Pacer(self.rpm, limiter=self.limiter, budget=self.budget, max_in_flight=self.concurrency,
-                     on_pace_change=on_pace_change)
+        return Pacer(
+            self.rpm,
+            limiter=self.limiter,
+            budget=self.budget,
+            max_in_flight=self.concurrency,
+            on_pace_change=on_pace_change,
+        )
 
 
 def _whole(name: str, value: Any, *, allow_none: bool = False) -> None:
@@ -280,7 +286,9 @@ class _Gate:
         return attempt, started, task
 
     def after_attempt(
-        self, ticket: tuple[int, float, asyncio.Task[Any] | None], error: BaseException | None,
+        self,
+        ticket: tuple[int, float, asyncio.Task[Any] | None],
+        error: BaseException | None,
         limits: RateLimitHeaders | None,
     ) -> None:
         attempt, started, task = ticket
@@ -323,8 +331,13 @@ class _Batch:
     """One run of the engine: what is under way, what is kept, and why it stopped."""
 
     def __init__(
-        self, client: AsyncClient, params: contract.Params, options: RunOptions, store: AnswerStore,
-        stats: BatchStats, pacer: Pacer,
+        self,
+        client: AsyncClient,
+        params: contract.Params,
+        options: RunOptions,
+        store: AnswerStore,
+        stats: BatchStats,
+        pacer: Pacer,
     ) -> None:
         self.client = client
         self.params = params
@@ -569,7 +582,7 @@ async def summarize_stream(
             await pacer.flush()
         except BudgetError as exc:  # the budget is gone: its counts are only advice
             log.warning("%s", exc)
-        await rows.aclose()  # closes the input (an open Parquet file) on an early stop too
+        await rows.aclose()  # type: ignore[attr-defined]  # closes the input (an open file) on an early stop too
 
 
 @dataclass

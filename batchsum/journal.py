@@ -238,8 +238,10 @@ class SharedJournal(Journal):
     def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
         super().__init__(path, create=create)
         self._owner = _owner()
-        self._query("CREATE TABLE IF NOT EXISTS claims (fingerprint TEXT PRIMARY KEY, owner TEXT NOT NULL, "
-                    "expires REAL NOT NULL)")
+        self._query(
+            "CREATE TABLE IF NOT EXISTS claims (fingerprint TEXT PRIMARY KEY, owner TEXT NOT NULL, "
+            "expires REAL NOT NULL)"
+        )
 
     def claim(self, key: str) -> bool:
         now = time.time()

@@ -300,8 +300,11 @@ class Pacer:
         if slot.paused_for > 0 and slot.pause_mark != self._pause_mark:
             self._pause_mark = slot.pause_mark
             if not report.pause_for:  # someone else's pause
-                self._pause(now + slot.paused_for, slot.pause_reason or "another process sharing the budget got a 429",
-                            publish=False)
+                self._pause(
+                    now + slot.paused_for,
+                    slot.pause_reason or "another process sharing the budget got a 429",
+                    publish=False,
+                )
         if self.rpm and slot.pace is not None and slot.pace_version != self._pace_version:
             self._pace_version = slot.pace_version
             pace = max(MIN_RPM, min(self.ceiling, slot.pace))
@@ -441,8 +444,10 @@ class Pacer:
             if self.pace > self.ceiling or not self.pace:
                 self._set_pace(self.ceiling, f"the service's rate-limit headers state {headers.per_minute:g}/min", now)
         if headers.remaining == 0 and headers.reset is not None and headers.reset > 0:
-            self._pause(now + min(headers.reset, MAX_RETRY_AFTER),
-                        f"the service's rate-limit headers say none left until the reset in {headers.reset:g} s")
+            self._pause(
+                now + min(headers.reset, MAX_RETRY_AFTER),
+                f"the service's rate-limit headers say none left until the reset in {headers.reset:g} s",
+            )
 
     def _set_pace(self, pace: float, reason: str | None, now: float, *, publish: bool = True) -> None:
         """Change the pace; a ``reason`` makes it a reported change (climbing steps are not)."""

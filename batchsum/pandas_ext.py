@@ -21,11 +21,20 @@ import pandas as pd
 
 from . import contract
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from .client import AsyncClient, validate_params
-from .engine import RESULT_DTYPES, AnswerStore, BatchStats, MemoryStore, RowResult, RunOptions, result_columns, summarize_stream
 from .budget import Budget, open_budget
-from .pacing import Limiter
+from .client import AsyncClient, validate_params
+from .engine import (
+    RESULT_DTYPES,
+    AnswerStore,
+    BatchStats,
+    MemoryStore,
+    RowResult,
+    RunOptions,
+    result_columns,
+    summarize_stream,
+)
 from .errors import InputError, InvalidParameterError
+from .pacing import Limiter
 
 __all__ = ["DataFrameAccessor", "SeriesAccessor", "summarize_texts", "clear_cache", "local_service", "BackgroundRun"]
 
@@ -129,7 +138,8 @@ def _run_in_worker(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         )
         raise
     try:
-        return run.result()
+        result: T = run.result()
+        return result
     except asyncio.CancelledError:
         raise KeyboardInterrupt from None
 
@@ -171,7 +181,9 @@ async def summarize_texts(
         rpm = 0.0 if local else _rpm_from_env()
     options = RunOptions(rpm=rpm, concurrency=concurrency, limiter=limiter)
     if budget is not None and not isinstance(budget, (str, Budget)):
-        raise InvalidParameterError(f"invalid budget {budget!r}: use 'machine', 'none', 'redis://HOST:PORT/DB' or a Budget")
+        raise InvalidParameterError(
+            f"invalid budget {budget!r}: use 'machine', 'none', 'redis://HOST:PORT/DB' or a Budget"
+        )
     if local:
         service = local_service()
         api_key, base_url = service.key, service.url
@@ -183,10 +195,10 @@ async def summarize_texts(
         shared = open_budget(budget, client.identity)
         await shared.check()  # an unreachable or unusable budget: one line, before anything is sent
         options = dataclasses.replace(options, budget=shared)
+        from .journal import Journal
+
         store: AnswerStore
         if journal is not None:
-            from .journal import Journal
-
             store = Journal(journal)
         else:
             store = _cache_for(client.base_url)
@@ -201,23 +213,31 @@ async def summarize_texts(
 
         try:
             async for result in summarize_stream(
-                texts, client, params, options, store=store, stats=stats, on_result=update,
+                texts,
+                client,
+                params,
+                options,
+                store=store,
+                stats=stats,
+                on_result=update,
             ):
                 out.append(result)
         finally:
             bar.close()
             await shared.aclose()
-            if journal is not None:
-                store.close()  # type: ignore[attr-defined]
+            if isinstance(store, Journal):
+                store.close()
     return out
 
 
 def _frame(results: list[RowResult], index: pd.Index, output_column: str) -> pd.DataFrame:
     names = result_columns(output_column)
-    columns = list(zip(*results)) if results else [[] for _ in names]
-    frame = pd.DataFrame(
-        {name: pd.Series(list(values), dtype=dtype, index=index)
-         for name, values, dtype in zip(names, columns, RESULT_DTYPES)},
+    columns: list[tuple[Any, ...]] = list(zip(*results)) if results else [() for _ in names]
+    frame: pd.DataFrame = pd.DataFrame(
+        {
+            name: pd.Series(list(values), dtype=dtype, index=index)
+            for name, values, dtype in zip(names, columns, RESULT_DTYPES)
+        },
         index=index,
     )
     return frame
@@ -235,13 +255,15 @@ class SeriesAccessor:
     def __init__(self, series: pd.Series) -> None:
         self._series = series
 
-    def summarize(self, mode: Any = 1, percentage: Any = 4, type: Any = None, *, output_column: str = "summary",
-                  **options: Any) -> pd.DataFrame:
+    def summarize(
+        self, mode: Any = 1, percentage: Any = 4, type: Any = None, *, output_column: str = "summary", **options: Any
+    ) -> pd.DataFrame:
         """Summarize every value; see ``DataFrameAccessor.summarize`` for the options."""
         return _run_in_worker(lambda: self.asummarize(mode, percentage, type, output_column=output_column, **options))
 
-    async def asummarize(self, mode: Any = 1, percentage: Any = 4, type: Any = None, *,
-                         output_column: str = "summary", **options: Any) -> pd.DataFrame:
+    async def asummarize(
+        self, mode: Any = 1, percentage: Any = 4, type: Any = None, *, output_column: str = "summary", **options: Any
+    ) -> pd.DataFrame:
         """``await series.batchsum.asummarize(...)``: the same, in the running event loop."""
         results = await summarize_texts(self._series.tolist(), mode, percentage, type, **options)
         return _frame(results, self._series.index, output_column)
@@ -263,8 +285,16 @@ class DataFrameAccessor:
         _check_output(self._frame.columns, output_column)
         return series
 
-    def summarize(self, column: Hashable, mode: Any = 1, percentage: Any = 4, type: Any = None, *,
-                  output_column: str = "summary", **options: Any) -> pd.DataFrame:
+    def summarize(
+        self,
+        column: Hashable,
+        mode: Any = 1,
+        percentage: Any = 4,
+        type: Any = None,
+        *,
+        output_column: str = "summary",
+        **options: Any,
+    ) -> pd.DataFrame:
         """A new DataFrame: every column of ``df`` plus ``summary``, ``summary_status``,
         ``summary_error``, ``summary_message``, ``summary_http_status``, ``summary_attempts``;
         same index (any kind) and row order.
@@ -285,8 +315,16 @@ class DataFrameAccessor:
         results = _run_in_worker(lambda: summarize_texts(series.tolist(), mode, percentage, type, **options))
         return self._join(results, output_column)
 
-    async def asummarize(self, column: Hashable, mode: Any = 1, percentage: Any = 4, type: Any = None, *,
-                         output_column: str = "summary", **options: Any) -> pd.DataFrame:
+    async def asummarize(
+        self,
+        column: Hashable,
+        mode: Any = 1,
+        percentage: Any = 4,
+        type: Any = None,
+        *,
+        output_column: str = "summary",
+        **options: Any,
+    ) -> pd.DataFrame:
         """``await df.batchsum.asummarize(...)``: the same, in the running event loop."""
         series = self._column(column, output_column)
         results = await summarize_texts(series.tolist(), mode, percentage, type, **options)
@@ -296,7 +334,7 @@ class DataFrameAccessor:
         out = self._frame.copy()
         for name, values in _frame(results, self._frame.index, output_column).items():
             out[name] = values.array  # positional: no index alignment, dtype kept
-        return out
+        return out  # type: ignore[no-any-return]
 
 
 pd.api.extensions.register_dataframe_accessor("batchsum")(DataFrameAccessor)

@@ -41,18 +41,27 @@ from .pandas_ext import BackgroundRun, DataFrameAccessor, local_service, summari
 __all__ = ["TextApp", "FrameApp", "make_widget", "explain", "render_summary"]
 
 # "default" rather than None: a Dropdown shows a None value as no selection at all.
-FORMATS = [("Default", "default"), ("Headings & points", "summary_2"), ("Bullets", "bullets"), ("Best line", "best_line")]
+FORMATS = [
+    ("Default", "default"),
+    ("Headings & points", "summary_2"),
+    ("Bullets", "bullets"),
+    ("Best line", "best_line"),
+]
 MODES = [("Standard", 1), ("Advanced", 2)]
 
 
 def explain(error: BaseException) -> str:
     """The error in plain words, with what to do about it."""
     if isinstance(error, AuthenticationError):
-        return ("The service did not accept the API key. Check BATCHSUM_API_KEY (the key is on the "
-                "'My Account' page of the service).")
+        return (
+            "The service did not accept the API key. Check BATCHSUM_API_KEY (the key is on the "
+            "'My Account' page of the service)."
+        )
     if isinstance(error, NotPremiumError):
-        return ("Your plan does not allow this request: 'Advanced' needs a premium plan, or the plan has "
-                "expired. Try 'Standard', or renew the plan.")
+        return (
+            "Your plan does not allow this request: 'Advanced' needs a premium plan, or the plan has "
+            "expired. Try 'Standard', or renew the plan."
+        )
     if isinstance(error, (TextTooShortError,)) or (
         isinstance(error, InvalidTextError) and error.reason is contract.SkipReason.TOO_SHORT
     ):
@@ -64,8 +73,10 @@ def explain(error: BaseException) -> str:
     if isinstance(error, InvalidTextError):
         return "There is no text to summarize yet."
     if isinstance(error, RateLimitError):
-        return ("Rate limited: your plan's requests per minute are used up. Wait a minute and try "
-                "again (batchsum already retried).")
+        return (
+            "Rate limited: your plan's requests per minute are used up. Wait a minute and try "
+            "again (batchsum already retried)."
+        )
     if isinstance(error, APITimeoutError):
         return "The service did not answer in time. It may be overloaded; try again in a moment."
     if isinstance(error, (ServerError, APIConnectionError)):
@@ -108,13 +119,18 @@ def render_summary(summary: str, kind: str | None) -> str:
 class _App:
     """What both apps share: the request controls and the connection settings."""
 
-    def __init__(self, *, api_key: str | None = None, base_url: str | None = None, local: bool = False,
-                 **client_options: Any) -> None:
+    def __init__(
+        self, *, api_key: str | None = None, base_url: str | None = None, local: bool = False, **client_options: Any
+    ) -> None:
         self._connection = {"api_key": api_key, "base_url": base_url, "local": local}
         self._client_options = client_options
         self.mode = w.ToggleButtons(options=MODES, value=1, description="Model")
-        self.length = w.IntSlider(value=contract.PERCENTAGE_DEFAULT, min=contract.PERCENTAGE_MIN,
-                                  max=contract.PERCENTAGE_MAX, description="Length")
+        self.length = w.IntSlider(
+            value=contract.PERCENTAGE_DEFAULT,
+            min=contract.PERCENTAGE_MIN,
+            max=contract.PERCENTAGE_MAX,
+            description="Length",
+        )
         self.format = w.Dropdown(options=FORMATS, value="default", description="Format")
         self._run: BackgroundRun | None = None
         self.box: w.Box
@@ -139,8 +155,7 @@ class TextApp(_App):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self.text = w.Textarea(placeholder="Paste a text of 10 to 5000 words", rows=10,
-                               layout=w.Layout(width="100%"))
+        self.text = w.Textarea(placeholder="Paste a text of 10 to 5000 words", rows=10, layout=w.Layout(width="100%"))
         self.count = w.HTML()
         self.button = w.Button(description="Summarize", button_style="primary", icon="compress")
         self.result = w.HTML()
@@ -150,8 +165,9 @@ class TextApp(_App):
         self.text.observe(lambda _: self._count(), names="value")
         self.button.on_click(lambda _: self.summarize())
         self._count()
-        self.box = w.VBox([self.text, self.count, self.mode, self.length, self.format, self.button,
-                           self.message, self.result])
+        self.box = w.VBox(
+            [self.text, self.count, self.mode, self.length, self.format, self.button, self.message, self.result]
+        )
         self.box.add_class("batchsum-text-app")
 
     def _count(self) -> None:
@@ -182,7 +198,9 @@ class TextApp(_App):
             self.message.value = ""
         except BatchsumError as exc:
             self.error = exc
-            self.message.value = f"<span class='batchsum-error' style='color:#c62828'>{html.escape(explain(exc), quote=False)}</span>"
+            self.message.value = (
+                f"<span class='batchsum-error' style='color:#c62828'>{html.escape(explain(exc), quote=False)}</span>"
+            )
         finally:
             self.button.disabled = False
 
@@ -191,8 +209,15 @@ class FrameApp(_App):
     """A DataFrame: pick the column and parameters, Run and Cancel, live progress and preview.
     The finished DataFrame is ``.result``; Cancel keeps the rows that finished."""
 
-    def __init__(self, frame: pd.DataFrame, *, rpm: float | None = None, concurrency: int | None = None,
-                 output_column: str = "summary", **options: Any) -> None:
+    def __init__(
+        self,
+        frame: pd.DataFrame,
+        *,
+        rpm: float | None = None,
+        concurrency: int | None = None,
+        output_column: str = "summary",
+        **options: Any,
+    ) -> None:
         super().__init__(**options)
         self.frame = frame
         text_columns = _text_columns(frame)
@@ -212,10 +237,15 @@ class FrameApp(_App):
         self._last_draw = 0.0
         self.run_button.on_click(lambda _: self.run())
         self.cancel_button.on_click(lambda _: self.cancel())
-        self.box = w.VBox([
-            w.HBox([self.column, self.mode]), w.HBox([self.length, self.format, self.rpm]),
-            w.HBox([self.run_button, self.cancel_button, self.progress]), self.status, self.preview,
-        ])
+        self.box = w.VBox(
+            [
+                w.HBox([self.column, self.mode]),
+                w.HBox([self.length, self.format, self.rpm]),
+                w.HBox([self.run_button, self.cancel_button, self.progress]),
+                self.status,
+                self.preview,
+            ]
+        )
         self.box.add_class("batchsum-frame-app")
 
     def run(self) -> None:
@@ -244,9 +274,19 @@ class FrameApp(_App):
         cancelled = False
         ticker = asyncio.ensure_future(self._tick(stats))
         try:
-            await summarize_texts(self.frame[column].tolist(), mode, length, kind, rpm=rpm,
-                                  concurrency=self._concurrency, progress=False, stats=stats,
-                                  on_result=self._draw, results=self._rows, **settings)
+            await summarize_texts(
+                self.frame[column].tolist(),
+                mode,
+                length,
+                kind,
+                rpm=rpm,
+                concurrency=self._concurrency,
+                progress=False,
+                stats=stats,
+                on_result=self._draw,
+                results=self._rows,
+                **settings,
+            )
         except asyncio.CancelledError:  # Cancel: the engine has kept what finished
             cancelled = True
         except BatchsumError as exc:
@@ -261,8 +301,10 @@ class FrameApp(_App):
             note = f"<span class='batchsum-error' style='color:#c62828'>{html.escape(explain(self.error), quote=False)}</span> "
             self.status.value = note + f"{done} rows finished are in <code>.result</code>."
         elif cancelled:
-            self.status.value = (f"Cancelled after {done} of {len(self.frame)} rows; they are in <code>.result</code>. "
-                                 "Run again to continue: finished answers are reused.")
+            self.status.value = (
+                f"Cancelled after {done} of {len(self.frame)} rows; they are in <code>.result</code>. "
+                "Run again to continue: finished answers are reused."
+            )
         self.run_button.disabled, self.cancel_button.disabled = False, True
 
     async def _tick(self, stats: BatchStats) -> None:
@@ -296,7 +338,9 @@ class FrameApp(_App):
                 f"<tr><td>{start + i}</td><td>{r.status}</td><td>{html.escape((r.summary or r.message or '')[:160])}</td></tr>"
                 for i, r in enumerate(recent)
             )
-            self.preview.value = f"<table class='batchsum-preview'><tr><th>row</th><th>status</th><th>summary</th></tr>{rows}</table>"
+            self.preview.value = (
+                f"<table class='batchsum-preview'><tr><th>row</th><th>status</th><th>summary</th></tr>{rows}</table>"
+            )
 
 
 def _text_columns(frame: pd.DataFrame) -> list[Any]:

@@ -57,8 +57,9 @@ def start_redis(folder: str) -> tuple[subprocess.Popen[bytes], str]:
     if exe is None:
         raise SystemExit("needs redis-server: apt-get install redis-server")
     port = free_port()
-    process = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", folder],
-                               stdout=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", folder], stdout=subprocess.DEVNULL
+    )
     import redis
 
     url = f"redis://127.0.0.1:{port}/0"
@@ -83,10 +84,11 @@ def sharing(args: argparse.Namespace, redis_url: str, cache: str) -> None:
     runs = {}
     for name, spec in settings.items():
         service = services[name]
-        env = {**os.environ, "BATCHSUM_API_KEY": service.key, "BATCHSUM_BASE_URL": service.url,
-               "XDG_CACHE_HOME": cache}
+        env = {**os.environ, "BATCHSUM_API_KEY": service.key, "BATCHSUM_BASE_URL": service.url, "XDG_CACHE_HOME": cache}
         runs[name] = [
-            subprocess.Popen([sys.executable, "-c", WORKER, str(n), str(args.rows), str(args.rpm), spec], env=env, cwd=ROOT)
+            subprocess.Popen(
+                [sys.executable, "-c", WORKER, str(n), str(args.rows), str(args.rpm), spec], env=env, cwd=ROOT
+            )
             for n in range(args.processes)
         ]
     walls = {}
@@ -95,8 +97,10 @@ def sharing(args: argparse.Namespace, redis_url: str, cache: str) -> None:
             process.wait()
         walls[name] = time.monotonic() - started
     alone = (args.rows * args.processes - 1) * 60 / args.rpm
-    print(f"\n{args.processes} processes x {args.rows} rows, one key, limit {args.rpm:g}/min "
-          f"(all rows at exactly the limit: {alone:.0f} s)\n")
+    print(
+        f"\n{args.processes} processes x {args.rows} rows, one key, limit {args.rpm:g}/min "
+        f"(all rows at exactly the limit: {alone:.0f} s)\n"
+    )
     print("| budget | utilization | 429s | busiest 60 s | busiest 10 s | wall |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, service in services.items():
@@ -104,8 +108,10 @@ def sharing(args: argparse.Namespace, redis_url: str, cache: str) -> None:
         stats = service.state.stats()
         span = admitted[-1] - admitted[0]
         utilization = (len(admitted) - 1) / span * 60 / args.rpm if span else 0.0
-        print(f"| {name} | {utilization:.3f} | {stats['by_status'].get('429', 0)} | {busiest(admitted, 60)} | "
-              f"{busiest(admitted, 10)} | {walls[name]:.0f} s |")
+        print(
+            f"| {name} | {utilization:.3f} | {stats['by_status'].get('429', 0)} | {busiest(admitted, 60)} | "
+            f"{busiest(admitted, 10)} | {walls[name]:.0f} s |"
+        )
         service.stop()
 
 

@@ -61,21 +61,42 @@ def main() -> None:
         size = write_input(source, args.rows)
         print(f"input: {args.rows} rows, {size / 1e6:.0f} MB of text, {source.stat().st_size / 1e6:.0f} MB on disk")
         port = free_port()
-        server = subprocess.Popen([sys.executable, "-m", "batchsum.cli", "serve", "--port", str(port), "--rpm", "0",
-                                   "--key", "bench"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "batchsum.cli", "serve", "--port", str(port), "--rpm", "0", "--key", "bench"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             time.sleep(2)
             env = {**os.environ, "BATCHSUM_API_KEY": "bench", "BATCHSUM_BASE_URL": f"http://127.0.0.1:{port}"}
             started = time.monotonic()
-            cli = subprocess.Popen([sys.executable, "-m", "batchsum.cli", "summarize", str(source), "-o",
-                                    str(Path(tmp) / "out.parquet"), "--column", "text", "--rpm", "0",
-                                    "--concurrency", str(args.concurrency), "--quiet"], env=env,
-                                   stderr=subprocess.PIPE)
+            cli = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "batchsum.cli",
+                    "summarize",
+                    str(source),
+                    "-o",
+                    str(Path(tmp) / "out.parquet"),
+                    "--column",
+                    "text",
+                    "--rpm",
+                    "0",
+                    "--concurrency",
+                    str(args.concurrency),
+                    "--quiet",
+                ],
+                env=env,
+                stderr=subprocess.PIPE,
+            )
             _, status, usage = os.wait4(cli.pid, 0)
             elapsed = time.monotonic() - started
             print(cli.stderr.read().decode().strip())
-            print(f"exit {os.waitstatus_to_exitcode(status)}; peak RSS of the CLI: {usage.ru_maxrss / 1024:.0f} MB; "
-                  f"{elapsed:.0f}s, {args.rows / elapsed:.0f} rows/s")
+            print(
+                f"exit {os.waitstatus_to_exitcode(status)}; peak RSS of the CLI: {usage.ru_maxrss / 1024:.0f} MB; "
+                f"{elapsed:.0f}s, {args.rows / elapsed:.0f} rows/s"
+            )
         finally:
             server.terminate()
             server.wait()

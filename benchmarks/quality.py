@@ -75,8 +75,12 @@ def evaluate(rows: list[dict], k: int, pick) -> dict[str, float]:
         result = SCORER.score(reference_lines(row["reference"]), "\n".join(sentences))
         for key in scores:
             scores[key].append(result[key].fmeasure)
-    return {"R1": 100 * statistics.mean(scores["rouge1"]), "R2": 100 * statistics.mean(scores["rouge2"]),
-            "RLsum": 100 * statistics.mean(scores["rougeLsum"]), "ms/doc": ms}
+    return {
+        "R1": 100 * statistics.mean(scores["rouge1"]),
+        "R2": 100 * statistics.mean(scores["rouge2"]),
+        "RLsum": 100 * statistics.mean(scores["rougeLsum"]),
+        "ms/doc": ms,
+    }
 
 
 def report(split: str) -> None:
@@ -85,11 +89,17 @@ def report(split: str) -> None:
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, (_, k) in SETS.items():
         rows = load(name, split)
-        methods = {"Lead-k": lead, "TextRank (TF-IDF)": textrank,
-                   "mode 1 (mini)": method(1, summarizer.TUNING), "mode 2 (full)": method(2, summarizer.TUNING)}
+        methods = {
+            "Lead-k": lead,
+            "TextRank (TF-IDF)": textrank,
+            "mode 1 (mini)": method(1, summarizer.TUNING),
+            "mode 2 (full)": method(2, summarizer.TUNING),
+        }
         for label, pick in methods.items():
             s = evaluate(rows, k, pick)
-            print(f"| {name} ({len(rows)}) | {label} | {k} | {s['R1']:.1f} | {s['R2']:.1f} | {s['RLsum']:.1f} | {s['ms/doc']:.2f} |")
+            print(
+                f"| {name} ({len(rows)}) | {label} | {k} | {s['R1']:.1f} | {s['R2']:.1f} | {s['RLsum']:.1f} | {s['ms/doc']:.2f} |"
+            )
 
 
 def tune() -> None:
@@ -99,8 +109,13 @@ def tune() -> None:
     baseline = {"cnndm": evaluate(data["cnndm"], 3, lead)["R1"], "xsum": evaluate(data["xsum"], 1, textrank)["R1"]}
     print(f"validation baselines: Lead-3 on cnndm {baseline['cnndm']:.2f}, TextRank on xsum {baseline['xsum']:.2f}")
     grids = {
-        2: {"position_decay": [0.5, 1.0, 2.0], "mode2_prior": [0.5, 1.0, 2.0], "backward_weight": [-1.0, -0.5, 0.0],
-            "edge_threshold": [0.0, 0.1], "redundancy": [0.5, 1.01]},
+        2: {
+            "position_decay": [0.5, 1.0, 2.0],
+            "mode2_prior": [0.5, 1.0, 2.0],
+            "backward_weight": [-1.0, -0.5, 0.0],
+            "edge_threshold": [0.0, 0.1],
+            "redundancy": [0.5, 1.01],
+        },
         1: {"position_decay": [0.5, 1.0, 2.0], "mode1_prior": [2.0, 4.0, 8.0, 16.0]},
     }
     for mode, grid in grids.items():

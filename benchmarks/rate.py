@@ -123,9 +123,14 @@ def pacing_one(client: str, rpm: float, minutes: float, latency: float) -> dict:
     later = admitted[-1] - admitted[1] if len(admitted) > 2 else 0
     steady = (len(admitted) - 2) / later * 60 if later else 0.0
     return {
-        "client": client, "latency": latency, "answered": stats["by_status"].get("200", 0),
-        "utilization": rate / rpm, "after_first": steady / rpm, "429s": stats["by_status"].get("429", 0),
-        "busiest_60s": busiest(admitted, 60.0), "wall": elapsed,
+        "client": client,
+        "latency": latency,
+        "answered": stats["by_status"].get("200", 0),
+        "utilization": rate / rpm,
+        "after_first": steady / rpm,
+        "429s": stats["by_status"].get("429", 0),
+        "busiest_60s": busiest(admitted, 60.0),
+        "wall": elapsed,
     }
 
 
@@ -151,12 +156,19 @@ def storm_recovery(rpm: float) -> dict:
         admitted = sorted(t - t0 for t in service.state.admitted)
     end = 100.0
     recovered = next(
-        (t - end for t in admitted if t >= end and bisect.bisect_left(admitted, t + 30) - bisect.bisect_left(admitted, t)
-         >= 0.95 * rpm / 2),
+        (
+            t - end
+            for t in admitted
+            if t >= end and bisect.bisect_left(admitted, t + 30) - bisect.bisect_left(admitted, t) >= 0.95 * rpm / 2
+        ),
         None,
     )
-    return {"storm_429s": stats.rate_limited, "recovered_after_s": recovered, "final_pace": stats.pace,
-            "pace_changes": [str(c) for c in stats.pacer.changes] if stats.pacer else []}
+    return {
+        "storm_429s": stats.rate_limited,
+        "recovered_after_s": recovered,
+        "final_pace": stats.pace,
+        "pace_changes": [str(c) for c in stats.pacer.changes] if stats.pacer else [],
+    }
 
 
 def settle(rpm: float, minutes: float) -> dict:
@@ -171,14 +183,20 @@ def settle(rpm: float, minutes: float) -> dict:
     last = admitted[-1]
     late = [t for t in admitted if t >= last - 120]
     rate = (len(late) - 1) / (late[-1] - late[0]) * 60 if len(late) > 1 else 0
-    return {"real_limit": real, "final_pace": stats.pace, "admitted_per_min_last_2min": rate,
-            "within": abs(rate - real) / real, "429s": by_status.get("429", 0),
-            "pace_changes": [str(c) for c in stats.pacer.changes] if stats.pacer else []}
+    return {
+        "real_limit": real,
+        "final_pace": stats.pace,
+        "admitted_per_min_last_2min": rate,
+        "within": abs(rate - real) / real,
+        "429s": by_status.get("429", 0),
+        "pace_changes": [str(c) for c in stats.pacer.changes] if stats.pacer else [],
+    }
 
 
 async def run_bare(url: str, key: str, rows: list[str], concurrency: int) -> None:
     slots = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}) as http:
+
         async def one(text: str) -> None:
             async with slots:
                 (await http.post("/api/user/summarize", json={"text": text, "mode": 1})).json()["result"]
@@ -215,8 +233,22 @@ def main() -> None:
         return
 
     def child(client: str, latency: float) -> dict:
-        out = subprocess.run([sys.executable, __file__, "--rpm", str(args.rpm), "--minutes", str(args.minutes),
-                              "--one", client, str(latency)], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--rpm",
+                str(args.rpm),
+                "--minutes",
+                str(args.minutes),
+                "--one",
+                client,
+                str(latency),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return json.loads(out.stdout)
 
     # One latency at a time (the four clients side by side), beside the storm and the settling runs.
@@ -230,8 +262,11 @@ def main() -> None:
             for latency in args.latencies:
                 for job in [pool.submit(child, c, latency) for c in CLIENTS]:
                     r = job.result()
-                    print(f"| {r['latency']:g} s | {r['client']} | {r['utilization']:.3f} | {r['after_first']:.3f} | {r['429s']} | "
-                          f"{r['busiest_60s']} | {r['wall']:.0f} s |", flush=True)
+                    print(
+                        f"| {r['latency']:g} s | {r['client']} | {r['utilization']:.3f} | {r['after_first']:.3f} | {r['429s']} | "
+                        f"{r['busiest_60s']} | {r['wall']:.0f} s |",
+                        flush=True,
+                    )
         if storm is not None:
             print("storm:", json.dumps(storm.result()), flush=True)
         if settled is not None:

@@ -12,77 +12,66 @@ TICKETS = [
     "The desk frame arrived, but the top did not, so I cannot use either part. "
     "Please find out where the second box is or send a replacement top. "
     "I would also like a refund of the express shipping fee, since the delivery was anything but express.",
-
     "Since the update to version 4.2 the mobile app logs me out every time I switch to another app. "
     "I have to type my password again, and the two-factor code arrives by text message several minutes later. "
     "This happens on two different phones, both running the latest system version. "
     "Reinstalling the app did not help, and clearing the cache made no difference either. "
     "Before the update I stayed signed in for weeks. "
     "Could you tell me whether this is a known problem and when a fix is expected?",
-
     "Our team was charged twice for the annual plan this month: once on the 1st and again on the 4th. "
     "Both charges show the same invoice number on the card statement. "
     "We only have one workspace and twelve seats, which matches the first charge. "
     "Our finance department needs a corrected invoice and a refund of the duplicate charge before the end of the quarter. "
     "I have attached screenshots of both transactions and of the billing page in the admin console. "
     "Please confirm once the refund has been issued so we can close this on our side.",
-
     "The export to spreadsheet feature produces a file in which every date is shifted by one day. "
     "Records created on the 10th show up as the 9th in the exported file. "
     "I think the export uses UTC while the dashboard uses our local time zone, which is eight hours ahead. "
     "This matters because our monthly report is built from the export, and entries at month boundaries end up in the wrong month. "
     "Is there a setting to export in local time? "
     "If not, please treat this as a bug report.",
-
     "I would like to cancel my subscription at the end of the current billing period. "
     "The service itself works well, but our company has moved to a tool that our parent company already pays for. "
     "Please make sure that no renewal charge is made in June. "
     "I also need a copy of all our project data before the account is closed. "
     "What format will the data export be in, and how long will it stay available for download after cancellation? "
     "Thank you for three good years.",
-
     "The washing machine I bought from your store four months ago stops in the middle of the spin cycle and shows error E21. "
     "The manual says E21 means a drainage problem, but the filter is clean and the hose is not bent. "
     "A technician visited last week, replaced the pump and left, and the error came back the next day. "
     "The machine is still under warranty. "
     "I am asking for a replacement machine rather than another repair, since the repair has already failed once. "
     "Please let me know what you need from me to arrange it.",
-
     "Your checkout page rejects my card with the message 'payment method not supported', although it is a standard Visa debit card. "
     "The same card works on other websites and in your own mobile app. "
     "I tried two browsers and turned off every extension. "
     "The problem only appears when the delivery address is in a different country from the billing address. "
     "I am sending a gift to my sister abroad, so the two addresses must differ. "
     "Is there a way to complete this order?",
-
     "We rely on your API for nightly data synchronisation, and since Tuesday about one request in twenty fails with a 502 error. "
     "Retrying the same request a few seconds later usually works. "
     "Our logs show the failures cluster between 02:00 and 02:30 UTC, which may coincide with your maintenance window. "
     "The status page shows everything as operational. "
     "Could you check whether something changed on your side on Tuesday? "
     "If the maintenance window moved, we can shift our job, but we need to know the new times.",
-
     "I received the wrong size of hiking boots: I ordered size 43 and the box contains size 41. "
     "The label on the box says 43, so the mistake happened in the warehouse. "
     "I need the correct pair before a trip that starts in ten days. "
     "Can you send the right size by express delivery and include a return label for the wrong pair? "
     "I would rather not pay for the return, since the error was not mine. "
     "My order number is in the subject line.",
-
     "The screen reader support in your web app has become much worse after the redesign. "
     "Buttons in the toolbar no longer have labels, so my screen reader announces them only as 'button'. "
     "The new date picker cannot be used with the keyboard at all. "
     "I am blind and use your product every day at work, and these changes have made simple tasks take several times longer. "
     "Please restore the labels and keyboard access, and consider testing releases with assistive technology. "
     "I am happy to take part in such testing.",
-
     "Our office internet connection has dropped several times a day for two weeks. "
     "Each outage lasts between five and fifteen minutes, and the router shows the message 'no signal from line'. "
     "We have replaced the router with the spare one you sent, and the problem continues. "
     "Twenty people work here and video calls with clients keep failing. "
     "A technician needs to check the line itself, not the equipment. "
     "Please schedule a visit this week, and tell us how the downtime will be credited on our bill.",
-
     "The password reset email never arrives. "
     "I have checked the spam folder, added your address to my contacts and tried three times over two days. "
     "Other emails from your service, such as the newsletter, do reach me. "
@@ -94,12 +83,30 @@ TICKETS = [
 
 def main() -> None:
     texts = TICKETS + [TICKETS[0], None, "Thanks, all sorted now!", "   "]
-    frame = pd.DataFrame({
-        "ticket_id": [f"T-{1001 + i}" for i in range(len(texts))],
-        "channel": ["email", "app", "email", "web", "email", "phone", "web", "api", "email", "web", "phone", "email",
-                    "email", "app", "chat", "web"],
-        "text": texts,
-    })
+    frame = pd.DataFrame(
+        {
+            "ticket_id": [f"T-{1001 + i}" for i in range(len(texts))],
+            "channel": [
+                "email",
+                "app",
+                "email",
+                "web",
+                "email",
+                "phone",
+                "web",
+                "api",
+                "email",
+                "web",
+                "phone",
+                "email",
+                "email",
+                "app",
+                "chat",
+                "web",
+            ],
+            "text": texts,
+        }
+    )
     frame.to_parquet(Path(__file__).with_name("tickets.parquet"), index=False)
 
 

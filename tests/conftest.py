@@ -89,7 +89,8 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp("redis")
     process = subprocess.Popen(
         [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"redis://127.0.0.1:{port}/0"
     try:

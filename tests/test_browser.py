@@ -13,8 +13,16 @@ import pytest
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "widget.ipynb"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+    "--disable-quic",
+]
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None,
@@ -34,9 +42,19 @@ def voila(tmp_path):
     port = free_port()
     log = (tmp_path / "voila.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "voila", str(NOTEBOOK), "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
-         "--VoilaConfiguration.file_allowlist=[]"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=NOTEBOOK.parent,
+        [
+            sys.executable,
+            "-m",
+            "voila",
+            str(NOTEBOOK),
+            "--no-browser",
+            f"--port={port}",
+            "--Voila.ip=127.0.0.1",
+            "--VoilaConfiguration.file_allowlist=[]",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=NOTEBOOK.parent,
     )
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 60
@@ -55,13 +73,14 @@ def voila(tmp_path):
 
 def test_a_person_types_a_text_clicks_summarize_and_reads_the_summary(voila, tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api")
-    text = ("The museum will reopen on Saturday after a two-year renovation of its main hall. "
-            "Visitors can see the restored ceiling paintings and a new gallery of local photography. "
-            "Entry is free for the first weekend, and the café has moved to the ground floor. "
-            "The director thanked the volunteers who helped move more than four thousand objects.")
+    text = (
+        "The museum will reopen on Saturday after a two-year renovation of its main hall. "
+        "Visitors can see the restored ceiling paintings and a new gallery of local photography. "
+        "Entry is free for the first weekend, and the café has moved to the ground floor. "
+        "The director thanked the volunteers who helped move more than four thousand objects."
+    )
     with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS,
-                                             headless=True)
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1100, "height": 900})
             page.goto(voila, timeout=120_000)
@@ -77,5 +96,6 @@ def test_a_person_types_a_text_clicks_summarize_and_reads_the_summary(voila, tmp
         finally:
             browser.close()
     from batchsum.local.summarizer import summarize as local_summary
+
     assert shown.strip() == local_summary(text, 1, 4, None)
     assert (tmp_path / "widget.png").stat().st_size > 10_000

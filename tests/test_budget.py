@@ -266,11 +266,29 @@ def test_two_cli_runs_with_one_key_hold_the_plan_between_them(budget, tmp_path, 
         for n in range(2):
             texts = [article(30, seed=1000 * n + i) for i in range(40)]
             pd.DataFrame({"text": texts}).to_parquet(tmp_path / f"in{n}.parquet")
-            runs.append(subprocess.Popen(
-                [sys.executable, "-m", "batchsum.cli", "summarize", str(tmp_path / f"in{n}.parquet"),
-                 "-o", str(tmp_path / f"out{n}.parquet"), "--column", "text", "--rpm", "600", "--quiet", *flag],
-                env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True,
-            ))
+            runs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "batchsum.cli",
+                        "summarize",
+                        str(tmp_path / f"in{n}.parquet"),
+                        "-o",
+                        str(tmp_path / f"out{n}.parquet"),
+                        "--column",
+                        "text",
+                        "--rpm",
+                        "600",
+                        "--quiet",
+                        *flag,
+                    ],
+                    env=env,
+                    cwd=ROOT,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
         errors = [p.communicate(timeout=120)[1] for p in runs]
         assert [p.returncode for p in runs] == [0, 0], errors
         stats = service.state.stats()
@@ -304,8 +322,20 @@ def test_dry_run_names_the_budget_and_what_others_started_on_it(svc, tmp_path, m
     frame = pd.DataFrame({"text": [article(20, seed=700 + i) for i in range(4)]})
     frame.batchsum.summarize("text", rpm=6000, progress=False)  # another run: 4 starts on the budget
     frame.to_parquet(tmp_path / "in.parquet")
-    assert main(["summarize", str(tmp_path / "in.parquet"), "-o", str(tmp_path / "out.parquet"),
-                 "--column", "text", "--dry-run"]) == 0
+    assert (
+        main(
+            [
+                "summarize",
+                str(tmp_path / "in.parquet"),
+                "-o",
+                str(tmp_path / "out.parquet"),
+                "--column",
+                "text",
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("budget:") and str(tmp_path / "cache") in line
     assert "4 requests started on it in the last minute" in line
@@ -318,8 +348,18 @@ def test_the_budget_is_checked_before_any_file_is_created(tmp_path, monkeypatch,
     monkeypatch.setenv("BATCHSUM_API_KEY", "bs-some-key")
     pd.DataFrame({"text": ["a b c"]}).to_parquet(tmp_path / "in.parquet")
     port = free_port()
-    code = main(["summarize", str(tmp_path / "in.parquet"), "-o", str(tmp_path / "out.parquet"), "--column", "text",
-                 "--budget", f"redis://127.0.0.1:{port}/0"])
+    code = main(
+        [
+            "summarize",
+            str(tmp_path / "in.parquet"),
+            "-o",
+            str(tmp_path / "out.parquet"),
+            "--column",
+            "text",
+            "--budget",
+            f"redis://127.0.0.1:{port}/0",
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"127.0.0.1:{port}" in err[0]

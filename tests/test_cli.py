@@ -49,8 +49,17 @@ def test_a_file_is_summarized_into_every_column_plus_the_results(env, tmp_path, 
     out = tmp_path / "out.parquet"
     assert run(src, "-o", str(out), "--column", "text", "--mode", "2", "--type", "best_line", "--rpm", "0") == 0
     result = pd.read_parquet(out)
-    assert list(result.columns) == ["id", "text", "score", "summary", "summary_status", "summary_error",
-                                    "summary_message", "summary_http_status", "summary_attempts"]
+    assert list(result.columns) == [
+        "id",
+        "text",
+        "score",
+        "summary",
+        "summary_status",
+        "summary_error",
+        "summary_message",
+        "summary_http_status",
+        "summary_attempts",
+    ]
     assert list(result["id"]) == list(df["id"]) and list(result["score"]) == list(range(30))
     for text, summary, status in zip(df["text"], result["summary"], result["summary_status"]):
         if status == "ok":
@@ -111,11 +120,16 @@ def test_local_runs_without_a_key(tmp_path, capsys):
     assert (pd.read_parquet(tmp_path / "out.parquet")["summary_status"] == "ok").sum() == 10
 
 
-@pytest.mark.parametrize("key, code, words", [
-    ("wrong-key", "incorrect API key provided", "Check the key"),
-    (EXPIRED_KEY, "you are not premium for this request", "Check your plan"),
-])
-def test_a_fatal_401_exits_1_after_one_request_and_says_how_to_resume(env, tmp_path, capsys, monkeypatch, key, code, words):
+@pytest.mark.parametrize(
+    "key, code, words",
+    [
+        ("wrong-key", "incorrect API key provided", "Check the key"),
+        (EXPIRED_KEY, "you are not premium for this request", "Check your plan"),
+    ],
+)
+def test_a_fatal_401_exits_1_after_one_request_and_says_how_to_resume(
+    env, tmp_path, capsys, monkeypatch, key, code, words
+):
     monkeypatch.setenv("BATCHSUM_API_KEY", key)
     src = write(frame(), tmp_path / "in.parquet")
     assert run(src, "-o", str(tmp_path / "out.parquet"), "--column", "text", "--concurrency", "8") == 1
@@ -159,9 +173,19 @@ def test_every_bad_input_is_one_line_exit_2_and_nothing_sent(env, tmp_path, caps
     assert not (tmp_path / "out.parquet").exists()
 
 
-@pytest.mark.parametrize("flag", [["--mode", "3"], ["--percentage", "0"], ["--percentage", "7"], ["--type", "poem"],
-                                  ["--rpm", "-1"], ["--concurrency", "0"], ["--timeout", "abc"],
-                                  ["--max-retries", "-1"]])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--mode", "3"],
+        ["--percentage", "0"],
+        ["--percentage", "7"],
+        ["--type", "poem"],
+        ["--rpm", "-1"],
+        ["--concurrency", "0"],
+        ["--timeout", "abc"],
+        ["--max-retries", "-1"],
+    ],
+)
 def test_invalid_parameters_are_usage_errors(env, tmp_path, capsys, flag):
     src = write(frame(), tmp_path / "in.parquet")
     assert run(src, "-o", str(tmp_path / "o.parquet"), "--column", "text", *flag) == 2
@@ -189,8 +213,16 @@ def test_version(capsys):
     assert main(["--version"]) == 0
 
 
-@pytest.mark.parametrize("given, sent", [("default", None), ("DEFAULT", None), ("Bullets", "bullets"),
-                                         ("best_line", "best_line"), ("SUMMARY_2", "summary_2")])
+@pytest.mark.parametrize(
+    "given, sent",
+    [
+        ("default", None),
+        ("DEFAULT", None),
+        ("Bullets", "bullets"),
+        ("best_line", "best_line"),
+        ("SUMMARY_2", "summary_2"),
+    ],
+)
 def test_type_accepts_default_and_any_case(env, capsys, given, sent):
     text = article(40)
     assert main(["text", text, "--type", given]) == 0
@@ -207,8 +239,9 @@ def test_an_unknown_type_is_one_line_naming_the_choices(capsys):
 def test_text_on_a_terminal_says_how_to_pass_one_instead_of_waiting(env):
     main_fd, terminal = pty.openpty()
     try:
-        done = subprocess.run([sys.executable, "-m", "batchsum.cli", "text"], stdin=terminal, capture_output=True,
-                              text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "batchsum.cli", "text"], stdin=terminal, capture_output=True, text=True, timeout=60
+        )
     finally:
         os.close(main_fd)
         os.close(terminal)
@@ -243,6 +276,7 @@ def test_journal_command_shows_what_a_journal_holds(env, tmp_path, capsys):
 
 def test_every_flag_has_help(capsys):
     from batchsum.cli import build_parser
+
     parser = build_parser()
     for name, sub in parser._subparsers._group_actions[0].choices.items():
         for action in sub._actions:
@@ -262,6 +296,7 @@ def test_text_summarizes_an_argument_or_stdin(env, capsys, monkeypatch):
 
 def test_journal_keeps_answers_across_opens_and_refuses_other_files(tmp_path):
     from batchsum.errors import InputError
+
     path = tmp_path / "j.sqlite"
     with Journal(path) as journal:
         journal.put("abc", ("summary", "ok", None, None, 200, 2))
@@ -277,20 +312,29 @@ def test_journal_keeps_answers_across_opens_and_refuses_other_files(tmp_path):
 
 def test_serve_starts_and_answers(tmp_path):
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "batchsum.cli", "serve", "--port", str(port), "--key", "k1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "batchsum.cli", "serve", "--port", str(port), "--key", "k1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert "batchsum local service on http://127.0.0.1:" in proc.stdout.readline()
         for _ in range(200):
             try:
-                response = httpx.post(f"http://127.0.0.1:{port}/api/user/summarize",
-                                      headers={"Authorization": "Bearer k1"}, json={"text": article(30), "mode": 1})
+                response = httpx.post(
+                    f"http://127.0.0.1:{port}/api/user/summarize",
+                    headers={"Authorization": "Bearer k1"},
+                    json={"text": article(30), "mode": 1},
+                )
                 break
             except httpx.ConnectError:
                 import time
+
                 time.sleep(0.05)
         assert response.status_code == 200 and response.json()["result"]
     finally:

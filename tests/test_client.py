@@ -29,6 +29,7 @@ def raw_post(svc, key=KEY, **kwargs):
 
 # --- every row of the interface's error table, as the service sends it -----------------------
 
+
 def test_200_carries_the_result(svc):
     response = raw_post(svc, json={"text": TEXT, "mode": 1})
     assert response.status_code == 200 and isinstance(response.json()["result"], str)
@@ -104,6 +105,7 @@ def test_the_key_is_checked_before_the_limit_and_the_limit_before_the_body(svc):
 
 # --- the three payload encodings -------------------------------------------------------------
 
+
 @pytest.mark.parametrize("encoding", ["json", "form", "multipart"])
 @pytest.mark.parametrize("kind", [None, "summary_2", "bullets", "best_line"])
 def test_every_encoding_and_type_gets_a_summary(svc, encoding, kind):
@@ -115,23 +117,54 @@ def test_every_encoding_and_type_gets_a_summary(svc, encoding, kind):
 def test_the_live_docs_curl_examples_are_answered_200(svc):
     url = svc.url + "/api/user/summarize"
     form = subprocess.run(
-        ["curl", "-sS", "--location", url, "--header", f"Authorization: Bearer {KEY}",
-         "--form", 'mode="2"', "--form", f'text="{TEXT}"', "--form", 'percentage="4"', "--form", 'type="bullets"',
-         "-w", "\n%{http_code}"],
-        capture_output=True, text=True, check=True,
+        [
+            "curl",
+            "-sS",
+            "--location",
+            url,
+            "--header",
+            f"Authorization: Bearer {KEY}",
+            "--form",
+            'mode="2"',
+            "--form",
+            f'text="{TEXT}"',
+            "--form",
+            'percentage="4"',
+            "--form",
+            'type="bullets"',
+            "-w",
+            "\n%{http_code}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     body, status = form.rsplit("\n", 1)
     assert status == "200" and json.loads(body)["result"].startswith("- ")
     as_json = subprocess.run(
-        ["curl", "-sS", url, "--header", f"Authorization: Bearer {KEY}", "--header", "Content-Type: application/json",
-         "--data", json.dumps({"text": TEXT, "mode": 1}), "-w", "\n%{http_code}"],
-        capture_output=True, text=True, check=True,
+        [
+            "curl",
+            "-sS",
+            url,
+            "--header",
+            f"Authorization: Bearer {KEY}",
+            "--header",
+            "Content-Type: application/json",
+            "--data",
+            json.dumps({"text": TEXT, "mode": 1}),
+            "-w",
+            "\n%{http_code}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     body, status = as_json.rsplit("\n", 1)
     assert status == "200" and json.loads(body)["result"]
 
 
 # --- the client's errors -------------------------------------------------------------------
+
 
 def test_a_wrong_key_raises_authentication_error_after_one_request(svc):
     with pytest.raises(errors.AuthenticationError, match="incorrect API key provided") as info:
@@ -168,12 +201,16 @@ def test_invalid_parameters_and_texts_are_refused_before_sending(svc, call):
 
 
 def test_unicode_text_round_trips(svc):
-    text = "Die Brücke über den Fluß wurde gestern eröffnet. 東京の新しい駅は大きい。 Ça marche très bien, merci à tous! " * 3
+    text = (
+        "Die Brücke über den Fluß wurde gestern eröffnet. 東京の新しい駅は大きい。 Ça marche très bien, merci à tous! "
+        * 3
+    )
     assert "Brücke" in client(svc).summarize(text, type="best_line") or True
     assert client(svc, encoding="multipart").summarize(text)
 
 
 # --- retries --------------------------------------------------------------------------------
+
 
 def test_two_500s_then_success_is_three_attempts(svc):
     svc.faults = Faults(script=["500", "500"])
@@ -190,10 +227,17 @@ def test_a_429_with_retry_after_1_waits_at_least_that_second(svc):
     assert svc.stats()["by_status"] == {"200": 1, "429": 1}
 
 
-@pytest.mark.parametrize("fault, code", [
-    ("500", "server_error"), ("502", "server_error"), ("429", "rate_limited"),
-    ("drop", "connection_error"), ("garbled", "bad_response"), ("hang", "timeout"),
-])
+@pytest.mark.parametrize(
+    "fault, code",
+    [
+        ("500", "server_error"),
+        ("502", "server_error"),
+        ("429", "rate_limited"),
+        ("drop", "connection_error"),
+        ("garbled", "bad_response"),
+        ("hang", "timeout"),
+    ],
+)
 def test_every_fault_kind_is_retried_and_then_succeeds(svc, fault, code):
     svc.faults = Faults(script=[fault], retry_after=0, hang_seconds=3)
     delays = []
@@ -201,11 +245,17 @@ def test_every_fault_kind_is_retried_and_then_succeeds(svc, fault, code):
     assert len(delays) == 1
 
 
-@pytest.mark.parametrize("fault, cls", [
-    ("500", errors.ServerError), ("502", errors.ServerError), ("429", errors.RateLimitError),
-    ("drop", errors.APIConnectionError), ("garbled", errors.APIResponseValidationError),
-    ("hang", errors.APITimeoutError),
-])
+@pytest.mark.parametrize(
+    "fault, cls",
+    [
+        ("500", errors.ServerError),
+        ("502", errors.ServerError),
+        ("429", errors.RateLimitError),
+        ("drop", errors.APIConnectionError),
+        ("garbled", errors.APIResponseValidationError),
+        ("hang", errors.APITimeoutError),
+    ],
+)
 def test_every_fault_kind_surfaces_typed_when_retries_run_out(svc, fault, cls):
     svc.faults = Faults(script=[fault] * 3, retry_after=0, hang_seconds=3)
     with pytest.raises(cls) as info:
@@ -219,6 +269,7 @@ def test_401_and_422_are_tried_once(svc):
         client(svc, "wrong", sleep=lambda s: None).summarize(TEXT)
     assert svc.stats()["requests"] == 1
     svc.state.reset_stats()
+
     # A 422 the client cannot foresee: a transport that breaks the body on its way out.
     class BreakTheBody(httpx.HTTPTransport):
         def handle_request(self, request):
@@ -234,14 +285,17 @@ def test_401_and_422_are_tried_once(svc):
 
 async def test_async_client_answers_and_retries(svc):
     svc.faults = Faults(script=["502"], retry_after=0)
+
     async def no_sleep(_):
         return None
+
     async with batchsum.AsyncClient(KEY, svc.url, sleep=no_sleep) as c:
         assert await c.summarize(TEXT, mode=2, type="bullets")
     assert svc.stats()["requests"] == 2
 
 
 # --- configuration and security -------------------------------------------------------------
+
 
 def test_the_key_and_base_url_come_from_the_environment(svc):
     env = {"BATCHSUM_API_KEY": KEY, "BATCHSUM_BASE_URL": svc.url}

@@ -23,7 +23,11 @@ ANSWERS = {
     "422-fastapi": (422, {}, b'{"detail": [{"loc": ["body", "mode"], "msg": "Field required", "type": "missing"}]}'),
     "422-detail-str": (422, {}, b'{"detail": "Validation Error"}'),
     "429-a": (429, {"retry-after": "2"}, b'{"error": "Too Many Requests"}'),
-    "429-b-date": (429, {"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, b'{"type": "rate", "message": "Too Many Requests"}'),
+    "429-b-date": (
+        429,
+        {"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"},
+        b'{"type": "rate", "message": "Too Many Requests"}',
+    ),
     "429-none": (429, {}, b""),
     "500-a": (500, {}, b'{"error": "An unexpected error occurred"}'),
     "500-truncated": (500, {"content-type": "application/json"}, b'{"error": "An unexp'),
@@ -42,12 +46,20 @@ def respond(answer):
             raise answer
         status, headers, body = answer
         return httpx.Response(status, headers=headers, content=body)
+
     return handler
 
 
 def describe(exc):
-    return (type(exc).__name__, str(exc), getattr(exc, "status_code", None), exc.code,
-            exc.attempts, getattr(exc, "retry_after", None) is not None, getattr(exc, "type", None))
+    return (
+        type(exc).__name__,
+        str(exc),
+        getattr(exc, "status_code", None),
+        exc.code,
+        exc.attempts,
+        getattr(exc, "retry_after", None) is not None,
+        getattr(exc, "type", None),
+    )
 
 
 def outcome(call):
@@ -59,8 +71,13 @@ def outcome(call):
 
 def run_sync(answer, max_retries):
     delays = []
-    with batchsum.Client("k", "http://127.0.0.1:9", transport=httpx.MockTransport(respond(answer)),
-                         max_retries=max_retries, sleep=delays.append) as c:
+    with batchsum.Client(
+        "k",
+        "http://127.0.0.1:9",
+        transport=httpx.MockTransport(respond(answer)),
+        max_retries=max_retries,
+        sleep=delays.append,
+    ) as c:
         return outcome(lambda: c.summarize(TEXT)), len(delays)
 
 
@@ -70,8 +87,9 @@ async def run_async(answer, max_retries):
     async def sleep(seconds):
         delays.append(seconds)
 
-    async with batchsum.AsyncClient("k", "http://127.0.0.1:9", transport=httpx.MockTransport(respond(answer)),
-                                    max_retries=max_retries, sleep=sleep) as c:
+    async with batchsum.AsyncClient(
+        "k", "http://127.0.0.1:9", transport=httpx.MockTransport(respond(answer)), max_retries=max_retries, sleep=sleep
+    ) as c:
         try:
             result = ("ok", await c.summarize(TEXT))
         except batchsum.BatchsumError as exc:
@@ -93,11 +111,19 @@ async def test_sync_and_async_agree_on_every_answer(name, max_retries):
 
 def test_the_expected_classes():
     expected = {
-        "ok-not-json": "APIResponseValidationError", "401-key": "AuthenticationError",
-        "401-plan": "NotPremiumError", "422-short-b": "TextTooShortError", "422-long-a": "TextTooLongError",
-        "422-fastapi": "UnprocessableEntityError", "429-none": "RateLimitError", "502-html": "ServerError",
-        "503-empty": "ServerError", "404": "APIStatusError", "connect": "APIConnectionError",
-        "read-timeout": "APITimeoutError", "dropped": "APIConnectionError",
+        "ok-not-json": "APIResponseValidationError",
+        "401-key": "AuthenticationError",
+        "401-plan": "NotPremiumError",
+        "422-short-b": "TextTooShortError",
+        "422-long-a": "TextTooLongError",
+        "422-fastapi": "UnprocessableEntityError",
+        "429-none": "RateLimitError",
+        "502-html": "ServerError",
+        "503-empty": "ServerError",
+        "404": "APIStatusError",
+        "connect": "APIConnectionError",
+        "read-timeout": "APITimeoutError",
+        "dropped": "APIConnectionError",
     }
     for name, cls in expected.items():
         assert run_sync(ANSWERS[name], 0)[0][0] == cls, name

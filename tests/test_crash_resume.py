@@ -23,9 +23,22 @@ def setup(tmp_path):
         texts = [article(15, seed=i) + f" Row {i}." for i in range(ROWS)]
         pd.DataFrame({"n": range(ROWS), "text": texts}).to_parquet(tmp_path / "in.parquet")
         env = {**os.environ, "BATCHSUM_API_KEY": KEY, "BATCHSUM_BASE_URL": service.url}
-        argv = [sys.executable, "-m", "batchsum.cli", "summarize", str(tmp_path / "in.parquet"),
-                "-o", str(tmp_path / "out.parquet"), "--column", "text", "--rpm", "0", "--concurrency", "4",
-                "--quiet"]
+        argv = [
+            sys.executable,
+            "-m",
+            "batchsum.cli",
+            "summarize",
+            str(tmp_path / "in.parquet"),
+            "-o",
+            str(tmp_path / "out.parquet"),
+            "--column",
+            "text",
+            "--rpm",
+            "0",
+            "--concurrency",
+            "4",
+            "--quiet",
+        ]
         yield service, argv, env, tmp_path
 
 
@@ -75,8 +88,9 @@ def journal_rows(tmp_path):
         return db.execute("SELECT COUNT(*) FROM answers").fetchone()[0]
 
 
-@pytest.mark.parametrize("signum, code, words", [(signal.SIGINT, 130, "interrupted: "),
-                                                 (signal.SIGTERM, 143, "terminated (SIGTERM): ")])
+@pytest.mark.parametrize(
+    "signum, code, words", [(signal.SIGINT, 130, "interrupted: "), (signal.SIGTERM, 143, "terminated (SIGTERM): ")]
+)
 def test_sigint_and_sigterm_stop_alike_and_keep_every_answer_on_the_wire(setup, signum, code, words):
     service, argv, env, tmp_path = setup
     service.faults = Faults(latency=0.4)  # requests spend a while on the wire

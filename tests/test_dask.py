@@ -26,8 +26,12 @@ KEY = "bs-dask-test-key"
 
 @pytest.fixture(scope="module")
 def cluster():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None,
-                                  silence_logs=50) as running, distributed.Client(running) as client:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None, silence_logs=50
+        ) as running,
+        distributed.Client(running) as client,
+    ):
         yield client
 
 

@@ -149,8 +149,13 @@ def s3_server():
 @pytest.fixture
 def s3(s3_server, monkeypatch):
     """Credentials and endpoint where users set them: the environment (as boto3 and pyarrow read it)."""
-    for name, value in {"AWS_ENDPOINT_URL": s3_server, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+    for name, value in {
+        "AWS_ENDPOINT_URL": s3_server,
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }.items():
         monkeypatch.setenv(name, value)
     from pyarrow import fs
 
@@ -170,12 +175,15 @@ def test_a_remote_round_trip_through_an_s3_compatible_server(env, s3, tmp_path):
     assert env.stats()["answered"] == len(data) - 1
 
 
-@pytest.mark.parametrize("source, output, words", [
-    ("s3://data/in.parquet", "s3://no-such-bucket/out.parquet", "no-such-bucket"),
-    ("s3://data/missing.parquet", "s3://data/out.parquet", "no such file"),
-    ("s3://data/broken.parquet", "s3://data/out.parquet", "cannot be read as Parquet"),
-    ("s3://data/in.parquet", "s3://data/out.txt", ".parquet"),
-])
+@pytest.mark.parametrize(
+    "source, output, words",
+    [
+        ("s3://data/in.parquet", "s3://no-such-bucket/out.parquet", "no-such-bucket"),
+        ("s3://data/missing.parquet", "s3://data/out.parquet", "no such file"),
+        ("s3://data/broken.parquet", "s3://data/out.parquet", "cannot be read as Parquet"),
+        ("s3://data/in.parquet", "s3://data/out.txt", ".parquet"),
+    ],
+)
 def test_remote_problems_are_one_line_exit_2_and_nothing_sent(env, s3, tmp_path, capsys, source, output, words):
     with s3.open_output_stream("data/in.parquet") as out:
         pq.write_table(pa.Table.from_pandas(frame()), out)

@@ -1,14 +1,13 @@
 """The batch engine against the local service over loopback."""
 
-
 import pytest
 
 import batchsum
-from batchsum.engine import BatchStats, MemoryStore, fingerprint, plan_batch, summarize_stream
 from batchsum.client import PreparedRequest, validate_params
+from batchsum.engine import BatchStats, MemoryStore, fingerprint, plan_batch, summarize_stream
 from batchsum.local import Faults, LocalService
-from batchsum.pacing import Pacer
 from batchsum.local.summarizer import summarize as local_summary
+from batchsum.pacing import Pacer
 from tests.conftest import EXPIRED_KEY, KEY, article
 
 
@@ -37,9 +36,16 @@ async def test_bad_rows_are_skipped_with_a_reason_and_never_sent(svc):
     rows = [None, float("nan"), 7, "", "   ", article(9), article(10), article(5000), article(5001), "ünïcödé " * 12]
     results = await collect(rows, svc)
     assert [(r.status, r.error) for r in results] == [
-        ("skipped", "empty"), ("skipped", "empty"), ("skipped", "empty"), ("skipped", "empty"),
-        ("skipped", "empty"), ("skipped", "too_short"), ("ok", None), ("ok", None),
-        ("skipped", "too_long"), ("ok", None),
+        ("skipped", "empty"),
+        ("skipped", "empty"),
+        ("skipped", "empty"),
+        ("skipped", "empty"),
+        ("skipped", "empty"),
+        ("skipped", "too_short"),
+        ("ok", None),
+        ("ok", None),
+        ("skipped", "too_long"),
+        ("ok", None),
     ]
     assert all(r.message for r in results if r.status == "skipped")
     assert svc.stats()["requests"] == 3
@@ -97,8 +103,12 @@ async def test_a_429_storm_is_survived_with_every_row_accounted_for(svc):
 
 
 async def test_every_fault_kind_mixed_in_loses_no_row(svc):
-    svc.faults = Faults(rates={"500": 0.1, "502": 0.1, "drop": 0.1, "garbled": 0.1, "429": 0.1, "hang": 0.02},
-                        retry_after=0, hang_seconds=2, seed=11)
+    svc.faults = Faults(
+        rates={"500": 0.1, "502": 0.1, "drop": 0.1, "garbled": 0.1, "429": 0.1, "hang": 0.02},
+        retry_after=0,
+        hang_seconds=2,
+        seed=11,
+    )
     rows = texts(80, words=12)
     async with batchsum.AsyncClient(KEY, svc.url, timeout=0.5, max_retries=8) as client:
         results = [r async for r in summarize_stream(rows, client, concurrency=8)]
@@ -130,8 +140,9 @@ async def test_a_401_mid_run_stops_the_batch_and_keeps_finished_rows(svc):
 
     async with batchsum.AsyncClient("rotating-key", svc.url) as client:
         with pytest.raises(batchsum.AuthenticationError):
-            async for r in summarize_stream(texts(200), client, store=store, concurrency=1, window=1,
-                                            on_result=revoke_after_ten):
+            async for r in summarize_stream(
+                texts(200), client, store=store, concurrency=1, window=1, on_result=revoke_after_ten
+            ):
                 seen.append(r)
     assert len(seen) >= 10 and all(r.status == "ok" for r in seen)
     assert len(store) == len(seen)
@@ -216,7 +227,6 @@ async def test_a_storm_of_429s_that_ends_leaves_the_pace_where_it_was(svc):
 
 async def test_more_than_a_hundred_in_flight_when_rate_times_latency_needs_it(svc):
     svc.faults = Faults(latency=1.0)
-    results = await collect([f"{article(12, seed=i)} Row {i}." for i in range(300)], svc, rpm=60000,
-                            concurrency=None)
+    results = await collect([f"{article(12, seed=i)} Row {i}." for i in range(300)], svc, rpm=60000, concurrency=None)
     assert [r.status for r in results] == ["ok"] * 300
     assert svc.stats()["most_in_progress"] > 100  # the connection pool is no hidden cap

@@ -14,7 +14,11 @@ def test_401_shape_b_incorrect_key_is_an_authentication_error():
     err = make(401, b'{"type": "invalid_request", "message": "incorrect API key provided"}')
     assert type(err) is errors.AuthenticationError
     assert (err.status_code, err.message, err.type, err.code) == (
-        401, "incorrect API key provided", "invalid_request", "invalid_api_key")
+        401,
+        "incorrect API key provided",
+        "invalid_request",
+        "invalid_api_key",
+    )
 
 
 def test_401_not_premium_is_its_own_class():
@@ -28,8 +32,10 @@ def test_401_not_premium_is_its_own_class():
         (b'{"error": "Text exceeds word limit"}', errors.TextTooLongError),
         (b'{"type": "invalid_request", "message": "Text must be greater then 10 words"}', errors.TextTooShortError),
         (b'{"type": "invalid_request", "message": "Text must be greater than 10 words"}', errors.TextTooShortError),
-        (b'{"detail": [{"loc": ["body", "mode"], "msg": "Field required", "type": "missing"}]}',
-         errors.UnprocessableEntityError),
+        (
+            b'{"detail": [{"loc": ["body", "mode"], "msg": "Field required", "type": "missing"}]}',
+            errors.UnprocessableEntityError,
+        ),
         (b'{"detail": "Validation Error"}', errors.UnprocessableEntityError),
     ],
 )
@@ -39,8 +45,11 @@ def test_422_bodies_tell_short_long_and_validation_apart(body, cls):
 
 
 def test_fastapi_detail_lists_become_one_readable_line():
-    err = make(422, b'{"detail": [{"loc": ["body", "mode"], "msg": "Field required", "type": "missing"},'
-                    b' {"loc": ["body", "text"], "msg": "Input should be a valid string"}]}')
+    err = make(
+        422,
+        b'{"detail": [{"loc": ["body", "mode"], "msg": "Field required", "type": "missing"},'
+        b' {"loc": ["body", "text"], "msg": "Input should be a valid string"}]}',
+    )
     assert err.message == "Validation Error: mode: Field required; text: Input should be a valid string"
 
 
@@ -53,11 +62,25 @@ def test_429_keeps_retry_after():
     "status, body, content_type, expected",
     [
         (500, b'{"error": "An unexpected error occurred"}', "application/json", "An unexpected error occurred"),
-        (502, b"<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>", "text/html",
-         "Bad Gateway (HTML page from the server or a proxy: '502 Bad Gateway')"),
+        (
+            502,
+            b"<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>",
+            "text/html",
+            "Bad Gateway (HTML page from the server or a proxy: '502 Bad Gateway')",
+        ),
         (503, b"", "", "Service Unavailable (empty body)"),
-        (500, b'{"error": "An unexp', "application/json", "Internal Server Error (unreadable body: '{\"error\": \"An unexp')"),
-        (504, b"<h1>Gateway &amp; Timeout</h1>", "", "Gateway Timeout (HTML page from the server or a proxy: 'Gateway & Timeout')"),
+        (
+            500,
+            b'{"error": "An unexp',
+            "application/json",
+            'Internal Server Error (unreadable body: \'{"error": "An unexp\')',
+        ),
+        (
+            504,
+            b"<h1>Gateway &amp; Timeout</h1>",
+            "",
+            "Gateway Timeout (HTML page from the server or a proxy: 'Gateway & Timeout')",
+        ),
     ],
 )
 def test_5xx_bodies_of_every_shape_become_server_errors_with_readable_messages(status, body, content_type, expected):
@@ -96,11 +119,15 @@ def test_retry_after_is_capped_and_never_negative_and_garbage_is_ignored():
     assert parse_retry_after({}) is None
 
 
-@pytest.mark.parametrize("value", ["-3", "0", "0.0", "-0", "nan", "inf", "-inf", "", "  ", "1,5", "Tue, 01 Jan 2019 00:00:00 GMT"])
+@pytest.mark.parametrize(
+    "value", ["-3", "0", "0.0", "-0", "nan", "inf", "-inf", "", "  ", "1,5", "Tue, 01 Jan 2019 00:00:00 GMT"]
+)
 def test_an_unusable_retry_after_means_back_off_never_a_wait_of_zero(value):
     assert parse_retry_after({"retry-after": value}) is None
-    error = errors.RateLimitError("Too Many Requests", status_code=429, retry_after=parse_retry_after({"retry-after": value}))
-    delays = [retry_delay(error, 1, 5, rand=lambda: r) for r in (0.0, 0.5, 0.999)]
+    error = errors.RateLimitError(
+        "Too Many Requests", status_code=429, retry_after=parse_retry_after({"retry-after": value})
+    )
+    delays = [retry_delay(error, 1, 5, rand=lambda r=r: r) for r in (0.0, 0.5, 0.999)]
     assert all(d is not None and d >= INITIAL_BACKOFF * 0.75 for d in delays)
     assert len(set(delays)) == 3  # jittered
 

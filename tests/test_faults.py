@@ -71,8 +71,22 @@ def test_two_runs_on_one_output_the_second_is_refused_naming_the_first_or_waits(
     src = parquet(tmp_path, 30)
     out = str(tmp_path / "out.parquet")
     env.faults = Faults(latency=0.2)
-    argv = [sys.executable, "-m", "batchsum.cli", "summarize", src, "-o", out, "--column", "text", "--rpm", "0",
-            "--concurrency", "2", "--quiet"]
+    argv = [
+        sys.executable,
+        "-m",
+        "batchsum.cli",
+        "summarize",
+        src,
+        "-o",
+        out,
+        "--column",
+        "text",
+        "--rpm",
+        "0",
+        "--concurrency",
+        "2",
+        "--quiet",
+    ]
     environ = {**os.environ, "BATCHSUM_API_KEY": KEY, "BATCHSUM_BASE_URL": env.url}
     first = subprocess.Popen(argv, env=environ, stderr=subprocess.PIPE, text=True)
     while env.stats()["requests"] < 2:
@@ -89,7 +103,8 @@ def test_two_runs_on_one_output_the_second_is_refused_naming_the_first_or_waits(
 
 
 def test_a_journal_that_cannot_be_written_stops_sending_and_the_output_keeps_every_paid_answer(
-        env, tmp_path, capsys, monkeypatch):
+    env, tmp_path, capsys, monkeypatch
+):
     src = parquet(tmp_path, 60)
     out = tmp_path / "out.parquet"
     real_put, writes = Journal.put, []
@@ -218,8 +233,16 @@ async def test_the_timeout_bounds_the_whole_answer_not_each_read_async(dripping_
 # -- the key -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key", [SECRET[:9] + "\n" + SECRET[9:], SECRET[:5] + "\r\nX-Evil: 1", SECRET + "\x00", "clé-" + SECRET,
-                                 SECRET[:6] + " " + SECRET[6:]])
+@pytest.mark.parametrize(
+    "key",
+    [
+        SECRET[:9] + "\n" + SECRET[9:],
+        SECRET[:5] + "\r\nX-Evil: 1",
+        SECRET + "\x00",
+        "clé-" + SECRET,
+        SECRET[:6] + " " + SECRET[6:],
+    ],
+)
 def test_a_key_with_a_control_space_or_non_ascii_character_is_refused_without_echoing_it(key):
     with pytest.raises(ConfigurationError) as caught:
         batchsum.Client(key, "http://127.0.0.1:9")
@@ -245,15 +268,18 @@ async def test_a_service_echoing_the_key_never_gets_it_into_results_or_logs(capl
         return httpx.Response(200, json={"result": f"summary; your header was {echoed}"})
 
     caplog.set_level("DEBUG", logger="batchsum")
-    async with batchsum.AsyncClient(SECRET, "https://service.example", transport=httpx.MockTransport(handler),
-                                    max_retries=1) as client:
+    async with batchsum.AsyncClient(
+        SECRET, "https://service.example", transport=httpx.MockTransport(handler), max_retries=1
+    ) as client:
         out = [r async for r in summarize_stream(rows(3), client, rpm=0)]
     assert [r.status for r in out] == ["failed", "failed", "ok"]
     assert SECRET not in json.dumps(out) and SECRET not in caplog.text
     assert "[redacted]" in out[0].message and "[redacted]" in out[2].summary
 
 
-@pytest.mark.parametrize("url", ["http://evil.localhost:8000", "http://localhost.evil.example", "http://127.0.0.1.nip.io"])
+@pytest.mark.parametrize(
+    "url", ["http://evil.localhost:8000", "http://localhost.evil.example", "http://127.0.0.1.nip.io"]
+)
 def test_only_literal_loopback_addresses_and_localhost_get_the_key_over_plain_http(url):
     with pytest.raises(ConfigurationError, match="plain http"):
         batchsum.Client(KEY, url)
@@ -290,9 +316,9 @@ def test_a_symlink_planted_at_the_journal_name_is_refused_and_its_target_untouch
     assert victim.read_bytes() == b"not yours" and env.stats()["requests"] == 0
 
 
-@pytest.mark.parametrize("schema", ["CREATE TABLE users (name TEXT)",
-                                    "CREATE TABLE answers (x INTEGER); CREATE TABLE other (y TEXT)",
-                                    None])
+@pytest.mark.parametrize(
+    "schema", ["CREATE TABLE users (name TEXT)", "CREATE TABLE answers (x INTEGER); CREATE TABLE other (y TEXT)", None]
+)
 def test_another_programs_file_as_journal_is_refused_unchanged(env, tmp_path, capsys, schema):
     theirs = tmp_path / "theirs.db"
     if schema is None:
@@ -301,8 +327,9 @@ def test_another_programs_file_as_journal_is_refused_unchanged(env, tmp_path, ca
         with sqlite3.connect(theirs) as db:
             db.executescript(schema)
     before = digest(theirs)
-    assert run(parquet(tmp_path), "-o", str(tmp_path / "out.parquet"), "--column", "text", "--journal",
-               str(theirs)) == 2
+    assert (
+        run(parquet(tmp_path), "-o", str(tmp_path / "out.parquet"), "--column", "text", "--journal", str(theirs)) == 2
+    )
     one_line_error(capsys, "is not a batchsum journal")
     assert digest(theirs) == before and not list(tmp_path.glob("theirs.db-*"))
     assert not (tmp_path / "out.parquet").exists() and not list(tmp_path.glob(".out.parquet*.partial"))
@@ -325,7 +352,7 @@ def test_a_journal_with_a_damaged_page_is_a_one_line_error(env, tmp_path, capsys
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     data = bytearray(journal.read_bytes())
     assert len(data) > 4 * 4096
-    data[2 * 4096 + 8: 2 * 4096 + 400] = os.urandom(392)
+    data[2 * 4096 + 8 : 2 * 4096 + 400] = os.urandom(392)
     journal.write_bytes(bytes(data))
     assert run(src, "-o", out, "--column", "text", "--rpm", "0") == 2
     one_line_error(capsys, "is damaged")
@@ -343,8 +370,15 @@ def test_a_read_only_output_folder_is_one_line_and_leaves_nothing(env, tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]
 
 
-@pytest.mark.parametrize("argv, words", [(["--rpm", "inf"], "finite"), (["--rpm", "nan"], "finite"),
-                                         (["--timeout", "inf"], "finite"), (["--dry-run"], "would send")])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--rpm", "inf"], "finite"),
+        (["--rpm", "nan"], "finite"),
+        (["--timeout", "inf"], "finite"),
+        (["--dry-run"], "would send"),
+    ],
+)
 def test_refused_runs_and_dry_runs_create_no_file(env, tmp_path, capsys, argv, words):
     code = run(parquet(tmp_path), "-o", str(tmp_path / "out.parquet"), "--column", "text", *argv)
     captured = capsys.readouterr()
@@ -361,8 +395,9 @@ def test_a_timeout_must_be_a_finite_number_of_seconds(timeout):
         batchsum.Client(KEY, "http://127.0.0.1:9", timeout=timeout)
 
 
-@pytest.mark.parametrize("options", [{"rpm": "60"}, {"rpm": float("inf")}, {"concurrency": 0},
-                                     {"concurrency": "8"}, {"limiter": object()}])
+@pytest.mark.parametrize(
+    "options", [{"rpm": "60"}, {"rpm": float("inf")}, {"concurrency": 0}, {"concurrency": "8"}, {"limiter": object()}]
+)
 def test_the_accessor_refuses_bad_run_options_before_sending(svc, options):
     df = pd.DataFrame({"text": rows(3)})
     with pytest.raises(InvalidParameterError, match="invalid"):
@@ -387,8 +422,12 @@ def test_the_test_controls_are_off_unless_enabled_and_then_need_the_admin_key():
 
 
 def test_serve_keeps_its_test_controls_off_by_default():
-    proc = subprocess.Popen([sys.executable, "-m", "batchsum.cli", "serve", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "batchsum.cli", "serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         lines = [proc.stdout.readline() for _ in range(3)]
         assert not any("admin key" in line for line in lines)
@@ -401,19 +440,31 @@ def test_serve_keeps_its_test_controls_off_by_default():
 
 def test_a_huge_body_gets_413_and_the_service_keeps_answering(svc):
     headers = {"Authorization": f"Bearer {KEY}"}
-    big = httpx.post(f"{svc.url}/api/user/summarize", headers=headers,
-                     content=b'{"mode": 1, "text": "' + b"word " * 2_000_000 + b'"}', timeout=30)
+    big = httpx.post(
+        f"{svc.url}/api/user/summarize",
+        headers=headers,
+        content=b'{"mode": 1, "text": "' + b"word " * 2_000_000 + b'"}',
+        timeout=30,
+    )
     assert big.status_code == 413 and "error" in big.json()
     ok = httpx.post(f"{svc.url}/api/user/summarize", headers=headers, json={"text": article(20), "mode": 1})
     assert ok.status_code == 200
 
 
-@pytest.mark.parametrize("body, content_type", [(b"[" * 100_000 + b"]" * 100_000, "application/json"),
-                                                (b'{"text": "x", "mode": ' + b"[" * 50_000, "application/json"),
-                                                (b"--nope\r\ngarbage", "multipart/form-data; boundary=nope")])
+@pytest.mark.parametrize(
+    "body, content_type",
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "application/json"),
+        (b'{"text": "x", "mode": ' + b"[" * 50_000, "application/json"),
+        (b"--nope\r\ngarbage", "multipart/form-data; boundary=nope"),
+    ],
+)
 def test_malformed_or_deeply_nested_bodies_get_the_interfaces_422(svc, body, content_type):
-    response = httpx.post(f"{svc.url}/api/user/summarize", content=body,
-                          headers={"Authorization": f"Bearer {KEY}", "content-type": content_type})
+    response = httpx.post(
+        f"{svc.url}/api/user/summarize",
+        content=body,
+        headers={"Authorization": f"Bearer {KEY}", "content-type": content_type},
+    )
     assert response.status_code == 422 and "detail" in response.json()
 
 

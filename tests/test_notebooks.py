@@ -18,12 +18,16 @@ def test_the_notebooks_are_there():
 def test_the_notebook_runs_without_errors(path, monkeypatch):
     monkeypatch.delenv("BATCHSUM_API_KEY", raising=False)
     notebook = nbformat.read(path, as_version=4)
-    assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"), \
+    assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"), (
         "commit notebooks with their outputs cleared"
-    client = nbclient.NotebookClient(notebook, timeout=180, kernel_name="python3",
-                                     resources={"metadata": {"path": str(path.parent)}})
+    )
+    client = nbclient.NotebookClient(
+        notebook, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    )
     client.execute()
-    errors = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs if o.output_type == "error"]
+    errors = [
+        o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs if o.output_type == "error"
+    ]
     assert not errors
     text = "".join(o.get("text", "") for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs)
     if path.stem == "batch-parquet":

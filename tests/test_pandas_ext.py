@@ -15,8 +15,14 @@ from batchsum.local.summarizer import summarize as local_summary
 from batchsum.pandas_ext import clear_cache
 from tests.conftest import EXPIRED_KEY, KEY, article
 
-RESULT_COLUMNS = ["summary", "summary_status", "summary_error", "summary_message", "summary_http_status",
-                  "summary_attempts"]
+RESULT_COLUMNS = [
+    "summary",
+    "summary_status",
+    "summary_error",
+    "summary_message",
+    "summary_http_status",
+    "summary_attempts",
+]
 
 
 @pytest.fixture
@@ -29,13 +35,16 @@ def texts(n):
     return [article(20, seed=i) for i in range(n)]
 
 
-@pytest.mark.parametrize("index", [
-    pd.RangeIndex(6),
-    pd.Index(["b", "a", "c", "e", "d", "f"]),
-    pd.Index([3, 3, 1, 1, 2, 2]),
-    pd.MultiIndex.from_tuples([("x", 1), ("x", 2), ("y", 1), ("y", 2), ("z", 1), ("z", 1)]),
-    pd.date_range("2026-01-01", periods=6),
-])
+@pytest.mark.parametrize(
+    "index",
+    [
+        pd.RangeIndex(6),
+        pd.Index(["b", "a", "c", "e", "d", "f"]),
+        pd.Index([3, 3, 1, 1, 2, 2]),
+        pd.MultiIndex.from_tuples([("x", 1), ("x", 2), ("y", 1), ("y", 2), ("z", 1), ("z", 1)]),
+        pd.date_range("2026-01-01", periods=6),
+    ],
+)
 def test_every_column_plus_results_on_the_same_index_in_the_same_order(svc, opts, index):
     values = texts(4) + [None, "short one"]
     df = pd.DataFrame({"text": values, "n": range(6)}, index=index)

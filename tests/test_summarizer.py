@@ -20,8 +20,10 @@ STORY = (
 
 
 def test_the_splitter_handles_abbreviations_initials_decimals_and_quotes():
-    text = ('Mr. J. K. Smith paid $3.50 at 9 a.m. on Jan. 5 in the U.S. capital. "Was it worth it?" he asked. '
-            "She said no! (It was not.) The end…")
+    text = (
+        'Mr. J. K. Smith paid $3.50 at 9 a.m. on Jan. 5 in the U.S. capital. "Was it worth it?" he asked. '
+        "She said no! (It was not.) The end…"
+    )
     assert split_sentences(text) == [
         "Mr. J. K. Smith paid $3.50 at 9 a.m. on Jan. 5 in the U.S. capital.",
         '"Was it worth it?" he asked.',
@@ -85,9 +87,11 @@ def test_percentage_is_monotone_and_never_empty(mode):
 
 
 def test_unicode_texts_are_summarized_without_loss():
-    text = ("Die Brücke über den Fluss wird nächstes Jahr erneuert. Ingenieure fanden Rost an den Stützen. "
-            "東京の新しい駅は来年開業します。 Ça coûtera quarante millions d’euros, selon la mairie. "
-            "Les commerçants s’inquiètent pour l’été. Лодки будут ходить каждые пятнадцать минут.")
+    text = (
+        "Die Brücke über den Fluss wird nächstes Jahr erneuert. Ingenieure fanden Rost an den Stützen. "
+        "東京の新しい駅は来年開業します。 Ça coûtera quarante millions d’euros, selon la mairie. "
+        "Les commerçants s’inquiètent pour l’été. Лодки будут ходить каждые пятнадцать минут."
+    )
     for kind in (None, "bullets", "best_line", "summary_2"):
         out = summarize(text, 2, 6, kind)
         assert out and "\ufffd" not in out

@@ -35,12 +35,15 @@ def test_the_word_count_says_whether_the_text_fits(svc):
     assert "5001 words: over the limit of 5000" in app.count.value
 
 
-@pytest.mark.parametrize("label, kind, check", [
-    ("Default", "default", lambda html: html.count("<p>") >= 1),
-    ("Bullets", "bullets", lambda html: "<ul><li>" in html),
-    ("Headings & points", "summary_2", lambda html: "<h4>" in html and "<li>" in html),
-    ("Best line", "best_line", lambda html: html.startswith("<blockquote")),
-])
+@pytest.mark.parametrize(
+    "label, kind, check",
+    [
+        ("Default", "default", lambda html: html.count("<p>") >= 1),
+        ("Bullets", "bullets", lambda html: "<ul><li>" in html),
+        ("Headings & points", "summary_2", lambda html: "<h4>" in html and "<li>" in html),
+        ("Best line", "best_line", lambda html: html.startswith("<blockquote")),
+    ],
+)
 def test_summarize_renders_each_format_for_reading(svc, label, kind, check):
     app = text_app(svc)
     app.text.value = TEXT
@@ -54,18 +57,32 @@ def test_summarize_renders_each_format_for_reading(svc, label, kind, check):
     assert not app.button.disabled
 
 
-@pytest.mark.parametrize("setup, words", [
-    (lambda svc, app: setattr(app, "_connection", {**app._connection, "api_key": "wrong"}), "did not accept the API key"),
-    (lambda svc, app: setattr(app, "_connection", {**app._connection, "api_key": EXPIRED_KEY}), "plan does not allow"),
-    (lambda svc, app: (setattr(app, "_connection", {**app._connection, "api_key": BASIC_KEY}),
-                       setattr(app.mode, "value", 2)), "'Advanced' needs a premium plan"),
-    (lambda svc, app: setattr(app.text, "value", "far too short"), "too short"),
-    (lambda svc, app: setattr(app.text, "value", article(5001)), "too long"),
-    (lambda svc, app: setattr(svc, "faults", Faults(script=["429"])), "Rate limited"),
-    (lambda svc, app: setattr(svc, "faults", Faults(script=["502"])), "down or unreachable"),
-    (lambda svc, app: setattr(svc, "faults", Faults(script=["500"])), "down or unreachable"),
-    (lambda svc, app: setattr(svc, "faults", Faults(script=["hang"], hang_seconds=2)), "did not answer in time"),
-])
+@pytest.mark.parametrize(
+    "setup, words",
+    [
+        (
+            lambda svc, app: setattr(app, "_connection", {**app._connection, "api_key": "wrong"}),
+            "did not accept the API key",
+        ),
+        (
+            lambda svc, app: setattr(app, "_connection", {**app._connection, "api_key": EXPIRED_KEY}),
+            "plan does not allow",
+        ),
+        (
+            lambda svc, app: (
+                setattr(app, "_connection", {**app._connection, "api_key": BASIC_KEY}),
+                setattr(app.mode, "value", 2),
+            ),
+            "'Advanced' needs a premium plan",
+        ),
+        (lambda svc, app: setattr(app.text, "value", "far too short"), "too short"),
+        (lambda svc, app: setattr(app.text, "value", article(5001)), "too long"),
+        (lambda svc, app: setattr(svc, "faults", Faults(script=["429"])), "Rate limited"),
+        (lambda svc, app: setattr(svc, "faults", Faults(script=["502"])), "down or unreachable"),
+        (lambda svc, app: setattr(svc, "faults", Faults(script=["500"])), "down or unreachable"),
+        (lambda svc, app: setattr(svc, "faults", Faults(script=["hang"], hang_seconds=2)), "did not answer in time"),
+    ],
+)
 def test_each_failure_is_explained_in_plain_words(svc, setup, words):
     app = text_app(svc, timeout=0.5)
     app.text.value = TEXT
@@ -109,6 +126,7 @@ def test_cancel_keeps_what_finished_and_run_again_reuses_it(svc, frame):
     app = batchsum.widget(frame, api_key=KEY, base_url=svc.url, rpm=0, concurrency=1)
     app.run_button.click()
     import time
+
     deadline = time.monotonic() + 20
     while svc.stats()["answered"] < 3 and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -123,16 +123,12 @@ def _validate(fields: dict[str, Any]) -> tuple[str, contract.Params] | JSONRespo
     if percentage is not None:
         percentage = contract.as_int(percentage)
         if percentage is None or not contract.PERCENTAGE_MIN <= percentage <= contract.PERCENTAGE_MAX:
-            problems.append(
-                (["body", "percentage"], "Input should be between 1 and 6", "less_than_equal")
-            )
+            problems.append((["body", "percentage"], "Input should be between 1 and 6", "less_than_equal"))
     kind = fields.get(contract.FIELD_TYPE)
     allowed = [t.value for t in contract.SummaryType]
     if kind is not None and kind not in allowed:
-        problems.append(
-            (["body", "type"], "Input should be " + ", ".join(repr(a) for a in allowed), "literal_error")
-        )
-    if problems:
+        problems.append((["body", "type"], "Input should be " + ", ".join(repr(a) for a in allowed), "literal_error"))
+    if problems or not isinstance(text, str):
         return _validation_error(*problems)
     return text, contract.parse_params(mode, percentage, kind)
 
@@ -235,8 +231,11 @@ def create_app(state: ServiceState) -> Starlette:
 
     async def index_route(request: Request) -> Response:
         return JSONResponse(
-            {"service": "batchsum local reference service", "endpoint": f"POST {contract.SUMMARIZE_PATH}",
-             "openapi": "/openapi.json"}
+            {
+                "service": "batchsum local reference service",
+                "endpoint": f"POST {contract.SUMMARIZE_PATH}",
+                "openapi": "/openapi.json",
+            }
         )
 
     document = openapi_document()

@@ -31,7 +31,7 @@ def _error(description: str, *shapes: str, headers: dict[str, Any] | None = None
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI 3.1 document of the summarization interface."""
     types = [t.value for t in contract.SummaryType]
-    request = {
+    request: dict[str, Any] = {
         "type": "object",
         "required": [contract.FIELD_TEXT, contract.FIELD_MODE],
         "properties": {
@@ -43,14 +43,23 @@ def openapi_document() -> dict[str, Any]:
                 "description": f"The content to summarize: {contract.MIN_WORDS} to {contract.MAX_WORDS} words "
                 "(words are runs of characters between white space).",
             },
-            contract.FIELD_MODE: {"type": "integer", "enum": [1, 2],
-                                  "description": "1 = standard (smaller model), 2 = advanced (full model)."},
-            contract.FIELD_PERCENTAGE: {
-                "type": "integer", "minimum": contract.PERCENTAGE_MIN, "maximum": contract.PERCENTAGE_MAX,
-                "default": contract.PERCENTAGE_DEFAULT, "description": "Summary length, 1 (shortest) to 6 (longest).",
+            contract.FIELD_MODE: {
+                "type": "integer",
+                "enum": [1, 2],
+                "description": "1 = standard (smaller model), 2 = advanced (full model).",
             },
-            contract.FIELD_TYPE: {"type": "string", "enum": types,
-                                  "description": "Output format; left out for a plain summary."},
+            contract.FIELD_PERCENTAGE: {
+                "type": "integer",
+                "minimum": contract.PERCENTAGE_MIN,
+                "maximum": contract.PERCENTAGE_MAX,
+                "default": contract.PERCENTAGE_DEFAULT,
+                "description": "Summary length, 1 (shortest) to 6 (longest).",
+            },
+            contract.FIELD_TYPE: {
+                "type": "string",
+                "enum": types,
+                "description": "Output format; left out for a plain summary.",
+            },
         },
     }
     # Over form fields every value is text ("2", not 2).
@@ -64,8 +73,12 @@ def openapi_document() -> dict[str, Any]:
             contract.FIELD_TYPE: {"type": "string", "enum": types},
         },
     }
-    retry_after = {"Retry-After": {"description": "Seconds until a request would be admitted.",
-                                   "schema": {"type": "integer", "minimum": 1}}}
+    retry_after = {
+        "Retry-After": {
+            "description": "Seconds until a request would be admitted.",
+            "schema": {"type": "integer", "minimum": 1},
+        }
+    }
     return {
         "openapi": "3.1.0",
         "info": {
@@ -97,10 +110,15 @@ def openapi_document() -> dict[str, Any]:
                         "422": _error(
                             "Invalid parameters: FastAPI's validation body for missing or mistyped fields; "
                             f'"{Messages.TOO_SHORT}" (shape B) or "{Messages.TOO_LONG}" (shape A) for the word limits.',
-                            "HTTPValidationError", "ShapeA", "ShapeB",
+                            "HTTPValidationError",
+                            "ShapeA",
+                            "ShapeB",
                         ),
-                        "429": _error(f'"{Messages.RATE_LIMITED}": over the per-minute limit of the key\'s plan.',
-                                      "ShapeA", headers=retry_after),
+                        "429": _error(
+                            f'"{Messages.RATE_LIMITED}": over the per-minute limit of the key\'s plan.',
+                            "ShapeA",
+                            headers=retry_after,
+                        ),
                         "500": _error(f'"{Messages.SERVER}".', "ShapeA"),
                     },
                 }
@@ -109,29 +127,49 @@ def openapi_document() -> dict[str, Any]:
                 "get": {
                     "operationId": "index",
                     "summary": "What this service is",
-                    "responses": {"200": {"description": "A short description.", "content": {
-                        "application/json": {"schema": {"type": "object"}}}}},
+                    "responses": {
+                        "200": {
+                            "description": "A short description.",
+                            "content": {"application/json": {"schema": {"type": "object"}}},
+                        }
+                    },
                 }
             },
         },
         "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                           "description": "Authorization: Bearer <API_KEY>"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer", "description": "Authorization: Bearer <API_KEY>"}
+            },
             "schemas": {
-                "Result": {"type": "object", "required": [contract.FIELD_RESULT],
-                           "properties": {contract.FIELD_RESULT: {"type": "string"}}},
+                "Result": {
+                    "type": "object",
+                    "required": [contract.FIELD_RESULT],
+                    "properties": {contract.FIELD_RESULT: {"type": "string"}},
+                },
                 "ShapeA": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
-                "ShapeB": {"type": "object", "required": ["type", "message"],
-                           "properties": {"type": {"type": "string"}, "message": {"type": "string"}}},
+                "ShapeB": {
+                    "type": "object",
+                    "required": ["type", "message"],
+                    "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+                },
                 "HTTPValidationError": {
                     "title": "Validation Error",
                     "type": "object",
                     "required": ["detail"],
-                    "properties": {"detail": {"type": "array", "items": {
-                        "type": "object", "required": ["loc", "msg", "type"],
-                        "properties": {"loc": {"type": "array", "items": {"type": ["string", "integer"]}},
-                                       "msg": {"type": "string"}, "type": {"type": "string"}},
-                    }}},
+                    "properties": {
+                        "detail": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["loc", "msg", "type"],
+                                "properties": {
+                                    "loc": {"type": "array", "items": {"type": ["string", "integer"]}},
+                                    "msg": {"type": "string"},
+                                    "type": {"type": "string"},
+                                },
+                            },
+                        }
+                    },
                 },
             },
         },

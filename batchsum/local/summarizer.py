@@ -106,7 +106,8 @@ class _Document:
         self.matrix = weights / norms
 
     def similarities(self) -> np.ndarray:
-        return self.matrix @ self.matrix.T
+        similarities: np.ndarray = self.matrix @ self.matrix.T
+        return similarities
 
 
 def _position_prior(n: int, tuning: Tuning) -> np.ndarray:
@@ -129,7 +130,8 @@ def _directed_centrality(similarity: np.ndarray, tuning: Tuning) -> np.ndarray:
     sim = np.maximum(sim - (low + tuning.edge_threshold * (high - low)), 0.0)
     forward = np.triu(sim, 1).sum(axis=1)  # similarity to later sentences
     backward = np.tril(sim, -1).sum(axis=1)  # similarity to earlier sentences
-    return tuning.forward_weight * forward + tuning.backward_weight * backward
+    scores: np.ndarray = tuning.forward_weight * forward + tuning.backward_weight * backward
+    return scores
 
 
 def _normalized(scores: np.ndarray) -> np.ndarray:
@@ -145,8 +147,10 @@ def _scores(doc: _Document, mode: contract.Mode, tuning: Tuning) -> np.ndarray:
     else:
         scores = _normalized(_directed_centrality(doc.similarities(), tuning)) + tuning.mode2_prior * prior
     junk = np.array(
-        [len(terms) < tuning.min_terms or any(len(word) >= tuning.junk_length for word in sentence.split())
-         for terms, sentence in zip(doc.terms, doc.sentences)]
+        [
+            len(terms) < tuning.min_terms or any(len(word) >= tuning.junk_length for word in sentence.split())
+            for terms, sentence in zip(doc.terms, doc.sentences)
+        ]
     )
     return np.where(junk, scores - 100.0, scores)  # still rankable (a text of only such), but last
 
@@ -230,7 +234,8 @@ def summarize(text: str, mode: int = 1, percentage: int = 4, type: str | None = 
     if summary_type is contract.SummaryType.BULLETS:
         return "\n".join(f"- {doc.sentences[i]}" for i in sorted(chosen))
     if summary_type is contract.SummaryType.SUMMARY_2:
-        sections, used = [], set()
+        sections: list[str] = []
+        used: set[str] = set()
         for rows in _topics(doc, chosen):
             points = "\n".join(f"- {doc.sentences[i]}" for i in rows)
             sections.append(f"## {_heading(doc, rows, used)}\n{points}")
