@@ -1,11 +1,14 @@
-"""Peak memory of `batchsum summarize` on a large generated Parquet file. Run by hand:
+"""Peak memory of `batchsum summarize` on a large generated dataset, Parquet and CSV side by side,
+against reading the CSV whole with pandas. Run by hand:
 
     python benchmarks/memory.py --rows 200000
 
 Writes ROWS unique texts (about 450 bytes each: 200,000 rows are about 90 MB of text) to a
-temporary Parquet file, starts `batchsum serve` in one process (no limit) and runs
-`batchsum summarize` in another, and reports the CLI process's peak resident memory (from wait4)
-and its throughput. The texts stream through in record batches; the output is written as it goes.
+temporary Parquet file and the same rows to a CSV file; for each, starts `batchsum serve` in one
+process (no limit) and runs `batchsum summarize` (Parquet to Parquet, CSV to CSV) in another, both
+pairs at once, and reports each CLI process's peak resident memory (from wait4) and throughput.
+The texts stream through in record batches; the output is written as it goes. The baseline is
+`pd.read_csv` of the whole file plus one summary column, what the accessor needs at the least.
 """
 
 from __future__ import annotations
@@ -51,55 +54,98 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def write_csv(parquet: Path, csv: Path) -> None:
+    """The same rows as CSV, written batch by batch."""
+    import pyarrow.csv as pcsv
+
+    with pq.ParquetFile(parquet) as source, pcsv.CSVWriter(csv, source.schema_arrow) as writer:
+        for batch in source.iter_batches(10_000):
+            writer.write_batch(batch)
+
+
+PANDAS_BASELINE = """
+import resource, sys
+import pandas as pd
+frame = pd.read_csv(sys.argv[1])
+frame["summary"] = frame["text"].str[:200]  # what the accessor's result adds, at least
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+"""
+
+
+def run_cli(source: Path, output: Path, concurrency: int) -> subprocess.Popen[bytes]:
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "batchsum.cli", "serve", "--port", str(port), "--rpm", "0", "--key", "bench"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(2)
+    env = {
+        **os.environ,
+        "BATCHSUM_API_KEY": "bench",
+        "BATCHSUM_BASE_URL": f"http://127.0.0.1:{port}",
+        "BATCHSUM_BUDGET": "none",
+    }
+    cli = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "batchsum.cli",
+            "summarize",
+            str(source),
+            "-o",
+            str(output),
+            "--column",
+            "text",
+            "--rpm",
+            "0",
+            "--concurrency",
+            str(concurrency),
+            "--quiet",
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+    )
+    cli.server = server  # type: ignore[attr-defined]
+    return cli
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=200_000, help="rows to generate")
     parser.add_argument("--concurrency", type=int, default=16, help="the CLI's --concurrency")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        source = Path(tmp) / "in.parquet"
-        size = write_input(source, args.rows)
-        print(f"input: {args.rows} rows, {size / 1e6:.0f} MB of text, {source.stat().st_size / 1e6:.0f} MB on disk")
-        port = free_port()
-        server = subprocess.Popen(
-            [sys.executable, "-m", "batchsum.cli", "serve", "--port", str(port), "--rpm", "0", "--key", "bench"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        folder = Path(tmp)
+        size = write_input(folder / "in.parquet", args.rows)
+        write_csv(folder / "in.parquet", folder / "in.csv")
+        print(
+            f"input: {args.rows} rows, {size / 1e6:.0f} MB of text; "
+            f"{(folder / 'in.parquet').stat().st_size / 1e6:.0f} MB as Parquet, "
+            f"{(folder / 'in.csv').stat().st_size / 1e6:.0f} MB as CSV"
         )
+        baseline = subprocess.run(
+            [sys.executable, "-c", PANDAS_BASELINE, str(folder / "in.csv")], capture_output=True, text=True, check=True
+        )
+        print(f"pandas.read_csv of the whole file plus a summary column: peak RSS {float(baseline.stdout):.0f} MB")
+        started = time.monotonic()
+        runs = {
+            fmt: run_cli(folder / f"in.{fmt}", folder / f"out.{fmt}", args.concurrency) for fmt in ("parquet", "csv")
+        }
         try:
-            time.sleep(2)
-            env = {**os.environ, "BATCHSUM_API_KEY": "bench", "BATCHSUM_BASE_URL": f"http://127.0.0.1:{port}"}
-            started = time.monotonic()
-            cli = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "batchsum.cli",
-                    "summarize",
-                    str(source),
-                    "-o",
-                    str(Path(tmp) / "out.parquet"),
-                    "--column",
-                    "text",
-                    "--rpm",
-                    "0",
-                    "--concurrency",
-                    str(args.concurrency),
-                    "--quiet",
-                ],
-                env=env,
-                stderr=subprocess.PIPE,
-            )
-            _, status, usage = os.wait4(cli.pid, 0)
-            elapsed = time.monotonic() - started
-            print(cli.stderr.read().decode().strip())
-            print(
-                f"exit {os.waitstatus_to_exitcode(status)}; peak RSS of the CLI: {usage.ru_maxrss / 1024:.0f} MB; "
-                f"{elapsed:.0f}s, {args.rows / elapsed:.0f} rows/s"
-            )
+            for fmt, cli in runs.items():
+                _, status, usage = os.wait4(cli.pid, 0)
+                elapsed = time.monotonic() - started
+                assert cli.stderr is not None
+                print(cli.stderr.read().decode().strip())
+                print(
+                    f"{fmt} -> {fmt}: exit {os.waitstatus_to_exitcode(status)}; peak RSS of the CLI "
+                    f"{usage.ru_maxrss / 1024:.0f} MB; {elapsed:.0f}s, {args.rows / elapsed:.0f} rows/s"
+                )
         finally:
-            server.terminate()
-            server.wait()
+            for cli in runs.values():
+                cli.server.terminate()  # type: ignore[attr-defined]
+                cli.server.wait()  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":
