@@ -39,6 +39,7 @@ __all__ = [
     "summarize_texts",
     "result_dtypes",
     "widget",
+    "plot_run",
     "Mode",
     "SummaryType",
     "BatchsumError",
@@ -59,6 +60,15 @@ __all__ = [
     "RateLimitError",
     "ServerError",
 ]
+
+
+def plot_run(result: object) -> object:
+    """The chart of a finished run (requests per minute against the limit and the pace, 429s,
+    pauses, rows done): ``batchsum.plot_run(out)`` for what an accessor returned. Needs the
+    ``notebook`` extra (bqplot)."""
+    from .chart import plot_run as draw
+
+    return draw(result)
 
 
 def widget(data: object = None, **options: object) -> object:

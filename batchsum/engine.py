@@ -182,7 +182,30 @@ class BatchStats:
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
+    def record(self) -> dict[str, Any]:
+        """The run's account and timeline as plain data (``out.attrs["batchsum"]``, ``plot_run``)."""
+        timeline = self.pacer.timeline.to_dict() if self.pacer is not None else None
+        if timeline is not None:
+            timeline["total"] = self.total
+        return {
+            "account": self.account(),
+            "rows": self.done,
+            "ok": self.ok,
+            "skipped": self.skipped,
+            "failed": self.failed,
+            "sent": self.sent,
+            "reused": self.reused,
+            "rate_limited": self.rate_limited,
+            "skipped_by_reason": dict(self.skipped_by_reason),
+            "failed_by_code": dict(self.failed_by_code),
+            "seconds": round(self.elapsed, 3),
+            "pace_changes": [str(change) for change in self.pacer.changes] if self.pacer is not None else [],
+            "timeline": timeline,
+        }
+
     def count(self, result: RowResult) -> None:
+        if self.pacer is not None:
+            self.pacer.timeline.done(self.pacer.now())
         self.done += 1
         if result.status == OK:
             self.ok += 1

@@ -37,10 +37,11 @@ from __future__ import annotations
 import asyncio
 import bisect
 import math
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiolimiter import AsyncLimiter
 
@@ -54,6 +55,7 @@ __all__ = [
     "Limiter",
     "PaceChange",
     "PacerState",
+    "Timeline",
     "JITTER_MARGIN",
     "DEFAULT_MAX_IN_FLIGHT",
     "UNPACED_IN_FLIGHT",
@@ -143,6 +145,60 @@ def _loop_time() -> float:
     return asyncio.get_running_loop().time()
 
 
+class Timeline:
+    """What a run did, second by second: attempts started, 429s, rows done; the pace in force and
+    the pauses, with why. One entry per second of the run (a day is 86,400), not per request, so
+    it can travel with a result (``out.attrs["batchsum"]``) and be drawn (``batchsum.plot_run``)."""
+
+    __slots__ = ("rpm", "_origin", "_wall", "_seconds", "pace", "pauses")
+
+    def __init__(self, rpm: float) -> None:
+        self.rpm = rpm
+        self._origin: float | None = None  # the clock at the first event
+        self._wall = 0.0
+        self._seconds: dict[int, list[int]] = {}  # second -> [started, refused, done]
+        self.pace: list[tuple[float, float]] = []  # (seconds since the start, pace from then on)
+        self.pauses: list[tuple[float, float, str]] = []  # (from, until, why), seconds since the start
+
+    def _since(self, now: float) -> float:
+        if self._origin is None:
+            self._origin, self._wall = now, time.time()
+            self.pace.append((0.0, self.rpm))
+        return max(0.0, now - self._origin)
+
+    def _count(self, now: float, which: int) -> None:
+        self._seconds.setdefault(int(self._since(now)), [0, 0, 0])[which] += 1
+
+    def started(self, now: float) -> None:
+        self._count(now, 0)
+
+    def refused(self, now: float) -> None:
+        self._count(now, 1)
+
+    def done(self, now: float) -> None:
+        self._count(now, 2)
+
+    def pace_changed(self, now: float, pace: float) -> None:
+        self.pace.append((self._since(now), pace))
+
+    def paused(self, now: float, until: float, why: str) -> None:
+        start, end = self._since(now), self._since(now) + (until - now)
+        if self.pauses and self.pauses[-1][1] >= start:  # the same pause, made longer
+            start, why = self.pauses[-1][0], self.pauses[-1][2]
+            self.pauses.pop()
+        self.pauses.append((start, end, why))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain lists and numbers (JSON-able): ``seconds`` rows are [second, started, refused, done]."""
+        return {
+            "rpm": self.rpm,
+            "started_at": self._wall or None,
+            "seconds": [[second, *counts] for second, counts in sorted(self._seconds.items())],
+            "pace": [list(change) for change in self.pace],
+            "pauses": [list(pause) for pause in self.pauses],
+        }
+
+
 class Pacer:
     """Shared by every sender of a batch: ``start = await before_attempt()`` before each attempt,
     ``after_attempt(start, ...)`` after it. ``rpm=0``: no pacing, but 429 pauses are still shared.
@@ -182,6 +238,7 @@ class Pacer:
         "_last_climb",
         "_on_pace_change",
         "in_flight",
+        "timeline",
     )
 
     def __init__(
@@ -225,6 +282,7 @@ class Pacer:
         self._last_climb = -math.inf
         self._on_pace_change = on_pace_change
         self.in_flight = InFlight(self, max_in_flight)
+        self.timeline = Timeline(self.rpm)
 
     # -- spacing -------------------------------------------------------------------------------
 
@@ -316,7 +374,11 @@ class Pacer:
                     self._set_pace(pace, None, now, publish=False)
                 self._last_climb = now  # climb from here, not again over what they climbed
 
+    def now(self) -> float:
+        return self._clock()
+
     def _started(self, now: float) -> None:
+        self.timeline.started(now)
         self._started_unreported += 1
         if self._unpaused_since is None:
             self._unpaused_since = now
@@ -351,6 +413,7 @@ class Pacer:
 
     def _pause(self, until: float, reason: str, *, publish: bool = True) -> None:
         if until > self._paused_until:
+            self.timeline.paused(self._clock(), until, reason)
             self._paused_until = until
             self._pause_reason = reason
             self._pause_unreported = self._pause_unreported or publish
@@ -362,6 +425,7 @@ class Pacer:
 
     def _on_429(self, started_at: float, retry_after: float | None, now: float) -> None:
         self.rate_limited += 1
+        self.timeline.refused(now)
         self._refused_unreported += 1
         bisect.insort(self._refused, started_at)
         del self._refused[: bisect.bisect_left(self._refused, now - 2 * WINDOW)]
@@ -454,6 +518,7 @@ class Pacer:
         if pace == self.pace:
             return
         previous, self.pace = self.pace, pace
+        self.timeline.pace_changed(now, pace)
         if publish:  # a lowering is told as such even when a climb follows before the next report
             self._pace_dirty = "lowered" if pace < previous or self._pace_dirty == "lowered" else "climbed"
         if reason is not None:

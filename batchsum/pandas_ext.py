@@ -243,6 +243,12 @@ def _frame(results: list[RowResult], index: pd.Index, output_column: str) -> pd.
     return frame
 
 
+def _with_record(out: pd.DataFrame, stats: BatchStats) -> pd.DataFrame:
+    """``out`` carrying the run's account and timeline in ``out.attrs["batchsum"]`` (``plot_run``)."""
+    out.attrs["batchsum"] = stats.record()
+    return out
+
+
 def _check_output(columns: pd.Index, output_column: str) -> None:
     clash = [name for name in result_columns(output_column) if name in columns]
     if clash:
@@ -265,8 +271,9 @@ class SeriesAccessor:
         self, mode: Any = 1, percentage: Any = 4, type: Any = None, *, output_column: str = "summary", **options: Any
     ) -> pd.DataFrame:
         """``await series.batchsum.asummarize(...)``: the same, in the running event loop."""
-        results = await summarize_texts(self._series.tolist(), mode, percentage, type, **options)
-        return _frame(results, self._series.index, output_column)
+        stats = options.pop("stats", None) or BatchStats()
+        results = await summarize_texts(self._series.tolist(), mode, percentage, type, stats=stats, **options)
+        return _with_record(_frame(results, self._series.index, output_column), stats)
 
 
 class DataFrameAccessor:
@@ -297,7 +304,8 @@ class DataFrameAccessor:
     ) -> pd.DataFrame:
         """A new DataFrame: every column of ``df`` plus ``summary``, ``summary_status``,
         ``summary_error``, ``summary_message``, ``summary_http_status``, ``summary_attempts``;
-        same index (any kind) and row order.
+        same index (any kind) and row order. ``out.attrs["batchsum"]`` holds the run's account and
+        timeline (requests per minute, 429s, pauses, pace), which ``batchsum.plot_run(out)`` draws.
 
         Options: ``rpm`` (default $BATCHSUM_RPM or 60; starts evenly spaced under it), ``concurrency``
         (a cap on requests in flight; default: sized from the pace and the latency), ``limiter``,
@@ -312,8 +320,11 @@ class DataFrameAccessor:
         ``AuthenticationError``/``NotPremiumError`` when the service refuses the key or plan.
         """
         series = self._column(column, output_column)
-        results = _run_in_worker(lambda: summarize_texts(series.tolist(), mode, percentage, type, **options))
-        return self._join(results, output_column)
+        stats = options.pop("stats", None) or BatchStats()
+        results = _run_in_worker(
+            lambda: summarize_texts(series.tolist(), mode, percentage, type, stats=stats, **options)
+        )
+        return _with_record(self._join(results, output_column), stats)
 
     async def asummarize(
         self,
@@ -327,8 +338,9 @@ class DataFrameAccessor:
     ) -> pd.DataFrame:
         """``await df.batchsum.asummarize(...)``: the same, in the running event loop."""
         series = self._column(column, output_column)
-        results = await summarize_texts(series.tolist(), mode, percentage, type, **options)
-        return self._join(results, output_column)
+        stats = options.pop("stats", None) or BatchStats()
+        results = await summarize_texts(series.tolist(), mode, percentage, type, stats=stats, **options)
+        return _with_record(self._join(results, output_column), stats)
 
     def _join(self, results: list[RowResult], output_column: str) -> pd.DataFrame:
         out = self._frame.copy()

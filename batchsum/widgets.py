@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import html
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -38,7 +40,7 @@ from .errors import (
 )
 from .pandas_ext import BackgroundRun, DataFrameAccessor, local_service, summarize_texts
 
-__all__ = ["TextApp", "FrameApp", "make_widget", "explain", "render_summary"]
+__all__ = ["TextApp", "FrameApp", "ResultTable", "make_widget", "explain", "render_summary"]
 
 # "default" rather than None: a Dropdown shows a None value as no selection at all.
 FORMATS = [
@@ -116,6 +118,43 @@ def render_summary(summary: str, kind: str | None) -> str:
     return "<div class='batchsum-summary'>" + "".join(parts) + "</div>"
 
 
+_STYLE = """<style>
+.batchsum-app { max-width: 1000px; box-sizing: border-box; }
+.batchsum-app .batchsum-help { color: var(--jp-ui-font-color2, #666); font-size: 90%; }
+.batchsum-table { border-collapse: collapse; width: 100%; table-layout: fixed; font-size: 90%; }
+.batchsum-table th, .batchsum-table td { border-bottom: 1px solid var(--jp-border-color2, #ddd);
+  padding: 4px 6px; text-align: left; vertical-align: top; overflow-wrap: anywhere; }
+.batchsum-table th { color: var(--jp-ui-font-color1, inherit); }
+.batchsum-badge { display: inline-block; padding: 1px 8px; border-radius: 9px; color: #fff; font-size: 85%; }
+.batchsum-badge.ok { background: #2e7d32; } .batchsum-badge.skipped { background: #6d6d6d; }
+.batchsum-badge.failed { background: #c62828; }
+.batchsum-table details summary { cursor: pointer; }
+.batchsum-error { color: #e53935; }
+</style>"""
+
+_FULL = w.Layout(width="100%")
+
+
+def _field(label: str, control: w.Widget, help_text: str = "") -> list[w.Widget]:
+    """A row of the app's grid: a label, the control, and a line of help under it."""
+    control.description = ""
+    control.layout.width = "100%"
+    cell: w.Widget = control
+    if help_text:
+        cell = w.VBox([control, w.HTML(f"<span class='batchsum-help'>{html.escape(help_text)}</span>")],
+                      layout=_FULL)
+    return [w.HTML(f"<b>{html.escape(label)}</b>", layout=w.Layout(padding="4px 0 0 0")), cell]
+
+
+def _grid(*rows: list[w.Widget]) -> w.GridBox:
+    """Labels and controls lined up in two columns, as wide as the notebook column (never wider)."""
+    return w.GridBox(
+        [cell for row in rows for cell in row],
+        layout=w.Layout(grid_template_columns="minmax(90px, max-content) minmax(0, 1fr)", grid_gap="6px 12px",
+                        width="100%", max_width="1000px"),
+    )
+
+
 class _App:
     """What both apps share: the request controls and the connection settings."""
 
@@ -124,16 +163,19 @@ class _App:
     ) -> None:
         self._connection = {"api_key": api_key, "base_url": base_url, "local": local}
         self._client_options = client_options
-        self.mode = w.ToggleButtons(options=MODES, value=1, description="Model")
-        self.length = w.IntSlider(
-            value=contract.PERCENTAGE_DEFAULT,
-            min=contract.PERCENTAGE_MIN,
-            max=contract.PERCENTAGE_MAX,
-            description="Length",
-        )
-        self.format = w.Dropdown(options=FORMATS, value="default", description="Format")
+        self.mode = w.ToggleButtons(options=MODES, value=1)
+        self.length = w.IntSlider(value=contract.PERCENTAGE_DEFAULT, min=contract.PERCENTAGE_MIN,
+                                  max=contract.PERCENTAGE_MAX)
+        self.format = w.Dropdown(options=FORMATS, value="default")
         self._run: BackgroundRun | None = None
         self.box: w.Box
+
+    def _request_fields(self) -> list[list[w.Widget]]:
+        return [
+            _field("Model", self.mode, "Standard: the smaller, faster model. Advanced: the full model (premium plans)."),
+            _field("Length", self.length, "1 shortest to 6 longest."),
+            _field("Format", self.format, "Default: a plain summary; headings & points, bullets, or the best line."),
+        ]
 
     def _settings(self) -> dict[str, Any]:
         if self._connection["local"]:
@@ -150,8 +192,19 @@ class _App:
         return self.box._repr_mimebundle_(**kwargs)
 
 
+def _copy_button(text: str) -> str:
+    """A button that copies ``text`` to the clipboard, in the browser (the kernel cannot)."""
+    payload = html.escape(json.dumps(text), quote=True)
+    return (
+        f"<button class='batchsum-copy jupyter-button' data-text=\"{payload}\" "
+        "onclick=\"navigator.clipboard.writeText(JSON.parse(this.dataset.text)).then("
+        "() => { this.textContent = 'Copied'; })\">Copy</button>"
+    )
+
+
 class TextApp(_App):
-    """One text: a word count that says whether it fits, model, length, format, Summarize."""
+    """One text: a word count that says whether it fits, model, length, format, Summarize (only for
+    a text the service would take); the summary labelled, with a Copy button."""
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -164,10 +217,19 @@ class TextApp(_App):
         self.error: BaseException | None = None
         self.text.observe(lambda _: self._count(), names="value")
         self.button.on_click(lambda _: self.summarize())
+        self._busy = False
         self._count()
         self.box = w.VBox(
-            [self.text, self.count, self.mode, self.length, self.format, self.button, self.message, self.result]
+            [
+                w.HTML(_STYLE),
+                _grid(_field("Text", w.VBox([self.text, self.count], layout=_FULL)), *self._request_fields(),
+                      [w.HTML(""), self.button]),
+                self.message,
+                self.result,
+            ],
+            layout=w.Layout(width="100%", max_width="1000px"),
         )
+        self.box.add_class("batchsum-app")
         self.box.add_class("batchsum-text-app")
 
     def _count(self) -> None:
@@ -179,10 +241,13 @@ class TextApp(_App):
         else:
             note, ok = "within 10..5000", True
         color = "#2e7d32" if ok else "#c62828"
-        self.count.value = f"<span style='color:{color}'>{words} words: {note}</span>"
+        self.count.value = f"<span class='batchsum-count' style='color:{color}'>{words} words: {note}</span>"
+        self.button.disabled = self._busy or not ok
+        self.button.tooltip = "" if ok else f"The service takes {contract.MIN_WORDS} to {contract.MAX_WORDS} words"
 
     def summarize(self) -> None:
         """What the button does: summarize on a background thread and show the result."""
+        self._busy = True
         self.button.disabled = True
         self.message.value = "<i>Summarizing…</i>"
         self.result.value = ""
@@ -194,20 +259,135 @@ class TextApp(_App):
         try:
             async with AsyncClient(**self._settings(), **self._client_options) as client:
                 self.summary = await client.summarize(text, mode, length, kind)
-            self.result.value = render_summary(self.summary, kind)
+            self.result.value = (
+                f"<div class='batchsum-result'><b>Summary</b> {_copy_button(self.summary)}"
+                f"{render_summary(self.summary, kind)}</div>"
+            )
             self.message.value = ""
         except BatchsumError as exc:
             self.error = exc
-            self.message.value = (
-                f"<span class='batchsum-error' style='color:#c62828'>{html.escape(explain(exc), quote=False)}</span>"
-            )
+            self.message.value = f"<span class='batchsum-error'>{html.escape(explain(exc), quote=False)}</span>"
         finally:
-            self.button.disabled = False
+            self._busy = False
+            self._count()
+
+
+STATUSES = [("All", "all"), ("OK", "ok"), ("Skipped", "skipped"), ("Failed", "failed")]
+
+
+def _excerpt(text: str, limit: int = 140) -> str:
+    """The start of ``text`` cut at a word, with an ellipsis when cut."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    return flat[:limit].rsplit(" ", 1)[0] + "…"
+
+
+class ResultTable:
+    """The rows of a run, a page at a time: the chosen id column, the status as a badge, the message
+    in its own column, a summary's start that opens to the whole summary; a filter by status;
+    buttons that save the result as Parquet or CSV."""
+
+    PAGE_ROWS = 15
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        self.frame = frame
+        self.rows: list[RowResult] = []
+        self.kind: str | None = None
+        self.result: pd.DataFrame | None = None
+        self.page = 0
+        columns = [(str(c), c) for c in frame.columns]
+        # "" rather than None: a Dropdown shows a None value as no selection at all.
+        self.id_column = w.Dropdown(options=[("Row number", ""), *columns], value="")
+        self.filter = w.ToggleButtons(options=STATUSES, value="all")
+        self.previous = w.Button(description="Previous", icon="chevron-left", layout=w.Layout(width="auto"))
+        self.next = w.Button(description="Next", icon="chevron-right", layout=w.Layout(width="auto"))
+        self.where = w.HTML()
+        self.table = w.HTML(layout=_FULL)
+        self.path = w.Text(value="summaries", layout=w.Layout(width="100%"))
+        self.save_parquet = w.Button(description="Save Parquet", icon="download", disabled=True,
+                                     layout=w.Layout(width="auto", min_width="max-content"))
+        self.save_csv = w.Button(description="Save CSV", icon="download", disabled=True,
+                                 layout=w.Layout(width="auto", min_width="max-content"))
+        self.saved = w.HTML()
+        self.id_column.observe(lambda _: self.draw(), names="value")
+        self.filter.observe(lambda _: self.turn(0, absolute=True), names="value")
+        self.previous.on_click(lambda _: self.turn(-1))
+        self.next.on_click(lambda _: self.turn(1))
+        self.save_parquet.on_click(lambda _: self.save("parquet"))
+        self.save_csv.on_click(lambda _: self.save("csv"))
+        self.box = w.VBox(
+            [
+                _grid(_field("Show", self.filter), _field("Id column", self.id_column),
+                      _field("Save as", w.HBox([self.path, self.save_parquet, self.save_csv], layout=_FULL),
+                             "A file name; .parquet or .csv is added.")),
+                self.saved,
+                w.HBox([self.previous, self.where, self.next], layout=w.Layout(align_items="center", grid_gap="8px")),
+                self.table,
+            ],
+            layout=_FULL,
+        )
+        self.box.add_class("batchsum-results")
+
+    def show(self, rows: list[RowResult], kind: str | None, result: pd.DataFrame | None = None) -> None:
+        self.rows, self.kind, self.result = rows, kind, result
+        self.save_parquet.disabled = self.save_csv.disabled = result is None
+        self.draw()
+
+    def matching(self) -> list[int]:
+        wanted = self.filter.value
+        return [i for i, row in enumerate(self.rows) if wanted == "all" or row.status == wanted]
+
+    def turn(self, step: int, *, absolute: bool = False) -> None:
+        self.page = step if absolute else self.page + step
+        self.draw()
+
+    def draw(self) -> None:
+        chosen = self.matching()
+        pages = max(1, -(-len(chosen) // self.PAGE_ROWS))
+        self.page = min(max(0, self.page), pages - 1)
+        shown = chosen[self.page * self.PAGE_ROWS : (self.page + 1) * self.PAGE_ROWS]
+        self.previous.disabled = self.page == 0
+        self.next.disabled = self.page >= pages - 1
+        self.where.value = f"page {self.page + 1} of {pages} · {len(chosen)} rows"
+        ids = self.frame[self.id_column.value] if self.id_column.value != "" else None
+        head = "<tr><th style='width:14%'>{}</th><th style='width:11%'>status</th><th>summary</th><th style='width:24%'>message</th></tr>"
+        body = []
+        for i in shown:
+            row = self.rows[i]
+            ident = html.escape(str(ids.iloc[i])) if ids is not None else str(i)
+            badge = f"<span class='batchsum-badge {row.status}'>{row.status}</span>"
+            summary = ""
+            if row.summary:
+                summary = (f"<details><summary>{html.escape(_excerpt(row.summary))}</summary>"
+                           f"{render_summary(row.summary, self.kind)}</details>")
+            message = html.escape(row.message or "") + (f" <code>{html.escape(row.error)}</code>" if row.error else "")
+            body.append(f"<tr class='batchsum-row'><td>{ident}</td><td>{badge}</td><td>{summary}</td><td>{message}</td></tr>")
+        label = html.escape(str(self.id_column.value)) if self.id_column.value != "" else "row"
+        self.table.value = f"<table class='batchsum-table'>{head.format(label)}{''.join(body)}</table>"
+
+    def save(self, format: str) -> Path | None:
+        """Write the result next to the notebook (``Save Parquet`` / ``Save CSV``)."""
+        if self.result is None:
+            return None
+        name = self.path.value.strip() or "summaries"
+        path = Path(name if name.endswith(f".{format}") else f"{name}.{format}").resolve()
+        try:
+            if format == "parquet":
+                self.result.to_parquet(path)
+            else:
+                self.result.to_csv(path, index=False)
+        except (OSError, ValueError) as exc:
+            self.saved.value = f"<span class='batchsum-error'>Could not save {html.escape(str(path))}: {html.escape(str(exc))}</span>"
+            return None
+        self.saved.value = f"Saved {len(self.result)} rows to <code>{html.escape(str(path))}</code>."
+        return path
 
 
 class FrameApp(_App):
-    """A DataFrame: pick the column and parameters, Run and Cancel, live progress and preview.
-    The finished DataFrame is ``.result``; Cancel keeps the rows that finished."""
+    """A DataFrame: pick the column and parameters, Run and Cancel; a live chart of the run, the
+    state in words, and the rows as they finish in a paged table. The finished DataFrame is
+    ``.result`` (with the run in ``.result.attrs["batchsum"]``); Cancel keeps the rows that finished."""
 
     def __init__(
         self,
@@ -218,34 +398,47 @@ class FrameApp(_App):
         output_column: str = "summary",
         **options: Any,
     ) -> None:
+        from .chart import RunChart
+
         super().__init__(**options)
         self.frame = frame
         text_columns = _text_columns(frame)
-        self.column = w.Dropdown(options=text_columns or list(frame.columns), description="Column")
+        self.column = w.Dropdown(options=text_columns or list(frame.columns))
         default_rpm = rpm if rpm is not None else (0 if options.get("local") else 60)
-        self.rpm = w.BoundedFloatText(value=default_rpm, min=0, max=100_000, description="Per minute")
+        self.rpm = w.BoundedFloatText(value=default_rpm, min=0, max=100_000)
         self.run_button = w.Button(description="Run", button_style="primary", icon="play")
         self.cancel_button = w.Button(description="Cancel", icon="stop", disabled=True)
-        self.progress = w.IntProgress(value=0, min=0, max=max(1, len(frame)), description="0%")
-        self.status = w.HTML()
-        self.preview = w.HTML()
+        self.progress = w.IntProgress(value=0, min=0, max=max(1, len(frame)), layout=w.Layout(width="100%"))
+        self.status = w.HTML(layout=_FULL)
+        self.chart = RunChart()
+        self.table = ResultTable(frame)
         self.result: pd.DataFrame | None = None
         self.error: BaseException | None = None
         self._concurrency = concurrency
         self._output_column = output_column
+        self._kind: str | None = None
         self._rows: list[RowResult] = []
         self._last_draw = 0.0
+        self._last_chart = 0.0
         self.run_button.on_click(lambda _: self.run())
         self.cancel_button.on_click(lambda _: self.cancel())
         self.box = w.VBox(
             [
-                w.HBox([self.column, self.mode]),
-                w.HBox([self.length, self.format, self.rpm]),
-                w.HBox([self.run_button, self.cancel_button, self.progress]),
+                w.HTML(_STYLE),
+                _grid(
+                    _field("Column", self.column, "The column holding the texts."),
+                    *self._request_fields(),
+                    _field("Per minute", self.rpm, "Requests per minute your plan allows, 0 = no limit."),
+                    [w.HTML(""), w.HBox([self.run_button, self.cancel_button])],
+                    _field("Progress", self.progress),
+                ),
                 self.status,
-                self.preview,
-            ]
+                self.chart.widget,
+                self.table.box,
+            ],
+            layout=w.Layout(width="100%", max_width="1000px"),
         )
+        self.box.add_class("batchsum-app")
         self.box.add_class("batchsum-frame-app")
 
     def run(self) -> None:
@@ -255,10 +448,11 @@ class FrameApp(_App):
             DataFrameAccessor(self.frame)._column(self.column.value, self._output_column)
         except BatchsumError as exc:
             self.error = exc
-            self.status.value = f"<span class='batchsum-error' style='color:#c62828'>{html.escape(str(exc))}</span>"
+            self.status.value = f"<span class='batchsum-error'>{html.escape(str(exc))}</span>"
             return
         self.run_button.disabled, self.cancel_button.disabled = True, False
         self.status.value = "<i>Starting…</i>"
+        self._kind = None if self.format.value == "default" else self.format.value
         request = (self.column.value, self.mode.value, self.length.value, self.format.value, self.rpm.value)
         self._run = BackgroundRun(lambda: self._work(*request))
 
@@ -296,9 +490,11 @@ class FrameApp(_App):
         done = len(self._rows)
         accessor = DataFrameAccessor(self.frame.iloc[:done])
         self.result = accessor._join(self._rows, self._output_column)
+        self.result.attrs["batchsum"] = stats.record()
         self._draw(stats, force=True)
+        self.table.show(self._rows, self._kind, self.result)
         if self.error is not None:
-            note = f"<span class='batchsum-error' style='color:#c62828'>{html.escape(explain(self.error), quote=False)}</span> "
+            note = f"<span class='batchsum-error'>{html.escape(explain(self.error), quote=False)}</span> "
             self.status.value = note + f"{done} rows finished are in <code>.result</code>."
         elif cancelled:
             self.status.value = (
@@ -326,21 +522,17 @@ class FrameApp(_App):
         if state is not None and state.pace:  # rows still to send go at the pace, whatever came before
             rate = min(rate, state.pace / 60) if rate else state.pace / 60
         eta = f"{(total - stats.done) / rate:.0f}s" if rate and stats.done < total else "—"
-        self.status.value = html.escape(
-            f"{stats.done}/{total} rows · ok {stats.ok} · skipped {stats.skipped} · failed {stats.failed} · "
-            f"429s {stats.rate_limited} · ETA {eta}" + (f" · {state.describe()}" if state is not None else ""),
-            quote=False,
+        words = [f"{stats.done}/{total} rows", f"ok {stats.ok}", f"skipped {stats.skipped}",
+                 f"failed {stats.failed}", f"429s {stats.rate_limited}", f"ETA {eta}"]
+        line = " · ".join(words) + (f" · {state.describe()}" if state is not None else "")
+        changes = stats.pacer.changes[-1:] if stats.pacer is not None else []
+        self.status.value = html.escape(line, quote=False) + "".join(
+            f"<br><span class='batchsum-help'>{html.escape(str(change))}</span>" for change in changes
         )
-        recent = self._rows[-5:]
-        if recent:
-            start = len(self._rows) - len(recent)
-            rows = "".join(
-                f"<tr><td>{start + i}</td><td>{r.status}</td><td>{html.escape((r.summary or r.message or '')[:160])}</td></tr>"
-                for i, r in enumerate(recent)
-            )
-            self.preview.value = (
-                f"<table class='batchsum-preview'><tr><th>row</th><th>status</th><th>summary</th></tr>{rows}</table>"
-            )
+        if stats.pacer is not None and (force or now - self._last_chart >= 1.0 or stats.done == stats.total):
+            self._last_chart = now
+            self.chart.update(stats.pacer.timeline.to_dict(), stats.total)
+            self.table.show(self._rows, self._kind)
 
 
 def _text_columns(frame: pd.DataFrame) -> list[Any]:

@@ -1,5 +1,11 @@
-"""A real browser: voila serves notebooks/widget.ipynb on loopback, headless Chromium types a text,
-clicks Summarize and sees the summary. A screenshot is saved in the test's temporary folder."""
+"""A real browser: voila serves the apps on loopback, in the light and the dark theme, and headless
+Chromium uses them as a person would. The text app: type, Summarize, read, copy. The DataFrame
+app: a run against the local service with a per-key limit and 429 faults, where the chart updates,
+the pause is explained, the table pages, filters and opens a summary. Every control must fit the
+page (no clipping at 1000 px). Screenshots go to the test's temporary folder, and to docs/ (the
+README's pictures) when BATCHSUM_UPDATE_SCREENSHOTS=1."""
+
+import os
 
 import shutil
 import socket
@@ -12,7 +18,9 @@ import httpx
 import pytest
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "widget.ipynb"
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / "widget.ipynb"
+FRAME_RUN = ROOT / "tests" / "apps" / "frame_run.ipynb"
 FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -36,8 +44,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def voila(tmp_path):
+def serve(notebook: Path, theme: str, tmp_path: Path):
     pytest.importorskip("voila")
     port = free_port()
     log = (tmp_path / "voila.log").open("w")
@@ -46,15 +53,16 @@ def voila(tmp_path):
             sys.executable,
             "-m",
             "voila",
-            str(NOTEBOOK),
+            str(notebook),
             "--no-browser",
             f"--port={port}",
+            f"--theme={theme}",
             "--Voila.ip=127.0.0.1",
             "--VoilaConfiguration.file_allowlist=[]",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
-        cwd=NOTEBOOK.parent,
+        cwd=notebook.parent,
     )
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 60
@@ -66,12 +74,60 @@ def voila(tmp_path):
             pass
         assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "voila.log").read_text()
         time.sleep(0.2)
-    yield url
-    proc.terminate()
-    proc.wait(20)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(20)
 
 
-def test_a_person_types_a_text_clicks_summarize_and_reads_the_summary(voila, tmp_path):
+@pytest.fixture(params=["light", "dark"])
+def voila(request, tmp_path):
+    request.node.theme = request.param
+    yield from serve(NOTEBOOK, request.param, tmp_path)
+
+
+@pytest.fixture(params=["light", "dark"])
+def frame_run(request, tmp_path):
+    request.node.theme = request.param
+    yield from serve(FRAME_RUN, request.param, tmp_path)
+
+
+def browse(playwright):
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+    context = browser.new_context(viewport={"width": 1000, "height": 900})
+    context.grant_permissions(["clipboard-read", "clipboard-write"])
+    return browser, context.new_page()
+
+
+def widest_overflow(page, selector: str) -> list[str]:
+    """Elements of the app that reach past the page's right edge (clipped in a 1000 px column)."""
+    return page.evaluate(
+        """(selector) => {
+            const width = document.documentElement.clientWidth;
+            const out = [];
+            for (const root of document.querySelectorAll(selector)) {
+                for (const el of [root, ...root.querySelectorAll('*')]) {
+                    const box = el.getBoundingClientRect();
+                    if (box.width > 0 && box.right > width + 1) out.push(el.className + ' ' + Math.round(box.right));
+                }
+            }
+            return out;
+        }""",
+        selector,
+    )
+
+
+UPDATE_SCREENSHOTS = os.environ.get("BATCHSUM_UPDATE_SCREENSHOTS") == "1"  # read before the tests clean the env
+
+
+def keep(path: Path, name: str) -> None:
+    if UPDATE_SCREENSHOTS:
+        (ROOT / "docs").mkdir(exist_ok=True)
+        (ROOT / "docs" / name).write_bytes(path.read_bytes())
+
+
+def test_a_person_types_a_text_clicks_summarize_and_reads_the_summary(voila, tmp_path, request):
     sync_api = pytest.importorskip("playwright.sync_api")
     text = (
         "The museum will reopen on Saturday after a two-year renovation of its main hall. "
@@ -80,22 +136,76 @@ def test_a_person_types_a_text_clicks_summarize_and_reads_the_summary(voila, tmp
         "The director thanked the volunteers who helped move more than four thousand objects."
     )
     with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        browser, page = browse(playwright)
         try:
-            page = browser.new_page(viewport={"width": 1100, "height": 900})
             page.goto(voila, timeout=120_000)
             area = page.locator(".batchsum-text-app textarea").first
             area.wait_for(timeout=120_000)
+            button = page.locator(".batchsum-text-app button", has_text="Summarize")
+            area.fill("too short to summarize")
+            page.get_by_text("needs at least 10").wait_for(timeout=30_000)
+            assert button.is_disabled()
             area.fill(text)
             page.get_by_text("words: within 10..5000").wait_for(timeout=30_000)
-            page.locator(".batchsum-text-app button", has_text="Summarize").click()
+            button.click()
             summary = page.locator(".batchsum-summary").first
             summary.wait_for(timeout=60_000)
             shown = summary.inner_text()
-            page.screenshot(path=str(tmp_path / "widget.png"), full_page=True)
+            assert page.locator(".batchsum-result b", has_text="Summary").count() == 1
+            page.locator(".batchsum-copy").click()
+            page.get_by_text("Copied").wait_for(timeout=10_000)
+            copied = page.evaluate("navigator.clipboard.readText()")
+            clipped = widest_overflow(page, ".batchsum-text-app")
+            shot = tmp_path / f"text-app-{request.node.theme}.png"
+            page.screenshot(path=str(shot), full_page=True)
         finally:
             browser.close()
     from batchsum.local.summarizer import summarize as local_summary
 
-    assert shown.strip() == local_summary(text, 1, 4, None)
-    assert (tmp_path / "widget.png").stat().st_size > 10_000
+    assert shown.strip() == local_summary(text, 1, 4, None) and copied == shown.strip()
+    assert clipped == []
+    assert shot.stat().st_size > 10_000
+    keep(shot, shot.name)
+
+
+def test_a_dataframe_run_shows_its_chart_the_pause_and_a_table_to_read(frame_run, tmp_path, request):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    theme = request.node.theme
+    with sync_api.sync_playwright() as playwright:
+        browser, page = browse(playwright)
+        try:
+            page.goto(frame_run, timeout=120_000)
+            app = page.locator(".batchsum-frame-app").first
+            app.wait_for(timeout=120_000)
+            rate_line = page.locator(".batchsum-chart path.line").nth(2)
+            before = rate_line.get_attribute("d")
+            app.locator("button", has_text="Run").click()
+            page.get_by_text("the service answered 429 (Retry-After 2)").first.wait_for(timeout=60_000)
+            during = rate_line.get_attribute("d")
+            page.get_by_text("33/33 rows").first.wait_for(timeout=120_000)
+            after = rate_line.get_attribute("d")
+            refused = page.locator(".batchsum-chart .dot").count()
+            table = page.locator(".batchsum-results")
+            table.get_by_text("page 1 of 3 · 33 rows").wait_for(timeout=30_000)
+            table.locator("button", has_text="Next").click()
+            table.get_by_text("page 2 of 3 · 33 rows").wait_for(timeout=30_000)
+            table.locator("button", has_text="Skipped").click()
+            table.get_by_text("page 1 of 1 · 3 rows").wait_for(timeout=30_000)
+            skipped = table.locator(".batchsum-badge.skipped").count()
+            table.locator("button", has_text="OK").click()
+            table.get_by_text("page 1 of 2 · 30 rows").wait_for(timeout=30_000)
+            opened = table.locator("details").first
+            opened.locator("summary").click()
+            whole = opened.locator(".batchsum-summary").inner_text()
+            clipped = widest_overflow(page, ".batchsum-frame-app")
+            shot = tmp_path / f"frame-app-{theme}.png"
+            page.set_viewport_size({"width": 1000, "height": 1700})  # voila scrolls inside: show it all
+            app.evaluate("element => element.scrollIntoView({block: 'start'})")
+            page.screenshot(path=str(shot))
+        finally:
+            browser.close()
+    assert before != during != after  # the chart is redrawn in place as the run goes
+    assert refused >= 1  # 429s marked
+    assert skipped == 3 and len(whole) > 100
+    assert clipped == []
+    keep(shot, shot.name)
