@@ -100,7 +100,18 @@ def test_a_large_string_and_dictionary_column_work(env, tmp_path):
     table = pa.table({"text": pa.array(texts, pa.large_string()), "cat": pa.array(texts).dictionary_encode()})
     pq.write_table(table, tmp_path / "in.parquet")
     for column in ("text", "cat"):
-        assert run(str(tmp_path / "in.parquet"), "-o", str(tmp_path / f"{column}.parquet"), "--column", column) == 0
+        assert (
+            run(
+                str(tmp_path / "in.parquet"),
+                "-o",
+                str(tmp_path / f"{column}.parquet"),
+                "--column",
+                column,
+                "--rpm",
+                "0",
+            )
+            == 0
+        )
 
 
 def test_dry_run_sends_nothing_and_says_what_would_happen(env, tmp_path, capsys):
@@ -265,7 +276,7 @@ def test_text_explains_errors_as_summarize_does(env, capsys, monkeypatch):
 def test_journal_command_shows_what_a_journal_holds(env, tmp_path, capsys):
     src = write(frame(), tmp_path / "in.parquet")
     out = tmp_path / "out.parquet"
-    assert run(src, "-o", str(out), "--column", "text") == 0
+    assert run(src, "-o", str(out), "--column", "text", "--rpm", "0") == 0
     capsys.readouterr()
     assert main(["journal", str(tmp_path / "out.parquet.journal.sqlite")]) == 0
     shown = capsys.readouterr().out
