@@ -20,8 +20,14 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 __all__ = ["RunChart", "plot_run", "series"]
 
 MAX_POINTS = 1500  # a long run is drawn from at most this many points per line
-COLORS = {"rate": "#1f77b4", "limit": "#7f7f7f", "pace": "#2ca02c", "refused": "#d62728", "pause": "#ff7f0e",
-          "done": "#9467bd"}
+COLORS = {
+    "rate": "#1f77b4",
+    "limit": "#7f7f7f",
+    "pace": "#2ca02c",
+    "refused": "#d62728",
+    "pause": "#ff7f0e",
+    "done": "#9467bd",
+}
 
 
 def series(timeline: dict[str, Any]) -> dict[str, Any]:
@@ -62,20 +68,72 @@ class RunChart:
     def __init__(self, *, title: str = "The run", height: str = "300px") -> None:
         x, y, done_scale = bq.LinearScale(min=0.0), bq.LinearScale(min=0.0), bq.LinearScale(min=0.0)
         scales = {"x": x, "y": y}
-        self.limit = bq.Lines(x=[0, 1], y=[0, 0], scales=scales, colors=[COLORS["limit"]], line_style="dashed",
-                              labels=["plan's limit"], display_legend=True)
-        self.pace = bq.Lines(x=[0], y=[0], scales=scales, colors=[COLORS["pace"]], interpolation="step-after",
-                             labels=["pace in force"], display_legend=True)
-        self.rate = bq.Lines(x=[0], y=[0], scales=scales, colors=[COLORS["rate"]], stroke_width=2,
-                             labels=["started in the last minute"], display_legend=True)
-        self.refused = bq.Scatter(x=[], y=[], scales=scales, colors=[COLORS["refused"]], marker="cross",
-                                  default_size=48, labels=["429"], display_legend=True)
-        self.paused = bq.Lines(x=[[0, 0]], y=[[0, 0]], scales=scales, colors=[COLORS["pause"]], stroke_width=8,
-                               opacities=[0.7], labels=["paused"], display_legend=True, visible=False)
-        self.done = bq.Lines(x=[0], y=[0], scales={"x": x, "y": done_scale}, colors=[COLORS["done"]],
-                             line_style="dotted", labels=["rows done"], display_legend=True)
-        self.total = bq.Lines(x=[0, 1], y=[0, 0], scales={"x": x, "y": done_scale}, colors=[COLORS["done"]],
-                              opacities=[0.35], line_style="dashed", visible=False)
+        self.limit = bq.Lines(
+            x=[0, 1],
+            y=[0, 0],
+            scales=scales,
+            colors=[COLORS["limit"]],
+            line_style="dashed",
+            labels=["plan's limit"],
+            display_legend=True,
+        )
+        self.pace = bq.Lines(
+            x=[0],
+            y=[0],
+            scales=scales,
+            colors=[COLORS["pace"]],
+            interpolation="step-after",
+            labels=["pace in force"],
+            display_legend=True,
+        )
+        self.rate = bq.Lines(
+            x=[0],
+            y=[0],
+            scales=scales,
+            colors=[COLORS["rate"]],
+            stroke_width=2,
+            labels=["started in the last minute"],
+            display_legend=True,
+        )
+        self.refused = bq.Scatter(
+            x=[],
+            y=[],
+            scales=scales,
+            colors=[COLORS["refused"]],
+            marker="cross",
+            default_size=48,
+            labels=["429"],
+            display_legend=True,
+        )
+        self.paused = bq.Lines(
+            x=[[0, 0]],
+            y=[[0, 0]],
+            scales=scales,
+            colors=[COLORS["pause"]],
+            stroke_width=8,
+            opacities=[0.7],
+            labels=["paused"],
+            display_legend=True,
+            visible=False,
+        )
+        self.done = bq.Lines(
+            x=[0],
+            y=[0],
+            scales={"x": x, "y": done_scale},
+            colors=[COLORS["done"]],
+            line_style="dotted",
+            labels=["rows done"],
+            display_legend=True,
+        )
+        self.total = bq.Lines(
+            x=[0, 1],
+            y=[0, 0],
+            scales={"x": x, "y": done_scale},
+            colors=[COLORS["done"]],
+            opacities=[0.35],
+            line_style="dashed",
+            visible=False,
+        )
         axes = [
             bq.Axis(scale=x, label="minutes since the start", grid_lines="none"),
             bq.Axis(scale=y, side="left", label="requests per minute", grid_lines="dashed"),
@@ -85,7 +143,10 @@ class RunChart:
         for mark in marks:
             mark.display_legend = False  # the key is a caption under the chart: a legend box hides the lines
         self.figure = bq.Figure(
-            marks=marks, axes=axes, title=title, animation_duration=0,
+            marks=marks,
+            axes=axes,
+            title=title,
+            animation_duration=0,
             fig_margin={"top": 40, "bottom": 45, "left": 60, "right": 60},
             layout=w.Layout(width="100%", max_width="1000px", height=height),
         )
@@ -93,13 +154,18 @@ class RunChart:
         key = " &nbsp; ".join(
             f"<span style='color:{COLORS[name]}'>{symbol}</span> {html.escape(words)}"
             for name, symbol, words in [
-                ("rate", "━", "requests started in the last minute"), ("limit", "╌", "the plan's limit"),
-                ("pace", "━", "the pace in force"), ("refused", "✚", "429"), ("pause", "▬", "paused"),
+                ("rate", "━", "requests started in the last minute"),
+                ("limit", "╌", "the plan's limit"),
+                ("pace", "━", "the pace in force"),
+                ("refused", "✚", "429"),
+                ("pause", "▬", "paused"),
                 ("done", "┈", "rows done (right axis)"),
             ]
         )
-        self.widget = w.VBox([self.figure, w.HTML(f"<div class='batchsum-chart-key' style='font-size:85%'>{key}</div>")],
-                             layout=w.Layout(width="100%", max_width="1000px"))
+        self.widget = w.VBox(
+            [self.figure, w.HTML(f"<div class='batchsum-chart-key' style='font-size:85%'>{key}</div>")],
+            layout=w.Layout(width="100%", max_width="1000px"),
+        )
 
     def update(self, timeline: dict[str, Any] | None, total: int | None = None) -> None:
         if not timeline:

@@ -141,8 +141,7 @@ def _field(label: str, control: w.Widget, help_text: str = "") -> list[w.Widget]
     control.layout.width = "100%"
     cell: w.Widget = control
     if help_text:
-        cell = w.VBox([control, w.HTML(f"<span class='batchsum-help'>{html.escape(help_text)}</span>")],
-                      layout=_FULL)
+        cell = w.VBox([control, w.HTML(f"<span class='batchsum-help'>{html.escape(help_text)}</span>")], layout=_FULL)
     return [w.HTML(f"<b>{html.escape(label)}</b>", layout=w.Layout(padding="4px 0 0 0")), cell]
 
 
@@ -150,8 +149,12 @@ def _grid(*rows: list[w.Widget]) -> w.GridBox:
     """Labels and controls lined up in two columns, as wide as the notebook column (never wider)."""
     return w.GridBox(
         [cell for row in rows for cell in row],
-        layout=w.Layout(grid_template_columns="minmax(90px, max-content) minmax(0, 1fr)", grid_gap="6px 12px",
-                        width="100%", max_width="1000px"),
+        layout=w.Layout(
+            grid_template_columns="minmax(90px, max-content) minmax(0, 1fr)",
+            grid_gap="6px 12px",
+            width="100%",
+            max_width="1000px",
+        ),
     )
 
 
@@ -164,15 +167,18 @@ class _App:
         self._connection = {"api_key": api_key, "base_url": base_url, "local": local}
         self._client_options = client_options
         self.mode = w.ToggleButtons(options=MODES, value=1)
-        self.length = w.IntSlider(value=contract.PERCENTAGE_DEFAULT, min=contract.PERCENTAGE_MIN,
-                                  max=contract.PERCENTAGE_MAX)
+        self.length = w.IntSlider(
+            value=contract.PERCENTAGE_DEFAULT, min=contract.PERCENTAGE_MIN, max=contract.PERCENTAGE_MAX
+        )
         self.format = w.Dropdown(options=FORMATS, value="default")
         self._run: BackgroundRun | None = None
         self.box: w.Box
 
     def _request_fields(self) -> list[list[w.Widget]]:
         return [
-            _field("Model", self.mode, "Standard: the smaller, faster model. Advanced: the full model (premium plans)."),
+            _field(
+                "Model", self.mode, "Standard: the smaller, faster model. Advanced: the full model (premium plans)."
+            ),
             _field("Length", self.length, "1 shortest to 6 longest."),
             _field("Format", self.format, "Default: a plain summary; headings & points, bullets, or the best line."),
         ]
@@ -197,7 +203,7 @@ def _copy_button(text: str) -> str:
     payload = html.escape(json.dumps(text), quote=True)
     return (
         f"<button class='batchsum-copy jupyter-button' data-text=\"{payload}\" "
-        "onclick=\"navigator.clipboard.writeText(JSON.parse(this.dataset.text)).then("
+        'onclick="navigator.clipboard.writeText(JSON.parse(this.dataset.text)).then('
         "() => { this.textContent = 'Copied'; })\">Copy</button>"
     )
 
@@ -222,8 +228,11 @@ class TextApp(_App):
         self.box = w.VBox(
             [
                 w.HTML(_STYLE),
-                _grid(_field("Text", w.VBox([self.text, self.count], layout=_FULL)), *self._request_fields(),
-                      [w.HTML(""), self.button]),
+                _grid(
+                    _field("Text", w.VBox([self.text, self.count], layout=_FULL)),
+                    *self._request_fields(),
+                    [w.HTML(""), self.button],
+                ),
                 self.message,
                 self.result,
             ],
@@ -305,10 +314,18 @@ class ResultTable:
         self.where = w.HTML()
         self.table = w.HTML(layout=_FULL)
         self.path = w.Text(value="summaries", layout=w.Layout(width="100%"))
-        self.save_parquet = w.Button(description="Save Parquet", icon="download", disabled=True,
-                                     layout=w.Layout(width="auto", min_width="max-content"))
-        self.save_csv = w.Button(description="Save CSV", icon="download", disabled=True,
-                                 layout=w.Layout(width="auto", min_width="max-content"))
+        self.save_parquet = w.Button(
+            description="Save Parquet",
+            icon="download",
+            disabled=True,
+            layout=w.Layout(width="auto", min_width="max-content"),
+        )
+        self.save_csv = w.Button(
+            description="Save CSV",
+            icon="download",
+            disabled=True,
+            layout=w.Layout(width="auto", min_width="max-content"),
+        )
         self.saved = w.HTML()
         self.id_column.observe(lambda _: self.draw(), names="value")
         self.filter.observe(lambda _: self.turn(0, absolute=True), names="value")
@@ -318,9 +335,15 @@ class ResultTable:
         self.save_csv.on_click(lambda _: self.save("csv"))
         self.box = w.VBox(
             [
-                _grid(_field("Show", self.filter), _field("Id column", self.id_column),
-                      _field("Save as", w.HBox([self.path, self.save_parquet, self.save_csv], layout=_FULL),
-                             "A file name; .parquet or .csv is added.")),
+                _grid(
+                    _field("Show", self.filter),
+                    _field("Id column", self.id_column),
+                    _field(
+                        "Save as",
+                        w.HBox([self.path, self.save_parquet, self.save_csv], layout=_FULL),
+                        "A file name; .parquet or .csv is added.",
+                    ),
+                ),
                 self.saved,
                 w.HBox([self.previous, self.where, self.next], layout=w.Layout(align_items="center", grid_gap="8px")),
                 self.table,
@@ -359,10 +382,14 @@ class ResultTable:
             badge = f"<span class='batchsum-badge {row.status}'>{row.status}</span>"
             summary = ""
             if row.summary:
-                summary = (f"<details><summary>{html.escape(_excerpt(row.summary))}</summary>"
-                           f"{render_summary(row.summary, self.kind)}</details>")
+                summary = (
+                    f"<details><summary>{html.escape(_excerpt(row.summary))}</summary>"
+                    f"{render_summary(row.summary, self.kind)}</details>"
+                )
             message = html.escape(row.message or "") + (f" <code>{html.escape(row.error)}</code>" if row.error else "")
-            body.append(f"<tr class='batchsum-row'><td>{ident}</td><td>{badge}</td><td>{summary}</td><td>{message}</td></tr>")
+            body.append(
+                f"<tr class='batchsum-row'><td>{ident}</td><td>{badge}</td><td>{summary}</td><td>{message}</td></tr>"
+            )
         label = html.escape(str(self.id_column.value)) if self.id_column.value != "" else "row"
         self.table.value = f"<table class='batchsum-table'>{head.format(label)}{''.join(body)}</table>"
 
@@ -378,7 +405,9 @@ class ResultTable:
             else:
                 self.result.to_csv(path, index=False)
         except (OSError, ValueError) as exc:
-            self.saved.value = f"<span class='batchsum-error'>Could not save {html.escape(str(path))}: {html.escape(str(exc))}</span>"
+            self.saved.value = (
+                f"<span class='batchsum-error'>Could not save {html.escape(str(path))}: {html.escape(str(exc))}</span>"
+            )
             return None
         self.saved.value = f"Saved {len(self.result)} rows to <code>{html.escape(str(path))}</code>."
         return path
@@ -522,8 +551,14 @@ class FrameApp(_App):
         if state is not None and state.pace:  # rows still to send go at the pace, whatever came before
             rate = min(rate, state.pace / 60) if rate else state.pace / 60
         eta = f"{(total - stats.done) / rate:.0f}s" if rate and stats.done < total else "—"
-        words = [f"{stats.done}/{total} rows", f"ok {stats.ok}", f"skipped {stats.skipped}",
-                 f"failed {stats.failed}", f"429s {stats.rate_limited}", f"ETA {eta}"]
+        words = [
+            f"{stats.done}/{total} rows",
+            f"ok {stats.ok}",
+            f"skipped {stats.skipped}",
+            f"failed {stats.failed}",
+            f"429s {stats.rate_limited}",
+            f"ETA {eta}",
+        ]
         line = " · ".join(words) + (f" · {state.describe()}" if state is not None else "")
         changes = stats.pacer.changes[-1:] if stats.pacer is not None else []
         self.status.value = html.escape(line, quote=False) + "".join(

@@ -6,7 +6,6 @@ page (no clipping at 1000 px). Screenshots go to the test's temporary folder, an
 README's pictures) when BATCHSUM_UPDATE_SCREENSHOTS=1."""
 
 import os
-
 import shutil
 import socket
 import subprocess

@@ -3,9 +3,18 @@
 Mode 1 ("mini"): TF-IDF centroid similarity plus a position prior: one matrix-vector product.
 Mode 2 ("full"): position-aware directed centrality over the sentence graph (after PacSum, Zheng &
 Lapata 2019: similarity to later sentences counts for, to earlier ones against) plus the position
-prior, then redundancy removal when choosing. Sentences that are too short to say anything, or
-carry scraped boilerplate (a "word" of 30+ letters), rank last. Deterministic; needs only numpy.
-Weights were chosen on the validation splits by ``benchmarks/quality.py --tune``.
+prior, then redundancy removal when choosing; at longer lengths its prior weakens, so the later
+parts of a text are covered too. Sentences that are too short to say anything, or carry scraped
+boilerplate (a "word" of 30+ letters), rank last.
+
+Coherence, both modes: a sentence that opens with a reference it cannot resolve by itself (a
+pronoun, a connective such as "But" or "However", a quote whose speaker is not in it) is taken only
+together with the sentence before it, or not at all; mode 2 also accepts one whose pronoun the
+sentence before it in the summary can resolve (a small coreference heuristic: that sentence names
+someone). ``summary_2`` groups are headed by a noun phrase from the text (the group's most central
+run of content words, in the text's own casing); ``best_line`` is the best sentence that stands
+alone. Deterministic; needs only numpy. Weights were chosen on the validation splits by
+``benchmarks/quality.py --tune``.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ import numpy as np
 from .. import contract
 from .sentences import split_sentences
 
-__all__ = ["summarize", "rank_sentences", "sentence_budget", "Tuning"]
+__all__ = ["summarize", "rank_sentences", "sentence_budget", "Tuning", "dangles", "unresolved_share"]
 
 _TOKEN = re.compile(r"[^\W_]+(?:['’][^\W_]+)?", re.UNICODE)
 _STOPWORDS = frozenset(
@@ -36,6 +45,53 @@ _STOPWORDS = frozenset(
     """.split()
 )
 _SUFFIXES = ("ingly", "edly", "ings", "ing", "ied", "ies", "ed", "es", "ly", "s")
+
+
+# Words that, opening a sentence, point at something said before it.
+_POINTERS = frozenset(
+    """
+    he she they it its his her their them him this these those that such there here
+    but however also meanwhile still yet so then instead therefore thus hence moreover furthermore
+    besides nevertheless nonetheless otherwise likewise similarly consequently accordingly indeed
+    and or nor which whose another other others both either neither
+    """.split()
+)
+_PERSONAL = frozenset("he she they his her their him them".split())
+_OPENING_QUOTE = ('"', "“", "‘", "'")
+_SPEECH = re.compile(
+    r"\b(said|says|say|told|tells|added|asked|according|explained|wrote|writes|insisted|"
+    r"claimed|warned|stated)\b",
+    re.IGNORECASE,
+)
+_NAME = re.compile(r"(?<![.!?]\s)(?<!^)\b[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*")
+
+
+def dangles(sentence: str) -> bool:
+    """Does ``sentence`` open with a reference it cannot resolve by itself: a pronoun, a
+    connective, or a quote whose speaker is not named in it?"""
+    stripped = sentence.lstrip()
+    if stripped.startswith(_OPENING_QUOTE):
+        return _SPEECH.search(stripped) is None
+    first = _TOKEN.match(stripped)
+    if first is None:
+        return False
+    word = first.group(0).lower().replace("’", "'")
+    if word == "in" and stripped.lower().startswith(("in addition", "in contrast", "in turn", "in that")):
+        return True
+    return word in _POINTERS
+
+
+def _names_someone(sentence: str) -> bool:
+    """A name after the sentence's first word (a capitalized word not opening it): a likely antecedent."""
+    return bool(_NAME.search(sentence))
+
+
+def unresolved_share(chosen: list[int], sentences: list[str]) -> float:
+    """The share of chosen sentences that open with a reference their summary leaves unresolved:
+    the sentence before them in the text is not chosen."""
+    picked = set(chosen)
+    bad = sum(1 for i in chosen if dangles(sentences[i]) and i - 1 not in picked)
+    return bad / len(chosen) if chosen else 0.0
 
 
 def _stem(word: str) -> str:
@@ -62,11 +118,13 @@ class Tuning:
 
     position_decay: float = 1.0  # the prior: 1 / (1 + position) ** decay
     mode1_prior: float = 8.0  # mode 1 score: centroid similarity + mode1_prior * prior
-    mode2_prior: float = 1.0  # mode 2 score: directed centrality + mode2_prior * prior
-    backward_weight: float = -0.5  # mode 2: similarity to earlier sentences counts against
+    mode2_prior: float = 2.0  # mode 2 score: directed centrality + mode2_prior * prior
+    backward_weight: float = -1.0  # mode 2: similarity to earlier sentences counts against
     forward_weight: float = 1.0  # mode 2: similarity to later sentences counts for
-    edge_threshold: float = 0.0  # share of the similarity range under which an edge is dropped
+    edge_threshold: float = 0.1  # share of the similarity range under which an edge is dropped
     redundancy: float = 0.5  # mode 2 passes over a sentence this similar to one already chosen
+    coverage: float = 0.15  # mode 2: each percentage step above 1 weakens the position prior by this share
+    coherent: bool = True  # the coherence rule (off only to measure what it changes)
     min_terms: int = 3  # fewer content words: a dateline or a caption, ranked last
     junk_length: int = 30  # a "word" this long is glued boilerplate ("Share this withEmailFacebook...")
 
@@ -139,13 +197,14 @@ def _normalized(scores: np.ndarray) -> np.ndarray:
     return (scores - low) / (high - low) if high > low else np.ones_like(scores)
 
 
-def _scores(doc: _Document, mode: contract.Mode, tuning: Tuning) -> np.ndarray:
+def _scores(doc: _Document, mode: contract.Mode, tuning: Tuning, percentage: int = 1) -> np.ndarray:
     n = len(doc.sentences)
     prior = _position_prior(n, tuning)
     if mode == contract.Mode.STANDARD:
         scores = _normalized(_centroid_scores(doc)) + tuning.mode1_prior * prior
     else:
-        scores = _normalized(_directed_centrality(doc.similarities(), tuning)) + tuning.mode2_prior * prior
+        weight = tuning.mode2_prior * max(0.0, 1.0 - tuning.coverage * (percentage - 1))
+        scores = _normalized(_directed_centrality(doc.similarities(), tuning)) + weight * prior
     junk = np.array(
         [
             len(terms) < tuning.min_terms or any(len(word) >= tuning.junk_length for word in sentence.split())
@@ -155,22 +214,62 @@ def _scores(doc: _Document, mode: contract.Mode, tuning: Tuning) -> np.ndarray:
     return np.where(junk, scores - 100.0, scores)  # still rankable (a text of only such), but last
 
 
-def _choose(doc: _Document, scores: np.ndarray, k: int, redundancy: float | None) -> list[int]:
+class _Choice:
+    """Sentences taken in rank order, ``k`` at most, keeping the summary coherent: a sentence that
+    dangles comes with the one before it (when that one stands, and there is room) or not at all."""
+
+    def __init__(
+        self, doc: _Document, k: int, redundancy: float | None, resolve_names: bool, coherent: bool = True
+    ) -> None:
+        self.doc = doc
+        self.k = k
+        self.redundancy = redundancy
+        self.resolve_names = resolve_names
+        self.chosen: list[int] = []
+        self.dangling = [coherent and dangles(s) for s in doc.sentences]
+
+    def _redundant(self, i: int) -> bool:
+        return self.redundancy is not None and any(
+            float(self.doc.matrix[i] @ self.doc.matrix[j]) >= self.redundancy for j in self.chosen
+        )
+
+    def _resolved_by_summary(self, i: int) -> bool:
+        """Mode 2's coreference heuristic: a personal pronoun the summary's sentence before it can
+        resolve (that sentence names someone)."""
+        first = _TOKEN.match(self.doc.sentences[i].lstrip())
+        if not self.resolve_names or first is None or first.group(0).lower() not in _PERSONAL:
+            return False
+        before = [j for j in self.chosen if j < i]
+        return bool(before) and _names_someone(self.doc.sentences[max(before)])
+
+    def offer(self, i: int, *, check_redundancy: bool = True) -> None:
+        if len(self.chosen) >= self.k or i in self.chosen or (check_redundancy and self._redundant(i)):
+            return
+        if not self.dangling[i] or i - 1 in self.chosen or self._resolved_by_summary(i):
+            self.chosen.append(i)
+        elif i > 0 and not self.dangling[i - 1] and self.k - len(self.chosen) >= 2:
+            if not (check_redundancy and self._redundant(i - 1)):
+                self.chosen.extend([i - 1, i])
+
+
+def _choose(
+    doc: _Document,
+    scores: np.ndarray,
+    k: int,
+    redundancy: float | None,
+    resolve_names: bool = False,
+    coherent: bool = True,
+) -> list[int]:
     order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
-    if redundancy is None:
-        return order[:k]
-    chosen: list[int] = []
+    choice = _Choice(doc, k, redundancy, resolve_names, coherent)
     for i in order:
-        if len(chosen) == k:
-            break
-        if all(float(doc.matrix[i] @ doc.matrix[j]) < redundancy for j in chosen):
-            chosen.append(i)
-    for i in order:  # everything left was redundant: fill up in rank order
-        if len(chosen) == k:
-            break
-        if i not in chosen:
-            chosen.append(i)
-    return chosen
+        choice.offer(i)
+    for i in order:  # what is left was redundant: fill up in rank order, still coherent
+        choice.offer(i, check_redundancy=False)
+    for i in order:  # a text of nothing but dangling sentences: take the best anyway
+        if len(choice.chosen) < min(k, len(order)) and i not in choice.chosen:
+            choice.chosen.append(i)
+    return choice.chosen
 
 
 def rank_sentences(text: str, mode: int, k: int, tuning: Tuning = TUNING) -> list[str]:
@@ -182,32 +281,81 @@ def rank_sentences(text: str, mode: int, k: int, tuning: Tuning = TUNING) -> lis
     return [doc.sentences[i] for i in sorted(chosen)]
 
 
-def _pick(doc: _Document, mode: contract.Mode, k: int, tuning: Tuning) -> list[int]:
+def _pick(doc: _Document, mode: contract.Mode, k: int, tuning: Tuning, percentage: int = 1) -> list[int]:
+    scores = _scores(doc, mode, tuning, percentage)
+    advanced = mode == contract.Mode.ADVANCED
+    return _choose(
+        doc, scores, k, tuning.redundancy if advanced else None, resolve_names=advanced, coherent=tuning.coherent
+    )
+
+
+def _best_line(doc: _Document, mode: contract.Mode, tuning: Tuning) -> str:
+    """The sentence that best stands alone: the best ranked of those that do not dangle, are not
+    a quote fragment, and say enough (5 to 60 words); else simply the best ranked."""
     scores = _scores(doc, mode, tuning)
-    redundancy = tuning.redundancy if mode == contract.Mode.ADVANCED else None
-    return _choose(doc, scores, k, redundancy)
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+    for i in order:
+        sentence = doc.sentences[i]
+        words = len(sentence.split())
+        if not dangles(sentence) and 5 <= words <= 60 and len(doc.terms[i]) >= tuning.min_terms:
+            return sentence
+    return doc.sentences[order[0]]
+
+
+_CHUNK_WORD = re.compile(r"[^\W_][\w'’-]*", re.UNICODE)
+
+
+def _chunks(sentence: str) -> list[str]:
+    """Runs of 2 to 4 content words in a row, as written: the sentence's candidate noun phrases
+    (no tagger: stopwords, pointers and numbers break a run)."""
+    runs: list[list[str]] = [[]]
+    for match in re.finditer(r"[^\W_][\w'’-]*|[^\w\s]", sentence):
+        word = match.group(0)
+        lowered = word.lower().replace("’", "'")
+        if (
+            not _CHUNK_WORD.fullmatch(word)
+            or lowered in _STOPWORDS
+            or lowered in _POINTERS
+            or lowered.isdigit()
+            or len(lowered) < 2
+        ):
+            runs.append([])
+        else:
+            runs[-1].append(word)
+    out = []
+    for run in runs:
+        for size in (4, 3, 2):
+            for start in range(0, len(run) - size + 1):
+                out.append(" ".join(run[start : start + size]))
+    return out
 
 
 def _heading(doc: _Document, rows: list[int], used: set[str]) -> str:
-    """A short heading: the group's key terms (frequent in the whole text, specific to it, present
-    in the group), in the text's own spelling; terms another heading used already come last."""
+    """The group's heading: a noun phrase from it (the run of content words whose terms weigh most
+    in the whole text), in the text's own casing, not used by another group; a single key word
+    only when the group has no run of two."""
     document_counts = Counter(term for terms in doc.terms for term in terms)
-    surface: dict[str, str] = {}
-    for row in rows:
-        for word in _TOKEN.findall(doc.sentences[row]):
-            lowered = word.lower().replace("’", "'")
-            if lowered in _STOPWORDS or lowered.isdigit() or len(lowered) < 3:
-                continue
-            term = _stem(lowered)
-            if term in doc.vocabulary:
-                surface.setdefault(term, word if word[:1].isupper() else word.capitalize())
 
-    def weight(term: str) -> tuple[bool, float, str]:
-        return (term in used, -document_counts[term] * float(doc.idf[doc.vocabulary[term]]), term)
+    def weight(phrase: str) -> float:
+        terms = [t for t in _terms(phrase) if t in doc.vocabulary]
+        if not terms:
+            return 0.0
+        total = sum(document_counts[t] * float(doc.idf[doc.vocabulary[t]]) for t in terms)
+        return float(total / len(phrase.split()) ** 0.5)
 
-    top = sorted(surface, key=weight)[:3]
-    used.update(top)
-    return ", ".join(surface[t] for t in top) if top else "Summary"
+    candidates = [c for row in rows for c in _chunks(doc.sentences[row]) if c.lower() not in used]
+    if not candidates:
+        candidates = [
+            w
+            for row in rows
+            for w in _TOKEN.findall(doc.sentences[row])
+            if w.lower() not in _STOPWORDS and w.lower() not in used and len(w) > 2
+        ]
+    if not candidates:
+        return "Summary"
+    best = max(candidates, key=lambda c: (weight(c), -len(c), c))
+    used.add(best.lower())
+    return best[:1].upper() + best[1:]
 
 
 def _topics(doc: _Document, chosen: list[int]) -> list[list[int]]:
@@ -229,8 +377,8 @@ def summarize(text: str, mode: int = 1, percentage: int = 4, type: str | None = 
     summary_type = contract.parse_type(type)
     mode = contract.Mode(mode)
     if summary_type is contract.SummaryType.BEST_LINE:
-        return doc.sentences[_pick(doc, mode, 1, TUNING)[0]]
-    chosen = _pick(doc, mode, sentence_budget(len(doc.sentences), percentage), TUNING)
+        return _best_line(doc, mode, TUNING)
+    chosen = _pick(doc, mode, sentence_budget(len(doc.sentences), percentage), TUNING, percentage)
     if summary_type is contract.SummaryType.BULLETS:
         return "\n".join(f"- {doc.sentences[i]}" for i in sorted(chosen))
     if summary_type is contract.SummaryType.SUMMARY_2:
