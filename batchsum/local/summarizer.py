@@ -303,11 +303,22 @@ def _best_line(doc: _Document, mode: contract.Mode, tuning: Tuning) -> str:
 
 
 _CHUNK_WORD = re.compile(r"[^\W_][\w'’-]*", re.UNICODE)
+# Common verbs, quantifiers and time words that a noun phrase does not run through (no tagger).
+_NOT_IN_PHRASES = frozenset(
+    """
+    every many much few several last next first took take takes taken kept keep keeps away part made make
+    makes get got gets went go goes gone came come comes left found told asked called put set per via
+    thousands hundreds dozens million millions billion week weeks year years day days month months time
+    times today yesterday tomorrow ago already almost around nearly about like well even back still
+    near across along behind beside toward towards upon onto among
+    """.split()
+)
 
 
 def _chunks(sentence: str) -> list[str]:
     """Runs of 2 to 4 content words in a row, as written: the sentence's candidate noun phrases
-    (no tagger: stopwords, pointers and numbers break a run)."""
+    (no tagger: stopwords, pointers, numbers, common verbs and time words, and lower-case words
+    ending in -ed or -ly break a run)."""
     runs: list[list[str]] = [[]]
     for match in re.finditer(r"[^\W_][\w'’-]*|[^\w\s]", sentence):
         word = match.group(0)
@@ -316,6 +327,8 @@ def _chunks(sentence: str) -> list[str]:
             not _CHUNK_WORD.fullmatch(word)
             or lowered in _STOPWORDS
             or lowered in _POINTERS
+            or lowered in _NOT_IN_PHRASES
+            or (word[:1].islower() and lowered.endswith(("ed", "ly")))  # likely a verb or an adverb
             or lowered.isdigit()
             or len(lowered) < 2
         ):
