@@ -47,6 +47,7 @@ __all__ = [
     "Report",
     "Slot",
     "open_budget",
+    "check_budget",
     "default_budget_path",
     "ENV_BUDGET",
 ]
@@ -461,6 +462,14 @@ class RedisBudget(Budget):
         entry = self._clients.pop(id(loop), None)
         if entry is not None:
             await entry[1].aclose()
+
+
+async def check_budget(budget: Budget) -> None:
+    """``budget.check()``, then let go of the connection made for it (it belongs to this loop)."""
+    try:
+        await budget.check()
+    finally:
+        await budget.aclose()
 
 
 def _one_line(exc: BaseException) -> str:

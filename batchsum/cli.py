@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 from . import contract
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from .budget import ENV_BUDGET, Budget, open_budget
+from .budget import ENV_BUDGET, check_budget, open_budget
 from .client import ENV_API_KEY, AsyncClient, Client, validate_params
 from .engine import BatchStats, RunOptions, plan_batch
 from .errors import (
@@ -327,16 +327,6 @@ def _client_settings(args: argparse.Namespace, stack: ExitStack, rpm: float) -> 
     return settings
 
 
-def _check_budget(budget: Budget) -> None:
-    async def check() -> None:
-        try:
-            await budget.check()
-        finally:
-            await budget.aclose()
-
-    asyncio.run(check())
-
-
 def _budget_line(args: argparse.Namespace, stack: ExitStack, rpm: float) -> str:
     """Which budget a run would join, and how many starts it had in the last minute (others' runs)."""
     if args.local:
@@ -434,7 +424,7 @@ def _summarize(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         client = AsyncClient(**_client_settings(args, stack, rpm))
         budget = open_budget(args.budget, client.identity)
-        _check_budget(budget)  # before any file is created
+        asyncio.run(check_budget(budget))  # before any file is created
         options = dataclasses.replace(options, budget=budget)
         if not target.remote:  # a remote output is one PUT at the end: the journal's lock guards the run
             stack.enter_context(RunLock(target.local, "output", wait=args.wait))

@@ -33,7 +33,7 @@ import pandas as pd
 
 from . import contract
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from .budget import ENV_BUDGET, MACHINE, Budget, ProcessBudget, SQLiteBudget, open_budget
+from .budget import ENV_BUDGET, MACHINE, Budget, ProcessBudget, SQLiteBudget, check_budget, open_budget
 from .client import AsyncClient, Client, validate_params
 from .engine import Answer, AnswerStore, MemoryStore, RowResult, RunOptions, summarize_stream
 from .errors import BudgetError, InputError
@@ -227,14 +227,7 @@ class _Summarize:
             identity, base_url, key = client.identity, client.base_url, client._core.api_key
         spec = budget if budget is not None else (os.environ.get(ENV_BUDGET, "").strip() or MACHINE)
         opened = open_budget(spec, identity)
-
-        async def check() -> None:
-            try:
-                await opened.check()
-            finally:
-                await opened.aclose()
-
-        _run_in_worker(check)
+        _run_in_worker(lambda: check_budget(opened))
         _check_cluster(opened, spec)
         if isinstance(opened, SQLiteBudget):
             spec = f"sqlite://{opened.path}"  # the same file on every worker, whatever their cache folder
