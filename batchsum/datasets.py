@@ -120,8 +120,11 @@ def _format_by_extension(name: str, formats: dict[str, tuple[str, ...]]) -> str 
     return next((fmt for fmt, endings in formats.items() if lowered.endswith(endings)), None)
 
 
-def _hidden(path: str) -> bool:
-    return any(part.startswith((".", "_")) for part in PurePosixPath(path.replace(os.sep, "/")).parts[-1:])
+def _hidden(path: str, base: str) -> bool:
+    """A file or folder under ``base`` whose name starts with "." or "_" (``.git``, ``_SUCCESS``,
+    Spark's ``_temporary``): not data."""
+    relative = PurePosixPath(path.replace(os.sep, "/")).relative_to(PurePosixPath(base.replace(os.sep, "/")))
+    return any(part.startswith((".", "_")) for part in relative.parts)
 
 
 @dataclass
@@ -151,7 +154,7 @@ def _resolve(spec: str, format: str | None) -> _Source:
             found = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
         except OSError as exc:
             raise InputError(f"{spec}: {_one_line(exc)}") from None
-        files = sorted(f.path for f in found if f.type == pafs.FileType.File and not _hidden(f.path))
+        files = sorted(f.path for f in found if f.type == pafs.FileType.File and not _hidden(f.path, path))
         if format is None:
             files = [f for f in files if _format_by_extension(f, INPUT_FORMATS)]
         base = path

@@ -78,6 +78,8 @@ def test_a_hive_partitioned_folder_adds_its_partitions_as_columns_in_file_then_r
         part.iloc[3:].to_parquet(root / f"year={year}" / "b.parquet", index=False)
     (root / "_SUCCESS").write_text("")  # hidden and marker files are not data
     (root / ".hidden.parquet").write_text("not data")
+    (root / "_temporary" / "0").mkdir(parents=True)
+    (root / "_temporary" / "0" / "part-9.parquet").write_text("a half-written file")
     out = tmp_path / "out.parquet"
     assert run(str(root), "-o", str(out), "--column", "text") == 0
     result = pd.read_parquet(out)
