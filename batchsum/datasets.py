@@ -191,6 +191,12 @@ def _file_format(format: str, column: str) -> ds.FileFormat:
     raise InputError(f"unknown format {format!r}: use parquet, csv or jsonl")
 
 
+def _scan_options(format: str) -> dict[str, Any]:
+    if format == "parquet":
+        return {"fragment_scan_options": ds.ParquetFragmentScanOptions(pre_buffer=False)}
+    return {}
+
+
 def _is_text(arrow_type: pa.DataType) -> bool:
     if pa.types.is_dictionary(arrow_type):
         arrow_type = arrow_type.value_type
@@ -268,7 +274,16 @@ class DatasetInput:
         for source, dataset in zip(self.sources, self.datasets):
             fragments = sorted(dataset.get_fragments(), key=lambda fragment: fragment.path)
             for fragment in fragments:
-                scanner = ds.Scanner.from_fragment(fragment, schema=dataset.schema, batch_size=batch_rows)
+                # One batch and one file read ahead, and no whole-row-group prefetch: memory stays
+                # bounded by the batch, not by the file's layout.
+                scanner = ds.Scanner.from_fragment(
+                    fragment,
+                    schema=dataset.schema,
+                    batch_size=batch_rows,
+                    batch_readahead=1,
+                    fragment_readahead=1,
+                    **_scan_options(source.format),
+                )
                 try:
                     yield from scanner.to_batches()
                 except (pa.ArrowException, OSError) as exc:
