@@ -199,6 +199,38 @@ class Timeline:
         }
 
 
+class _Owed:
+    """What a pacer owes its budget, told with its next reservation (its own pause, the pace it set,
+    the starts and 429s since), and what it last saw there (to tell others' news from its own)."""
+
+    __slots__ = ("pause", "pace", "started", "refused", "seen", "pace_version", "pause_mark")
+
+    def __init__(self) -> None:
+        self.pause = False  # our own pause, not yet told
+        self.pace: str | None = None  # our own pace, not yet told: "lowered" (always applies) or "climbed"
+        self.started = 0
+        self.refused = 0
+        self.seen: Slot | None = None  # the budget's state at the last reservation
+        self.pace_version = 0
+        self.pause_mark: float | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.pause or self.pace or self.started or self.refused)
+
+    def take(self, pause_for: float, pause_reason: str | None, pace: float | None) -> Report:
+        """The report of what is owed (``pace``: the pace in force, None without pacing); owed no more."""
+        report = Report(
+            pause_for=pause_for if self.pause else 0.0,
+            pause_reason=pause_reason if self.pause else None,
+            pace=pace if self.pace else None,
+            pace_base=self.pace_version if self.pace == "climbed" else None,
+            started=self.started,
+            refused=self.refused,
+        )
+        self.pause, self.pace, self.started, self.refused = False, None, 0, 0
+        return report
+
+
 class Pacer:
     """Shared by every sender of a batch: ``start = await before_attempt()`` before each attempt,
     ``after_attempt(start, ...)`` after it. ``rpm=0``: no pacing, but 429 pauses are still shared.
@@ -219,13 +251,7 @@ class Pacer:
         "_wake",
         "_limiter",
         "_budget",
-        "_seen",
-        "_pause_unreported",
-        "_pace_dirty",
-        "_refused_unreported",
-        "_started_unreported",
-        "_pace_version",
-        "_pause_mark",
+        "_owed",
         "_turn",
         "_paused_until",
         "_pause_reason",
@@ -263,13 +289,7 @@ class Pacer:
             limiter = AsyncLimiter(1, 60.0 / self.rpm * (1 + JITTER_MARGIN / 2))
         self._limiter = limiter
         self._budget = budget if budget is not None else ProcessBudget(clock)
-        self._seen: Slot | None = None  # the budget's state at the last reservation
-        self._pause_unreported = False  # our own pause, not yet told to the budget
-        self._pace_dirty: str | None = None  # our own pace, not yet told: "lowered" or "climbed"
-        self._refused_unreported = 0
-        self._started_unreported = 0
-        self._pace_version = 0
-        self._pause_mark: float | None = None
+        self._owed = _Owed()
         self._turn: asyncio.Lock | None = None
         self._paused_until = -math.inf
         self._pause_reason: str | None = None
@@ -329,18 +349,8 @@ class Pacer:
         """Reserve the next start on the budget, telling it what it must share; adopt what others
         told it. The schedule is drift-free: a start is due an interval after the one before was
         due; after an idle spell or a pause it starts afresh from now."""
-        now = self._clock()
-        report = Report(
-            pause_for=max(0.0, self._paused_until - now) if self._pause_unreported else 0.0,
-            pause_reason=self._pause_reason if self._pause_unreported else None,
-            pace=self.pace if self._pace_dirty and self.rpm else None,
-            pace_base=self._pace_version if self._pace_dirty == "climbed" else None,
-            started=self._started_unreported,
-            refused=self._refused_unreported,
-        )
-        self._pause_unreported = False
-        self._pace_dirty = None
-        self._refused_unreported = self._started_unreported = 0
+        pause_for = max(0.0, self._paused_until - self._clock())
+        report = self._owed.take(pause_for, self._pause_reason, self.pace if self.rpm else None)
         slot = await self._budget.reserve(self.interval * self._ramp, report, start=start)
         self._adopt(slot, report)
         return slot
@@ -348,23 +358,24 @@ class Pacer:
     async def flush(self) -> None:
         """Tell the budget what it has not heard yet (the last starts, a pause, a pace): at the end
         of a batch, so that others' counts are whole."""
-        if self._started_unreported or self._refused_unreported or self._pause_unreported or self._pace_dirty:
+        if self._owed:
             await self._reserve(start=False)
 
     def _adopt(self, slot: Slot, report: Report) -> None:
         """Take on a pause or a pace another user of the budget set."""
         now = self._clock()
-        self._seen = slot
-        if slot.paused_for > 0 and slot.pause_mark != self._pause_mark:
-            self._pause_mark = slot.pause_mark
+        owed = self._owed
+        owed.seen = slot
+        if slot.paused_for > 0 and slot.pause_mark != owed.pause_mark:
+            owed.pause_mark = slot.pause_mark
             if not report.pause_for:  # someone else's pause
                 self._pause(
                     now + slot.paused_for,
                     slot.pause_reason or "another process sharing the budget got a 429",
                     publish=False,
                 )
-        if self.rpm and slot.pace is not None and slot.pace_version != self._pace_version:
-            self._pace_version = slot.pace_version
+        if self.rpm and slot.pace is not None and slot.pace_version != owed.pace_version:
+            owed.pace_version = slot.pace_version
             pace = max(MIN_RPM, min(self.ceiling, slot.pace))
             if slot.pace != report.pace and abs(pace - self.pace) >= 0.5:  # someone else's pace
                 if pace < self.pace:  # lowered on their evidence of a limit about where it now is
@@ -379,7 +390,7 @@ class Pacer:
 
     def _started(self, now: float) -> None:
         self.timeline.started(now)
-        self._started_unreported += 1
+        self._owed.started += 1
         if self._unpaused_since is None:
             self._unpaused_since = now
         self._starts.append(now)
@@ -416,7 +427,7 @@ class Pacer:
             self.timeline.paused(self._clock(), until, reason)
             self._paused_until = until
             self._pause_reason = reason
-            self._pause_unreported = self._pause_unreported or publish
+            self._owed.pause = self._owed.pause or publish
             if publish and self._wake is not None:
                 self._wake.set()
         self._unpaused_since = None
@@ -426,7 +437,7 @@ class Pacer:
     def _on_429(self, started_at: float, retry_after: float | None, now: float) -> None:
         self.rate_limited += 1
         self.timeline.refused(now)
-        self._refused_unreported += 1
+        self._owed.refused += 1
         bisect.insort(self._refused, started_at)
         del self._refused[: bisect.bisect_left(self._refused, now - 2 * WINDOW)]
         new_episode = started_at >= self._paused_until  # else it was sent before the pause in force
@@ -472,8 +483,9 @@ class Pacer:
     def _admitted(self, before: float) -> int:
         """Starts in the minute before ``before`` that were not answered 429: this process's, or
         with a shared budget the key's as a whole (as of the last reservation)."""
-        if self._budget.shared and self._seen is not None:
-            return max(0, self._seen.starts - self._seen.refused)
+        seen = self._owed.seen
+        if self._budget.shared and seen is not None:
+            return max(0, seen.starts - seen.refused)
         since = before - WINDOW
         return max(0, self._count(self._starts, since, before) - self._count(self._refused, since, before))
 
@@ -520,7 +532,7 @@ class Pacer:
         previous, self.pace = self.pace, pace
         self.timeline.pace_changed(now, pace)
         if publish:  # a lowering is told as such even when a climb follows before the next report
-            self._pace_dirty = "lowered" if pace < previous or self._pace_dirty == "lowered" else "climbed"
+            self._owed.pace = "lowered" if pace < previous or self._owed.pace == "lowered" else "climbed"
         if reason is not None:
             change = PaceChange(now, pace, previous, reason)
             self.changes.append(change)

@@ -70,7 +70,7 @@ def digest(path):
 def test_two_runs_on_one_output_the_second_is_refused_naming_the_first_or_waits(env, tmp_path):
     src = parquet(tmp_path, 30)
     out = str(tmp_path / "out.parquet")
-    env.faults = Faults(latency=0.2)
+    env.faults = Faults(latency=0.4)  # the first run lasts ~6 s: the second starts (~2 s of imports) within it
     argv = [
         sys.executable,
         "-m",
