@@ -36,8 +36,8 @@ from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .budget import ENV_BUDGET, MACHINE, Budget, ProcessBudget, SQLiteBudget, check_budget, open_budget
 from .client import AsyncClient, Client, validate_params
 from .engine import Answer, AnswerStore, MemoryStore, RowResult, RunOptions, summarize_stream
-from .errors import BudgetError, InputError
-from .pandas_ext import DataFrameAccessor, _check_output, _frame, _rpm_from_env, _run_in_worker, local_service
+from .errors import BudgetError
+from .pandas_ext import DataFrameAccessor, _check_columns, _frame, _rpm_from_env, _run_in_worker, local_service
 
 __all__ = ["DaskDataFrameAccessor", "DaskSeriesAccessor"]
 
@@ -290,10 +290,7 @@ class DaskDataFrameAccessor(_Summarize):
         (key, URL), ``BudgetError`` (an unusable budget, or one the cluster's workers cannot share).
         """
         frame: dd.DataFrame = self._data
-        if column not in frame.columns:
-            shown = ", ".join(map(repr, list(frame.columns)[:20]))
-            raise InputError(f"no column {column!r} in the DataFrame; its columns are: {shown}")
-        _check_output(frame.columns, output_column)
+        _check_columns(frame.columns, column, output_column)
         job = self._job(
             column,
             mode,

@@ -216,7 +216,7 @@ class DatasetInput:
         self.column = column
         self.sources = [_resolve(os.fspath(spec), format) for spec in specs]
         self.paths = [Path(f) for s in self.sources if not s.remote for f in s.files]  # local files, to guard
-        self.uris = [f"{s.spec}" for s in self.sources]
+        self.uris = [s.spec for s in self.sources]
         self.datasets: list[ds.Dataset] = []
         self.schema: pa.Schema | None = None
         counts: list[int | None] = []

@@ -249,6 +249,14 @@ def _with_record(out: pd.DataFrame, stats: BatchStats) -> pd.DataFrame:
     return out
 
 
+def _check_columns(columns: Any, column: Hashable, output_column: str) -> None:
+    """The text column is there and the result columns are not (a pandas or Dask frame's columns)."""
+    if column not in columns:
+        shown = ", ".join(map(repr, list(columns)[:20]))
+        raise InputError(f"no column {column!r} in the DataFrame; its columns are: {shown}")
+    _check_output(columns, output_column)
+
+
 def _check_output(columns: pd.Index, output_column: str) -> None:
     clash = [name for name in result_columns(output_column) if name in columns]
     if clash:
@@ -283,13 +291,10 @@ class DataFrameAccessor:
         self._frame = frame
 
     def _column(self, column: Hashable, output_column: str) -> pd.Series:
-        if column not in self._frame.columns:
-            shown = ", ".join(map(repr, list(self._frame.columns)[:20]))
-            raise InputError(f"no column {column!r} in the DataFrame; its columns are: {shown}")
+        _check_columns(self._frame.columns, column, output_column)
         series = self._frame[column]
         if isinstance(series, pd.DataFrame):
             raise InputError(f"column name {column!r} is not unique in the DataFrame")
-        _check_output(self._frame.columns, output_column)
         return series
 
     def summarize(
