@@ -43,6 +43,14 @@ def svc(service: LocalService) -> LocalService:
     service.faults = Faults()
 
 
+@pytest.fixture
+def env(svc: LocalService, monkeypatch: pytest.MonkeyPatch) -> LocalService:
+    """The session's service, with its key and address in the environment (as a CLI user sets them)."""
+    monkeypatch.setenv("BATCHSUM_API_KEY", KEY)
+    monkeypatch.setenv("BATCHSUM_BASE_URL", svc.url)
+    return svc
+
+
 def article(words: int, seed: int = 0) -> str:
     """A text of exactly ``words`` words in sentences of about twelve."""
     vocabulary = (

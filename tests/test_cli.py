@@ -19,13 +19,6 @@ from batchsum.local.summarizer import summarize as local_summary
 from tests.conftest import EXPIRED_KEY, KEY, article, free_port
 
 
-@pytest.fixture
-def env(svc, monkeypatch):
-    monkeypatch.setenv("BATCHSUM_API_KEY", KEY)
-    monkeypatch.setenv("BATCHSUM_BASE_URL", svc.url)
-    return svc
-
-
 def frame(n=30):
     texts = [article(20, seed=i) for i in range(n)]
     texts[3] = None

@@ -23,13 +23,6 @@ from batchsum.datasets import DatasetInput
 from tests.conftest import KEY, article, free_port
 
 
-@pytest.fixture
-def env(svc, monkeypatch):
-    monkeypatch.setenv("BATCHSUM_API_KEY", KEY)
-    monkeypatch.setenv("BATCHSUM_BASE_URL", svc.url)
-    return svc
-
-
 def run(*argv):
     return main(["summarize", *argv, "--quiet", "--rpm", "0"])
 

@@ -31,13 +31,6 @@ from tests.conftest import KEY, article
 SECRET = "sk-live-THE-SECRET-KEY-0123456789"
 
 
-@pytest.fixture
-def env(svc, monkeypatch):
-    monkeypatch.setenv("BATCHSUM_API_KEY", KEY)
-    monkeypatch.setenv("BATCHSUM_BASE_URL", svc.url)
-    return svc
-
-
 def rows(n, start=0):
     return [article(15, seed=i) + f" Row {i}." for i in range(start, start + n)]
 
