@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from ._retry import MAX_RETRY_AFTER
-from .errors import BudgetError
+from .errors import BudgetError, one_line, redact_location
+from .options import DEFAULT_BUDGET, ENV_BUDGET, budget_spec
 
 __all__ = [
     "Budget",
@@ -52,8 +53,7 @@ __all__ = [
     "ENV_BUDGET",
 ]
 
-ENV_BUDGET = "BATCHSUM_BUDGET"
-MACHINE = "machine"
+MACHINE = DEFAULT_BUDGET
 NONE = "none"
 MAX_AHEAD = 3600.0  # a schedule further ahead than this is a clock that jumped back: start afresh
 MAX_PAUSE = 2 * MAX_RETRY_AFTER  # likewise for a pause
@@ -385,7 +385,7 @@ class RedisBudget(Budget):
             raise BudgetError("a redis:// budget needs the redis package: pip install 'batchsum[redis]'") from None
         self.url = url
         self.id = key_id
-        self.where = _redacted_url(url)
+        self.where = redact_location(url)
         self._keys = [f"batchsum:budget:{{{key_id}}}", f"batchsum:budget:{{{key_id}}}:counts"]
         self._clients: dict[int, Any] = {}
 
@@ -431,12 +431,12 @@ class RedisBudget(Budget):
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
                 if attempt == _REDIS_ATTEMPTS - 1:
                     raise BudgetError(
-                        f"cannot reach the rate budget at {self.where} ({_one_line(exc)}) after "
+                        f"cannot reach the rate budget at {self.where} ({one_line(exc)}) after "
                         f"{_REDIS_ATTEMPTS} tries; start it, or set {SETTING} to machine or none"
                     ) from None
                 await asyncio.sleep(0.2 * 2**attempt)
             except redis.exceptions.RedisError as exc:
-                raise BudgetError(f"the rate budget at {self.where} refused: {_one_line(exc)}") from None
+                raise BudgetError(f"the rate budget at {self.where} refused: {one_line(exc)}") from None
         wait, at, paused_for, mark, reason, pace, version, starts, refused = (
             v.decode() if isinstance(v, bytes) else str(v) for v in raw
         )
@@ -472,22 +472,6 @@ async def check_budget(budget: Budget) -> None:
         await budget.aclose()
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def _redacted_url(url: str) -> str:
-    """The URL without a password (``redis://:secret@host`` -> ``redis://***@host``)."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    if parts.password is None and parts.username is None:
-        return url
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    return parts._replace(netloc=f"***@{host}{port}").geturl()
-
-
 def open_budget(spec: str | Budget | None, identity: str) -> Budget:
     """The budget for ``spec`` and a key's ``identity`` (``AsyncClient.identity``, a hash of base URL
     and key): a ``Budget`` as it is; ``"none"``, ``"machine"``, ``"sqlite:///PATH"``,
@@ -496,7 +480,7 @@ def open_budget(spec: str | Budget | None, identity: str) -> Budget:
     if isinstance(spec, Budget):
         return spec
     if spec is None:
-        spec = os.environ.get(ENV_BUDGET, "").strip() or MACHINE
+        spec = budget_spec(None)
     if not isinstance(spec, str):
         raise BudgetError(f"invalid budget {spec!r}: use none, machine, sqlite:///PATH or redis://HOST:PORT/DB")
     key_id = identity
@@ -510,6 +494,6 @@ def open_budget(spec: str | Budget | None, identity: str) -> Budget:
     if lowered.startswith(("redis://", "rediss://", "unix://")):
         return RedisBudget(spec.strip(), key_id)
     raise BudgetError(
-        f"unknown budget {_redacted_url(spec)!r}: set {SETTING} to none, machine, sqlite:///PATH "
+        f"unknown budget {redact_location(spec)!r}: set {SETTING} to none, machine, sqlite:///PATH "
         "or redis://HOST:PORT/DB"
     )

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import tempfile
-from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -35,13 +34,12 @@ import pyarrow.fs as pafs
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
-from .engine import RESULT_DTYPES, RowResult, result_columns, summarize_stream
-from .errors import InputError, JournalError
+from .errors import InputError, one_line
+from .results import RESULT_DTYPES, RowResult, arrow_types, result_columns
 
 __all__ = [
     "DatasetInput",
     "DatasetOutput",
-    "summarize_dataset",
     "check_output",
     "default_journal",
     "INPUT_FORMATS",
@@ -54,7 +52,7 @@ BATCH_ROWS = 1024
 
 # summary, status, error, message, http_status, attempts; pandas reads Parquet outputs back with
 # the accessor's dtypes (engine.RESULT_DTYPES), through the pandas metadata written with them.
-RESULT_TYPES = [pa.string(), pa.string(), pa.string(), pa.string(), pa.int32(), pa.int32()]
+RESULT_TYPES = arrow_types()
 
 INPUT_FORMATS = {"parquet": (".parquet", ".pq", ".parq"), "csv": (".csv",), "jsonl": (".jsonl", ".ndjson", ".json")}
 OUTPUT_FORMATS = {"parquet": (".parquet", ".pq"), "csv": (".csv",), "jsonl": (".jsonl", ".ndjson")}
@@ -81,9 +79,9 @@ def _filesystem(spec: str) -> tuple[pafs.FileSystem, str]:
             return filesystem, path
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
             if "Unrecognized filesystem type" not in str(exc):
-                raise InputError(f"{spec}: {_one_line(exc)}") from None
+                raise InputError(f"{spec}: {one_line(exc)}") from None
         except OSError as exc:
-            raise InputError(f"{spec}: {_one_line(exc)}") from None
+            raise InputError(f"{spec}: {one_line(exc)}") from None
     try:
         import fsspec
         from pyarrow.fs import FSSpecHandler, PyFileSystem
@@ -93,13 +91,9 @@ def _filesystem(spec: str) -> tuple[pafs.FileSystem, str]:
         filesystem, path = fsspec.core.url_to_fs(spec)
     except (ImportError, ValueError) as exc:
         raise InputError(
-            f"{scheme}:// paths need a library fsspec could not load ({_one_line(exc)}): pip install 'batchsum[cloud]'"
+            f"{scheme}:// paths need a library fsspec could not load ({one_line(exc)}): pip install 'batchsum[cloud]'"
         ) from None
     return PyFileSystem(FSSpecHandler(filesystem)), path
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 _NAMES = {"parquet": "Parquet", "csv": "CSV", "jsonl": "JSON Lines"}
@@ -107,7 +101,7 @@ _NAMES = {"parquet": "Parquet", "csv": "CSV", "jsonl": "JSON Lines"}
 
 def _unreadable(what: str, format: str, exc: BaseException) -> InputError:
     """ "X cannot be read as Parquet: <pyarrow's reason, without its preamble>"."""
-    reason = _one_line(exc)
+    reason = one_line(exc)
     if "magic bytes not found" in reason:
         reason = "not a Parquet file (no Parquet footer)"
     else:
@@ -145,7 +139,7 @@ def _resolve(spec: str, format: str | None) -> _Source:
     try:
         info = filesystem.get_file_info(path)
     except OSError as exc:
-        raise InputError(f"{spec}: {_one_line(exc)}") from None
+        raise InputError(f"{spec}: {one_line(exc)}") from None
     base = None
     if info.type == pafs.FileType.File:
         files = [path]
@@ -153,7 +147,7 @@ def _resolve(spec: str, format: str | None) -> _Source:
         try:
             found = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
         except OSError as exc:
-            raise InputError(f"{spec}: {_one_line(exc)}") from None
+            raise InputError(f"{spec}: {one_line(exc)}") from None
         files = sorted(f.path for f in found if f.type == pafs.FileType.File and not _hidden(f.path, path))
         if format is None:
             files = [f for f in files if _format_by_extension(f, INPUT_FORMATS)]
@@ -335,7 +329,7 @@ def check_output(target: str | os.PathLike[str], inputs: DatasetInput | None = N
         try:
             info = filesystem.get_file_info(bucket)
         except OSError as exc:
-            raise InputError(f"cannot write {spec}: {_one_line(exc)}") from None
+            raise InputError(f"cannot write {spec}: {one_line(exc)}") from None
         if info.type == pafs.FileType.NotFound:
             raise InputError(f"cannot write {spec}: bucket {bucket} does not exist")
         if inputs is not None and spec in inputs.uris:
@@ -457,9 +451,7 @@ class DatasetOutput:
         except (OSError, pa.ArrowException) as exc:
             kept = self.partial.with_name(self.partial.name.removeprefix(".").removesuffix(".partial"))
             os.replace(self.partial, kept)
-            raise InputError(
-                f"cannot put {self.target.spec} ({_one_line(exc)}); the output is kept in {kept}"
-            ) from None
+            raise InputError(f"cannot put {self.target.spec} ({one_line(exc)}); the output is kept in {kept}") from None
         self.partial.unlink(missing_ok=True)
 
     def abort(self) -> None:
@@ -467,42 +459,3 @@ class DatasetOutput:
             self._writer.close()
             self._file.close()
         self.partial.unlink(missing_ok=True)
-
-
-async def summarize_dataset(
-    source: DatasetInput, output: DatasetOutput, client: Any, *args: Any, batch_rows: int = BATCH_ROWS, **engine: Any
-) -> None:
-    """Stream ``source`` through the engine into ``output``; ``engine`` goes to ``summarize_stream``.
-
-    Input batches are held only until their rows' results arrive, so memory stays bounded.
-    On an interrupt or a refused key the partial output is removed (finished answers stay in the
-    store, and the same command resumes). When the journal cannot be written, the rows finished so far
-    are written to the output, since some of their answers may be nowhere else, and the error raised.
-    """
-    held: deque[pa.RecordBatch] = deque()
-    column = source.column
-
-    def texts() -> Iterator[Any]:
-        for batch in source.batches(batch_rows):
-            held.append(batch)
-            yield from batch.column(column).to_pylist()
-
-    finished: list[RowResult] = []
-    try:
-        async for result in summarize_stream(texts(), client, *args, **engine):
-            finished.append(result)
-            while held and len(finished) >= held[0].num_rows:
-                batch = held.popleft()
-                output.write(batch, finished[: batch.num_rows])
-                del finished[: batch.num_rows]
-        while held:  # batches of no rows
-            output.write(held.popleft(), [])
-    except JournalError:
-        if finished and held:
-            output.write(held[0].slice(0, len(finished)), finished)
-        output.commit()
-        raise
-    except BaseException:
-        output.abort()
-        raise
-    output.commit()

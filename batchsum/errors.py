@@ -58,6 +58,9 @@ __all__ = [
     "ServerError",
     "error_from_response",
     "read_error_body",
+    "explain",
+    "one_line",
+    "redact_location",
 ]
 
 
@@ -299,3 +302,74 @@ def error_from_response(
     if status_code >= 500:
         return ServerError(message, **kwargs)
     return APIStatusError(message, **kwargs)
+
+
+def one_line(value: str | BaseException, limit: int | None = None) -> str:
+    """A message or an exception as one line (white space folded), cut at ``limit`` characters."""
+    text = " ".join(str(value).split()) or (type(value).__name__ if isinstance(value, BaseException) else "")
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
+
+
+def redact_location(location: str) -> str:
+    """``location`` without credentials: ``user:password@`` and presigned query parameters."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(location)
+        secret = parts.password is not None or parts.username is not None
+    except ValueError:
+        return location
+    if not secret:
+        return location
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return parts._replace(netloc=f"***@{host}{port}").geturl()
+
+
+def explain(error: BaseException, base_url: str | None = None) -> str:
+    """What went wrong in words a person acts on: who answered what, and what to do. One explanation
+    for every front-end (the CLI prints it after ``error:``, the apps show it)."""
+    where = f" at {base_url}" if base_url else ""
+    tries = ""
+    if isinstance(error, APIError):
+        tries = f" after {error.attempts} attempt{'s' if error.attempts != 1 else ''}"
+    if isinstance(error, AuthenticationError):
+        return (
+            f'the service answered 401 "{error.message}": it did not accept the API key. Check the key in '
+            "$BATCHSUM_API_KEY (it is on the 'My Account' page of the service)"
+        )
+    if isinstance(error, NotPremiumError):
+        return (
+            f'the service answered 401 "{error.message}": your plan does not allow this request '
+            "(mode 2, 'Advanced' needs a premium plan; or the plan has expired). Check your plan"
+        )
+    if isinstance(error, InvalidTextError) or isinstance(error, (TextTooShortError, TextTooLongError)):
+        reason = getattr(error, "reason", None)
+        if isinstance(error, TextTooShortError) or reason is SkipReason.TOO_SHORT:
+            return "the text is too short: the service needs at least 10 words"
+        if isinstance(error, TextTooLongError) or reason is SkipReason.TOO_LONG:
+            return (
+                "the text is too long: the service takes at most 5000 words (long_texts='split' summarizes it in parts)"
+            )
+        return "there is no text to summarize"
+    if isinstance(error, UnprocessableEntityError):
+        return f'the service refused the request (422 "{error.message}")'
+    if isinstance(error, RateLimitError):
+        return f"Rate limited: the service kept answering 429 (too many requests){tries}; try again later, or lower rpm"
+    if isinstance(error, APITimeoutError):
+        return f"the service{where} did not answer in time{tries}; try again, or raise the timeout"
+    if isinstance(error, APIConnectionError):
+        return (
+            f"cannot reach the service{where} ({error.message}){tries}: it is down or unreachable; "
+            "check the base URL and the network"
+        )
+    if isinstance(error, ServerError):
+        return (
+            f'the service{where} answered {error.status_code} "{error.message}"{tries}: it is down or '
+            "unreachable right now; try again in a moment"
+        )
+    if isinstance(error, APIStatusError):
+        return f'the service{where} answered {error.status_code} "{error.message}"{tries}'
+    if isinstance(error, APIError):
+        return f"{error.message} ({base_url or 'the service'}{tries})"
+    return one_line(error) if isinstance(error, BatchsumError) else f"something went wrong: {one_line(error)}"

@@ -28,8 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .engine import CLAIM_SECONDS, Answer
 from .errors import BudgetError, InputError, JournalError
+from .results import Answer
+from .stores import CLAIM_SECONDS
 
 __all__ = ["Journal", "SharedJournal", "RedisStore", "RunLock", "FORMAT"]
 
