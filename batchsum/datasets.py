@@ -35,6 +35,7 @@ import pyarrow.fs as pafs
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
+from .csvsafe import neutralize
 from .engine import RESULT_DTYPES, RowResult, result_columns, summarize_stream
 from .errors import InputError, JournalError
 
@@ -391,7 +392,12 @@ class _JsonLinesWriter:
 class DatasetOutput:
     """The output, written batch by batch to a temporary file of its own (created exclusively, a
     unique name per run: beside a local output, in the temporary folder for a remote one) and moved
-    into place when complete: renamed, or put as one object."""
+    into place when complete: renamed, or put as one object.
+
+    In a CSV output, a summary or service message that begins like a spreadsheet formula (``=``,
+    ``+``, ``-``, ``@``, a tab, a carriage return) is written with a leading ``'``, so that no
+    spreadsheet runs it (``csvsafe``); ``raw_csv=True`` writes such cells as they came. Parquet and
+    JSON Lines outputs hold the text as it came, always."""
 
     def __init__(
         self,
@@ -399,9 +405,13 @@ class DatasetOutput:
         input_schema: pa.Schema,
         output_column: str = "summary",
         inputs: DatasetInput | None = None,
+        *,
+        raw_csv: bool = False,
     ) -> None:
         self.target = target if isinstance(target, _Target) else check_output(target, inputs)
         names = result_columns(output_column)
+        # The columns holding the service's text (the summary, its message), by position in the batch.
+        service_text = (names[0], names[3])
         clash = [n for n in names if n in input_schema.names]
         if clash:
             raise InputError(f"the input already has column {clash[0]!r}; choose another name with --output-column")
@@ -416,6 +426,8 @@ class DatasetOutput:
                     "hold; write .parquet or .jsonl"
                 )
         self.schema = _pandas_metadata(schema, names) if self.target.format == "parquet" else schema
+        neutralize_formulas = self.target.format == "csv" and not raw_csv
+        self._neutralized = [self.schema.get_field_index(n) for n in service_text] if neutralize_formulas else []
         folder = tempfile.gettempdir() if self.target.remote else str(self.target.local.parent)
         name = PurePosixPath(self.target.path).name
         try:
@@ -440,6 +452,8 @@ class DatasetOutput:
     def write(self, batch: pa.RecordBatch, results: Sequence[RowResult]) -> None:
         columns: list[tuple[Any, ...]] = list(zip(*results)) if results else [() for _ in RESULT_TYPES]
         arrays = batch.columns + [pa.array(values, type=t) for values, t in zip(columns, RESULT_TYPES)]
+        for index in self._neutralized:
+            arrays[index] = neutralize(arrays[index])
         self._writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
 
     def commit(self) -> None:

@@ -23,6 +23,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 
 from . import contract
 from .client import AsyncClient
+from .csvsafe import neutralize_frame
 from .engine import BatchStats, RowResult
 from .errors import (
     APIConnectionError,
@@ -403,7 +404,8 @@ class ResultTable:
             if format == "parquet":
                 self.result.to_parquet(path)
             else:
-                self.result.to_csv(path, index=False)
+                added = [c for c in self.result.columns if c not in self.frame.columns]  # the run's columns
+                neutralize_frame(self.result, added).to_csv(path, index=False)
         except (OSError, ValueError) as exc:
             self.saved.value = (
                 f"<span class='batchsum-error'>Could not save {html.escape(str(path))}: {html.escape(str(exc))}</span>"
