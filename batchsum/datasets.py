@@ -345,10 +345,15 @@ def check_output(target: str | os.PathLike[str], inputs: DatasetInput | None = N
 
 
 def default_journal(target: _Target) -> Path:
-    """``OUTPUT.journal.sqlite`` beside a local output; for a remote one, a file named after it in
-    the user's cache folder (the journal must be local: it is written at every answer)."""
+    """``OUTPUT.journal.sqlite`` beside a local output (beside the file it resolves to, when it is
+    reached through a symlink or ``..``: every spelling of one output shares one journal); for a
+    remote one, a file named after it in the user's cache folder (the journal must be local: it is
+    written at every answer)."""
     if not target.remote:
-        return target.local.with_name(target.local.name + ".journal.sqlite")
+        local = target.local
+        if os.path.realpath(local) != os.path.abspath(local):
+            local = Path(os.path.realpath(local))
+        return local.with_name(local.name + ".journal.sqlite")
     import platformdirs
 
     digest = hashlib.sha256(target.spec.encode()).hexdigest()[:12]
