@@ -174,6 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument(
+        "--raw-csv",
+        action="store_true",
+        help="write summaries and messages to a .csv output as they came, even when one starts with "
+        "=, +, -, @, a tab or a CR (by default such a cell gets a leading ' so no spreadsheet runs it)",
+    )
+    run.add_argument(
         "--wait",
         action="store_true",
         help="when another run holds the output or the journal, wait for it instead of refusing",
@@ -277,9 +283,9 @@ def _journal_path(args: argparse.Namespace, target: Any, source: Any) -> Path:
     from .datasets import default_journal
 
     path = Path(args.journal) if args.journal else default_journal(target)
-    if not target.remote and os.path.abspath(path) == os.path.abspath(target.local):
+    if not target.remote and os.path.realpath(path) == os.path.realpath(target.local):
         raise InputError(f"--journal {path} is the output file; give the journal a path of its own")
-    if any(os.path.abspath(path) == os.path.abspath(p) for p in source.paths):
+    if any(os.path.realpath(path) == os.path.realpath(p) for p in source.paths):
         raise InputError(f"--journal {path} is an input file; give the journal a path of its own")
     return path
 
@@ -308,7 +314,7 @@ def _summarize(args: argparse.Namespace) -> int:
         total=source.num_rows,
         locks=[*locks, (journal_path, "journal")],
         wait=args.wait,
-        output=lambda: DatasetOutput(target, schema, spec.output_column, source),
+        output=lambda: DatasetOutput(target, schema, spec.output_column, source, raw_csv=args.raw_csv),
     )
     resume = f"run the same command again to resume (answers are kept in {journal_path})"
     stop: _StopOnSignal | None = None

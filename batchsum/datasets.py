@@ -34,6 +34,7 @@ import pyarrow.fs as pafs
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
+from .csvsafe import neutralize
 from .errors import InputError, one_line
 from .results import RESULT_DTYPES, RowResult, arrow_types, result_columns
 
@@ -338,10 +339,15 @@ def check_output(target: str | os.PathLike[str], inputs: DatasetInput | None = N
 
 
 def default_journal(target: _Target) -> Path:
-    """``OUTPUT.journal.sqlite`` beside a local output; for a remote one, a file named after it in
-    the user's cache folder (the journal must be local: it is written at every answer)."""
+    """``OUTPUT.journal.sqlite`` beside a local output (beside the file it resolves to, when it is
+    reached through a symlink or ``..``: every spelling of one output shares one journal); for a
+    remote one, a file named after it in the user's cache folder (the journal must be local: it is
+    written at every answer)."""
     if not target.remote:
-        return target.local.with_name(target.local.name + ".journal.sqlite")
+        local = target.local
+        if os.path.realpath(local) != os.path.abspath(local):
+            local = Path(os.path.realpath(local))
+        return local.with_name(local.name + ".journal.sqlite")
     import platformdirs
 
     digest = hashlib.sha256(target.spec.encode()).hexdigest()[:12]
@@ -385,7 +391,12 @@ class _JsonLinesWriter:
 class DatasetOutput:
     """The output, written batch by batch to a temporary file of its own (created exclusively, a
     unique name per run: beside a local output, in the temporary folder for a remote one) and moved
-    into place when complete: renamed, or put as one object."""
+    into place when complete: renamed, or put as one object.
+
+    In a CSV output, a summary or service message that begins like a spreadsheet formula (``=``,
+    ``+``, ``-``, ``@``, a tab, a carriage return) is written with a leading ``'``, so that no
+    spreadsheet runs it (``csvsafe``); ``raw_csv=True`` writes such cells as they came. Parquet and
+    JSON Lines outputs hold the text as it came, always."""
 
     def __init__(
         self,
@@ -393,9 +404,13 @@ class DatasetOutput:
         input_schema: pa.Schema,
         output_column: str = "summary",
         inputs: DatasetInput | None = None,
+        *,
+        raw_csv: bool = False,
     ) -> None:
         self.target = target if isinstance(target, _Target) else check_output(target, inputs)
         names = result_columns(output_column)
+        # The columns holding the service's text (the summary, its message), by position in the batch.
+        service_text = (names[0], names[3])
         clash = [n for n in names if n in input_schema.names]
         if clash:
             raise InputError(f"the input already has column {clash[0]!r}; choose another name with --output-column")
@@ -410,6 +425,8 @@ class DatasetOutput:
                     "hold; write .parquet or .jsonl"
                 )
         self.schema = _pandas_metadata(schema, names) if self.target.format == "parquet" else schema
+        neutralize_formulas = self.target.format == "csv" and not raw_csv
+        self._neutralized = [self.schema.get_field_index(n) for n in service_text] if neutralize_formulas else []
         folder = tempfile.gettempdir() if self.target.remote else str(self.target.local.parent)
         name = PurePosixPath(self.target.path).name
         try:
@@ -434,6 +451,8 @@ class DatasetOutput:
     def write(self, batch: pa.RecordBatch, results: Sequence[RowResult]) -> None:
         columns: list[tuple[Any, ...]] = list(zip(*results)) if results else [() for _ in RESULT_TYPES]
         arrays = batch.columns + [pa.array(values, type=t) for values, t in zip(columns, RESULT_TYPES)]
+        for index in self._neutralized:
+            arrays[index] = neutralize(arrays[index])
         self._writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
 
     def commit(self) -> None:

@@ -26,6 +26,7 @@ from . import contract
 from ._background import BackgroundRun
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .client import AsyncClient
+from .csvsafe import neutralize_frame
 from .errors import (
     BatchsumError,
 )
@@ -391,7 +392,8 @@ class ResultTable:
             if format == "parquet":
                 self.result.to_parquet(path)
             else:
-                self.result.to_csv(path, index=False)
+                added = [c for c in self.result.columns if c not in self.frame.columns]  # the run's columns
+                neutralize_frame(self.result, added).to_csv(path, index=False)
         except (OSError, ValueError) as exc:
             self.saved.value = (
                 f"<span class='batchsum-error'>Could not save {html.escape(str(path))}: {html.escape(str(exc))}</span>"
