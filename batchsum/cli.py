@@ -22,6 +22,7 @@ from .errors import (
     APIError,
     AuthenticationError,
     BatchsumError,
+    BrokenInputError,
     BudgetError,
     ConfigurationError,
     InputError,
@@ -249,20 +250,66 @@ def _say(message: str) -> None:
 
 
 class _StopOnSignal:
-    """SIGINT and SIGTERM stop a run the same way: the first cancels it (nothing new starts, answers
-    on the wire are awaited and kept); a second aborts at once."""
+    """SIGINT and SIGTERM stop a run the same way, in every phase: the first cancels it (nothing new
+    starts, answers on the wire are awaited and kept); a second aborts at once. Once the output is
+    complete (``finish``), a signal changes nothing: the run ends as it would have, saying so.
 
-    def __init__(self, task: asyncio.Task[Any], say: Any) -> None:
+    ``with _StopOnSignal(say) as stop: asyncio.run(...)``, and ``stop.arm(task)`` inside the loop."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, say: Any) -> None:
         self.received: int | None = None
-        self._task = task
+        self.late: int | None = None  # a signal that came after the output was complete
+        self.finished = False
         self._say = say
-        self._loop = asyncio.get_running_loop()
+        self._task: asyncio.Task[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._installed = threading.current_thread() is threading.main_thread()
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopOnSignal:
+        if self._installed:  # before the loop and after it: a signal is a KeyboardInterrupt, or a note
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._outside_loop)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, _Late(self) if self.finished else handler)
+
+    def arm(self, task: asyncio.Task[Any]) -> None:
+        self._task, self._loop = task, asyncio.get_running_loop()
         if self._installed:
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in self.SIGNALS:
                 self._loop.add_signal_handler(signum, self._on_signal, signum)
 
+    def disarm(self) -> None:
+        if self._installed and self._loop is not None:
+            for signum in self.SIGNALS:
+                self._loop.remove_signal_handler(signum)
+                signal.signal(signum, self._outside_loop)
+
+    def finish(self) -> None:
+        """The output is complete: from now on a signal is only noted."""
+        self.finished = True
+
+    def _outside_loop(self, signum: int, frame: Any) -> None:
+        if self.finished:
+            self.note_late(signum)
+            return
+        self.received = signum
+        raise KeyboardInterrupt
+
+    def note_late(self, signum: int) -> None:
+        if self.late is None:
+            self.late = signum
+            self._say(f"batchsum: {signal.Signals(signum).name}: the output is already complete; finishing")
+
     def _on_signal(self, signum: int) -> None:
+        if self.finished:
+            self.note_late(signum)
+            return
         if self.received is not None:
             raise KeyboardInterrupt  # the second signal: leave now
         self.received = signum
@@ -270,12 +317,18 @@ class _StopOnSignal:
             f"batchsum: {signal.Signals(signum).name}: stopping; waiting for answers on the wire "
             "(signal again to abort at once)"
         )
-        self._task.cancel()
+        if self._task is not None:
+            self._task.cancel()
 
-    def remove(self) -> None:
-        if self._installed:
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self._loop.remove_signal_handler(signum)
+
+class _Late:
+    """The handler a finished run leaves until its process exits: a signal is noted, nothing more."""
+
+    def __init__(self, stop: _StopOnSignal) -> None:
+        self._stop = stop
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self._stop.note_late(signum)
 
 
 def _journal_path(args: argparse.Namespace, target: Any, source: Any) -> Path:
@@ -317,22 +370,27 @@ def _summarize(args: argparse.Namespace) -> int:
         output=lambda: DatasetOutput(target, schema, spec.output_column, source, raw_csv=args.raw_csv),
     )
     resume = f"run the same command again to resume (answers are kept in {journal_path})"
-    stop: _StopOnSignal | None = None
+    stop = _StopOnSignal(_say)
 
     async def main() -> None:
-        nonlocal stop
-        async with run:
-            current = asyncio.current_task()
-            assert current is not None
-            stop = _StopOnSignal(current, run.bar.write)
-            try:
+        current = asyncio.current_task()
+        assert current is not None
+        stop.arm(current)
+        try:
+            async with run:
                 await run.write_dataset(source)
-            finally:
-                stop.remove()
+                if run.late_stop is None:
+                    stop.finish()
+            if run.late_stop is not None:  # the stop came after every row was written
+                stop.finish()
+                stop.note_late(stop.received or signal.SIGINT)
+        finally:
+            stop.disarm()
 
     stats = run.stats
     try:
-        asyncio.run(main())
+        with stop:
+            asyncio.run(main())
     except (AuthenticationError, NotPremiumError) as exc:
         _say(f"stopped after {stats.done} rows: {explain(exc)}; {run.new_answers} new answers kept; {resume}")
         return EXIT_FATAL
@@ -347,15 +405,23 @@ def _summarize(args: argparse.Namespace) -> int:
             f"received; free space (or pass another --journal), then run the same command again to resume"
         )
         return EXIT_FATAL
+    except BrokenInputError as exc:
+        _say(
+            f"stopped: {exc}. {target.spec} holds the {stats.yielded} rows read and finished before it broke; "
+            f"{run.new_answers} new answers are kept in {journal_path}, so a rerun pays for none of them again: "
+            "mend or replace the input, then run the same command again"
+        )
+        return EXIT_FATAL
     except (KeyboardInterrupt, asyncio.CancelledError):
-        signum = stop.received if stop is not None else None
+        signum = stop.received
         why = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
         _say(
             f"{why}: {stats.done} rows were done ({stats.ok} ok); {run.new_answers} new answers kept in "
             f"the journal, with those that arrived while stopping; {resume}"
         )
         return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
-    _say(f"wrote {target.spec}: {stats.account()}")
+    late = f" (a {signal.Signals(stop.late).name} came after every row was done)" if stop.late else ""
+    _say(f"wrote {target.spec}: {stats.account()}{late}")
     unreachable = stats.failed_by_code["connection_error"] + stats.failed_by_code["timeout"]
     if unreachable:
         _say(
@@ -457,8 +523,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
     handlers = {"summarize": _summarize, "text": _text, "serve": _serve, "journal": _journal}
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM) if in_main_thread else None
-    if in_main_thread and previous == signal.SIG_DFL:
+    previous = {signum: signal.getsignal(signum) for signum in _StopOnSignal.SIGNALS} if in_main_thread else {}
+    if previous.get(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: answers on the wire are kept
     try:
         return handlers[args.command](args)
@@ -475,8 +541,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say("interrupted")
         return EXIT_INTERRUPTED
     finally:
-        if in_main_thread and previous == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # The command in its own process (no argv) ignores signals once its run is finished: a late
+        # one changes nothing (and the interpreter's exit would restore the default, which kills).
+        # Called in-process, every handler is put back as it was.
+        finished = isinstance(signal.getsignal(signal.SIGTERM), _Late)
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_IGN if argv is None and finished else handler)
 
 
 if __name__ == "__main__":  # pragma: no cover

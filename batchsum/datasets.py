@@ -35,7 +35,7 @@ import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
 from .csvsafe import neutralize
-from .errors import InputError, one_line
+from .errors import BrokenInputError, InputError, one_line
 from .results import RESULT_DTYPES, RowResult, arrow_types, result_columns
 
 __all__ = [
@@ -266,6 +266,9 @@ class DatasetInput:
             raise _unreadable(source.spec, source.format, exc) from None
 
     def batches(self, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+        """The rows in record batches, in order. An input that breaks after rows were read raises
+        ``BrokenInputError``; one that breaks before, ``InputError``."""
+        read_any = False
         for source, dataset in zip(self.sources, self.datasets):
             fragments = sorted(dataset.get_fragments(), key=lambda fragment: fragment.path)
             for fragment in fragments:
@@ -280,9 +283,14 @@ class DatasetInput:
                     **_scan_options(source.format),
                 )
                 try:
-                    yield from scanner.to_batches()
+                    for batch in scanner.to_batches():
+                        read_any = True
+                        yield batch
                 except (pa.ArrowException, OSError) as exc:
-                    raise _unreadable(fragment.path, source.format, exc) from None
+                    problem = _unreadable(fragment.path, source.format, exc)
+                    if read_any:  # rows were read (and may be answered): a stop, not a usage error
+                        raise BrokenInputError(str(problem)) from None
+                    raise problem from None
 
     def texts(self, batch_rows: int = BATCH_ROWS) -> Iterator[Any]:
         for batch in self.batches(batch_rows):

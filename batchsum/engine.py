@@ -32,6 +32,7 @@ from .errors import (
     APIStatusError,
     AuthenticationError,
     BatchsumError,
+    BrokenInputError,
     BudgetError,
     InvalidParameterError,
     JournalError,
@@ -54,6 +55,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("batchsum")
+NOT_SENT = "not_sent"  # the error code of a row a stop left unsent (a rerun sends it)
+YIELD_EVERY = 256  # rows between turns given to the event loop when none of them had to wait
 
 
 def fingerprint(request: PreparedRequest) -> str:
@@ -177,8 +180,84 @@ async def _rows(texts: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]
             yield text
 
 
+class _Answers:
+    """What a batch knows and keeps: the answer store, the answers it refused to take (a full disk,
+    a journal gone read-only: still ours, tried again at the end and else spilled to a side file the
+    next run imports first), and the claims of a store several runs share."""
+
+    def __init__(self, store: AnswerStore, stop: Callable[[BatchsumError], None]) -> None:
+        self.store = store
+        self._stop = stop
+        self.unsaved = MemoryStore()
+        self.refusing = False  # the store refused a write: keep the rest here
+        self.shared = callable(getattr(store, "claim", None))
+
+    def get(self, key: str) -> Answer | None:
+        known = self.unsaved.get(key)
+        if known is not None:
+            return known
+        try:
+            return self.store.get(key)
+        except Exception as exc:  # a damaged journal: a stop, not a traceback
+            self._stop(JournalError(f"cannot read the journal: {exc}"))
+            return None
+
+    def put(self, key: str, answer: Answer) -> None:
+        if not self.refusing:
+            try:
+                self.store.put(key, answer)
+                return
+            except Exception as exc:
+                self.refusing = True
+                self._stop(JournalError(f"cannot write the journal ({exc}): stopped sending"))
+        self.unsaved.put(key, answer)
+
+    async def claim(self, key: str, stopped: asyncio.Event) -> Answer | None:
+        """None once this run holds the claim on ``key`` (it sends); else the answer another run
+        got while this one waited (the first to claim a request sends it, the others wait)."""
+        store: SharedAnswerStore = self.store  # type: ignore[assignment]
+        while True:
+            if stopped.is_set():
+                raise asyncio.CancelledError
+            try:
+                claimed = store.claim(key)
+            except Exception as exc:
+                self._stop(JournalError(f"cannot use the shared answer store: {exc}"))
+                raise asyncio.CancelledError from None
+            known = self.get(key)  # answered meanwhile, whether or not the claim is ours
+            if known is not None:
+                if claimed:
+                    self.release(key)
+                return known
+            if claimed:
+                return None
+            await asyncio.sleep(CLAIM_POLL_SECONDS)
+
+    def release(self, key: str) -> None:
+        try:
+            self.store.release(key)  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - an unreleased claim expires on its own
+            log.warning("could not release a claim in the shared answer store", exc_info=True)
+
+    def close(self) -> str | None:
+        """One more try to keep what the store refused (space may have been freed); what it still
+        refuses goes to the store's side file (``spill``). Where it went, or None."""
+        for key, answer in self.unsaved.items():
+            try:
+                self.store.put(key, answer)
+            except Exception:
+                break
+            self.unsaved.pop(key)
+        if not self.unsaved:
+            return None
+        spill = getattr(self.store, "spill", None)
+        where: str | None = spill(self.unsaved.items()) if spill is not None else None
+        return where
+
+
 class _Batch:
-    """One run of the engine: what is under way, what is kept, and why it stopped."""
+    """One run of the engine: rows in, requests out; the first request alone; what is under way;
+    and the stop: why, what is still awaited on the wire, and what is cancelled."""
 
     def __init__(
         self,
@@ -192,52 +271,30 @@ class _Batch:
         self.client = client
         self.params = params
         self.options = options
-        self.store = store
         self.stats = stats
+        self.answers = _Answers(store, self.stop)
         self.gate = _Gate(pacer, options.max_wait)
         self.under_way: dict[str, asyncio.Task[Answer]] = {}
-        self.unsaved = MemoryStore()  # answers the store refused to take (a full disk): still ours
         self.stopped = asyncio.Event()
         self.fatal: BatchsumError | None = None
+        self.unsent_rows = False
         # The first request goes alone: a wrong key or an expired plan costs one request, not dozens.
         self.first_answered = asyncio.Event()
         self.first_sent = False
         self.drain_deadline: float | None = None
 
-    def stop(self, error: BatchsumError) -> None:
-        """Stop at once: nothing new starts from here on, whoever notices the stop first."""
+    def stop(self, error: BatchsumError, *, unsent_rows: bool = False) -> None:
+        """Stop at once: nothing new starts from here on, whoever notices the stop first.
+        ``unsent_rows``: the rows already read still get a record each (``failed``, ``not_sent``)
+        before the error is raised, so that an output can hold every row read."""
         if self.fatal is None:
             self.fatal = error
+            self.unsent_rows = unsent_rows
         self.stopped.set()
         self.stop_sending()
 
-    def lookup(self, key: str) -> Answer | None:
-        known = self.unsaved.get(key)
-        if known is not None:
-            return known
-        try:
-            return self.store.get(key)
-        except Exception as exc:  # a damaged journal: a stop, not a traceback
-            self.stop(JournalError(f"cannot read the journal: {exc}"))
-            return None
-
-    def keep(self, key: str, answer: Answer) -> None:
-        if not isinstance(self.fatal, JournalError):
-            try:
-                self.store.put(key, answer)
-                return
-            except Exception as exc:
-                self.stop(JournalError(f"cannot write the journal ({exc}): stopped sending"))
-        self.unsaved.put(key, answer)
-
-    def flush_unsaved(self) -> None:
-        """One more try to journal what could not be (space may have been freed meanwhile)."""
-        for key, answer in list(self.unsaved.items()):
-            try:
-                self.store.put(key, answer)
-            except Exception:
-                return
-            self.unsaved.pop(key)
+    def not_sent(self) -> RowResult:
+        return RowResult(None, FAILED, NOT_SENT, f"not sent: the run stopped ({self.fatal}); a rerun sends it", None, 0)
 
     def submit(self, text: Any) -> RowResult | asyncio.Task[Answer]:
         problem = contract.text_problem(text)
@@ -250,7 +307,7 @@ class _Batch:
         if task is not None:
             self.stats.reused += 1
             return task
-        known = self.lookup(key)
+        known = self.answers.get(key)
         if known is not None:
             self.stats.reused += 1
             return known
@@ -260,33 +317,16 @@ class _Batch:
         return task
 
     async def fetch(self, key: str, request: PreparedRequest) -> Answer:
-        claims = getattr(self.store, "claim", None)
-        if claims is None:
+        if not self.answers.shared:
             return await self.send(key, request)
-        store: SharedAnswerStore = self.store  # type: ignore[assignment]
-        while not self.claim(store, key):  # another run is sending it: wait for its answer
-            await asyncio.sleep(CLAIM_POLL_SECONDS)
-            known = self.lookup(key)
-            if known is not None:
-                self.stats.reused += 1
-                return known
+        known = await self.answers.claim(key, self.stopped)
+        if known is not None:
+            self.stats.reused += 1
+            return known
         try:
-            known = self.lookup(key)  # answered between our look-up and the claim
-            return known if known is not None else await self.send(key, request)
+            return await self.send(key, request)
         finally:
-            try:
-                store.release(key)
-            except Exception:  # noqa: BLE001 - an unreleased claim expires on its own
-                log.warning("could not release a claim in the shared answer store", exc_info=True)
-
-    def claim(self, store: SharedAnswerStore, key: str) -> bool:
-        if self.stopped.is_set():
-            raise asyncio.CancelledError
-        try:
-            return store.claim(key)
-        except Exception as exc:
-            self.stop(JournalError(f"cannot use the shared answer store: {exc}"))
-            raise asyncio.CancelledError from None
+            self.answers.release(key)
 
     async def send(self, key: str, request: PreparedRequest) -> Answer:
         is_first, self.first_sent = not self.first_sent, True
@@ -314,7 +354,7 @@ class _Batch:
             if is_first:
                 self.first_answered.set()
         if permanent:
-            self.keep(key, answer)
+            self.answers.put(key, answer)
         return answer
 
     def stop_sending(self) -> list[asyncio.Task[Answer]]:
@@ -336,8 +376,13 @@ class _Batch:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self.unsaved:
-            self.flush_unsaved()
+        spilled = self.answers.close()
+        if spilled is not None and isinstance(self.fatal, JournalError):
+            count = len(self.answers.unsaved)
+            self.fatal.args = (
+                f"{self.fatal}; the {count} answers it could not take are kept in {spilled}, "
+                "which the next run imports first",
+            )
 
     def drains(self) -> bool:
         """Does this stop wait for answers on the wire? Not when the key or plan was refused:
@@ -358,6 +403,8 @@ class _Batch:
             await asyncio.wait({head}, timeout=max(0.0, self.drain_deadline - time.monotonic()))
         if head.done() and not head.cancelled() and head.exception() is None:
             return head.result()
+        if self.fatal is not None and self.unsent_rows:
+            return self.not_sent()
         if self.fatal is not None:
             raise self.fatal
         return head.result()  # the task's own error
@@ -440,6 +487,10 @@ async def summarize_stream(
                 except StopAsyncIteration:
                     exhausted = True
                     break
+                except BrokenInputError as exc:  # every row read so far still gets its record
+                    batch.stop(exc, unsent_rows=True)
+                    exhausted = True
+                    break
                 item = batch.submit(text)
                 pending.append(item)
                 tally.add(item)
@@ -450,6 +501,8 @@ async def summarize_stream(
             result = await batch.next_result(pending[0], stop_waiter)
             pending.popleft()
             stats.yielded += 1
+            if stats.yielded % YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # rows answered by the store never wait: let a stop (a signal) in
             yield result
     finally:
         stop_waiter.cancel()

@@ -3,6 +3,7 @@
     BatchsumError
     ├── ConfigurationError             no key, a key over plain http to a remote host, a bad base URL
     ├── InputError                     (also a ValueError) a missing column, an unreadable file, ...
+    │   └── BrokenInputError           an input that broke after rows were read: the run stops there
     ├── JournalError                   the journal cannot be written or read: the run stops
     ├── BudgetError                    the shared rate budget cannot be used (unreachable, bad URL)
     ├── InvalidParameterError          (also a ValueError) refused locally, nothing was sent
@@ -40,6 +41,7 @@ __all__ = [
     "BatchsumError",
     "ConfigurationError",
     "InputError",
+    "BrokenInputError",
     "JournalError",
     "BudgetError",
     "InvalidParameterError",
@@ -74,6 +76,11 @@ class ConfigurationError(BatchsumError):
 
 class InputError(BatchsumError, ValueError):
     """The input cannot be used: a missing column, an unreadable or non-Parquet file, a bad path."""
+
+
+class BrokenInputError(InputError):
+    """An input that could be opened broke while it was read (a corrupt row group after good ones):
+    the run stops as any stop does, keeping what was answered and writing the rows finished so far."""
 
 
 class JournalError(BatchsumError):

@@ -254,6 +254,18 @@ class RunLock:
         self.release()
 
 
+def _spill_files(path: Path) -> list[Path]:
+    """Where a journal's unjournaled answers go: beside it, or in the user's cache folder (named
+    after the journal's real path) when its folder cannot take them either."""
+    import hashlib
+
+    import platformdirs
+
+    digest = hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:16]
+    cache = Path(platformdirs.user_cache_dir("batchsum", appauthor=False)) / "unsaved"
+    return [path.with_name(path.name + ".unsaved.jsonl"), cache / f"{path.name}.{digest}.jsonl"]
+
+
 def _is_journal(path: Path) -> str | None:
     """None when ``path`` is a batchsum journal in good order; else why not. Opens it read-only."""
     try:
@@ -306,6 +318,54 @@ class Journal:
                 self._db.execute("PRAGMA synchronous=NORMAL")
         except sqlite3.Error as exc:
             raise InputError(f"cannot open the journal {self.path}: {exc}") from None
+        if not readonly:
+            self._import_spilled()
+
+    def spill(self, answers: list[tuple[str, Answer]]) -> str | None:
+        """Keep ``answers`` the journal could not take (a full disk, a read-only remount, a quota) in a
+        side file that the next run's journal imports first: beside the journal, else in the user's
+        cache folder. Where they went, or None when nowhere could take them either."""
+        lines = "".join(json.dumps([key, *answer]) + "\n" for key, answer in answers).encode()
+        for target in _spill_files(self.path):
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+                fd = os.open(target, flags, 0o600)
+                try:
+                    os.write(fd, lines)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError:
+                continue
+            return str(target)
+        return None
+
+    def _import_spilled(self) -> None:
+        """Answers an earlier run could not journal (``spill``), taken in before anything is looked up."""
+        for target in _spill_files(self.path):
+            try:
+                text = target.read_text(encoding="utf-8")
+            except OSError:
+                continue
+            rows = []
+            for line in text.splitlines():
+                try:
+                    key, *fields = json.loads(line)
+                    rows.append((str(key), *Answer(*fields), time.time()))
+                except (ValueError, TypeError):
+                    continue  # a line cut short by the fault that made it: its answer is paid again
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    self._db.executemany("INSERT OR REPLACE INTO answers VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error:
+                return  # the journal still cannot take them: the side file stays for the next run
+            target.unlink(missing_ok=True)
 
     def _create(self) -> None:
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)

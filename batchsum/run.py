@@ -29,7 +29,7 @@ from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .budget import Budget, RedisBudget, SQLiteBudget, check_budget, open_budget
 from .client import AsyncClient
 from .engine import RunOptions, plan_batch, summarize_stream
-from .errors import BudgetError, ConfigurationError, JournalError
+from .errors import BrokenInputError, BudgetError, ConfigurationError, JournalError
 from .journal import Journal, RedisStore, RunLock, SharedJournal
 from .options import DEFAULT_MAX_WAIT, RunSpec, Secret, document_options
 from .pacing import PaceChange
@@ -143,8 +143,10 @@ class Run:
         self._make_output = output
         self.output: DatasetOutput | None = None
         self.opened = False
+        self.late_stop: BaseException | None = None  # a stop that came after every row was done
         self._stack = AsyncExitStack()
         self._kept = 0
+        self._final: int | None = None
         self._ticker: asyncio.Future[None] | None = None
         self.client: AsyncClient
         self.budget: Budget
@@ -193,6 +195,7 @@ class Run:
             self.output.abort()
 
     async def __aexit__(self, *exc_info: Any) -> None:
+        self._final = _size(self.store)  # before the journal closes: what this run added to it
         if self._ticker is not None:
             self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)
@@ -228,7 +231,7 @@ class Run:
     @property
     def new_answers(self) -> int:
         """Answers this run added to its store (the journal): what a rerun will not pay for."""
-        return _size(self.store) - self._kept
+        return (self._final if self._final is not None else _size(self.store)) - self._kept
 
     @property
     def base_url(self) -> str:
@@ -249,21 +252,27 @@ class Run:
 
     async def write_dataset(self, source: DatasetInput, batch_rows: int | None = None) -> None:
         """Stream ``source`` through the run into its output: input batches are held only until their
-        rows' results arrive, so memory stays bounded. On an interrupt or a refused key the partial
-        output is removed (finished answers stay in the store, and the same command resumes). When
-        the journal cannot be written, the rows finished so far are written to the output, since
-        some of their answers may be nowhere else, and the error raised."""
+        rows' results arrive, so memory stays bounded.
+
+        A stop that leaves answers nowhere else (a journal that cannot be written, an input that
+        broke midway) writes the rows finished so far and commits them, then raises. An interrupt or
+        a refused key removes the partial output (the answers are in the journal, and the same
+        command resumes), unless every row was already written: a finished output is never thrown
+        away, and the stop that came too late is noted in ``late_stop``."""
         from .datasets import BATCH_ROWS
 
         output = self.output
         assert output is not None, "Run(..., output=...) makes the output"
         held: deque[pa.RecordBatch] = deque()
         column = source.column
+        read_all = False
 
         def texts() -> Iterator[Any]:
+            nonlocal read_all
             for batch in source.batches(batch_rows or BATCH_ROWS):
                 held.append(batch)
                 yield from batch.column(column).to_pylist()
+            read_all = True
 
         finished: list[RowResult] = []
         try:
@@ -275,11 +284,16 @@ class Run:
                     del finished[: batch.num_rows]
             while held:  # batches of no rows
                 output.write(held.popleft(), [])
-        except JournalError:
+        except (JournalError, BrokenInputError):
             if finished and held:
                 output.write(held[0].slice(0, len(finished)), finished)
             output.commit()
             raise
+        except (asyncio.CancelledError, KeyboardInterrupt) as exc:
+            if not (read_all and not finished and all(batch.num_rows == 0 for batch in held)):
+                output.abort()
+                raise
+            self.late_stop = exc  # every row was written: the output is finished, keep it
         except BaseException:
             output.abort()
             raise
