@@ -236,3 +236,25 @@ def test_a_summary_longer_than_any_request_is_cut_to_fit_and_said():
     with pytest.raises(StopIteration) as done:
         plan.send(["the answer"])
     assert done.value.value.cut and done.value.value.text == "the answer" and "100 words" in done.value.value.note
+
+
+@given(st.integers(PART_WORDS + 1, 40_000), st.data())
+@settings(max_examples=50, deadline=None)
+def test_whatever_the_service_returns_every_request_fits_and_the_bound_holds(words, data):
+    """Summaries of any length, even longer than their input: no request outside the limits, and
+    never more reduce requests than estimate_requests says."""
+    text = " ".join(["w"] * words)
+
+    def summarize(request, params):
+        n = contract.count_words(request)
+        assert contract.MIN_WORDS <= n <= PART_WORDS
+        return " ".join(["s"] * math.floor(n * data.draw(st.floats(0, 1.3), label="kept")))
+
+    parts, rounds, reduced = run(text, ROW, summarize)
+    assert len(parts) == estimate_requests(words)[0]
+    assert reduced.requests == sum(len(r.texts) for r in rounds) <= estimate_requests(words)[1]
+    assert all(r.params == part_params(ROW) for r in rounds if not r.final)
+    if rounds and not rounds[-1].final:  # the last round's answers came to under the minimum
+        assert reduced.text == join_summaries(reduced.text.split("\n\n")) and "minimum" in reduced.note
+    else:
+        assert not rounds or rounds[-1].params == ROW
