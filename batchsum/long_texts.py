@@ -14,7 +14,7 @@ and a dry run can quote it. Within the slack that count leaves, each cut goes to
 boundary in reach (LangChain's ``RecursiveCharacterTextSplitter`` idea: paragraph first, then a
 sentence end, then a line break, then any word boundary, for a 12,000-word line or a transcript
 without punctuation), and among equally coarse ones to the one nearest an even share, so parts come
-out balanced. Every cut is a run of white space: parts are exact substrings of the text, in order,
+out balanced. (A period after "Mr" counts as a sentence end here: a boundary is only a preference.) Every cut is a run of white space: parts are exact substrings of the text, in order,
 and together hold every word once; none is under ``MIN_WORDS`` (a short tail borrows from the part
 before it). A text near a multiple of the limit leaves no slack, and is cut where the count says.
 
@@ -32,7 +32,7 @@ drives (it yields each round's requests and is sent their answers).
 - Joined summaries under the minimum (the service returned a few words per part): no request is
   made, the joined text is the row's answer. The service would refuse it ("too short"), and it is
   already shorter than any summary it could give. It is then plain text, whatever the row's type.
-- A round that does not shrink is never repeated: a round must bring its input down to at most
+- No round follows one that does not shrink: a round must bring its input down to at most
   ``SHRINK`` (3/4) of its words (the part round counts, against the text's words). Summaries at
   percentage 6 keep well under that (the local service keeps about 45% of the sentences); a round
   keeping more is making no progress worth paying for. Its output is then cut at a word boundary to
