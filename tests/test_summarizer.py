@@ -216,3 +216,43 @@ def test_the_two_modes_differ_on_long_texts():
     for path in ARTICLES:
         text = path.read_text()
         assert any(summarize(text, 1, p) != summarize(text, 2, p) for p in (4, 5, 6)), path.stem
+
+
+# -- text without sentence ends: pseudo-sentences of about 25 words ---------------------------------
+
+UNPUNCTUATED_4000 = " ".join(
+    word
+    for i in range(400)
+    for word in f"the council in district {i} said the harbour bridge work would take {i % 7 + 2} more years".split()[
+        :10
+    ]
+)
+
+
+def test_a_long_run_without_sentence_ends_is_cut_into_pseudo_sentences_of_about_25_words():
+    text = " ".join(f"w{i}" for i in range(12_000))
+    sentences = split_sentences(text)
+    assert " ".join(sentences) == text  # at word boundaries, nothing lost
+    assert all(20 <= len(s.split()) <= 30 for s in sentences)
+    # after a comma when one is near the even share
+    run = " ".join(f"a{i}" for i in range(23)) + ", " + " ".join(f"b{i}" for i in range(25))
+    assert split_sentences(run) == [run[: run.index(",") + 1], run[run.index(",") + 2 :]]
+    # a run of 40 words is still one sentence, one of 41 is two
+    forty = " ".join(["word"] * 40)
+    assert split_sentences(forty) == [forty]
+    assert [len(s.split()) for s in split_sentences(forty + " more")] == [20, 21]
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("kind", [None, "bullets", "summary_2", "best_line"])
+def test_an_unpunctuated_text_gets_a_summary_far_shorter_than_itself(mode, kind):
+    words = len(UNPUNCTUATED_4000.split())
+    assert words == 4000
+    lengths = {p: len(summarize(UNPUNCTUATED_4000, mode, p, kind).split()) for p in (1, 4, 6)}
+    # percentage 6 keeps 45% of the sentences (the most any length keeps), plus the layout's marks
+    assert 0 < lengths[6] <= 0.5 * words, lengths
+    assert lengths[1] <= 0.1 * words and lengths[4] <= 0.3 * words, lengths
+    if kind == "best_line":
+        assert all(length <= 30 for length in lengths.values())
+    else:
+        assert lengths[1] < lengths[4] < lengths[6]

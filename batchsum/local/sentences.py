@@ -3,13 +3,22 @@
 One regular-expression pass finds candidate ends (``.``, ``!``, ``?``, ``…`` with any closing quotes
 or brackets, then white space, then something that can open a sentence); a few rules veto the ones
 that follow an abbreviation or an initial. A 5000-word text splits in about a millisecond.
+
+A run of more than ``LONG_RUN`` (40) words without a sentence end (a transcript without punctuation,
+scraped text whose full stops were lost) is cut into pseudo-sentences of about ``PSEUDO_WORDS`` (25)
+words at word boundaries, after a comma, semicolon, colon or dash where one is near, so that a
+summary of such text picks some of it instead of returning it whole.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["split_sentences"]
+__all__ = ["split_sentences", "LONG_RUN", "PSEUDO_WORDS"]
+
+LONG_RUN = 40  # more words than this without a sentence end are cut into pseudo-sentences
+PSEUDO_WORDS = 25  # about this many words each: a long sentence's length, ranked and chosen like one
+_CLAUSE_SLACK = 5  # how far (in words) a cut may move from an even share to land after a clause mark
 
 # Words that end with a period without ending a sentence (compared lower-cased, without the period).
 _ABBREVIATIONS = frozenset(
@@ -34,6 +43,8 @@ _CANDIDATE = re.compile(
 )
 _PARAGRAPH = re.compile(r"\n\s*\n|\n(?=\s*(?:[-*•–]|\d+[.)])\s)")
 _WORD_BEFORE = re.compile(r"([\w.]+)$")
+_WORD = re.compile(r"\S+")
+_CLAUSE_END = re.compile(r"(?:[,;:]|[.!?…][\"'”’)\]]*|[-–—])\Z")
 
 
 def _is_false_end(text: str, end_at: int, punct: str) -> bool:
@@ -53,6 +64,25 @@ def _is_false_end(text: str, end_at: int, punct: str) -> bool:
     return bool(re.fullmatch(r"(?:[A-Za-z]\.)+[A-Za-z]", word))
 
 
+def _add(sentence: str, out: list[str]) -> None:
+    """Append ``sentence``, or its pseudo-sentences when it is a run too long to be one."""
+    spans = [match.span() for match in _WORD.finditer(sentence)]
+    if len(spans) <= LONG_RUN:
+        out.append(sentence)
+        return
+    pieces = max(2, round(len(spans) / PSEUDO_WORDS))
+    start = 0  # index of the first word of the current pseudo-sentence
+    for piece in range(1, pieces):
+        even = round(piece * len(spans) / pieces)
+        nearby = range(max(start + 1, even - _CLAUSE_SLACK), min(len(spans) - 1, even + _CLAUSE_SLACK) + 1)
+        # After a clause mark when one is near (the nearest such), else at the even share.
+        marked = [cut for cut in nearby if _CLAUSE_END.search(sentence, spans[cut - 1][0], spans[cut - 1][1])]
+        cut = min(marked, key=lambda c: (abs(c - even), c)) if marked else even
+        out.append(sentence[spans[start][0] : spans[cut - 1][1]])
+        start = cut
+    out.append(sentence[spans[start][0] : spans[-1][1]])
+
+
 def _split_block(block: str, out: list[str]) -> None:
     start = 0
     for match in _CANDIDATE.finditer(block):
@@ -61,11 +91,11 @@ def _split_block(block: str, out: list[str]) -> None:
             continue
         sentence = block[start : match.end("end")].strip()
         if sentence:
-            out.append(sentence)
+            _add(sentence, out)
         start = match.end("gap")
     tail = block[start:].strip()
     if tail:
-        out.append(tail)
+        _add(tail, out)
 
 
 def split_sentences(text: str) -> list[str]:
