@@ -31,7 +31,7 @@ from .errors import (
     NotPremiumError,
     explain,
 )
-from .options import ENCODINGS, ENV_API_KEY, OPTIONS, RunSpec
+from .options import ENCODINGS, ENV_API_KEY, LONG_TEXT_POLICIES, OPTIONS, RunSpec
 
 __all__ = ["main"]
 
@@ -93,6 +93,7 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "budget": {"metavar": "WHERE"},
     "journal": {"metavar": "PATH"},
     "max_wait": {"type": _number(0), "metavar": "SECONDS"},
+    "long_texts": {"choices": LONG_TEXT_POLICIES, "type": str.lower},
 }
 _REQUEST = ("mode", "percentage", "type", "base_url", "local", "timeout", "max_retries", "encoding")
 # Options the CLI takes otherwise (options.EXCEPTIONS says why): the key from the environment only,

@@ -117,6 +117,7 @@ class DaskDataFrameAccessor:
         budget: Any = None,
         journal: str | os.PathLike[str] | None = None,
         progress: bool = False,
+        long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
     ) -> dd.DataFrame:
         """A lazy Dask DataFrame: every column of ``ddf`` plus ``summary``, ``summary_status``,
@@ -164,6 +165,7 @@ class DaskSeriesAccessor:
         budget: Any = None,
         journal: str | os.PathLike[str] | None = None,
         progress: bool = False,
+        long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
     ) -> dd.DataFrame:
         """The result columns on the Series' index, lazily (see ``ddf.batchsum.summarize``)."""

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import contract
+from . import contract, long_texts
 from ._retry import RateLimitHeaders
 from .budget import Budget
 from .client import AsyncClient, PreparedRequest, validate_params
@@ -40,11 +40,23 @@ from .errors import (
     RateLimitError,
     UnprocessableEntityError,
 )
-from .options import DEFAULT_DRAIN_SECONDS, DEFAULT_MAX_WAIT, DEFAULT_WINDOW, check_rpm, check_seconds, check_whole
+from .options import (
+    DEFAULT_DRAIN_SECONDS,
+    DEFAULT_MAX_WAIT,
+    DEFAULT_WINDOW,
+    LONG_TEXT_POLICIES,
+    check_choice,
+    check_rpm,
+    check_seconds,
+    check_whole,
+)
 from .pacing import Limiter, PaceChange, Pacer
 from .report import BatchStats
 from .results import FAILED, OK, SKIPPED, Answer, RowResult
 from .stores import CLAIM_POLL_SECONDS, AnswerStore, MemoryStore, SharedAnswerStore
+
+# A row in the window: its result, a known answer, or the task that gives either.
+Pending = RowResult | Answer | asyncio.Task[Answer] | asyncio.Task[RowResult]
 
 __all__ = [
     "RunOptions",
@@ -55,6 +67,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("batchsum")
+ROW, PART, REDUCE = "row", "part", "reduce"  # what a request is for (the account counts them apart)
+SKIP, SPLIT, TRUNCATE = LONG_TEXT_POLICIES
 NOT_SENT = "not_sent"  # the error code of a row a stop left unsent (a rerun sends it)
 YIELD_EVERY = 256  # rows between turns given to the event loop when none of them had to wait
 
@@ -76,6 +90,8 @@ class RunOptions:
     None: a private one for this batch). ``window``: rows held between reading and yielding.
     ``drain_seconds``: how long a stop waits for answers on the wire. ``max_wait``: how long a
     request may wait out the service's 429s (each costs no attempt) before its row fails.
+    ``long_texts``: what a text over the word limit gets: "skip", "split" (in parts, then reduced)
+    or "truncate" (its first words).
     """
 
     rpm: float = 0.0
@@ -85,6 +101,7 @@ class RunOptions:
     window: int = DEFAULT_WINDOW
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
     max_wait: float = DEFAULT_MAX_WAIT
+    long_texts: str = SKIP
 
     def __post_init__(self) -> None:
         check_rpm(self.rpm)
@@ -92,6 +109,7 @@ class RunOptions:
         check_whole("window", self.window)
         check_seconds("drain_seconds", self.drain_seconds, zero=True)
         check_seconds("max_wait", self.max_wait, zero=True)
+        check_choice("long_texts", self.long_texts, LONG_TEXT_POLICIES)
         if self.limiter is not None and not callable(getattr(self.limiter, "acquire", None)):
             raise InvalidParameterError("invalid limiter: it needs an async acquire() method, as AsyncLimiter has")
         if self.budget is not None and not isinstance(self.budget, Budget):
@@ -162,6 +180,18 @@ class _Gate:
 def _failure(error: APIError) -> Answer:
     status = error.status_code if isinstance(error, APIStatusError) else None
     return Answer(None, FAILED, error.code, error.message, status, error.attempts)
+
+
+def _row(value: RowResult | Answer) -> RowResult:
+    return value.row() if isinstance(value, Answer) else value
+
+
+def _first_failure(answers: list[Answer], what: str, count: int) -> RowResult | None:
+    """The row's result when one of its requests failed: that error, saying which request."""
+    for number, answer in enumerate(answers, 1):
+        if answer.status != OK:
+            return answer.row(0, f"{what} {number} of {count}: {answer.message}")
+    return None
 
 
 def _is_permanent(error: APIError) -> bool:
@@ -294,14 +324,28 @@ class _Batch:
         self.stop_sending()
 
     def not_sent(self) -> RowResult:
-        return RowResult(None, FAILED, NOT_SENT, f"not sent: the run stopped ({self.fatal}); a rerun sends it", None, 0)
+        message = f"not sent: the run stopped ({self.fatal}); a rerun sends it"
+        return RowResult(None, FAILED, NOT_SENT, message, None, 0, 0)
 
-    def submit(self, text: Any) -> RowResult | asyncio.Task[Answer]:
+    def submit(self, text: Any) -> Pending:
+        """A row's result, or the task that will give it: skipped with a reason, known, or sent."""
         problem = contract.text_problem(text)
         if problem is not None:
             reason, message = problem
-            return RowResult(None, SKIPPED, reason.value, message, None, 0)
-        request = PreparedRequest(text, self.params)
+            if reason is contract.SkipReason.TOO_LONG:
+                if self.options.long_texts == SPLIT:
+                    return asyncio.ensure_future(self.split(text))
+                if self.options.long_texts == TRUNCATE:
+                    return asyncio.ensure_future(self.truncated(text))
+                self.stats.long_skipped(contract.count_words(text))
+            return RowResult(None, SKIPPED, reason.value, message, None, 0, 0)
+        return self.request(text, self.params)
+
+    def request(self, text: str, params: contract.Params, kind: str = ROW) -> Answer | asyncio.Task[Answer]:
+        """The answer to one request: known (the store, this run), under way (an identical request
+        of this run, joined), or a new task that claims and sends it. ``kind`` counts it: a row's
+        request, a long text's part, or a reduce."""
+        request = PreparedRequest(text, params)
         key = fingerprint(request)
         task = self.under_way.get(key)
         if task is not None:
@@ -311,24 +355,68 @@ class _Batch:
         if known is not None:
             self.stats.reused += 1
             return known
-        task = asyncio.ensure_future(self.fetch(key, request))
+        task = asyncio.ensure_future(self.fetch(key, request, kind))
         self.under_way[key] = task
         task.add_done_callback(lambda _: self.under_way.pop(key, None))
         return task
 
-    async def fetch(self, key: str, request: PreparedRequest) -> Answer:
+    async def answer(self, text: str, params: contract.Params, kind: str) -> Answer:
+        item = self.request(text, params, kind)
+        return await item if isinstance(item, asyncio.Task) else item
+
+    async def truncated(self, text: str) -> RowResult:
+        """``long_texts="truncate"``: the first words up to the limit, and the row says so."""
+        kept = long_texts.truncate_text(text)
+        answer = await self.answer(kept, self.params, ROW)
+        note = (
+            f"truncated: the summary is of the first {contract.count_words(kept)} of "
+            f"{contract.count_words(text)} words (long_texts='truncate')"
+        )
+        return answer.row(1, note if answer.status == OK else None)
+
+    async def split(self, text: str) -> RowResult:
+        """``long_texts="split"``: the parts summarized, then their summaries summarized (a tree when
+        they are too long for one request) into one answer of the row's type and length. Every
+        request goes the way of any other (store, dedup, claims, budget, pacer, retries)."""
+        parts = long_texts.split_text(text)
+        self.stats.long_planned(len(parts))
+        answers = await asyncio.gather(*(self.answer(part, long_texts.part_params(self.params), PART) for part in parts))
+        failed = _first_failure(answers, "part", len(parts))
+        if failed is not None:
+            return self.stats.long_done(failed, len(parts), answers)
+        plan = long_texts.reduce_plan([a.summary or "" for a in answers], contract.count_words(text), self.params)
+        done: list[Answer] = list(answers)
+        try:
+            step = next(plan)
+            while True:
+                round_answers = await asyncio.gather(*(self.answer(t, step.params, REDUCE) for t in step.texts))
+                done.extend(round_answers)
+                failed = _first_failure(round_answers, "reduce step", len(step.texts))
+                if failed is not None:
+                    return self.stats.long_done(failed, len(parts), done)
+                step = plan.send([a.summary or "" for a in round_answers])
+        except StopIteration as end:
+            reduced: long_texts.Reduced = end.value
+        note = f"summarized in {len(parts)} parts and {reduced.requests} reduce requests"
+        if reduced.note:
+            note = f"{note}; {reduced.note}"
+        attempts = sum(a.attempts for a in done)
+        result = RowResult(reduced.text, OK, None, note, 200, attempts, len(done))
+        return self.stats.long_done(result, len(parts), done)
+
+    async def fetch(self, key: str, request: PreparedRequest, kind: str = ROW) -> Answer:
         if not self.answers.shared:
-            return await self.send(key, request)
+            return await self.send(key, request, kind)
         known = await self.answers.claim(key, self.stopped)
         if known is not None:
             self.stats.reused += 1
             return known
         try:
-            return await self.send(key, request)
+            return await self.send(key, request, kind)
         finally:
             self.answers.release(key)
 
-    async def send(self, key: str, request: PreparedRequest) -> Answer:
+    async def send(self, key: str, request: PreparedRequest, kind: str = ROW) -> Answer:
         is_first, self.first_sent = not self.first_sent, True
         if not is_first:
             await self.first_answered.wait()
@@ -349,6 +437,7 @@ class _Batch:
             except APIError as exc:
                 answer, permanent = _failure(exc), _is_permanent(exc)
             self.stats.sent += 1  # counted once it reached the service, not while it waited its turn
+            self.stats.sent_by_kind[kind] += 1
             self.stats.attempts += answer.attempts
         finally:
             if is_first:
@@ -365,11 +454,12 @@ class _Batch:
             task.cancel()
         return [task for task in tasks & self.gate.on_wire if not task.done()]
 
-    async def close(self, pending: deque[RowResult | asyncio.Task[Answer]]) -> None:
+    async def close(self, pending: deque[Pending]) -> None:
         """Let requests on the wire finish (the service charges for them) and keep their answers,
         unless the key was refused; then cancel the rest. A second Ctrl-C aborts at once."""
         on_wire = self.stop_sending()
-        tasks = {item for item in pending if isinstance(item, asyncio.Task)} | set(self.under_way.values())
+        tasks: set[asyncio.Task[Any]] = {item for item in pending if isinstance(item, asyncio.Task)}
+        tasks |= set(self.under_way.values())
         if on_wire and self.drains():
             log.info("waiting up to %gs for %d requests on the wire", self.options.drain_seconds, len(on_wire))
             await asyncio.wait(on_wire, timeout=self.options.drain_seconds)
@@ -389,11 +479,11 @@ class _Batch:
         those answers would be refusals too."""
         return not isinstance(self.fatal, (AuthenticationError, NotPremiumError))
 
-    async def next_result(self, head: RowResult | asyncio.Task[Answer], stop_waiter: asyncio.Future[Any]) -> RowResult:
+    async def next_result(self, head: Pending, stop_waiter: asyncio.Future[Any]) -> RowResult:
         """The head row's result. After a stop, a head on the wire is still awaited (within the
         drain time) for its answer; a head that never reached the wire raises the stop's error."""
         if not isinstance(head, asyncio.Task):
-            return head
+            return _row(head)
         if not head.done() and not self.stopped.is_set():
             await asyncio.wait({head, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
         # A stop has already stopped sending: only a head on the wire is still worth waiting for.
@@ -402,12 +492,12 @@ class _Batch:
                 self.drain_deadline = time.monotonic() + self.options.drain_seconds
             await asyncio.wait({head}, timeout=max(0.0, self.drain_deadline - time.monotonic()))
         if head.done() and not head.cancelled() and head.exception() is None:
-            return head.result()
+            return _row(head.result())
         if self.fatal is not None and self.unsent_rows:
             return self.not_sent()
         if self.fatal is not None:
             raise self.fatal
-        return head.result()  # the task's own error
+        return _row(head.result())  # the task's own error
 
 
 class _Tally:
@@ -420,15 +510,15 @@ class _Tally:
         self.stats = stats
         self.on_result = on_result
 
-    def add(self, item: RowResult | asyncio.Task[Answer]) -> None:
+    def add(self, item: Pending) -> None:
         if isinstance(item, asyncio.Task):
             item.add_done_callback(self._finished)
         else:
-            self._count(item)
+            self._count(_row(item))
 
-    def _finished(self, task: asyncio.Task[Answer]) -> None:
+    def _finished(self, task: asyncio.Task[Answer] | asyncio.Task[RowResult]) -> None:
         if not task.cancelled() and task.exception() is None:
-            self._count(task.result())
+            self._count(_row(task.result()))
 
     def _count(self, result: RowResult) -> None:
         self.stats.count(result)
@@ -474,7 +564,7 @@ async def summarize_stream(
     pacer = pacer if pacer is not None else options.pacer()
     stats.pacer = pacer
     batch = _Batch(client, params, options, store if store is not None else MemoryStore(), stats, pacer)
-    pending: deque[RowResult | asyncio.Task[Answer]] = deque()
+    pending: deque[Pending] = deque()
     rows = _rows(texts)
     exhausted = False
     stop_waiter = asyncio.ensure_future(batch.stopped.wait())
@@ -520,10 +610,14 @@ class BatchPlan:
     """What a run would do, without sending anything (``--dry-run``)."""
 
     rows: int = 0
-    to_send: int = 0  # distinct requests the store does not answer
+    to_send: int = 0  # distinct requests the store does not answer (rows, and long texts' parts)
     duplicates: int = 0  # rows that share a request with an earlier row
     known: int = 0  # rows the store already answers
     skipped_by_reason: Counter[str] = field(default_factory=Counter)
+    long_rows: int = 0  # rows over the limit that long_texts="split" or "truncate" sends
+    parts: int = 0  # part requests to send: exact
+    reduce_max: int = 0  # reduce requests: at most this many (fewer when the parts' summaries are short)
+    skipped_long_cost: tuple[int, int] = (0, 0)  # what splitting the skipped long rows would take
 
     def minimum_seconds(self, rpm: float) -> float:
         """The least time the requests can take at ``rpm`` (starts evenly spaced, the first at once)."""
@@ -536,15 +630,25 @@ class BatchPlan:
             if rpm
             else "unpaced (rpm 0)"
         )
-        return "\n".join(
-            [
-                f"rows:             {self.rows}",
-                f"would send:       {self.to_send} requests; {pace}",
-                f"already answered: {self.known} rows (journal)",
-                f"duplicates:       {self.duplicates} rows share a request with an earlier row",
-                f"would skip:       {sum(self.skipped_by_reason.values())} rows ({skipped})",
-            ]
-        )
+        lines = [
+            f"rows:             {self.rows}",
+            f"would send:       {self.to_send} requests; {pace}",
+            f"already answered: {self.known} rows (journal)",
+            f"duplicates:       {self.duplicates} rows share a request with an earlier row",
+            f"would skip:       {sum(self.skipped_by_reason.values())} rows ({skipped})",
+        ]
+        if self.long_rows:
+            lines.append(
+                f"long texts:       {self.long_rows} rows over the limit: {self.parts} part requests (in the "
+                f"requests above) and at most {self.reduce_max} reduce requests"
+            )
+        if self.skipped_long_cost[0]:
+            parts, reduce = self.skipped_long_cost
+            lines.append(
+                f"long texts:       the {self.skipped_by_reason['too_long']} too_long rows would take {parts} "
+                f"part requests and at most {reduce} reduce requests with --long-texts split"
+            )
+        return "\n".join(lines)
 
 
 def _duration(seconds: float) -> str:
@@ -561,25 +665,49 @@ def plan_batch(
     type: Any = None,
     params: contract.Params | None = None,
     store: AnswerStore | None = None,
+    long_texts_policy: str = SKIP,
 ) -> BatchPlan:
     """Classify every row as the engine would, and send nothing."""
     params = params if params is not None else validate_params(mode, percentage, type)
     plan = BatchPlan()
     seen: set[bytes] = set()
+
+    def count(text: str, request_params: contract.Params) -> bool:
+        """True when this request is new: neither an earlier row's nor in the store."""
+        key = fingerprint(PreparedRequest(text, request_params))
+        digest = bytes.fromhex(key)
+        if digest in seen:
+            return False
+        seen.add(digest)
+        if store is not None and store.get(key) is not None:
+            return False
+        plan.to_send += 1
+        return True
+
     for text in texts:
         plan.rows += 1
         problem = contract.text_problem(text)
+        if problem is not None and problem[0] is contract.SkipReason.TOO_LONG and long_texts_policy != SKIP:
+            plan.long_rows += 1
+            if long_texts_policy == TRUNCATE:
+                count(long_texts.truncate_text(text), params)
+                continue
+            new = [count(part, long_texts.part_params(params)) for part in long_texts.split_text(text)]
+            plan.parts += sum(new)
+            plan.reduce_max += long_texts.estimate_requests(contract.count_words(text))[1]
+            continue
         if problem is not None:
             plan.skipped_by_reason[problem[0].value] += 1
+            if problem[0] is contract.SkipReason.TOO_LONG:
+                parts, reduce = long_texts.estimate_requests(contract.count_words(text))
+                plan.skipped_long_cost = (plan.skipped_long_cost[0] + parts, plan.skipped_long_cost[1] + reduce)
             continue
         key = fingerprint(PreparedRequest(text, params))
-        digest = bytes.fromhex(key)
-        if digest in seen:
+        if bytes.fromhex(key) in seen:
             plan.duplicates += 1
-            continue
-        seen.add(digest)
-        if store is not None and store.get(key) is not None:
+        elif store is not None and store.get(key) is not None:
+            seen.add(bytes.fromhex(key))
             plan.known += 1
         else:
-            plan.to_send += 1
+            count(text, params)
     return plan

@@ -38,6 +38,7 @@ __all__ = [
     "ENV_BUDGET",
     "DEFAULT_RPM",
     "ENCODINGS",
+    "LONG_TEXT_POLICIES",
     "check_key",
     "check_rpm",
     "is_loopback",
@@ -54,6 +55,7 @@ DEFAULT_RPM = 60.0
 DEFAULT_BUDGET = "machine"
 DEFAULT_MAX_WAIT = 1800.0  # seconds a row may wait out 429s before it fails as rate_limited
 ENCODINGS = ("json", "form", "multipart")
+LONG_TEXT_POLICIES = ("skip", "split", "truncate")
 DEFAULT_WINDOW = 1024  # rows held between reading and yielding
 DEFAULT_DRAIN_SECONDS = 15.0  # how long a stop waits for answers on the wire
 
@@ -177,6 +179,12 @@ def check_seconds(name: str, value: object, *, zero: bool = False) -> float:
         bound = ">= 0" if zero else "> 0"
         raise InvalidParameterError(f"invalid {name} {value!r}: use a finite number of seconds {bound}")
     return float(value)
+
+
+def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise InvalidParameterError(f"invalid {name} {value!r}: use one of {', '.join(map(repr, choices))}")
+    return str(value)
 
 
 def check_params(mode: Any, percentage: Any, type: Any) -> contract.Params:
@@ -306,6 +314,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("journal", None, "a SQLite file that keeps finished answers across runs, so nothing is paid for twice"),
     Option("progress", True, "show a progress bar (tqdm: a widget in Jupyter, a line on a terminal)"),
     Option(
+        "long_texts",
+        "skip",
+        f"what a text over the service's {contract.MAX_WORDS} words gets: skip (skipped as too_long, never "
+        "sent), split (summarized in parts, whose summaries are summarized again into one answer of the "
+        "row's type and length), or truncate (its first words up to the limit)",
+    ),
+    Option(
         "max_wait",
         DEFAULT_MAX_WAIT,
         "seconds a row may wait out the service's 429s (its 'later') before it fails as rate_limited; "
@@ -377,6 +392,7 @@ class RunSpec:
     progress: bool = True
     output_column: str = "summary"
     max_wait: float = DEFAULT_MAX_WAIT
+    long_texts: str = "skip"
     window: int = DEFAULT_WINDOW
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
 
@@ -400,6 +416,7 @@ class RunSpec:
         budget: Any = None,
         journal: str | os.PathLike[str] | None = None,
         progress: bool = True,
+        long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
         environ: Mapping[str, str] | None = None,
     ) -> RunSpec:
@@ -435,6 +452,7 @@ class RunSpec:
             progress=progress,
             output_column=output_column,
             max_wait=check_seconds("max_wait", max_wait, zero=True),
+            long_texts=check_choice("long_texts", long_texts, LONG_TEXT_POLICIES),
         )
 
     @classmethod
@@ -477,6 +495,7 @@ class RunSpec:
             "budget": redact_location(self.budget) if isinstance(self.budget, str) else repr(self.budget),
             "journal": self.journal,
             "max_wait": self.max_wait,
+            "long_texts": self.long_texts,
         }
 
 

@@ -69,6 +69,7 @@ class SeriesAccessor:
         budget: Any = None,
         journal: str | os.PathLike[str] | None = None,
         progress: bool = True,
+        long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
     ) -> pd.DataFrame:
         """Summarize every value: the result columns on the Series' index (see ``df.batchsum.summarize``)."""
@@ -97,6 +98,7 @@ class SeriesAccessor:
         budget: Any = None,
         journal: str | os.PathLike[str] | None = None,
         progress: bool = True,
+        long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
     ) -> pd.DataFrame:
         """``await series.batchsum.asummarize(...)``: the same, in the running event loop."""
@@ -141,6 +143,7 @@ class DataFrameAccessor:
         budget: Any = None,
         journal: str | os.PathLike[str] | None = None,
         progress: bool = True,
+        long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
     ) -> pd.DataFrame:
         """A new DataFrame: every column of ``df`` plus ``summary``, ``summary_status``,
@@ -179,6 +182,7 @@ class DataFrameAccessor:
         budget: Any = None,
         journal: str | os.PathLike[str] | None = None,
         progress: bool = True,
+        long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
     ) -> pd.DataFrame:
         """``await df.batchsum.asummarize(...)``: the same, in the running event loop."""

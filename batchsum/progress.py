@@ -33,7 +33,9 @@ class ProgressBar:
         now = time.monotonic()
         if now - self._last_postfix >= 0.5 or stats.done == stats.total:
             self._last_postfix = now
-            self._bar.n = stats.done
+            if stats.work_total is not None and self._bar.total != stats.work_total:
+                self._bar.total = stats.work_total  # a long text's parts are work too
+            self._bar.n = stats.work_done
             self._bar.set_postfix_str(self.describe(stats), refresh=False)
             self._bar.refresh()
 

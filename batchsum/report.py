@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +15,7 @@ from .results import OK, SKIPPED, RowResult
 if TYPE_CHECKING:
     from .pacing import Pacer, PacerState
 
-__all__ = ["BatchStats", "Timeline"]
+__all__ = ["BatchStats", "LongWork", "Timeline"]
 
 
 class Timeline:
@@ -72,6 +73,17 @@ class Timeline:
 
 
 @dataclass
+class LongWork:
+    """Long texts' extra requests: planned and done (the bar counts them), and what the skipped ones
+    would cost split."""
+
+    planned: int = 0
+    done: int = 0
+    skipped_parts: int = 0
+    skipped_reduce: int = 0
+
+
+@dataclass
 class BatchStats:
     """Live counts of a batch, read by progress bars and the final account."""
 
@@ -86,8 +98,38 @@ class BatchStats:
     reused: int = 0  # rows answered from the store or by an identical request of this run
     skipped_by_reason: Counter[str] = field(default_factory=Counter)
     failed_by_code: Counter[str] = field(default_factory=Counter)
+    sent_by_kind: Counter[str] = field(default_factory=Counter)  # "row", "part", "reduce"
+    long_work: LongWork = field(default_factory=lambda: LongWork())
     started: float = field(default_factory=time.monotonic)
     pacer: Pacer | None = None
+
+    @property
+    def work_total(self) -> int | None:
+        """What the bar counts to: one per row, and a long row's extra requests (planned: its parts
+        and one reduce; corrected when it is done)."""
+        return None if self.total is None else self.total + self.long_work.planned
+
+    @property
+    def work_done(self) -> int:
+        return self.done + self.long_work.done
+
+    def long_skipped(self, words: int) -> None:
+        """A text over the limit skipped (``long_texts="skip"``): what splitting it would cost."""
+        from .long_texts import estimate_requests
+
+        parts, reduce = estimate_requests(words)
+        self.long_work.skipped_parts += parts
+        self.long_work.skipped_reduce += reduce
+
+    def long_planned(self, parts: int) -> None:
+        self.long_work.planned += parts  # parts + one reduce, less the row itself
+
+    def long_done(self, result: RowResult, parts: int, answers: Sequence[object]) -> RowResult:
+        """A long row finished with ``result`` after ``answers`` (its requests): the plan corrected."""
+        extra = len(answers) - 1 if result.status == OK else len(answers)
+        self.long_work.planned += extra - parts
+        self.long_work.done += extra
+        return result._replace(requests=len(answers))
 
     @property
     def rate_limited(self) -> int:
@@ -120,6 +162,7 @@ class BatchStats:
             "skipped": self.skipped,
             "failed": self.failed,
             "sent": self.sent,
+            "sent_by_kind": dict(self.sent_by_kind),
             "reused": self.reused,
             "rate_limited": self.rate_limited,
             "skipped_by_reason": dict(self.skipped_by_reason),
@@ -148,8 +191,18 @@ class BatchStats:
         def by(counter: Counter[str]) -> str:
             return " (" + ", ".join(f"{k} {v}" for k, v in sorted(counter.items())) + ")" if counter else ""
 
-        return (
+        parts, reduces = self.sent_by_kind["part"], self.sent_by_kind["reduce"]
+        long = f" ({parts} long-text parts, {reduces} reduces)" if parts or reduces else ""
+        line = (
             f"{self.done} rows: {self.ok} ok, {self.skipped} skipped{by(self.skipped_by_reason)}, "
-            f"{self.failed} failed{by(self.failed_by_code)}; {self.sent} sent, {self.reused} reused, "
+            f"{self.failed} failed{by(self.failed_by_code)}; {self.sent} sent{long}, {self.reused} reused, "
             f"{self.rate_limited} 429s, {self.elapsed:.1f}s"
         )
+        work = self.long_work
+        if work.skipped_parts:
+            line += (
+                f". The {self.skipped_by_reason['too_long']} too_long rows would take {work.skipped_parts} "
+                f"part requests and at most {work.skipped_reduce} reduce requests with long_texts='split'"
+            )
+        return line
+

@@ -1,8 +1,9 @@
 """The result record of one row, its columns and their types, and shaping results into frames.
 
 Every front-end writes the same columns with the same types: ``summary``, ``summary_status``,
-``summary_error``, ``summary_message``, ``summary_http_status``, ``summary_attempts`` (named after
-the output column), as pandas' string / Int32 / int32 dtypes and Arrow's string / int32.
+``summary_error``, ``summary_message``, ``summary_http_status``, ``summary_attempts``,
+``summary_requests`` (named after the output column), as pandas' string / Int32 / int32 dtypes and
+Arrow's string / int32.
 """
 
 from __future__ import annotations
@@ -46,14 +47,28 @@ class RowResult(NamedTuple):
     error: str | None  # None, a skip reason, or an error code (errors.APIError.code)
     message: str | None  # the service's words, or ours
     http_status: int | None
+    attempts: int  # attempts the service answered (paid), over all the row's requests
+    requests: int = 1  # requests the row's answer is made of: 1, 0 when skipped, more for a long text
+
+
+class Answer(NamedTuple):
+    """What an answer store keeps per request fingerprint: a summary, or a permanent refusal."""
+
+    summary: str | None
+    status: str
+    error: str | None
+    message: str | None
+    http_status: int | None
     attempts: int
 
+    def row(self, requests: int = 1, message: str | None = None) -> RowResult:
+        """The row result this answer gives (``message``: ours, in place of the service's none)."""
+        return RowResult(*self._replace(message=message or self.message), requests)
 
-Answer = RowResult  # what an answer store keeps per fingerprint: an "ok" or a permanent "failed" result
 
 # The result columns' pandas dtypes, the same on every path (accessor, Dask, Parquet read back):
 # text as pandas' string dtype (missing: pd.NA), the HTTP status nullable (skipped rows have none).
-RESULT_DTYPES = ("string", "string", "string", "string", "Int32", "int32")
+RESULT_DTYPES = ("string", "string", "string", "string", "Int32", "int32", "int32")
 
 
 def result_columns(output_column: str = "summary") -> list[str]:
@@ -67,10 +82,10 @@ def result_dtypes(output_column: str = "summary") -> dict[str, str]:
 
 
 def arrow_types() -> list[pa.DataType]:
-    """The result columns' Arrow types: string x4, int32 x2."""
+    """The result columns' Arrow types: string x4, int32 x3."""
     import pyarrow as pa
 
-    return [pa.string(), pa.string(), pa.string(), pa.string(), pa.int32(), pa.int32()]
+    return [pa.string(), pa.string(), pa.string(), pa.string(), pa.int32(), pa.int32(), pa.int32()]
 
 
 def arrow_columns(results: Sequence[RowResult]) -> list[pa.Array]:

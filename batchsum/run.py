@@ -181,6 +181,7 @@ class Run:
             window=spec.window,
             drain_seconds=spec.drain_seconds,
             max_wait=spec.max_wait,
+            long_texts=spec.long_texts,
         )
         self.pacer = self.options.pacer(self._pace_changed)
         self.stats.pacer = self.pacer
@@ -346,6 +347,7 @@ async def summarize_texts(
     budget: Any = None,
     journal: str | os.PathLike[str] | None = None,
     progress: bool = True,
+    long_texts: str = "skip",
     max_wait: float = DEFAULT_MAX_WAIT,
     stats: BatchStats | None = None,
     on_result: Callable[[BatchStats], None] | None = None,
@@ -381,7 +383,7 @@ def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
         store = None
         if spec.journal is not None and os.path.exists(spec.journal):
             store = stack.enter_context(Journal(spec.journal, readonly=True))
-        plan = plan_batch(texts, params=spec.params, store=store).describe(spec.rpm)
+        plan = plan_batch(texts, params=spec.params, store=store, long_texts_policy=spec.long_texts).describe(spec.rpm)
     try:
         budget = asyncio.run(_budget_line(spec))
     except BudgetError as exc:

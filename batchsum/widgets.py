@@ -429,6 +429,7 @@ class FrameApp(_App):
         budget: Any = None,
         journal: str | os.PathLike[str] | None = None,
         progress: bool = False,
+        long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
     ) -> None:
         """The app for ``frame``: the request controls start at ``mode``, ``percentage`` and ``type``,
@@ -445,6 +446,7 @@ class FrameApp(_App):
             "journal": journal,
             "progress": progress,
             "max_wait": max_wait,
+            "long_texts": long_texts,
         }
         self._output_column = spec.output_column
         self._default_rpm = spec.rpm

@@ -1,5 +1,7 @@
-"""Writes tickets.parquet, the example data of the README and the notebooks: original support
-tickets, plus the rows a real column has (a duplicate, an empty cell, a one-liner)."""
+"""Writes the example data of the README and the notebooks: tickets.parquet (original support
+tickets, plus the rows a real column has: a duplicate, an empty cell, a one-liner) and
+support-year.txt (a year of the support team's weekly notes, about 12,000 words: one document over
+the service's limit, for long_texts="split")."""
 
 from pathlib import Path
 
@@ -108,6 +110,45 @@ def main() -> None:
         }
     )
     frame.to_parquet(Path(__file__).with_name("tickets.parquet"), index=False)
+    Path(__file__).with_name("support-year.txt").write_text(support_year(), encoding="utf-8")
+
+
+THEMES = [
+    ("deliveries", "Late and split deliveries were the largest group again", "the courier's regional depot"),
+    ("sign-in", "Sign-in problems after the mobile update kept coming", "the two-factor text messages"),
+    ("billing", "Billing questions rose at the start of the quarter", "duplicate charges on annual plans"),
+    ("exports", "Exports with shifted dates were reported by several teams", "the time zone of the export"),
+    ("repairs", "Repairs under warranty took longer than the promised ten days", "the repair partner's backlog"),
+]
+LATE_THEME = ("warehouse move", "The move to the new warehouse in Tilburg dominated the last weeks", "pallet labels")
+
+
+def support_year() -> str:
+    """52 weekly notes, each a paragraph or two built from the tickets' own sentences; from week 45 on,
+    a new topic (the warehouse move) that appears nowhere earlier, so a summary of the whole year
+    can be checked for drawing on its end too."""
+    sentences = [s.strip() + "." for ticket in TICKETS for s in ticket.split(". ") if s.strip()]
+    weeks = []
+    for week in range(1, 53):
+        name, lead, cause = LATE_THEME if week >= 45 else THEMES[week % len(THEMES)]
+        handled = 180 + (week * 37) % 90
+        picked = [sentences[(week * 7 + k * 11) % len(sentences)].rstrip(".") + "." for k in range(9)]
+        body = [
+            f"Week {week}. The team handled {handled} tickets and closed {handled - 12 - week % 9} of them within two "
+            f"working days. {lead}, and most of them traced back to {cause}.",
+            "Typical messages this week read: " + " ".join(picked[:5]),
+            " ".join(picked[5:])
+            + f" For next week the team will follow up on {name} with the people who own it and report back "
+            "in the Monday meeting.",
+        ]
+        if week >= 45:
+            body.append(
+                "The warehouse move to Tilburg meant that pallet labels printed before the move pointed to the old "
+                "address, and the carriers returned those pallets; the team kept a list of every affected order "
+                "and called each customer whose pallet came back."
+            )
+        weeks.append("\n\n".join(body))
+    return "\n\n".join(weeks) + "\n"
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ def test_a_file_is_summarized_into_every_column_plus_the_results(env, tmp_path, 
         "summary_message",
         "summary_http_status",
         "summary_attempts",
+        "summary_requests",
     ]
     assert list(result["id"]) == list(df["id"]) and list(result["score"]) == list(range(30))
     for text, summary, status in zip(df["text"], result["summary"], result["summary_status"]):

@@ -22,6 +22,7 @@ RESULT_COLUMNS = [
     "summary_message",
     "summary_http_status",
     "summary_attempts",
+    "summary_requests",
 ]
 
 

@@ -188,13 +188,13 @@ def test_a_signal_after_the_output_is_complete_keeps_it_and_exits_0(service, tmp
 
 
 def test_the_journal_imports_a_side_file_left_by_an_earlier_run(tmp_path):
-    from batchsum.results import RowResult
+    from batchsum.results import Answer
 
     path = tmp_path / "j.sqlite"
     with Journal(path) as journal:
-        where = journal.spill([("f1", RowResult("one", "ok", None, None, 200, 1))])
+        where = journal.spill([("f1", Answer("one", "ok", None, None, 200, 1))])
     assert where == str(path.with_name("j.sqlite.unsaved.jsonl"))
     Path(where).write_text(Path(where).read_text() + '["f2", "two"')  # a line cut short by the fault
     with Journal(path) as journal:
-        assert journal.get("f1") == RowResult("one", "ok", None, None, 200, 1) and journal.get("f2") is None
+        assert journal.get("f1") == Answer("one", "ok", None, None, 200, 1) and journal.get("f2") is None
     assert not Path(where).exists()
