@@ -15,9 +15,7 @@ parameters, the column, the budget (reachable, usable by every worker), the key.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Hashable
-from typing import Any
 from urllib.parse import urlsplit
 
 try:
@@ -28,12 +26,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 import pandas as pd
 
-from . import contract
 from ._background import run_in_worker
-from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from .accessors import ColumnSummarize, ValuesSummarize
 from .budget import Budget, ProcessBudget, SQLiteBudget
-from .errors import BudgetError
-from .options import DEFAULT_MAX_WAIT, RunSpec, document_options
+from .errors import BudgetError, InvalidParameterError
+from .options import RunSpec
 from .results import check_columns, join_results, results_frame
 from .run import prepare_shared, run_texts
 
@@ -82,97 +79,47 @@ def _check_cluster(budget: Budget, spec: str) -> None:
         )
 
 
-def _worker_spec(values: dict[str, Any]) -> RunSpec:
-    """The spec every partition opens, checked once here on the client."""
-    if values.get("budget") is not None and not isinstance(values["budget"], str):
-        raise BudgetError(
-            f"invalid budget {values['budget']!r}: on Dask, pass a string: 'machine', 'redis://HOST:PORT/DB'"
-        )
-    return prepare_shared(RunSpec.from_options(values), check=_check_cluster)
+class _Accessor:
+    """A Dask DataFrame's or Series' texts in, a lazy frame out: every partition one shared run on
+    the worker that computes it, against the key's budget. The spec is checked and prepared once,
+    here on the client, before anything is sent: the budget must be one every worker shares
+    ("machine" for workers on this machine, "redis://HOST:PORT/DB" for several machines, "none" for
+    one worker process only), and answers are shared through its store (a journal beside the machine
+    budget, Redis, memory) unless ``journal`` names one. ``progress``: a bar per partition, where the
+    worker runs it. ``limiter`` is refused: an object in this process cannot travel to a worker."""
 
-
-class DaskDataFrameAccessor:
-    """``ddf.batchsum.summarize("text", ...)``: every column plus the result columns, lazily."""
-
-    def __init__(self, data: dd.DataFrame) -> None:
+    def __init__(self, data: dd.DataFrame | dd.Series) -> None:
         self._data = data
 
-    @document_options
-    def summarize(
-        self,
-        column: Hashable,
-        mode: Any = 1,
-        percentage: Any = contract.PERCENTAGE_DEFAULT,
-        type: Any = None,
-        *,
-        output_column: str = "summary",
-        api_key: str | None = None,
-        base_url: str | None = None,
-        local: bool = False,
-        timeout: float = DEFAULT_TIMEOUT,
-        max_retries: int = DEFAULT_MAX_RETRIES,
-        encoding: str = "json",
-        rpm: float | None = None,
-        concurrency: int | None = None,
-        budget: Any = None,
-        journal: str | os.PathLike[str] | None = None,
-        progress: bool = False,
-        long_texts: str = "skip",
-        max_wait: float = DEFAULT_MAX_WAIT,
-    ) -> dd.DataFrame:
-        """A lazy Dask DataFrame: every column of ``ddf`` plus ``summary``, ``summary_status``,
-        ``summary_error``, ``summary_message``, ``summary_http_status``, ``summary_attempts``;
-        same partitions, index and divisions. Nothing is sent until it is computed (``compute()``,
-        ``to_parquet(...)``).
-
-        ``budget`` is the key's rate budget every worker shares: ``"machine"`` (workers on this
-        machine), ``"redis://HOST:PORT/DB"`` (workers on several machines) or ``"none"`` (one worker
-        process only). ``journal``: a SQLite file the answers are shared and kept in (default: the
-        budget's store: Redis for ``redis://``, a journal beside the machine budget in the user's
-        cache folder, memory for ``"none"``). ``progress``: a bar per partition, on the worker.
-        Raises, before anything is sent: ``InputError`` (column), ``InvalidParameterError``,
-        ``ConfigurationError`` (key, URL), ``BudgetError`` (an unusable budget, or one the
-        cluster's workers cannot share)."""
-        frame: dd.DataFrame = self._data
-        check_columns(frame.columns, column, output_column)
-        spec = _worker_spec(locals())
-        meta = join_results(frame._meta, [], spec.output_column)
-        return frame.map_partitions(_partition, spec, column, meta=meta, align_dataframes=False)
+    def _summarize(self, column: Hashable, spec: RunSpec) -> dd.DataFrame:
+        data = self._data
+        if column is not None:
+            check_columns(data.columns, column, spec.output_column)
+        if spec.limiter is not None:
+            raise InvalidParameterError(
+                "invalid limiter on Dask: an object in this process cannot travel to the workers; "
+                "the key's budget paces them all (budget='machine' or 'redis://...')"
+            )
+        if not isinstance(spec.budget, str):
+            raise BudgetError(
+                f"invalid budget {spec.budget!r}: on Dask, pass a string: 'machine', 'redis://HOST:PORT/DB'"
+            )
+        spec = prepare_shared(spec, check=_check_cluster)
+        if column is None:
+            meta = results_frame([], data._meta.index, spec.output_column)
+        else:
+            meta = join_results(data._meta, [], spec.output_column)
+        return data.map_partitions(_partition, spec, column, meta=meta, align_dataframes=False)
 
 
-class DaskSeriesAccessor:
+class DaskDataFrameAccessor(_Accessor, ColumnSummarize[dd.DataFrame]):
+    """``ddf.batchsum.summarize("text", ...)``: a lazy Dask DataFrame, every column plus the result
+    columns, same partitions, index and divisions. Nothing is sent until it is computed
+    (``compute()``, ``to_parquet(...)``)."""
+
+
+class DaskSeriesAccessor(_Accessor, ValuesSummarize[dd.DataFrame]):
     """``dseries.batchsum.summarize(...)``: the result columns as a lazy Dask DataFrame."""
-
-    def __init__(self, data: dd.Series) -> None:
-        self._data = data
-
-    @document_options
-    def summarize(
-        self,
-        mode: Any = 1,
-        percentage: Any = contract.PERCENTAGE_DEFAULT,
-        type: Any = None,
-        *,
-        output_column: str = "summary",
-        api_key: str | None = None,
-        base_url: str | None = None,
-        local: bool = False,
-        timeout: float = DEFAULT_TIMEOUT,
-        max_retries: int = DEFAULT_MAX_RETRIES,
-        encoding: str = "json",
-        rpm: float | None = None,
-        concurrency: int | None = None,
-        budget: Any = None,
-        journal: str | os.PathLike[str] | None = None,
-        progress: bool = False,
-        long_texts: str = "skip",
-        max_wait: float = DEFAULT_MAX_WAIT,
-    ) -> dd.DataFrame:
-        """The result columns on the Series' index, lazily (see ``ddf.batchsum.summarize``)."""
-        series: dd.Series = self._data
-        spec = _worker_spec(locals())
-        meta = results_frame([], series._meta.index, spec.output_column)
-        return series.map_partitions(_partition, spec, None, meta=meta, align_dataframes=False)
 
 
 register_dataframe_accessor("batchsum")(DaskDataFrameAccessor)

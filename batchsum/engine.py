@@ -380,7 +380,9 @@ class _Batch:
         request goes the way of any other (store, dedup, claims, budget, pacer, retries)."""
         parts = long_texts.split_text(text)
         self.stats.long_planned(len(parts))
-        answers = await asyncio.gather(*(self.answer(part, long_texts.part_params(self.params), PART) for part in parts))
+        answers = await asyncio.gather(
+            *(self.answer(part, long_texts.part_params(self.params), PART) for part in parts)
+        )
         failed = _first_failure(answers, "part", len(parts))
         if failed is not None:
             return self.stats.long_done(failed, len(parts), answers)

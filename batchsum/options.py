@@ -348,20 +348,20 @@ EXCEPTIONS: dict[str, Difference] = {
     ),
     "limiter": Difference(
         ("cli", "dask"),
-        "absent",
-        "an object in this process's memory: it cannot be typed on a command line or travel to a worker",
+        "refused",
+        "an object in this process's memory: it cannot be typed on a command line (no flag) or travel to a "
+        "worker (Dask refuses one, naming the budget that paces every worker instead)",
     ),
     "progress": Difference(
-        ("cli", "dask", "widgets"),
+        ("cli", "widgets"),
         "other default",
-        "the CLI turns it off with --quiet; Dask partitions run on workers, where nobody sees a bar "
-        "(default False); the app draws its own progress (default False)",
+        "the CLI turns it off with --quiet; the app draws its own progress (default False)",
     ),
     "journal": Difference(
         ("cli", "dask"),
         "other default",
-        "the CLI keeps one beside its output (OUTPUT.journal.sqlite); Dask shares answers through the "
-        "budget's store; in a notebook, answers are kept in this process unless a journal is named",
+        "None means: the CLI keeps one beside its output (OUTPUT.journal.sqlite); Dask shares answers "
+        "through the budget's store; elsewhere answers are kept in this process unless a journal is named",
     ),
 }
 

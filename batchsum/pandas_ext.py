@@ -9,17 +9,14 @@ Ctrl-C) stops sending at once; finished answers stay in an in-process cache (and
 
 from __future__ import annotations
 
-import os
 from collections.abc import Hashable
-from typing import Any
 
 import pandas as pd
 
-from . import contract
 from ._background import run_in_worker
-from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from .accessors import ColumnSummarize, ColumnSummarizeAsync, ValuesSummarize, ValuesSummarizeAsync
 from .errors import InputError
-from .options import DEFAULT_MAX_WAIT, RunSpec, document_options
+from .options import RunSpec
 from .report import BatchStats
 from .results import RowResult, check_columns, join_results, results_frame
 from .run import run_texts
@@ -33,164 +30,49 @@ def clear_cache() -> None:
     clear_process_caches()
 
 
-def _with_record(out: pd.DataFrame, stats: BatchStats) -> pd.DataFrame:
-    """``out`` carrying the run's account and timeline in ``out.attrs["batchsum"]`` (``plot_run``)."""
-    out.attrs["batchsum"] = stats.record()
-    return out
+class _Accessor:
+    """A pandas DataFrame's or Series' texts in, its results out: ``out.attrs["batchsum"]`` holds the
+    run's account and timeline (requests per minute, 429s, pauses, pace), which
+    ``batchsum.plot_run(out)`` draws."""
 
+    def __init__(self, data: pd.DataFrame | pd.Series) -> None:
+        self._data = data
 
-async def _results(series: pd.Series, spec: RunSpec, stats: BatchStats) -> list[RowResult]:
-    return await run_texts(spec, series.tolist(), stats=stats)
-
-
-class SeriesAccessor:
-    """``series.batchsum.summarize(...)``: the result columns as a DataFrame on the Series' index."""
-
-    def __init__(self, series: pd.Series) -> None:
-        self._series = series
-
-    @document_options
-    def summarize(
-        self,
-        mode: Any = 1,
-        percentage: Any = contract.PERCENTAGE_DEFAULT,
-        type: Any = None,
-        *,
-        output_column: str = "summary",
-        api_key: str | None = None,
-        base_url: str | None = None,
-        local: bool = False,
-        timeout: float = DEFAULT_TIMEOUT,
-        max_retries: int = DEFAULT_MAX_RETRIES,
-        encoding: str = "json",
-        rpm: float | None = None,
-        concurrency: int | None = None,
-        limiter: Any = None,
-        budget: Any = None,
-        journal: str | os.PathLike[str] | None = None,
-        progress: bool = True,
-        long_texts: str = "skip",
-        max_wait: float = DEFAULT_MAX_WAIT,
-    ) -> pd.DataFrame:
-        """Summarize every value: the result columns on the Series' index (see ``df.batchsum.summarize``)."""
-        spec = RunSpec.from_options(locals())
-        stats = BatchStats()
-        results = run_in_worker(lambda: _results(self._series, spec, stats))
-        return _with_record(results_frame(results, self._series.index, spec.output_column), stats)
-
-    @document_options
-    async def asummarize(
-        self,
-        mode: Any = 1,
-        percentage: Any = contract.PERCENTAGE_DEFAULT,
-        type: Any = None,
-        *,
-        output_column: str = "summary",
-        api_key: str | None = None,
-        base_url: str | None = None,
-        local: bool = False,
-        timeout: float = DEFAULT_TIMEOUT,
-        max_retries: int = DEFAULT_MAX_RETRIES,
-        encoding: str = "json",
-        rpm: float | None = None,
-        concurrency: int | None = None,
-        limiter: Any = None,
-        budget: Any = None,
-        journal: str | os.PathLike[str] | None = None,
-        progress: bool = True,
-        long_texts: str = "skip",
-        max_wait: float = DEFAULT_MAX_WAIT,
-    ) -> pd.DataFrame:
-        """``await series.batchsum.asummarize(...)``: the same, in the running event loop."""
-        spec = RunSpec.from_options(locals())
-        stats = BatchStats()
-        results = await _results(self._series, spec, stats)
-        return _with_record(results_frame(results, self._series.index, spec.output_column), stats)
-
-
-class DataFrameAccessor:
-    """``df.batchsum.summarize("text", ...)``: every column of ``df`` plus the result columns."""
-
-    def __init__(self, frame: pd.DataFrame) -> None:
-        self._frame = frame
-
-    def column(self, column: Hashable, output_column: str) -> pd.Series:
-        """The text column, when it is there (once) and the result columns are not."""
-        check_columns(self._frame.columns, column, output_column)
-        series = self._frame[column]
+    def _texts(self, column: Hashable, spec: RunSpec) -> pd.Series:
+        if isinstance(self._data, pd.Series):
+            return self._data
+        check_columns(self._data.columns, column, spec.output_column)
+        series = self._data[column]
         if isinstance(series, pd.DataFrame):
             raise InputError(f"column name {column!r} is not unique in the DataFrame")
         return series
 
-    @document_options
-    def summarize(
-        self,
-        column: Hashable,
-        mode: Any = 1,
-        percentage: Any = contract.PERCENTAGE_DEFAULT,
-        type: Any = None,
-        *,
-        output_column: str = "summary",
-        api_key: str | None = None,
-        base_url: str | None = None,
-        local: bool = False,
-        timeout: float = DEFAULT_TIMEOUT,
-        max_retries: int = DEFAULT_MAX_RETRIES,
-        encoding: str = "json",
-        rpm: float | None = None,
-        concurrency: int | None = None,
-        limiter: Any = None,
-        budget: Any = None,
-        journal: str | os.PathLike[str] | None = None,
-        progress: bool = True,
-        long_texts: str = "skip",
-        max_wait: float = DEFAULT_MAX_WAIT,
-    ) -> pd.DataFrame:
-        """A new DataFrame: every column of ``df`` plus ``summary``, ``summary_status``,
-        ``summary_error``, ``summary_message``, ``summary_http_status``, ``summary_attempts``; same
-        index (any kind) and row order. ``out.attrs["batchsum"]`` holds the run's account and timeline
-        (requests per minute, 429s, pauses, pace), which ``batchsum.plot_run(out)`` draws.
+    def _frame(self, results: list[RowResult], spec: RunSpec, stats: BatchStats) -> pd.DataFrame:
+        if isinstance(self._data, pd.Series):
+            out = results_frame(results, self._data.index, spec.output_column)
+        else:
+            out = join_results(self._data, results, spec.output_column)
+        out.attrs["batchsum"] = stats.record()
+        return out
 
-        Works inside a running event loop; an interrupt keeps finished answers, so the same call again
-        sends only the rest. Raises ``InputError`` for a missing column, ``InvalidParameterError`` for
-        bad parameters (before sending), and ``AuthenticationError``/``NotPremiumError`` when the
-        service refuses the key or plan."""
-        spec = RunSpec.from_options(locals())
-        series = self.column(column, spec.output_column)
-        stats = BatchStats()
-        results = run_in_worker(lambda: _results(series, spec, stats))
-        return _with_record(join_results(self._frame, results, spec.output_column), stats)
+    def _summarize(self, column: Hashable, spec: RunSpec) -> pd.DataFrame:
+        texts, stats = self._texts(column, spec).tolist(), BatchStats()
+        return self._frame(run_in_worker(lambda: run_texts(spec, texts, stats=stats)), spec, stats)
 
-    @document_options
-    async def asummarize(
-        self,
-        column: Hashable,
-        mode: Any = 1,
-        percentage: Any = contract.PERCENTAGE_DEFAULT,
-        type: Any = None,
-        *,
-        output_column: str = "summary",
-        api_key: str | None = None,
-        base_url: str | None = None,
-        local: bool = False,
-        timeout: float = DEFAULT_TIMEOUT,
-        max_retries: int = DEFAULT_MAX_RETRIES,
-        encoding: str = "json",
-        rpm: float | None = None,
-        concurrency: int | None = None,
-        limiter: Any = None,
-        budget: Any = None,
-        journal: str | os.PathLike[str] | None = None,
-        progress: bool = True,
-        long_texts: str = "skip",
-        max_wait: float = DEFAULT_MAX_WAIT,
-    ) -> pd.DataFrame:
-        """``await df.batchsum.asummarize(...)``: the same, in the running event loop."""
-        spec = RunSpec.from_options(locals())
-        series = self.column(column, spec.output_column)
-        stats = BatchStats()
-        results = await _results(series, spec, stats)
-        return _with_record(join_results(self._frame, results, spec.output_column), stats)
+    async def _asummarize(self, column: Hashable, spec: RunSpec) -> pd.DataFrame:
+        texts, stats = self._texts(column, spec).tolist(), BatchStats()
+        return self._frame(await run_texts(spec, texts, stats=stats), spec, stats)
+
+
+class DataFrameAccessor(_Accessor, ColumnSummarize[pd.DataFrame], ColumnSummarizeAsync[pd.DataFrame]):
+    """``df.batchsum.summarize("text", ...)``: a new DataFrame, every column of ``df`` plus the result
+    columns, same index (any kind) and row order. Works inside a running event loop
+    (``await df.batchsum.asummarize(...)`` too); an interrupt keeps finished answers, so the same
+    call again sends only the rest."""
+
+
+class SeriesAccessor(_Accessor, ValuesSummarize[pd.DataFrame], ValuesSummarizeAsync[pd.DataFrame]):
+    """``series.batchsum.summarize(...)``: the result columns as a DataFrame on the Series' index."""
 
 
 pd.api.extensions.register_dataframe_accessor("batchsum")(DataFrameAccessor)

@@ -205,4 +205,3 @@ class BatchStats:
                 f"part requests and at most {work.skipped_reduce} reduce requests with long_texts='split'"
             )
         return line
-

@@ -138,9 +138,9 @@ async def test_truncate_sends_the_first_words_and_says_so_and_skip_says_what_spl
 
 
 def test_the_same_long_row_gives_the_same_answer_on_every_front_end(env, tmp_path):
-    import batchsum.dask  # noqa: F401
     import dask.dataframe as dd
 
+    import batchsum.dask  # noqa: F401
     from batchsum.cli import main
 
     frame = pd.DataFrame({"text": [DOC_12K, article(30)]})

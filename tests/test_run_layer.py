@@ -62,6 +62,8 @@ def test_every_python_front_end_takes_the_spec_options_by_name_with_its_defaults
             assert name in parameters, f"{function.__qualname__} lacks option {name}"
             if exception is None or front_end not in exception.front_ends:
                 assert parameters[name].default == default, f"{function.__qualname__}: {name} default"
+            if exception is not None and front_end in exception.front_ends and exception.how == "refused":
+                assert parameters[name].default == default  # taken, with the default, and refused when set
         # Every option documented in the same words (one source: OPTIONS).
         for option in OPTIONS:
             if option.name in parameters:
@@ -76,8 +78,8 @@ def test_the_cli_flags_are_the_spec_options_with_its_defaults():
     dests = {action.dest: action for action in summarize._actions}
     for name, default in SPEC_OPTIONS.items():
         exception = EXCEPTIONS.get(name)
-        if exception is not None and "cli" in exception.front_ends and exception.how == "absent":
-            assert name not in dests
+        if exception is not None and "cli" in exception.front_ends and exception.how in ("absent", "refused"):
+            assert name not in dests  # no flag for it
             continue
         if name == "progress":
             assert "quiet" in dests and dests["quiet"].default is False  # progress on unless --quiet
@@ -87,9 +89,20 @@ def test_the_cli_flags_are_the_spec_options_with_its_defaults():
         assert summarize.get_default(name) == default, name
 
 
+def test_dask_refuses_a_limiter_with_what_paces_its_workers_instead(svc):
+    import dask.dataframe as dd
+    import pandas as pd
+    from aiolimiter import AsyncLimiter
+
+    frame = dd.from_pandas(pd.DataFrame({"text": [article(20)]}), npartitions=1)
+    with pytest.raises(InvalidParameterError, match="cannot travel to the workers"):
+        frame.batchsum.summarize("text", api_key=KEY, base_url=svc.url, limiter=AsyncLimiter(1, 1))
+    assert svc.stats()["requests"] == 0
+
+
 def test_exceptions_say_why_and_name_known_front_ends():
     for name, exception in EXCEPTIONS.items():
-        assert name in SPEC_OPTIONS and exception.why and exception.how in ("absent", "other default")
+        assert name in SPEC_OPTIONS and exception.why and exception.how in ("absent", "refused", "other default")
         assert set(exception.front_ends) <= {"cli", "pandas", "dask", "widgets"}
 
 
