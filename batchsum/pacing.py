@@ -167,6 +167,96 @@ class _Owed:
         return report
 
 
+class _Evidence:
+    """What the service has shown of its limit, and what AIMD concludes from it: this process's
+    starts and 429s of the last two minutes, how long it has been sending unpaused, and the limit
+    the service showed (what it admitted in a minute when it refused more). With a shared budget,
+    the key's counts (as of the last reservation) stand in for this process's share of them."""
+
+    __slots__ = ("starts", "refused", "unpaused_since", "shown_limit", "last_climb", "_shared", "_owed")
+
+    def __init__(self, shared: bool, owed: _Owed) -> None:
+        self.starts: list[float] = []  # start times of the last two minutes or so, in order
+        self.refused: list[float] = []  # start times of attempts answered 429, same span, sorted
+        self.unpaused_since: float | None = None
+        self.shown_limit: float | None = None
+        self.last_climb = -math.inf
+        self._shared = shared
+        self._owed = owed
+
+    def started(self, now: float) -> None:
+        if self.unpaused_since is None:
+            self.unpaused_since = now
+        self.starts.append(now)
+        if self.starts[0] < now - 3 * WINDOW:  # forget what is older than two minutes, now and then
+            del self.starts[: bisect.bisect_left(self.starts, now - 2 * WINDOW)]
+
+    def refused_at(self, started_at: float, now: float, pace: float) -> bool | None:
+        """Note a 429 for the attempt that started at ``started_at``; whether it came after a stretch
+        of unpaused sending at ``pace`` (``stretch_before``)."""
+        bisect.insort(self.refused, started_at)
+        del self.refused[: bisect.bisect_left(self.refused, now - 2 * WINDOW)]
+        return self.stretch_before(started_at, pace)
+
+    def stretch_before(self, started_at: float, pace: float) -> bool | None:
+        """Had we been sending unpaused at the pace for long enough (``EVIDENCE_SECONDS``) before
+        ``started_at``? None: it was sent before the last pause ended."""
+        since = self.unpaused_since
+        if since is None or started_at < since:
+            return None
+        if self._shared:  # our starts are only our share of the key's: judge by time
+            return started_at - since >= EVIDENCE_SECONDS
+        sent = _count(self.starts, since, started_at)
+        return sent >= max(EVIDENCE_STARTS, pace * EVIDENCE_SECONDS / WINDOW)
+
+    def admitted(self, before: float) -> int:
+        """Starts in the minute before ``before`` that were not answered 429: this process's, or
+        with a shared budget the key's as a whole (as of the last reservation)."""
+        seen = self._owed.seen
+        if self._shared and seen is not None:
+            return max(0, seen.starts - seen.refused)
+        since = before - WINDOW
+        return max(0, _count(self.starts, since, before) - _count(self.refused, since, before))
+
+    def lowered_pace(self, started_at: float, stretch: bool, pace: float) -> tuple[float, str] | None:
+        """The pace a new 429 episode calls for, and why; None when it is no evidence of a limit."""
+        if not stretch:
+            # Refused right after a pause, before the pace could matter: the service is refusing
+            # whatever we send (a storm). It lowers nothing, and what the service admitted before
+            # says nothing about a limit.
+            self.shown_limit = None
+            return None
+        admitted = self.admitted(started_at)
+        if admitted >= FULL_MINUTE * pace / (1 + JITTER_MARGIN):
+            return None  # it took a whole minute at the pace before refusing: the pace is not too high
+        # Refused after a stretch of sending at the pace, having admitted less than a minute of it:
+        # the limit is about what it admitted. Never more than halve the pace on one episode.
+        self.shown_limit = max(MIN_RPM, float(admitted))
+        lowered = max(MIN_RPM, math.floor(max(pace * MAX_DECREASE, min(pace, admitted) * UNDER_LIMIT)))
+        return lowered, f"the service refused after admitting {admitted} requests in a minute at {pace:.0f}/min"
+
+    def climbed_pace(self, now: float, paused_until: float, pace: float, rpm: float, ceiling: float) -> float | None:
+        """The pace after the clean answer at ``now``: additively up toward ``ceiling`` (fast far from
+        any limit the service showed, slowly near it, and probing above it); None for no change."""
+        since = max(self.last_climb, paused_until)
+        self.last_climb = now
+        if not pace or pace >= ceiling or since == -math.inf or now <= since:
+            return None
+        shown = self.shown_limit
+        if shown is not None and self.admitted(now) >= FORGET_SHARE * shown:
+            self.shown_limit = shown = None  # the service admitted more in a minute: the limit is higher
+        if shown is None or pace < 0.9 * shown:
+            seconds = RECOVER_SECONDS
+        else:
+            seconds = APPROACH_SECONDS if pace < shown else PROBE_SECONDS
+        return min(ceiling, pace + rpm * (now - since) / seconds)
+
+
+def _count(times: list[float], since: float, before: float) -> int:
+    """How many of the sorted ``times`` lie in [since, before)."""
+    return bisect.bisect_left(times, before) - bisect.bisect_left(times, since)
+
+
 class Pacer:
     """Shared by every sender of a batch: ``start = await before_attempt()`` before each attempt,
     ``after_attempt(start, ...)`` after it. ``rpm=0``: no pacing, but 429 pauses are still shared.
@@ -191,13 +281,9 @@ class Pacer:
         "_turn",
         "_paused_until",
         "_pause_reason",
-        "_unpaused_since",
         "_ramp",
         "_episodes",
-        "_starts",
-        "_refused",
-        "_shown_limit",
-        "_last_climb",
+        "_evidence",
         "_on_pace_change",
         "in_flight",
         "timeline",
@@ -229,13 +315,9 @@ class Pacer:
         self._turn: asyncio.Lock | None = None
         self._paused_until = -math.inf
         self._pause_reason: str | None = None
-        self._unpaused_since: float | None = None
         self._ramp = 1.0
         self._episodes = 0  # 429 episodes since the last clean answer (the backoff's exponent)
-        self._starts: list[float] = []  # start times of the last two minutes or so, in order
-        self._refused: list[float] = []  # start times of attempts answered 429, same span, sorted
-        self._shown_limit: float | None = None  # what the service admitted in a minute, when it refused more
-        self._last_climb = -math.inf
+        self._evidence = _Evidence(self._budget.shared, self._owed)
         self._on_pace_change = on_pace_change
         self.in_flight = InFlight(self, max_in_flight)
         self.timeline = Timeline(self.rpm)
@@ -315,11 +397,11 @@ class Pacer:
             pace = max(MIN_RPM, min(self.ceiling, slot.pace))
             if slot.pace != report.pace and abs(pace - self.pace) >= 0.5:  # someone else's pace
                 if pace < self.pace:  # lowered on their evidence of a limit about where it now is
-                    self._shown_limit = pace / UNDER_LIMIT
+                    self._evidence.shown_limit = pace / UNDER_LIMIT
                     self._set_pace(pace, "another process sharing the rate budget lowered it", now, publish=False)
                 else:
                     self._set_pace(pace, None, now, publish=False)
-                self._last_climb = now  # climb from here, not again over what they climbed
+                self._evidence.last_climb = now  # climb from here, not again over what they climbed
 
     def now(self) -> float:
         return self._clock()
@@ -327,11 +409,7 @@ class Pacer:
     def _started(self, now: float) -> None:
         self.timeline.started(now)
         self._owed.started += 1
-        if self._unpaused_since is None:
-            self._unpaused_since = now
-        self._starts.append(now)
-        if self._starts[0] < now - 3 * WINDOW:  # forget what is older than two minutes, now and then
-            del self._starts[: bisect.bisect_left(self._starts, now - 2 * WINDOW)]
+        self._evidence.started(now)
         if self.pace:
             self._ramp = max(1.0, self._ramp * RAMP_DECAY)
 
@@ -366,7 +444,7 @@ class Pacer:
             self._owed.pause = self._owed.pause or publish
             if publish and self._wake is not None:
                 self._wake.set()
-        self._unpaused_since = None
+        self._evidence.unpaused_since = None
         if self.pace:
             self._ramp = RAMP_START
 
@@ -374,10 +452,8 @@ class Pacer:
         self.rate_limited += 1
         self.timeline.refused(now)
         self._owed.refused += 1
-        bisect.insort(self._refused, started_at)
-        del self._refused[: bisect.bisect_left(self._refused, now - 2 * WINDOW)]
         new_episode = started_at >= self._paused_until  # else it was sent before the pause in force
-        stretch = self._stretch_before(started_at)
+        stretch = self._evidence.refused_at(started_at, now, self.pace)
         if new_episode:
             self._episodes += 1
         if retry_after is not None:
@@ -386,69 +462,16 @@ class Pacer:
             wait = backoff(min(self._episodes, 8))
             why = "the service answered 429 without a usable Retry-After; backing off"
         self._pause(now + min(wait, MAX_RETRY_AFTER), why)
-        if not new_episode or stretch is None or not self.pace:
-            return
-        if not stretch:
-            # Refused right after a pause, before the pace could matter: the service is refusing
-            # whatever we send (a storm). It lowers nothing, and what the service admitted before
-            # says nothing about a limit.
-            self._shown_limit = None
-            return
-        admitted = self._admitted(started_at)
-        if admitted >= FULL_MINUTE * self.pace / (1 + JITTER_MARGIN):
-            return  # it took a whole minute at the pace before refusing: the pace is not too high
-        # Refused after a stretch of sending at the pace, having admitted less than a minute of it:
-        # the limit is about what it admitted. Never more than halve the pace on one episode.
-        self._shown_limit = max(MIN_RPM, float(admitted))
-        lowered = max(MIN_RPM, math.floor(max(self.pace * MAX_DECREASE, min(self.pace, admitted) * UNDER_LIMIT)))
-        self._set_pace(
-            lowered, f"the service refused after admitting {admitted} requests in a minute at {self.pace:.0f}/min", now
-        )
-
-    def _stretch_before(self, started_at: float) -> bool | None:
-        """Had we been sending unpaused at the pace for long enough (``EVIDENCE_SECONDS``) before
-        ``started_at``? None: it was sent before the last pause ended."""
-        since = self._unpaused_since
-        if since is None or started_at < since:
-            return None
-        if self._budget.shared:  # our starts are only our share of the key's: judge by time
-            return started_at - since >= EVIDENCE_SECONDS
-        sent = self._count(self._starts, since, started_at)
-        return sent >= max(EVIDENCE_STARTS, self.pace * EVIDENCE_SECONDS / WINDOW)
-
-    def _admitted(self, before: float) -> int:
-        """Starts in the minute before ``before`` that were not answered 429: this process's, or
-        with a shared budget the key's as a whole (as of the last reservation)."""
-        seen = self._owed.seen
-        if self._budget.shared and seen is not None:
-            return max(0, seen.starts - seen.refused)
-        since = before - WINDOW
-        return max(0, self._count(self._starts, since, before) - self._count(self._refused, since, before))
-
-    @staticmethod
-    def _count(times: list[float], since: float, before: float) -> int:
-        """How many of the sorted ``times`` lie in [since, before)."""
-        return bisect.bisect_left(times, before) - bisect.bisect_left(times, since)
+        if new_episode and stretch is not None and self.pace:
+            lowered = self._evidence.lowered_pace(started_at, stretch, self.pace)
+            if lowered is not None:
+                self._set_pace(*lowered, now)
 
     def _climb(self, now: float) -> None:
         """Additive increase toward the ceiling while answers come back clean."""
-        since = max(self._last_climb, self._paused_until)
-        self._last_climb = now
-        if not self.pace or self.pace >= self.ceiling or since == -math.inf or now <= since:
-            return
-        shown = self._shown_limit
-        if shown is not None and self._admitted(now) >= FORGET_SHARE * shown:
-            self._shown_limit = shown = None  # the service admitted more in a minute: the limit is higher
-        if shown is None or self.pace < 0.9 * shown:
-            seconds = RECOVER_SECONDS
-        else:
-            seconds = APPROACH_SECONDS if self.pace < shown else PROBE_SECONDS
-        step = self.rpm * (now - since) / seconds
-        pace = min(self.ceiling, self.pace + step)
-        if pace >= self.ceiling:
-            self._set_pace(self.ceiling, "answers came back clean", now)
-        else:
-            self._set_pace(pace, None, now)
+        pace = self._evidence.climbed_pace(now, self._paused_until, self.pace, self.rpm, self.ceiling)
+        if pace is not None:
+            self._set_pace(pace, "answers came back clean" if pace >= self.ceiling else None, now)
 
     def _obey_headers(self, headers: RateLimitHeaders, now: float) -> None:
         if headers.per_minute is not None and headers.per_minute < self.ceiling:
