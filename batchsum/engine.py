@@ -312,6 +312,7 @@ class _Batch:
         self.first_answered = asyncio.Event()
         self.first_sent = False
         self.drain_deadline: float | None = None
+        self.long_rows = _LongRows(self)
 
     def stop(self, error: BatchsumError, *, unsent_rows: bool = False) -> None:
         """Stop at once: nothing new starts from here on, whoever notices the stop first.
@@ -334,9 +335,9 @@ class _Batch:
             reason, message = problem
             if reason is contract.SkipReason.TOO_LONG:
                 if self.options.long_texts == SPLIT:
-                    return asyncio.ensure_future(self.split(text))
+                    return asyncio.ensure_future(self.long_rows.split(text))
                 if self.options.long_texts == TRUNCATE:
-                    return asyncio.ensure_future(self.truncated(text))
+                    return asyncio.ensure_future(self.long_rows.truncated(text))
                 self.stats.long_skipped(contract.count_words(text))
             return RowResult(None, SKIPPED, reason.value, message, None, 0, 0)
         return self.request(text, self.params)
@@ -363,48 +364,6 @@ class _Batch:
     async def answer(self, text: str, params: contract.Params, kind: str) -> Answer:
         item = self.request(text, params, kind)
         return await item if isinstance(item, asyncio.Task) else item
-
-    async def truncated(self, text: str) -> RowResult:
-        """``long_texts="truncate"``: the first words up to the limit, and the row says so."""
-        kept = long_texts.truncate_text(text)
-        answer = await self.answer(kept, self.params, ROW)
-        note = (
-            f"truncated: the summary is of the first {contract.count_words(kept)} of "
-            f"{contract.count_words(text)} words (long_texts='truncate')"
-        )
-        return answer.row(1, note if answer.status == OK else None)
-
-    async def split(self, text: str) -> RowResult:
-        """``long_texts="split"``: the parts summarized, then their summaries summarized (a tree when
-        they are too long for one request) into one answer of the row's type and length. Every
-        request goes the way of any other (store, dedup, claims, budget, pacer, retries)."""
-        parts = long_texts.split_text(text)
-        self.stats.long_planned(len(parts))
-        answers = await asyncio.gather(
-            *(self.answer(part, long_texts.part_params(self.params), PART) for part in parts)
-        )
-        failed = _first_failure(answers, "part", len(parts))
-        if failed is not None:
-            return self.stats.long_done(failed, len(parts), answers)
-        plan = long_texts.reduce_plan([a.summary or "" for a in answers], contract.count_words(text), self.params)
-        done: list[Answer] = list(answers)
-        try:
-            step = next(plan)
-            while True:
-                round_answers = await asyncio.gather(*(self.answer(t, step.params, REDUCE) for t in step.texts))
-                done.extend(round_answers)
-                failed = _first_failure(round_answers, "reduce step", len(step.texts))
-                if failed is not None:
-                    return self.stats.long_done(failed, len(parts), done)
-                step = plan.send([a.summary or "" for a in round_answers])
-        except StopIteration as end:
-            reduced: long_texts.Reduced = end.value
-        note = f"summarized in {len(parts)} parts and {reduced.requests} reduce requests"
-        if reduced.note:
-            note = f"{note}; {reduced.note}"
-        attempts = sum(a.attempts for a in done)
-        result = RowResult(reduced.text, OK, None, note, 200, attempts, len(done))
-        return self.stats.long_done(result, len(parts), done)
 
     async def fetch(self, key: str, request: PreparedRequest, kind: str = ROW) -> Answer:
         if not self.answers.shared:
@@ -500,6 +459,58 @@ class _Batch:
         if self.fatal is not None:
             raise self.fatal
         return _row(head.result())  # the task's own error
+
+
+class _LongRows:
+    """Rows over the word limit, as ``long_texts`` says: truncated, or split into parts whose
+    summaries are reduced into one answer. Every request is an ordinary one of the batch."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: _Batch) -> None:
+        self.batch = batch
+
+    async def truncated(self, text: str) -> RowResult:
+        """``long_texts="truncate"``: the first words up to the limit, and the row says so."""
+        kept = long_texts.truncate_text(text)
+        answer = await self.batch.answer(kept, self.batch.params, ROW)
+        note = (
+            f"truncated: the summary is of the first {contract.count_words(kept)} of "
+            f"{contract.count_words(text)} words (long_texts='truncate')"
+        )
+        return answer.row(1, note if answer.status == OK else None)
+
+    async def split(self, text: str) -> RowResult:
+        """``long_texts="split"``: the parts summarized, then their summaries summarized (a tree when
+        they are too long for one request) into one answer of the row's type and length. Every
+        request goes the way of any other (store, dedup, claims, budget, pacer, retries)."""
+        parts = long_texts.split_text(text)
+        self.batch.stats.long_planned(len(parts))
+        answers = await asyncio.gather(
+            *(self.batch.answer(part, long_texts.part_params(self.batch.params), PART) for part in parts)
+        )
+        failed = _first_failure(answers, "part", len(parts))
+        if failed is not None:
+            return self.batch.stats.long_done(failed, len(parts), answers)
+        plan = long_texts.reduce_plan([a.summary or "" for a in answers], contract.count_words(text), self.batch.params)
+        done: list[Answer] = list(answers)
+        try:
+            step = next(plan)
+            while True:
+                round_answers = await asyncio.gather(*(self.batch.answer(t, step.params, REDUCE) for t in step.texts))
+                done.extend(round_answers)
+                failed = _first_failure(round_answers, "reduce step", len(step.texts))
+                if failed is not None:
+                    return self.batch.stats.long_done(failed, len(parts), done)
+                step = plan.send([a.summary or "" for a in round_answers])
+        except StopIteration as end:
+            reduced: long_texts.Reduced = end.value
+        note = f"summarized in {len(parts)} parts and {reduced.requests} reduce requests"
+        if reduced.note:
+            note = f"{note}; {reduced.note}"
+        attempts = sum(a.attempts for a in done)
+        result = RowResult(reduced.text, OK, None, note, 200, attempts, len(done))
+        return self.batch.stats.long_done(result, len(parts), done)
 
 
 class _Tally:
