@@ -7,8 +7,9 @@
 
 from __future__ import annotations
 
-from . import pandas_ext as _pandas_ext  # noqa: F401  (registers df.batchsum / series.batchsum)
-from .client import AsyncClient, Client
+from typing import TYPE_CHECKING, Any
+
+from ._imports import after_import
 from .contract import Mode, SummaryType
 from .errors import (
     APIConnectionError,
@@ -31,7 +32,31 @@ from .errors import (
 )
 from .options import RunSpec
 from .results import RowResult, result_dtypes
-from .run import Run, summarize_texts
+
+if TYPE_CHECKING:
+    from .client import AsyncClient, Client
+    from .run import Run, summarize_texts
+
+# Loaded on first use, so that ``import batchsum`` (and the command line) stays light.
+_LAZY = {"Client": "client", "AsyncClient": "client", "Run": "run", "summarize_texts": "run"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'batchsum' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def _register_pandas() -> None:
+    from . import pandas_ext  # noqa: F401  (registers df.batchsum / series.batchsum)
+
+
+after_import("pandas", _register_pandas)
 
 __version__ = "0.1.0"
 

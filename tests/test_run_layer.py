@@ -273,3 +273,14 @@ def test_each_module_imports_alone_in_a_fresh_interpreter():
     for name, process in running.items():
         _, err = process.communicate(timeout=180)
         assert process.returncode == 0, f"{name}: {err.decode()[-500:]}"
+
+
+def test_the_command_line_starts_without_pandas_and_the_accessor_registers_either_way():
+    light = "import sys, batchsum, batchsum.cli; assert 'pandas' not in sys.modules, 'pandas imported'"
+    for code in (
+        light,
+        "import batchsum, pandas as pd; assert hasattr(pd.DataFrame({'a': [1]}), 'batchsum')",
+        "import pandas as pd, batchsum; assert hasattr(pd.Series([1]), 'batchsum')",
+    ):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr

@@ -1,0 +1,63 @@
+"""Work done when another package is first imported: ``after_import("pandas", register)`` runs
+``register`` once pandas has been imported (at once when it already is), so that ``import batchsum``
+need not import pandas (the command line starts in a tenth of the time) while ``df.batchsum`` still
+works whichever of the two a notebook imports first."""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import logging
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+__all__ = ["after_import"]
+
+log = logging.getLogger("batchsum")
+_lock = threading.Lock()
+
+
+class _Watch(importlib.abc.MetaPathFinder):
+    """Finds ``name`` as every other finder would, and wraps its loader to call back after it ran."""
+
+    def __init__(self, name: str, callback: Callable[[], None]) -> None:
+        self.name = name
+        self.callback = callback
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # once, and out of the way of the real search below
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader, callback = spec.loader, self.callback
+        run = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            run(module)
+            _call(callback)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _call(callback: Callable[[], Any]) -> None:
+    try:
+        callback()
+    except Exception:  # noqa: BLE001 - never break the other package's import
+        log.warning("batchsum could not register itself with a package just imported", exc_info=True)
+
+
+def after_import(name: str, callback: Callable[[], None]) -> None:
+    """Call ``callback`` once module ``name`` is imported: now when it is, else right after its import."""
+    with _lock:
+        if name not in sys.modules:
+            sys.meta_path.insert(0, _Watch(name, callback))
+            return
+    _call(callback)
