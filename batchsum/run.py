@@ -29,7 +29,7 @@ from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .budget import Budget, RedisBudget, SQLiteBudget, check_budget, open_budget
 from .client import AsyncClient
 from .engine import RunOptions, plan_batch, summarize_stream
-from .errors import BrokenInputError, BudgetError, ConfigurationError, JournalError
+from .errors import BrokenInputError, BudgetError, ConfigurationError, JournalError, redact_location
 from .journal import Journal, RedisStore, RunLock, SharedJournal
 from .options import DEFAULT_MAX_WAIT, RunSpec, Secret, document_options
 from .pacing import PaceChange
@@ -96,7 +96,7 @@ def prepare_shared(spec: RunSpec, check: Callable[[Budget, str], None] | None = 
     budget = open_budget(spec.budget, identity)
     run_in_worker(lambda: check_budget(budget))
     if check is not None:
-        check(budget, spec.budget if isinstance(spec.budget, str) else repr(budget))
+        check(budget, redact_location(spec.budget) if isinstance(spec.budget, str) else repr(budget))
     changes: dict[str, Any] = {}
     if isinstance(budget, SQLiteBudget):
         changes["budget"] = f"sqlite://{budget.path}"
