@@ -93,6 +93,8 @@ _STYLE = """<style>
 .batchsum-badge.ok { background: #2e7d32; } .batchsum-badge.skipped { background: #6d6d6d; }
 .batchsum-badge.failed { background: #c62828; }
 .batchsum-table details summary { cursor: pointer; }
+.batchsum-table details[open] .batchsum-excerpt, .batchsum-table details:not([open]) .batchsum-less { display: none; }
+.batchsum-table .batchsum-less { color: var(--jp-ui-font-color2, #666); font-size: 85%; }
 .batchsum-error { color: #e53935; }
 </style>"""
 
@@ -371,9 +373,10 @@ class ResultTable:
             badge = f"<span class='batchsum-badge {row.status}'>{row.status}</span>"
             summary = ""
             if row.summary:
-                summary = (
-                    f"<details><summary>{html.escape(_excerpt(row.summary))}</summary>"
-                    f"{render_summary(row.summary, self.kind)}</details>"
+                summary = (  # its start while closed; once opened, the whole summary only (never twice)
+                    f"<details><summary><span class='batchsum-excerpt'>{html.escape(_excerpt(row.summary))}</span>"
+                    f"<span class='batchsum-less'>hide</span></summary>{render_summary(row.summary, self.kind)}"
+                    "</details>"
                 )
             message = html.escape(row.message or "") + (f" <code>{html.escape(row.error)}</code>" if row.error else "")
             body.append(

@@ -181,21 +181,24 @@ def test_a_dataframe_run_shows_its_chart_the_pause_and_a_table_to_read(frame_run
             app.locator("button", has_text="Run").click()
             page.get_by_text("the service answered 429 (Retry-After 1)").first.wait_for(timeout=60_000)
             during = rate_line.get_attribute("d")
-            page.get_by_text("23/23 rows").first.wait_for(timeout=120_000)
+            page.get_by_text("16/16 rows").first.wait_for(timeout=120_000)
             after = rate_line.get_attribute("d")
             refused = page.locator(".batchsum-chart .dot").count()
+            axis = page.locator(".batchsum-chart").get_by_text("seconds since the start").count()
             table = page.locator(".batchsum-results")
-            table.get_by_text("page 1 of 2 · 23 rows").wait_for(timeout=30_000)
+            table.get_by_text("page 1 of 2 · 16 rows").wait_for(timeout=30_000)
             table.locator("button", has_text="Next").click()
-            table.get_by_text("page 2 of 2 · 23 rows").wait_for(timeout=30_000)
+            table.get_by_text("page 2 of 2 · 16 rows").wait_for(timeout=30_000)
             table.locator("button", has_text="Skipped").click()
             table.get_by_text("page 1 of 1 · 3 rows").wait_for(timeout=30_000)
             skipped = table.locator(".batchsum-badge.skipped").count()
             table.locator("button", has_text="OK").click()
-            table.get_by_text("page 1 of 2 · 20 rows").wait_for(timeout=30_000)
+            table.get_by_text("page 1 of 1 · 13 rows").wait_for(timeout=30_000)
             opened = table.locator("details").first
+            closed_text = opened.inner_text()
             opened.locator("summary").click()
             whole = opened.locator(".batchsum-summary").inner_text()
+            opened_text = opened.inner_text()
             clipped = widest_overflow(page, ".batchsum-frame-app")
             shot = tmp_path / f"frame-app-{theme}.png"
             page.set_viewport_size({"width": 1000, "height": 1700})  # voila scrolls inside: show it all
@@ -205,6 +208,11 @@ def test_a_dataframe_run_shows_its_chart_the_pause_and_a_table_to_read(frame_run
             browser.close()
     assert before != during != after  # the chart is redrawn in place as the run goes
     assert refused >= 1  # 429s marked
+    assert axis >= 1  # a run of seconds is drawn in seconds, not in hundredths of a minute
     assert skipped == 3 and len(whole) > 100
+    # Opened, the summary is shown once: its first words appear once, not once in a preview above it.
+    first_words = " ".join(whole.split()[:8])
+    assert first_words in " ".join(closed_text.split())
+    assert " ".join(opened_text.split()).count(first_words) == 1
     assert clipped == []
     keep(shot, shot.name)

@@ -21,6 +21,7 @@ from batchsum.dask import DaskDataFrameAccessor, DaskSeriesAccessor
 from batchsum.errors import ConfigurationError, InvalidParameterError
 from batchsum.options import EXCEPTIONS, OPTIONS, Secret
 from batchsum.pandas_ext import DataFrameAccessor, SeriesAccessor
+from batchsum.polars import DataFrameNamespace, SeriesNamespace
 from batchsum.widgets import FrameApp
 from tests.conftest import KEY, article
 
@@ -41,6 +42,12 @@ FRONT_ENDS = {
     ],
     "dask": [DaskDataFrameAccessor.summarize, DaskSeriesAccessor.summarize],
     "widgets": [FrameApp.__init__],
+    "polars": [
+        DataFrameNamespace.summarize,
+        DataFrameNamespace.asummarize,
+        SeriesNamespace.summarize,
+        SeriesNamespace.asummarize,
+    ],
 }
 
 
@@ -103,7 +110,7 @@ def test_dask_refuses_a_limiter_with_what_paces_its_workers_instead(svc):
 def test_exceptions_say_why_and_name_known_front_ends():
     for name, exception in EXCEPTIONS.items():
         assert name in SPEC_OPTIONS and exception.why and exception.how in ("absent", "refused", "other default")
-        assert set(exception.front_ends) <= {"cli", "pandas", "dask", "widgets"}
+        assert set(exception.front_ends) <= set(FRONT_ENDS) | {"cli"}
 
 
 @pytest.mark.parametrize(

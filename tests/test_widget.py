@@ -144,7 +144,9 @@ def test_the_result_table_pages_filters_names_rows_by_id_and_saves(svc, tmp_path
     assert "<td>T-033</td>" in table.table.value and "<th style='width:14%'>ticket</th>" in table.table.value
     table.filter.value = "ok"
     shown = table.table.value
-    assert "<details><summary>" in shown and "…</summary>" in shown  # a summary's start, the whole on demand
+    assert (
+        "<details><summary><span class='batchsum-excerpt'>" in shown and "…</span>" in shown
+    )  # its start, the whole on demand
     assert "failed" not in shown.replace("batchsum-badge failed", "")
     monkeypatch.chdir(tmp_path)
     table.path.value = "out"
@@ -214,3 +216,17 @@ def test_the_frame_app_explains_a_wrong_key(svc, frame):
 def test_widget_refuses_other_data():
     with pytest.raises(TypeError, match="DataFrame"):
         batchsum.widget([1, 2, 3])
+
+
+def test_the_chart_reads_truthfully_at_any_run_length():
+    from batchsum.chart import series
+
+    # 20 seconds at 600/min (10 starts a second): the rate reads 600, in seconds on the axis.
+    short = series({"rpm": 600, "seconds": [[s, 10, 0, 10] for s in range(20)], "pace": [[0, 600]]})
+    assert short["unit"] == "seconds" and short["end"] == 20 and list(short["x"][:3]) == [0, 1, 2]
+    assert all(abs(rate - 600) < 1e-9 for rate in short["per_minute"])
+    # Ten minutes at 300/min: minutes on the axis, and the trailing minute's count once a minute has passed.
+    long = series({"rpm": 600, "seconds": [[s, 5, 0, 5] for s in range(600)], "pace": [[0, 600]]})
+    assert long["unit"] == "minutes" and long["end"] == 10
+    assert all(abs(rate - 300) < 1e-9 for rate in long["per_minute"])
+    assert long["pace_x"] == [0.0, 10.0]

@@ -1,0 +1,91 @@
+"""``df.batchsum`` and ``series.batchsum`` for Polars, registered through Polars' own namespace API
+by ``import batchsum.polars`` (extra ``polars``).
+
+Arrow in and out: the text column leaves Polars as an Arrow array and the result columns come back
+as Arrow arrays (``pl.String``, ``pl.Int32``), with no pandas in between. The same run as every other
+front-end (``run.Run``): the same options, budget, journal and answers; the synchronous calls run on a
+worker thread's event loop, so they work inside a running loop (Jupyter) too. A Polars frame has no
+``attrs``: the run's record (its account and timeline, what ``batchsum.plot_run`` draws) is
+``batchsum.polars.last_run()``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable
+from typing import Any
+
+try:
+    import polars as pl
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError("batchsum.polars needs Polars: pip install 'batchsum[polars]'") from exc
+
+import pyarrow as pa
+
+from ._background import run_in_worker
+from .accessors import ColumnSummarize, ColumnSummarizeAsync, ValuesSummarize, ValuesSummarizeAsync
+from .errors import InputError
+from .options import RunSpec
+from .report import BatchStats
+from .results import RowResult, arrow_columns, check_columns, result_columns
+from .run import run_texts
+
+__all__ = ["DataFrameNamespace", "SeriesNamespace", "last_run"]
+
+_last = threading.local()
+
+
+def last_run() -> dict[str, Any] | None:
+    """The record of this thread's last Polars run: its account and timeline (``plot_run`` draws it)."""
+    record: dict[str, Any] | None = getattr(_last, "record", None)
+    return record
+
+
+class _Namespace:
+    """A Polars DataFrame's or Series' texts in (through Arrow), the result columns out."""
+
+    def __init__(self, data: pl.DataFrame | pl.Series) -> None:
+        self._data = data
+
+    def _texts(self, column: Hashable, spec: RunSpec) -> list[Any]:
+        if isinstance(self._data, pl.Series):
+            return self._texts_of(self._data)
+        check_columns(self._data.columns, column, spec.output_column)
+        if not isinstance(column, str):
+            raise InputError(f"no column {column!r} in the DataFrame: Polars columns are named by text")
+        return self._texts_of(self._data.get_column(column))
+
+    @staticmethod
+    def _texts_of(series: pl.Series) -> list[Any]:
+        # Through Arrow; a value that is not text is skipped per row by the run, as on every front-end.
+        values: list[Any] = series.to_arrow().to_pylist()
+        return values
+
+    def _frame(self, results: list[RowResult], spec: RunSpec, stats: BatchStats) -> pl.DataFrame:
+        _last.record = stats.record()
+        names = result_columns(spec.output_column)
+        table = pa.Table.from_arrays(arrow_columns(results), names=names)
+        out = pl.from_arrow(table)
+        assert isinstance(out, pl.DataFrame)
+        if isinstance(self._data, pl.Series):
+            return out
+        return self._data.hstack(out)
+
+    def _summarize(self, column: Hashable, spec: RunSpec) -> pl.DataFrame:
+        texts, stats = self._texts(column, spec), BatchStats()
+        return self._frame(run_in_worker(lambda: run_texts(spec, texts, stats=stats)), spec, stats)
+
+    async def _asummarize(self, column: Hashable, spec: RunSpec) -> pl.DataFrame:
+        texts, stats = self._texts(column, spec), BatchStats()
+        return self._frame(await run_texts(spec, texts, stats=stats), spec, stats)
+
+
+@pl.api.register_dataframe_namespace("batchsum")
+class DataFrameNamespace(_Namespace, ColumnSummarize[pl.DataFrame], ColumnSummarizeAsync[pl.DataFrame]):
+    """``df.batchsum.summarize("text", ...)``: a new Polars DataFrame, every column of ``df`` then the
+    result columns (``pl.String`` and ``pl.Int32``), rows in order. A LazyFrame: ``collect()`` it first."""
+
+
+@pl.api.register_series_namespace("batchsum")
+class SeriesNamespace(_Namespace, ValuesSummarize[pl.DataFrame], ValuesSummarizeAsync[pl.DataFrame]):
+    """``series.batchsum.summarize(...)``: the result columns as a Polars DataFrame, one row per value."""
