@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ._retry import MAX_RETRY_AFTER
-from .errors import BudgetError
+from .errors import BudgetError, location_secrets, redact, redact_location
 
 __all__ = [
     "Budget",
@@ -385,7 +385,8 @@ class RedisBudget(Budget):
             raise BudgetError("a redis:// budget needs the redis package: pip install 'batchsum[redis]'") from None
         self.url = url
         self.id = key_id
-        self.where = _redacted_url(url)
+        self.where = redact_location(url)
+        self._secrets = location_secrets(url)
         self._keys = [f"batchsum:budget:{{{key_id}}}", f"batchsum:budget:{{{key_id}}}:counts"]
         self._clients: dict[int, Any] = {}
 
@@ -431,12 +432,12 @@ class RedisBudget(Budget):
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
                 if attempt == _REDIS_ATTEMPTS - 1:
                     raise BudgetError(
-                        f"cannot reach the rate budget at {self.where} ({_one_line(exc)}) after "
+                        f"cannot reach the rate budget at {self.where} ({_one_line(exc, self._secrets)}) after "
                         f"{_REDIS_ATTEMPTS} tries; start it, or set {SETTING} to machine or none"
                     ) from None
                 await asyncio.sleep(0.2 * 2**attempt)
             except redis.exceptions.RedisError as exc:
-                raise BudgetError(f"the rate budget at {self.where} refused: {_one_line(exc)}") from None
+                raise BudgetError(f"the rate budget at {self.where} refused: {_one_line(exc, self._secrets)}") from None
         wait, at, paused_for, mark, reason, pace, version, starts, refused = (
             v.decode() if isinstance(v, bytes) else str(v) for v in raw
         )
@@ -472,20 +473,9 @@ async def check_budget(budget: Budget) -> None:
         await budget.aclose()
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def _redacted_url(url: str) -> str:
-    """The URL without a password (``redis://:secret@host`` -> ``redis://***@host``)."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    if parts.password is None and parts.username is None:
-        return url
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    return parts._replace(netloc=f"***@{host}{port}").geturl()
+def _one_line(exc: BaseException, secrets: tuple[str, ...] = ()) -> str:
+    """The error in one line, without credentials (a library may quote the URL it was given)."""
+    return redact(redact_location(" ".join(str(exc).split())), secrets) or type(exc).__name__
 
 
 def open_budget(spec: str | Budget | None, identity: str) -> Budget:
@@ -510,6 +500,6 @@ def open_budget(spec: str | Budget | None, identity: str) -> Budget:
     if lowered.startswith(("redis://", "rediss://", "unix://")):
         return RedisBudget(spec.strip(), key_id)
     raise BudgetError(
-        f"unknown budget {_redacted_url(spec)!r}: set {SETTING} to none, machine, sqlite:///PATH "
+        f"unknown budget {redact_location(spec)!r}: set {SETTING} to none, machine, sqlite:///PATH "
         "or redis://HOST:PORT/DB"
     )

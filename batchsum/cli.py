@@ -39,6 +39,7 @@ from .errors import (
     NotPremiumError,
     RateLimitError,
     UnprocessableEntityError,
+    redact_location,
 )
 
 __all__ = ["main"]
@@ -409,7 +410,7 @@ def _summarize(args: argparse.Namespace) -> int:
     options = RunOptions(rpm=rpm, concurrency=args.concurrency)
     source = DatasetInput(args.inputs, args.column, format=args.format)
     target = check_output(args.output, source)
-    output_path = target.spec
+    output_path = redact_location(target.spec)  # as shown and stored: without credentials
     journal_path = Path(args.journal) if args.journal else default_journal(target)
     if not target.remote and os.path.abspath(journal_path) == os.path.abspath(target.local):
         raise InputError(f"--journal {journal_path} is the output file; give the journal a path of its own")
@@ -569,7 +570,7 @@ def _journal(args: argparse.Namespace) -> int:
     print(f"answers:    {sum(counts.values())} ({by_status})")
     print(f"size:       {size / 1024:.1f} KiB")
     print(f"last write: {when}")
-    print(f"output:     {meta.get('output', 'not recorded')}")
+    print(f"output:     {redact_location(meta.get('output', 'not recorded'))}")
     print(
         "safe to delete once its output is complete and you will not rerun the command: it only spares "
         "paying again for answers already received"
