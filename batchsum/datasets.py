@@ -125,6 +125,8 @@ def _unreadable(what: str, format: str, exc: BaseException, *specs: str) -> Inpu
 
 
 def _format_by_extension(name: str, formats: dict[str, tuple[str, ...]]) -> str | None:
+    if _is_uri(name):  # the path's extension, not the query's (a presigned URL ends in its signature)
+        name = name.split("?", 1)[0].split("#", 1)[0]
     lowered = name.lower()
     return next((fmt for fmt, endings in formats.items() if lowered.endswith(endings)), None)
 
