@@ -344,7 +344,8 @@ _ESCAPE = (
     r"|&#[0-9]{1,7};|&#[xX][0-9a-fA-F]{1,6};|&[A-Za-z]{2,8};"
 )
 _UNIT = re.compile(_ESCAPE + r"|.", re.DOTALL)
-_QUICK = re.compile(_ESCAPE + r"|\s+")
+_CHAR = re.compile(r".", re.DOTALL)
+_ESCAPES = re.compile(_ESCAPE)
 _SIMPLE_ESCAPES = {"\\": "\\", "/": "/", '"': '"', "'": "'", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 
 
@@ -386,8 +387,21 @@ def _windows(secrets: tuple[str, ...]) -> tuple[tuple[int, frozenset[str]], ...]
 
 
 def _flatten(text: str) -> str:
-    """``text`` with its escapes decoded and its white space taken out."""
-    return _QUICK.sub(lambda m: _decode_unit(m.group()), text)
+    """``text`` with its escapes decoded and its white space taken out (the escapes first: none
+    holds white space, and one that stands for white space becomes nothing)."""
+    if "\\" in text or "%" in text or "&" in text:
+        text = _ESCAPES.sub(lambda m: _decode_unit(m.group()), text)
+    return "".join(text.split())
+
+
+def _marker(secrets: tuple[str, ...]) -> str:
+    """``[redacted]``, unless a secret could be completed by it. Next to a marker are at most 7
+    characters of a secret (8 would have been redacted), so a piece of 10 across its edge needs
+    "[re" or "ed]" in the secret; then a marker whose every 10 characters hold a space (a key has
+    none)."""
+    if any("[re" in secret or "ed]" in secret for secret in secrets):
+        return " [redacted key] "
+    return REDACTED
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
@@ -398,35 +412,39 @@ def redact(text: str, secrets: Iterable[str]) -> str:
     Run it on the raw text of an answer before anything parses, cuts or escapes it: a cut or an
     escape can leave a piece of a secret that the whole secret no longer matches.
     """
-    windows = _windows(tuple(secrets))
+    secrets = tuple(secrets)
+    windows = _windows(secrets)
     if not windows or not text:
         return text
-    # Fast path, the common case: the text with escapes decoded and white space removed holds no
-    # piece of a secret (done with C-speed substitution and substring tests).
-    flat = _flatten(text)
-    if not any(piece in flat for width, pieces in windows for piece in pieces):
+    # The text is read two ways, as an escape can be ambiguous once cut or split ("%00\" + line
+    # break + "'" is a piece of the secret "%00\'" only if the escapes are left alone): with only
+    # its white space taken out, and with its escapes decoded too. Fast path, the common case:
+    # neither holds a piece of a secret (C-speed substitution and substring tests).
+    readings = ("".join(text.split()), _flatten(text))
+    if not any(piece in flat for flat in readings for width, pieces in windows for piece in pieces):
         return text
-    chars: list[str] = []
-    starts: list[int] = []
-    ends: list[int] = []
-    for match in _UNIT.finditer(text):
-        unit = match.group()
-        decoded = _decode_unit(unit)
-        if len(decoded) == 1:
-            chars.append(decoded)
-            starts.append(match.start())
-            ends.append(match.end())
-        elif decoded:  # an "&...;" that names no single character: its characters as they are
-            for offset, char in enumerate(decoded):
-                chars.append(char)
-                starts.append(match.start() + offset)
-                ends.append(match.start() + offset + 1)
-    flat = "".join(chars)
     spans: list[tuple[int, int]] = []
-    for width, pieces in windows:
-        for i in range(len(flat) - width + 1):
-            if flat[i : i + width] in pieces:
-                spans.append((starts[i], ends[i + width - 1]))
+    for units in (_CHAR, _UNIT):
+        chars: list[str] = []
+        starts: list[int] = []
+        ends: list[int] = []
+        for match in units.finditer(text):
+            unit = match.group()
+            decoded = _decode_unit(unit)
+            if len(decoded) == 1:
+                chars.append(decoded)
+                starts.append(match.start())
+                ends.append(match.end())
+            elif decoded:  # an "&...;" that names no single character: its characters as they are
+                for offset, char in enumerate(decoded):
+                    chars.append(char)
+                    starts.append(match.start() + offset)
+                    ends.append(match.start() + offset + 1)
+        flat = "".join(chars)
+        for width, pieces in windows:
+            for i in range(len(flat) - width + 1):
+                if flat[i : i + width] in pieces:
+                    spans.append((starts[i], ends[i + width - 1]))
     if not spans:
         return text
     spans.sort()
@@ -436,11 +454,12 @@ def redact(text: str, secrets: Iterable[str]) -> str:
             merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
         else:
             merged.append((start, end))
+    marker = _marker(secrets)
     out = []
     position = 0
     for start, end in merged:
         out.append(text[position:start])
-        out.append(REDACTED)
+        out.append(marker)
         position = end
     out.append(text[position:])
     return "".join(out)
