@@ -1,7 +1,8 @@
 """batchsum: summarize text in bulk through a rate-limited summarization API.
 
 ``Client`` / ``AsyncClient`` for one summary per call; ``summarize_texts`` and the pandas accessor
-``df.batchsum.summarize(...)`` for many; ``batchsum`` on the command line for Parquet files.
+``df.batchsum.summarize(...)`` for many; ``batchsum`` on the command line for Arrow datasets;
+``RunSpec`` and ``Run``, the run layer every front-end is a thin door onto.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 from . import pandas_ext as _pandas_ext  # noqa: F401  (registers df.batchsum / series.batchsum)
 from .client import AsyncClient, Client
 from .contract import Mode, SummaryType
-from .engine import result_dtypes
 from .errors import (
     APIConnectionError,
     APIError,
@@ -29,7 +29,9 @@ from .errors import (
     TextTooShortError,
     UnprocessableEntityError,
 )
-from .pandas_ext import summarize_texts
+from .options import RunSpec
+from .results import RowResult, result_dtypes
+from .run import Run, summarize_texts
 
 __version__ = "0.1.0"
 
@@ -37,6 +39,9 @@ __all__ = [
     "Client",
     "AsyncClient",
     "summarize_texts",
+    "RunSpec",
+    "Run",
+    "RowResult",
     "result_dtypes",
     "widget",
     "plot_run",

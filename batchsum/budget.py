@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from ._retry import MAX_RETRY_AFTER
-from .errors import BudgetError, location_secrets, redact, redact_location
+from .errors import BudgetError, location_secrets, one_line, redact, redact_location
+from .options import DEFAULT_BUDGET, ENV_BUDGET, budget_spec
 
 __all__ = [
     "Budget",
@@ -52,8 +53,7 @@ __all__ = [
     "ENV_BUDGET",
 ]
 
-ENV_BUDGET = "BATCHSUM_BUDGET"
-MACHINE = "machine"
+MACHINE = DEFAULT_BUDGET
 NONE = "none"
 MAX_AHEAD = 3600.0  # a schedule further ahead than this is a clock that jumped back: start afresh
 MAX_PAUSE = 2 * MAX_RETRY_AFTER  # likewise for a pause
@@ -432,12 +432,12 @@ class RedisBudget(Budget):
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
                 if attempt == _REDIS_ATTEMPTS - 1:
                     raise BudgetError(
-                        f"cannot reach the rate budget at {self.where} ({_one_line(exc, self._secrets)}) after "
+                        f"cannot reach the rate budget at {self.where} ({_said(exc, self._secrets)}) after "
                         f"{_REDIS_ATTEMPTS} tries; start it, or set {SETTING} to machine or none"
                     ) from None
                 await asyncio.sleep(0.2 * 2**attempt)
             except redis.exceptions.RedisError as exc:
-                raise BudgetError(f"the rate budget at {self.where} refused: {_one_line(exc, self._secrets)}") from None
+                raise BudgetError(f"the rate budget at {self.where} refused: {_said(exc, self._secrets)}") from None
         wait, at, paused_for, mark, reason, pace, version, starts, refused = (
             v.decode() if isinstance(v, bytes) else str(v) for v in raw
         )
@@ -473,9 +473,9 @@ async def check_budget(budget: Budget) -> None:
         await budget.aclose()
 
 
-def _one_line(exc: BaseException, secrets: tuple[str, ...] = ()) -> str:
-    """The error in one line, without credentials (a library may quote the URL it was given)."""
-    return redact(redact_location(" ".join(str(exc).split())), secrets) or type(exc).__name__
+def _said(exc: BaseException, secrets: tuple[str, ...]) -> str:
+    """What a library said, in one line, without credentials (it may quote the URL it was given)."""
+    return redact(redact_location(one_line(exc)), secrets)
 
 
 def open_budget(spec: str | Budget | None, identity: str) -> Budget:
@@ -486,7 +486,7 @@ def open_budget(spec: str | Budget | None, identity: str) -> Budget:
     if isinstance(spec, Budget):
         return spec
     if spec is None:
-        spec = os.environ.get(ENV_BUDGET, "").strip() or MACHINE
+        spec = budget_spec(None)
     if not isinstance(spec, str):
         raise BudgetError(f"invalid budget {spec!r}: use none, machine, sqlite:///PATH or redis://HOST:PORT/DB")
     key_id = identity

@@ -9,44 +9,34 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import os
 import signal
 import sys
 import threading
 from collections.abc import Sequence
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, NoReturn
 
 from . import contract
-from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from .budget import ENV_BUDGET, check_budget, open_budget
-from .client import ENV_API_KEY, AsyncClient, Client, validate_params
-from .engine import BatchStats, RunOptions, plan_batch
 from .errors import (
-    APIConnectionError,
     APIError,
-    APIStatusError,
-    APITimeoutError,
     AuthenticationError,
     BatchsumError,
+    BrokenInputError,
     BudgetError,
     ConfigurationError,
     InputError,
     InvalidParameterError,
     JournalError,
     NotPremiumError,
-    RateLimitError,
-    UnprocessableEntityError,
+    explain,
     redact_location,
 )
+from .options import ENCODINGS, ENV_API_KEY, OPTIONS, RunSpec
 
 __all__ = ["main"]
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
-DEFAULT_RPM = 60.0
-ENV_RPM = "BATCHSUM_RPM"
 
 
 class _Stop(Exception):
@@ -67,78 +57,64 @@ def _summary_type(text: str) -> str | None:
     return lowered
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
-    return value
+def _number(minimum: float, *, whole: bool = False, above: bool = False) -> Any:
+    """An argparse type: a finite number >= ``minimum`` (> with ``above``), whole or not."""
 
-
-def _whole_number(minimum: int) -> Any:
-    def parse(text: str) -> int:
+    def parse(text: str) -> float | int:
         try:
-            value = int(text)
+            value: float | int = int(text) if whole else float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{text!r} must be >= {minimum}")
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if whole else ''}number") from None
+        if not (value > minimum if above else value >= minimum) or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{text!r} must be a finite number {'>' if above else '>='} {minimum:g}")
         return value
 
     return parse
 
 
-_positive_int = _whole_number(1)
-_non_negative_int = _whole_number(0)
+_MODES = [str(int(m)) for m in contract.Mode] + [m.name.lower() for m in contract.Mode]
+
+# How each option is typed on the command line; its name, default and help come from ``OPTIONS``.
+_FLAGS: dict[str, dict[str, Any]] = {
+    "mode": {"choices": _MODES, "type": str.lower},
+    "percentage": {
+        "type": int,
+        "choices": range(contract.PERCENTAGE_MIN, contract.PERCENTAGE_MAX + 1),
+        "metavar": f"{contract.PERCENTAGE_MIN}..{contract.PERCENTAGE_MAX}",
+    },
+    "type": {"type": _summary_type, "metavar": "TYPE"},
+    "output_column": {"metavar": "NAME"},
+    "base_url": {"metavar": "URL"},
+    "local": {"action": "store_true"},
+    "timeout": {"type": _number(0, above=True), "metavar": "SECONDS"},
+    "max_retries": {"type": _number(0, whole=True), "metavar": "N"},
+    "encoding": {"choices": ENCODINGS},
+    "rpm": {"type": _number(0), "metavar": "N"},
+    "concurrency": {"type": _number(1, whole=True), "metavar": "N"},
+    "budget": {"metavar": "WHERE"},
+    "journal": {"metavar": "PATH"},
+    "max_wait": {"type": _number(0), "metavar": "SECONDS"},
+}
+_REQUEST = ("mode", "percentage", "type", "base_url", "local", "timeout", "max_retries", "encoding")
+# Options the CLI takes otherwise (options.EXCEPTIONS says why): the key from the environment only,
+# no limiter object, progress off with --quiet; the journal's default beside the output.
+_NOT_FLAGS = ("api_key", "limiter", "progress")
+_JOURNAL_HELP = " (default: OUTPUT.journal.sqlite beside the output)"
 
 
-def _add_request_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--mode",
-        default="1",
-        choices=["1", "2", "standard", "advanced"],
-        help="1 = standard (smaller, faster model; default), 2 = advanced (full model)",
-    )
-    parser.add_argument(
-        "--percentage",
-        type=int,
-        default=contract.PERCENTAGE_DEFAULT,
-        choices=range(1, 7),
-        metavar="1..6",
-        help="summary length, 1 (shortest) to 6 (longest); default 4",
-    )
-    parser.add_argument(
-        "--type",
-        default=None,
-        type=_summary_type,
-        metavar="TYPE",
-        help="output format: default (a plain summary), summary_2 (headings and points), bullets, best_line (any case)",
-    )
-    parser.add_argument(
-        "--base-url", default=None, help="service address; default $BATCHSUM_BASE_URL or https://www.summarizer.org"
-    )
-    parser.add_argument(
-        "--timeout",
-        type=_positive_float,
-        default=DEFAULT_TIMEOUT,
-        help=f"seconds to wait for one answer (default {DEFAULT_TIMEOUT:g})",
-    )
-    parser.add_argument(
-        "--max-retries",
-        type=_non_negative_int,
-        default=DEFAULT_MAX_RETRIES,
-        help=f"retries of a transient failure (429, 5xx, timeout, dropped connection; default {DEFAULT_MAX_RETRIES})",
-    )
-    parser.add_argument(
-        "--encoding", default="json", choices=["json", "form", "multipart"], help="request body encoding (default json)"
-    )
-    parser.add_argument(
-        "--local",
-        action="store_true",
-        help="start the local reference service in this process and use it (no key needed)",
-    )
+def _add_options(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
+    """The flags of ``names``, from ``OPTIONS``: one name, default and help for every front-end."""
+    for option in OPTIONS:
+        if option.name not in names or option.name in _NOT_FLAGS:
+            continue
+        kwargs = dict(_FLAGS.get(option.name, {}))
+        default = option.default
+        if kwargs.get("action") == "store_true":
+            parser.add_argument(option.flag, action="store_true", help=option.help)
+            continue
+        shown = "" if default is None else f" (default {default})"
+        more = _JOURNAL_HELP if option.name == "journal" else ""
+        parser.add_argument(option.flag, default=default, help=option.help + shown + more, **kwargs)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -192,48 +168,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=str.lower,
         help="the inputs' format (default: from their extension)",
     )
-    _add_request_options(run)
-    run.add_argument(
-        "--rpm",
-        type=_positive_float,
-        default=None,
-        help=f"requests per minute your plan allows; starts are evenly spaced under it "
-        f"(default ${ENV_RPM} or {DEFAULT_RPM:g}; with --local, no limit; 0 = no pacing)",
-    )
-    run.add_argument(
-        "--budget",
-        default=None,
-        metavar="WHERE",
-        help="the key's rate budget, shared with every other run using the same key and "
-        "service: machine (every batchsum process on this machine; the default, or "
-        f"${ENV_BUDGET}), redis://HOST:PORT/DB (every machine), sqlite:///PATH, or none "
-        "(this process only)",
-    )
-    run.add_argument(
-        "--concurrency",
-        type=_positive_int,
-        default=None,
-        help="a cap on requests in flight at once (default: sized from --rpm and the "
-        "service's measured latency, so the pace holds at any latency)",
-    )
-    run.add_argument(
-        "--output-column",
-        default="summary",
-        help="name of the summary column; the others are NAME_status, NAME_error, "
-        "NAME_message, NAME_http_status, NAME_attempts (default summary)",
-    )
-    run.add_argument(
-        "--journal",
-        default=None,
-        help="SQLite journal of finished answers (default: OUTPUT.journal.sqlite); "
-        "reused by later runs so nothing is paid for twice",
-    )
+    _add_options(run, [option.name for option in OPTIONS])
     run.add_argument(
         "--dry-run",
         action="store_true",
         help="send nothing: show what would be sent, skipped, reused, and the least time it takes",
     )
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--raw-csv",
+        action="store_true",
+        help="write summaries and messages to a .csv output as they came, even when one starts with "
+        "=, +, -, @, a tab or a CR (by default such a cell gets a leading ' so no spreadsheet runs it)",
+    )
     run.add_argument(
         "--wait",
         action="store_true",
@@ -251,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     one = commands.add_parser("text", help="summarize one text (an argument or standard input) and print it")
     one.add_argument("text", nargs="?", default="-", help="the text; '-' or nothing reads standard input")
-    _add_request_options(one)
+    _add_options(one, _REQUEST)
 
     serve = commands.add_parser(
         "serve",
@@ -274,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=60,
         help="per-key limit over a sliding minute, answered with 429 and Retry-After (default 60; 0 = none)",
     )
-    serve.add_argument("--latency", type=_positive_float, default=0.0, help="seconds added to every answer")
+    serve.add_argument("--latency", type=_number(0), default=0.0, help="seconds added to every answer")
     serve.add_argument(
         "--fault",
         action="append",
@@ -303,87 +250,67 @@ def _say(message: str) -> None:
     print(f"batchsum: {message}", file=sys.stderr, flush=True)
 
 
-def _start_local(stack: ExitStack, rpm: float) -> tuple[str, str]:
-    try:
-        from .local import LocalService
-    except ImportError as exc:
-        raise _Stop(EXIT_USAGE, str(exc)) from None
-    service = stack.enter_context(LocalService(rpm=int(rpm)))
-    _say(f"using the local reference service at {service.url} (extractive summaries made on this machine)")
-    return service.url, service.key
-
-
-def _client_settings(args: argparse.Namespace, stack: ExitStack, rpm: float) -> dict[str, Any]:
-    settings: dict[str, Any] = {"timeout": args.timeout, "max_retries": args.max_retries, "encoding": args.encoding}
-    if args.local:
-        settings["base_url"], settings["api_key"] = _start_local(stack, rpm)
-    else:
-        if not os.environ.get(ENV_API_KEY, "").strip():
-            raise _Stop(
-                EXIT_USAGE,
-                f"error: no API key: export {ENV_API_KEY}=... (the key is on the service's "
-                "'My Account' page), or pass --local to try the local service",
-            )
-        settings["base_url"] = args.base_url
-    return settings
-
-
-def _budget_line(args: argparse.Namespace, stack: ExitStack, rpm: float) -> str:
-    """Which budget a run would join, and how many starts it had in the last minute (others' runs)."""
-    if args.local:
-        return "budget:           the local service's own fresh key: no other run uses it"
-    if not os.environ.get(ENV_API_KEY, "").strip():
-        return f"budget:           not known without a key (${ENV_API_KEY} is not set)"
-    try:
-        client = AsyncClient(**_client_settings(args, stack, rpm))
-    except ConfigurationError as exc:
-        return f"budget:           not known ({exc})"
-    budget = open_budget(args.budget, client.identity)
-
-    async def look() -> Any:
-        async with client:
-            try:
-                return await budget.look()
-            finally:
-                await budget.aclose()
-
-    seen = asyncio.run(look())
-    pause = f"; paused {seen.paused_for:.0f} s more: {seen.pause_reason}" if seen.paused_for > 0 else ""
-    return (
-        f"budget:           {budget.where}; {seen.starts} requests started on it in the last minute "
-        f"by other runs with this key{pause}"
-    )
-
-
-def _run_rpm(args: argparse.Namespace) -> float:
-    if args.rpm is not None:
-        return float(args.rpm)
-    if args.local:
-        return 0.0
-    raw = os.environ.get(ENV_RPM, str(DEFAULT_RPM))
-    try:
-        return _positive_float(raw)
-    except argparse.ArgumentTypeError:
-        raise InvalidParameterError(
-            f"invalid ${ENV_RPM} {raw!r}: use a finite number of requests per minute >= 0"
-        ) from None
-
-
 class _StopOnSignal:
-    """SIGINT and SIGTERM stop a run the same way: the first cancels it (nothing new starts, answers
-    on the wire are awaited and kept); a second aborts at once."""
+    """SIGINT and SIGTERM stop a run the same way, in every phase: the first cancels it (nothing new
+    starts, answers on the wire are awaited and kept); a second aborts at once. Once the output is
+    complete (``finish``), a signal changes nothing: the run ends as it would have, saying so.
 
-    def __init__(self, task: asyncio.Task[Any], say: Any) -> None:
+    ``with _StopOnSignal(say) as stop: asyncio.run(...)``, and ``stop.arm(task)`` inside the loop."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, say: Any) -> None:
         self.received: int | None = None
-        self._task = task
+        self.late: int | None = None  # a signal that came after the output was complete
+        self.finished = False
         self._say = say
-        self._loop = asyncio.get_running_loop()
+        self._task: asyncio.Task[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._installed = threading.current_thread() is threading.main_thread()
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopOnSignal:
+        if self._installed:  # before the loop and after it: a signal is a KeyboardInterrupt, or a note
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._outside_loop)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, _Late(self) if self.finished else handler)
+
+    def arm(self, task: asyncio.Task[Any]) -> None:
+        self._task, self._loop = task, asyncio.get_running_loop()
         if self._installed:
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in self.SIGNALS:
                 self._loop.add_signal_handler(signum, self._on_signal, signum)
 
+    def disarm(self) -> None:
+        if self._installed and self._loop is not None:
+            for signum in self.SIGNALS:
+                self._loop.remove_signal_handler(signum)
+                signal.signal(signum, self._outside_loop)
+
+    def finish(self) -> None:
+        """The output is complete: from now on a signal is only noted."""
+        self.finished = True
+
+    def _outside_loop(self, signum: int, frame: Any) -> None:
+        if self.finished:
+            self.note_late(signum)
+            return
+        self.received = signum
+        raise KeyboardInterrupt
+
+    def note_late(self, signum: int) -> None:
+        if self.late is None:
+            self.late = signum
+            self._say(f"batchsum: {signal.Signals(signum).name}: the output is already complete; finishing")
+
     def _on_signal(self, signum: int) -> None:
+        if self.finished:
+            self.note_late(signum)
+            return
         if self.received is not None:
             raise KeyboardInterrupt  # the second signal: leave now
         self.received = signum
@@ -391,124 +318,123 @@ class _StopOnSignal:
             f"batchsum: {signal.Signals(signum).name}: stopping; waiting for answers on the wire "
             "(signal again to abort at once)"
         )
-        self._task.cancel()
+        if self._task is not None:
+            self._task.cancel()
 
-    def remove(self) -> None:
-        if self._installed:
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self._loop.remove_signal_handler(signum)
+
+class _Late:
+    """The handler a finished run leaves until its process exits: a signal is noted, nothing more."""
+
+    def __init__(self, stop: _StopOnSignal) -> None:
+        self._stop = stop
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self._stop.note_late(signum)
+
+
+def _journal_path(args: argparse.Namespace, target: Any, source: Any) -> Path:
+    """``--journal``, or ``OUTPUT.journal.sqlite``; never the output or an input."""
+    from .datasets import default_journal
+
+    path = Path(args.journal) if args.journal else default_journal(target)
+    if not target.remote and os.path.realpath(path) == os.path.realpath(target.local):
+        raise InputError(f"--journal {path} is the output file; give the journal a path of its own")
+    if any(os.path.realpath(path) == os.path.realpath(p) for p in source.paths):
+        raise InputError(f"--journal {path} is an input file; give the journal a path of its own")
+    return path
 
 
 def _summarize(args: argparse.Namespace) -> int:
-    from .datasets import DatasetInput, DatasetOutput, check_output, default_journal, summarize_dataset
-    from .journal import Journal, RunLock
-    from .progress import ProgressBar
+    from .datasets import DatasetInput, DatasetOutput, check_output
+    from .run import Run, dry_run
 
     # Everything that can be refused is checked before any file is created or anything is sent.
-    params = validate_params(args.mode, args.percentage, args.type)
-    rpm = _run_rpm(args)
-    options = RunOptions(rpm=rpm, concurrency=args.concurrency)
+    spec = RunSpec.from_args(args, key_required=not args.dry_run)
     source = DatasetInput(args.inputs, args.column, format=args.format)
     target = check_output(args.output, source)
-    output_path = redact_location(target.spec)  # as shown and stored: without credentials
-    journal_path = Path(args.journal) if args.journal else default_journal(target)
-    if not target.remote and os.path.abspath(journal_path) == os.path.abspath(target.local):
-        raise InputError(f"--journal {journal_path} is the output file; give the journal a path of its own")
-    if any(os.path.abspath(journal_path) == os.path.abspath(p) for p in source.paths):
-        raise InputError(f"--journal {journal_path} is an input file; give the journal a path of its own")
+    journal_path = _journal_path(args, target, source)
+    spec = spec.replace(journal=str(journal_path))
+    shown = redact_location(target.spec)  # the output as shown: without credentials
     if args.dry_run:
-        with ExitStack() as stack:
-            store = stack.enter_context(Journal(journal_path, readonly=True)) if journal_path.exists() else None
-            print(plan_batch(source.texts(), params=params, store=store).describe(rpm))
-            print(_budget_line(args, stack, rpm))
+        print(dry_run(spec, source.texts()))
         return EXIT_OK
-    with ExitStack() as stack:
-        client = AsyncClient(**_client_settings(args, stack, rpm))
-        budget = open_budget(args.budget, client.identity)
-        asyncio.run(check_budget(budget))  # before any file is created
-        options = dataclasses.replace(options, budget=budget)
-        if not target.remote:  # a remote output is one PUT at the end: the journal's lock guards the run
-            stack.enter_context(RunLock(target.local, "output", wait=args.wait))
-        journal_path.parent.mkdir(parents=True, exist_ok=True)
-        stack.enter_context(RunLock(journal_path, "journal", wait=args.wait))
-        assert source.schema is not None
-        output = DatasetOutput(target, source.schema, args.output_column, source)
-        cleanup = stack.enter_context(ExitStack())
-        cleanup.callback(output.abort)  # a refused journal leaves no temporary output behind
-        journal = stack.enter_context(Journal(journal_path))
-        journal.note_output(output_path)
-        cleanup.pop_all()
-        bar = stack.enter_context(ProgressBar(source.num_rows, enabled=not args.quiet))
-        stats = BatchStats(total=source.num_rows)
-        pacer = options.pacer(lambda change: bar.write(f"batchsum: {change}"))
-        kept = len(journal)
-        stop: _StopOnSignal | None = None
+    journal_path.parent.mkdir(parents=True, exist_ok=True)  # the cache folder, for a remote output's journal
+    if spec.client.local:
+        _say("using the local reference service (extractive summaries made on this machine)")
+    schema = source.schema
+    assert schema is not None
+    locks = [] if target.remote else [(target.local, "output")]  # a remote output is one PUT at the end
+    run = Run(
+        spec,
+        total=source.num_rows,
+        locks=[*locks, (journal_path, "journal")],
+        wait=args.wait,
+        output=lambda: DatasetOutput(target, schema, spec.output_column, source, raw_csv=args.raw_csv),
+    )
+    resume = f"run the same command again to resume (answers are kept in {journal_path})"
+    stop = _StopOnSignal(_say)
 
-        async def run() -> None:
-            nonlocal stop
-            current = asyncio.current_task()
-            assert current is not None
-            stop = _StopOnSignal(current, bar.write)
-            ticker = asyncio.ensure_future(bar.follow(stats))
-            try:
-                async with client:
-                    await summarize_dataset(
-                        source, output, client, params, options, store=journal, stats=stats, pacer=pacer, on_result=bar
-                    )
-            finally:
-                ticker.cancel()
-                stop.remove()
-                await budget.aclose()
-
-        resume = f"run the same command again to resume (answers are kept in {journal_path})"
+    async def main() -> None:
+        current = asyncio.current_task()
+        assert current is not None
+        stop.arm(current)
         try:
-            asyncio.run(run())
-        except (AuthenticationError, NotPremiumError) as exc:
-            bar.close()
-            _say(
-                f'stopped: the service answered {exc.status_code} "{exc.message}" after {stats.done} rows; '
-                f"{len(journal) - kept} new answers kept. "
-                + (
-                    "Check the key in $BATCHSUM_API_KEY, then "
-                    if isinstance(exc, AuthenticationError)
-                    else "Check your plan (mode 2 needs premium), then "
-                )
-                + resume
-            )
-            return EXIT_FATAL
-        except BudgetError as exc:
-            bar.close()
-            _say(f"stopped: {exc}; {stats.done} rows were done; {len(journal) - kept} new answers kept; {resume}")
-            return EXIT_FATAL
-        except JournalError as exc:
-            bar.close()
-            _say(
-                f"stopped: {exc}. {output_path} holds the {stats.done} rows finished so far, with every answer "
-                f"received; free space (or pass another --journal), then run the same command again to resume"
-            )
-            return EXIT_FATAL
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            bar.close()
-            signum = stop.received if stop is not None else None
-            why = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
-            _say(
-                f"{why}: {stats.done} rows were done ({stats.ok} ok); {len(journal) - kept} new answers kept in "
-                f"the journal, with those that arrived while stopping; {resume}"
-            )
-            return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
-        bar.close()
-        _say(f"wrote {output_path}: {stats.account()}")
-        unreachable = stats.failed_by_code["connection_error"] + stats.failed_by_code["timeout"]
-        if unreachable:
-            _say(
-                f"{unreachable} rows could not reach the service at {client.base_url} after {args.max_retries} "
-                "retries each: check --base-url and the network, then run the same command again"
-            )
-        if stats.failed:
-            _say(
-                f"{stats.failed} rows failed (see the {args.output_column}_error column); "
-                f"running the same command again retries the transient ones"
-            )
+            async with run:
+                await run.write_dataset(source)
+                if run.late_stop is None:
+                    stop.finish()
+            if run.late_stop is not None:  # the stop came after every row was written
+                stop.finish()
+                stop.note_late(stop.received or signal.SIGINT)
+        finally:
+            stop.disarm()
+
+    stats = run.stats
+    try:
+        with stop:
+            asyncio.run(main())
+    except (AuthenticationError, NotPremiumError) as exc:
+        _say(f"stopped after {stats.done} rows: {explain(exc)}; {run.new_answers} new answers kept; {resume}")
+        return EXIT_FATAL
+    except BudgetError as exc:
+        if not run.opened:
+            raise  # refused before anything was sent: a usage error
+        _say(f"stopped: {exc}; {stats.done} rows were done; {run.new_answers} new answers kept; {resume}")
+        return EXIT_FATAL
+    except JournalError as exc:
+        _say(
+            f"stopped: {exc}. {shown} holds the {stats.yielded} rows finished so far, with every answer "
+            f"received; free space (or pass another --journal), then run the same command again to resume"
+        )
+        return EXIT_FATAL
+    except BrokenInputError as exc:
+        _say(
+            f"stopped: {exc}. {shown} holds the {stats.yielded} rows read and finished before it broke; "
+            f"{run.new_answers} new answers are kept in {journal_path}, so a rerun pays for none of them again: "
+            "mend or replace the input, then run the same command again"
+        )
+        return EXIT_FATAL
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        signum = stop.received
+        why = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+        _say(
+            f"{why}: {stats.done} rows were done ({stats.ok} ok); {run.new_answers} new answers kept in "
+            f"the journal, with those that arrived while stopping; {resume}"
+        )
+        return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
+    late = f" (a {signal.Signals(stop.late).name} came after every row was done)" if stop.late else ""
+    _say(f"wrote {shown}: {stats.account()}{late}")
+    unreachable = stats.failed_by_code["connection_error"] + stats.failed_by_code["timeout"]
+    if unreachable:
+        _say(
+            f"{unreachable} rows could not reach the service at {run.base_url} after {spec.client.max_retries} "
+            "retries each: check --base-url and the network, then run the same command again"
+        )
+    if stats.failed:
+        _say(
+            f"{stats.failed} rows failed (see the {spec.output_column}_error column); "
+            f"running the same command again retries the transient ones"
+        )
     return EXIT_OK
 
 
@@ -519,38 +445,17 @@ def _text(args: argparse.Namespace) -> int:
             'error: no text given: pass it as an argument (batchsum text "...") or on standard '
             "input (batchsum text < article.txt)",
         )
+    from .client import Client
+    from .run import bind
+
+    spec = bind(RunSpec.from_args(args))
     text = sys.stdin.read() if args.text == "-" else args.text
-    validate_params(args.mode, args.percentage, args.type)
-    with ExitStack() as stack:
-        settings = _client_settings(args, stack, 0)
-        with Client(**settings) as client:
-            try:
-                print(client.summarize(text, args.mode, args.percentage, args.type))
-            except APIError as exc:
-                raise _Stop(EXIT_FATAL, f"error: {explain(exc, client.base_url)}") from None
+    with Client(**spec.client.client_kwargs()) as client:
+        try:
+            print(client.summarize(text, *spec.params))
+        except APIError as exc:
+            raise _Stop(EXIT_FATAL, f"error: {explain(exc, client.base_url)}") from None
     return EXIT_OK
-
-
-def explain(error: APIError, base_url: str) -> str:
-    """What went wrong in words a CLI user acts on: who answered what, and what to do."""
-    tries = f"after {error.attempts} attempt{'s' if error.attempts != 1 else ''}"
-    if isinstance(error, AuthenticationError):
-        return f'the service answered 401 "{error.message}": check the key in ${ENV_API_KEY}'
-    if isinstance(error, NotPremiumError):
-        return (
-            f'the service answered 401 "{error.message}": your plan does not allow this request (mode 2 needs premium)'
-        )
-    if isinstance(error, UnprocessableEntityError):
-        return f'the service refused the request (422 "{error.message}")'
-    if isinstance(error, RateLimitError):
-        return f"the service kept answering 429 (too many requests) {tries}; try again later, or lower --rpm"
-    if isinstance(error, APITimeoutError):
-        return f"no answer from {base_url} in time {tries}; try again, or raise --timeout"
-    if isinstance(error, APIConnectionError):
-        return f"cannot reach the service at {base_url} ({error.message}) {tries}; check --base-url and the network"
-    if isinstance(error, APIStatusError):
-        return f'the service at {base_url} answered {error.status_code} "{error.message}" {tries}'
-    return f"{error.message} ({base_url}, {tries})"
 
 
 def _journal(args: argparse.Namespace) -> int:
@@ -620,8 +525,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
     handlers = {"summarize": _summarize, "text": _text, "serve": _serve, "journal": _journal}
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM) if in_main_thread else None
-    if in_main_thread and previous == signal.SIG_DFL:
+    previous = {signum: signal.getsignal(signum) for signum in _StopOnSignal.SIGNALS} if in_main_thread else {}
+    if previous.get(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: answers on the wire are kept
     try:
         return handlers[args.command](args)
@@ -638,8 +543,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say("interrupted")
         return EXIT_INTERRUPTED
     finally:
-        if in_main_thread and previous == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # The command in its own process (no argv) ignores signals once its run is finished: a late
+        # one changes nothing (and the interpreter's exit would restore the default, which kills).
+        # Called in-process, every handler is put back as it was.
+        finished = isinstance(signal.getsignal(signal.SIGTERM), _Late)
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_IGN if argv is None and finished else handler)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import ipaddress
 import json
 import logging
-import math
-import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -38,70 +35,21 @@ from .errors import (
     APIError,
     APIResponseValidationError,
     APITimeoutError,
-    ConfigurationError,
-    InvalidParameterError,
     InvalidTextError,
     RateLimitError,
     error_from_response,
     redact,
     redact_value,
 )
+from .options import ENV_API_KEY, ENV_BASE_URL, check_params, client_settings, is_loopback
 
 __all__ = ["Client", "AsyncClient", "Encoding", "ENV_API_KEY", "ENV_BASE_URL", "REDACTED"]
 
 MAX_CONNECTIONS = 512  # = pacing.DEFAULT_MAX_IN_FLIGHT (the client sits above the pacer)
-ENV_API_KEY = "BATCHSUM_API_KEY"
-ENV_BASE_URL = "BATCHSUM_BASE_URL"
 
 Encoding = Literal["json", "form", "multipart"]
-_ENCODINGS = ("json", "form", "multipart")
 
 log = logging.getLogger("batchsum")
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and literal addresses in 127.0.0.0/8 or ::1. Not ``*.localhost``:
-    a resolver may send such a name anywhere, and the key would go with it over plain http."""
-    host = host.strip("[]").lower().rstrip(".")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_key(key: object, source: str) -> str:
-    """The key, stripped, when it is printable ASCII with no space (what an Authorization header can
-    carry); else a ``ConfigurationError`` that says what is wrong without echoing the key."""
-    if not isinstance(key, str):
-        raise ConfigurationError(f"the API key from {source} is a {type(key).__name__}, not a text")
-    key = key.strip()
-    if not key:
-        raise ConfigurationError(
-            f"no API key: set {ENV_API_KEY} (the key is on the 'My Account' page of the service), "
-            "or use the local service"
-        )
-    for position, char in enumerate(key, 1):
-        if not "!" <= char <= "~":
-            kind = (
-                "a space"
-                if char == " "
-                else "a control character"
-                if char < " " or char == "\x7f"
-                else "a non-ASCII character"
-            )
-            raise ConfigurationError(
-                f"the API key from {source} contains {kind} at position {position}; "
-                "copy it again from the service's 'My Account' page"
-            )
-    return key
-
-
-def _seconds_setting(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise InvalidParameterError(f"invalid {name} {value!r}: use a finite number of seconds > 0")
-    return float(value)
 
 
 def _preview(content: bytes, secrets: tuple[str, ...]) -> str:
@@ -123,10 +71,7 @@ class PreparedRequest:
 
 def validate_params(mode: Any = 1, percentage: Any = contract.PERCENTAGE_DEFAULT, type: Any = None) -> contract.Params:
     """The parameters, normalized; ``InvalidParameterError`` (a ValueError) naming a bad one."""
-    try:
-        return contract.parse_params(mode, percentage, type)
-    except ValueError as exc:
-        raise InvalidParameterError(str(exc)) from None
+    return check_params(mode, percentage, type)
 
 
 def prepare(
@@ -143,7 +88,11 @@ def prepare(
 
 class AttemptHooks(Protocol):
     """What the batch engine plugs into the retry loop: every attempt waits for its turn, and the
-    engine hears how each ended (``error`` None for a summary; a CancelledError when abandoned)."""
+    engine hears how each ended (``error`` None for a summary; a CancelledError when abandoned).
+    With hooks, a 429 is answered by the shared pause: it costs no attempt, and ``max_wait``
+    (seconds since the request's first 429) bounds how long a request waits them out."""
+
+    max_wait: float
 
     async def before_attempt(self) -> Any: ...
 
@@ -164,27 +113,15 @@ class _ClientCore:
         encoding: str,
         environ: Mapping[str, str] | None,
     ) -> None:
-        env = os.environ if environ is None else environ
-        source = "api_key" if api_key is not None else f"${ENV_API_KEY}"
-        key = check_key(api_key if api_key is not None else env.get(ENV_API_KEY, ""), source)
-        url = (base_url or env.get(ENV_BASE_URL) or contract.DEFAULT_BASE_URL).rstrip("/")
-        parsed = httpx.URL(url)
-        if parsed.scheme not in ("http", "https") or not parsed.host:
-            raise ConfigurationError(f"invalid base URL {url!r}: use https://host[:port]")
-        if parsed.scheme == "http" and not is_loopback(parsed.host):
-            raise ConfigurationError(
-                f"refusing to send the API key over plain http to {parsed.host}: "
-                "use https, or http only to a loopback address (127.0.0.1, localhost)"
-            )
-        if encoding not in _ENCODINGS:
-            raise InvalidParameterError(f"invalid encoding {encoding!r}: use one of {', '.join(_ENCODINGS)}")
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise InvalidParameterError(f"invalid max_retries {max_retries!r}: use a whole number >= 0")
-        self.timeout = _seconds_setting("timeout", timeout)
-        self.api_key = key
-        self.base_url = url
-        self.max_retries = max_retries
-        self.encoding = encoding
+        settings = client_settings(
+            api_key, base_url, timeout=timeout, max_retries=max_retries, encoding=encoding, environ=environ
+        )
+        assert settings.api_key is not None
+        self.api_key = settings.api_key.reveal()
+        self.base_url = settings.base_url
+        self.timeout = settings.timeout
+        self.max_retries = settings.max_retries
+        self.encoding = settings.encoding
 
     def identity(self) -> str:
         return hashlib.sha256(f"batchsum-key\n{self.base_url}\n{self.api_key}".encode()).hexdigest()[:32]
@@ -288,6 +225,17 @@ class _ClientCore:
         else:
             error = APIConnectionError(f"connection to {self.base_url} failed: {type(exc).__name__}: {exc}")
         return self.scrub(error)
+
+    @staticmethod
+    def out_of_patience(error: RateLimitError, waited: float, max_wait: float, attempts: int) -> RateLimitError:
+        """The row's last 429, after ``max_wait`` seconds of them: it fails as rate_limited."""
+        error.message = (
+            f"{error.message} (the service still answered 429 after {waited:.0f} s of waiting; "
+            f"max_wait is {max_wait:g} s)"
+        )
+        error.args = (error.message,)
+        error.attempts = attempts
+        return error
 
     def out_of_time(self) -> APITimeoutError:
         return APITimeoutError(f"no whole answer within the timeout of {self.timeout:g} s")
@@ -516,7 +464,8 @@ class AsyncClient:
 
         ``hooks`` (the batch engine's pacer) is awaited before every attempt and told how each ended.
         """
-        attempt = 0
+        attempt = 0  # attempts the service answered other than "later" (429 under hooks): what was paid
+        first_429: float | None = None
         while True:
             attempt += 1
             ticket = await hooks.before_attempt() if hooks is not None else None
@@ -534,6 +483,13 @@ class AsyncClient:
                 return summary, attempt
             if hooks is not None:
                 hooks.after_attempt(ticket, error, error.rate_limit)
+                if isinstance(error, RateLimitError):  # "later": the pacer's shared pause answers it
+                    attempt -= 1
+                    now = asyncio.get_running_loop().time()
+                    first_429 = now if first_429 is None else first_429
+                    if now - first_429 < hooks.max_wait:
+                        continue
+                    raise self._core.out_of_patience(error, now - first_429, hooks.max_wait, attempt)
             error.attempts = attempt
             delay = self._core.next_delay(error, attempt, paced=hooks is not None)
             if delay is None:

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import tempfile
-from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -35,13 +34,13 @@ import pyarrow.fs as pafs
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
-from .engine import RESULT_DTYPES, RowResult, result_columns, summarize_stream
-from .errors import InputError, JournalError, location_secrets, redact, redact_location
+from .csvsafe import neutralize
+from .errors import BrokenInputError, InputError, location_secrets, one_line, redact, redact_location
+from .results import RESULT_DTYPES, RowResult, arrow_types, result_columns
 
 __all__ = [
     "DatasetInput",
     "DatasetOutput",
-    "summarize_dataset",
     "check_output",
     "default_journal",
     "INPUT_FORMATS",
@@ -54,7 +53,7 @@ BATCH_ROWS = 1024
 
 # summary, status, error, message, http_status, attempts; pandas reads Parquet outputs back with
 # the accessor's dtypes (engine.RESULT_DTYPES), through the pandas metadata written with them.
-RESULT_TYPES = [pa.string(), pa.string(), pa.string(), pa.string(), pa.int32(), pa.int32()]
+RESULT_TYPES = arrow_types()
 
 INPUT_FORMATS = {"parquet": (".parquet", ".pq", ".parq"), "csv": (".csv",), "jsonl": (".jsonl", ".ndjson", ".json")}
 OUTPUT_FORMATS = {"parquet": (".parquet", ".pq"), "csv": (".csv",), "jsonl": (".jsonl", ".ndjson")}
@@ -81,9 +80,9 @@ def _filesystem(spec: str) -> tuple[pafs.FileSystem, str]:
             return filesystem, path
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
             if "Unrecognized filesystem type" not in str(exc):
-                raise _fail(f"{spec}: {_one_line(exc)}", spec) from None
+                raise _fail(f"{spec}: {one_line(exc)}", spec) from None
         except OSError as exc:
-            raise _fail(f"{spec}: {_one_line(exc)}", spec) from None
+            raise _fail(f"{spec}: {one_line(exc)}", spec) from None
     try:
         import fsspec
         from pyarrow.fs import FSSpecHandler, PyFileSystem
@@ -93,14 +92,10 @@ def _filesystem(spec: str) -> tuple[pafs.FileSystem, str]:
         filesystem, path = fsspec.core.url_to_fs(spec)
     except (ImportError, ValueError) as exc:
         raise _fail(
-            f"{scheme}:// paths need a library fsspec could not load ({_one_line(exc)}): pip install 'batchsum[cloud]'",
+            f"{scheme}:// paths need a library fsspec could not load ({one_line(exc)}): pip install 'batchsum[cloud]'",
             spec,
         ) from None
     return PyFileSystem(FSSpecHandler(filesystem)), path
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _fail(message: str, *specs: str) -> InputError:
@@ -116,7 +111,7 @@ _NAMES = {"parquet": "Parquet", "csv": "CSV", "jsonl": "JSON Lines"}
 
 def _unreadable(what: str, format: str, exc: BaseException, *specs: str) -> InputError:
     """ "X cannot be read as Parquet: <pyarrow's reason, without its preamble>"."""
-    reason = _one_line(exc)
+    reason = one_line(exc)
     if "magic bytes not found" in reason:
         reason = "not a Parquet file (no Parquet footer)"
     else:
@@ -156,7 +151,7 @@ def _resolve(spec: str, format: str | None) -> _Source:
     try:
         info = filesystem.get_file_info(path)
     except OSError as exc:
-        raise _fail(f"{spec}: {_one_line(exc)}", spec) from None
+        raise _fail(f"{spec}: {one_line(exc)}", spec) from None
     base = None
     if info.type == pafs.FileType.File:
         files = [path]
@@ -164,7 +159,7 @@ def _resolve(spec: str, format: str | None) -> _Source:
         try:
             found = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
         except OSError as exc:
-            raise _fail(f"{spec}: {_one_line(exc)}", spec) from None
+            raise _fail(f"{spec}: {one_line(exc)}", spec) from None
         files = sorted(f.path for f in found if f.type == pafs.FileType.File and not _hidden(f.path, path))
         if format is None:
             files = [f for f in files if _format_by_extension(f, INPUT_FORMATS)]
@@ -286,6 +281,9 @@ class DatasetInput:
             raise _unreadable(source.spec, source.format, exc) from None
 
     def batches(self, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+        """The rows in record batches, in order. An input that breaks after rows were read raises
+        ``BrokenInputError``; one that breaks before, ``InputError``."""
+        read_any = False
         for source, dataset in zip(self.sources, self.datasets):
             fragments = sorted(dataset.get_fragments(), key=lambda fragment: fragment.path)
             for fragment in fragments:
@@ -300,9 +298,14 @@ class DatasetInput:
                     **_scan_options(source.format),
                 )
                 try:
-                    yield from scanner.to_batches()
+                    for batch in scanner.to_batches():
+                        read_any = True
+                        yield batch
                 except (pa.ArrowException, OSError) as exc:
-                    raise _unreadable(fragment.path, source.format, exc, source.spec) from None
+                    problem = _unreadable(fragment.path, source.format, exc, source.spec)
+                    if read_any:  # rows were read (and may be answered): a stop, not a usage error
+                        raise BrokenInputError(str(problem)) from None
+                    raise problem from None
 
     def texts(self, batch_rows: int = BATCH_ROWS) -> Iterator[Any]:
         for batch in self.batches(batch_rows):
@@ -350,7 +353,7 @@ def check_output(target: str | os.PathLike[str], inputs: DatasetInput | None = N
         try:
             info = filesystem.get_file_info(bucket)
         except OSError as exc:
-            raise _fail(f"cannot write {spec}: {_one_line(exc)}", spec) from None
+            raise _fail(f"cannot write {spec}: {one_line(exc)}", spec) from None
         if info.type == pafs.FileType.NotFound:
             raise _fail(f"cannot write {spec}: bucket {bucket} does not exist", spec)
         if inputs is not None and spec in inputs.uris:
@@ -359,10 +362,15 @@ def check_output(target: str | os.PathLike[str], inputs: DatasetInput | None = N
 
 
 def default_journal(target: _Target) -> Path:
-    """``OUTPUT.journal.sqlite`` beside a local output; for a remote one, a file named after it in
-    the user's cache folder (the journal must be local: it is written at every answer)."""
+    """``OUTPUT.journal.sqlite`` beside a local output (beside the file it resolves to, when it is
+    reached through a symlink or ``..``: every spelling of one output shares one journal); for a
+    remote one, a file named after it in the user's cache folder (the journal must be local: it is
+    written at every answer)."""
     if not target.remote:
-        return target.local.with_name(target.local.name + ".journal.sqlite")
+        local = target.local
+        if os.path.realpath(local) != os.path.abspath(local):
+            local = Path(os.path.realpath(local))
+        return local.with_name(local.name + ".journal.sqlite")
     import platformdirs
 
     digest = hashlib.sha256(target.spec.encode()).hexdigest()[:12]
@@ -406,7 +414,12 @@ class _JsonLinesWriter:
 class DatasetOutput:
     """The output, written batch by batch to a temporary file of its own (created exclusively, a
     unique name per run: beside a local output, in the temporary folder for a remote one) and moved
-    into place when complete: renamed, or put as one object."""
+    into place when complete: renamed, or put as one object.
+
+    In a CSV output, a summary or service message that begins like a spreadsheet formula (``=``,
+    ``+``, ``-``, ``@``, a tab, a carriage return) is written with a leading ``'``, so that no
+    spreadsheet runs it (``csvsafe``); ``raw_csv=True`` writes such cells as they came. Parquet and
+    JSON Lines outputs hold the text as it came, always."""
 
     def __init__(
         self,
@@ -414,9 +427,13 @@ class DatasetOutput:
         input_schema: pa.Schema,
         output_column: str = "summary",
         inputs: DatasetInput | None = None,
+        *,
+        raw_csv: bool = False,
     ) -> None:
         self.target = target if isinstance(target, _Target) else check_output(target, inputs)
         names = result_columns(output_column)
+        # The columns holding the service's text (the summary, its message), by position in the batch.
+        service_text = (names[0], names[3])
         clash = [n for n in names if n in input_schema.names]
         if clash:
             raise InputError(f"the input already has column {clash[0]!r}; choose another name with --output-column")
@@ -431,6 +448,8 @@ class DatasetOutput:
                     "hold; write .parquet or .jsonl"
                 )
         self.schema = _pandas_metadata(schema, names) if self.target.format == "parquet" else schema
+        neutralize_formulas = self.target.format == "csv" and not raw_csv
+        self._neutralized = [self.schema.get_field_index(n) for n in service_text] if neutralize_formulas else []
         folder = tempfile.gettempdir() if self.target.remote else str(self.target.local.parent)
         name = PurePosixPath(self.target.path).name
         try:
@@ -457,6 +476,8 @@ class DatasetOutput:
     def write(self, batch: pa.RecordBatch, results: Sequence[RowResult]) -> None:
         columns: list[tuple[Any, ...]] = list(zip(*results)) if results else [() for _ in RESULT_TYPES]
         arrays = batch.columns + [pa.array(values, type=t) for values, t in zip(columns, RESULT_TYPES)]
+        for index in self._neutralized:
+            arrays[index] = neutralize(arrays[index])
         self._writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
 
     def commit(self) -> None:
@@ -475,7 +496,7 @@ class DatasetOutput:
             kept = self.partial.with_name(self.partial.name.removeprefix(".").removesuffix(".partial"))
             os.replace(self.partial, kept)
             raise _fail(
-                f"cannot put {self.target.spec} ({_one_line(exc)}); the output is kept in {kept}", self.target.spec
+                f"cannot put {self.target.spec} ({one_line(exc)}); the output is kept in {kept}", self.target.spec
             ) from None
         self.partial.unlink(missing_ok=True)
 
@@ -484,42 +505,3 @@ class DatasetOutput:
             self._writer.close()
             self._file.close()
         self.partial.unlink(missing_ok=True)
-
-
-async def summarize_dataset(
-    source: DatasetInput, output: DatasetOutput, client: Any, *args: Any, batch_rows: int = BATCH_ROWS, **engine: Any
-) -> None:
-    """Stream ``source`` through the engine into ``output``; ``engine`` goes to ``summarize_stream``.
-
-    Input batches are held only until their rows' results arrive, so memory stays bounded.
-    On an interrupt or a refused key the partial output is removed (finished answers stay in the
-    store, and the same command resumes). When the journal cannot be written, the rows finished so far
-    are written to the output, since some of their answers may be nowhere else, and the error raised.
-    """
-    held: deque[pa.RecordBatch] = deque()
-    column = source.column
-
-    def texts() -> Iterator[Any]:
-        for batch in source.batches(batch_rows):
-            held.append(batch)
-            yield from batch.column(column).to_pylist()
-
-    finished: list[RowResult] = []
-    try:
-        async for result in summarize_stream(texts(), client, *args, **engine):
-            finished.append(result)
-            while held and len(finished) >= held[0].num_rows:
-                batch = held.popleft()
-                output.write(batch, finished[: batch.num_rows])
-                del finished[: batch.num_rows]
-        while held:  # batches of no rows
-            output.write(held.popleft(), [])
-    except JournalError:
-        if finished and held:
-            output.write(held[0].slice(0, len(finished)), finished)
-        output.commit()
-        raise
-    except BaseException:
-        output.abort()
-        raise
-    output.commit()

@@ -16,12 +16,11 @@ import hashlib
 import itertools
 import json
 import logging
-import math
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 from . import contract
 from ._retry import RateLimitHeaders
@@ -33,6 +32,7 @@ from .errors import (
     APIStatusError,
     AuthenticationError,
     BatchsumError,
+    BrokenInputError,
     BudgetError,
     InvalidParameterError,
     JournalError,
@@ -40,193 +40,29 @@ from .errors import (
     RateLimitError,
     UnprocessableEntityError,
 )
-from .pacing import Limiter, PaceChange, Pacer, PacerState, check_rpm
+from .options import DEFAULT_DRAIN_SECONDS, DEFAULT_MAX_WAIT, DEFAULT_WINDOW, check_rpm, check_seconds, check_whole
+from .pacing import Limiter, PaceChange, Pacer
+from .report import BatchStats
+from .results import FAILED, OK, SKIPPED, Answer, RowResult
+from .stores import CLAIM_POLL_SECONDS, AnswerStore, MemoryStore, SharedAnswerStore
 
 __all__ = [
-    "RowResult",
     "RunOptions",
-    "Answer",
-    "AnswerStore",
-    "SharedAnswerStore",
-    "MemoryStore",
-    "BatchStats",
     "fingerprint",
     "summarize_stream",
-    "result_columns",
-    "result_dtypes",
-    "DEFAULT_WINDOW",
+    "BatchPlan",
+    "plan_batch",
 ]
 
-DEFAULT_WINDOW = 1024
-DEFAULT_DRAIN_SECONDS = 15.0
-
 log = logging.getLogger("batchsum")
-
-OK = "ok"
-SKIPPED = "skipped"
-FAILED = "failed"
-
-
-class RowResult(NamedTuple):
-    """The result of one input row."""
-
-    summary: str | None
-    status: str  # "ok" | "skipped" | "failed"
-    error: str | None  # None, a skip reason, or an error code (errors.APIError.code)
-    message: str | None  # the service's words, or ours
-    http_status: int | None
-    attempts: int
-
-
-def result_columns(output_column: str = "summary") -> list[str]:
-    """Column names of a ``RowResult``, named after the output column."""
-    return [output_column] + [f"{output_column}_{name}" for name in RowResult._fields[1:]]
-
-
-# The result columns' pandas dtypes, the same on every path (accessor, Dask, Parquet read back):
-# text as pandas' string dtype (missing: pd.NA), the HTTP status nullable (skipped rows have none).
-RESULT_DTYPES = ("string", "string", "string", "string", "Int32", "int32")
-
-
-def result_dtypes(output_column: str = "summary") -> dict[str, str]:
-    """``{column: dtype}`` of the result columns, e.g. for ``pd.read_csv(path, dtype=...)``."""
-    return dict(zip(result_columns(output_column), RESULT_DTYPES))
-
-
-Answer = RowResult  # what the store keeps per fingerprint: an "ok" or a permanent "failed" result
+NOT_SENT = "not_sent"  # the error code of a row a stop left unsent (a rerun sends it)
+YIELD_EVERY = 256  # rows between turns given to the event loop when none of them had to wait
 
 
 def fingerprint(request: PreparedRequest) -> str:
     """The request's identity: text, mode, percentage and type. Identical requests share one answer."""
     payload = json.dumps(request.fields(), sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
-
-
-class AnswerStore(Protocol):
-    """Where finished answers are kept by fingerprint (``MemoryStore``, ``journal.Journal``)."""
-
-    def get(self, key: str) -> Answer | None: ...
-
-    def put(self, key: str, answer: Answer) -> None: ...
-
-
-class SharedAnswerStore(AnswerStore, Protocol):
-    """An answer store several runs use at once (Dask partitions on many workers): before sending,
-    a run claims the request; the others wait for its answer instead of paying for it again. A claim
-    expires on its own (``CLAIM_SECONDS``), so a run that died holds nothing for long."""
-
-    def claim(self, key: str) -> bool: ...
-
-    def release(self, key: str) -> None: ...
-
-
-CLAIM_SECONDS = 600.0  # longer than any request with its retries and pauses
-CLAIM_POLL_SECONDS = 0.5
-
-
-class MemoryStore:
-    """An in-process answer store (a dict)."""
-
-    def __init__(self) -> None:
-        self._answers: dict[str, Answer] = {}
-
-    def get(self, key: str) -> Answer | None:
-        return self._answers.get(key)
-
-    def put(self, key: str, answer: Answer) -> None:
-        self._answers[key] = answer
-
-    def __len__(self) -> int:
-        return len(self._answers)
-
-    def items(self) -> list[tuple[str, Answer]]:
-        return list(self._answers.items())
-
-    def pop(self, key: str) -> Answer | None:
-        return self._answers.pop(key, None)
-
-
-@dataclass
-class BatchStats:
-    """Live counts of a batch, read by progress bars and the final account."""
-
-    total: int | None = None
-    done: int = 0
-    ok: int = 0
-    skipped: int = 0
-    failed: int = 0
-    sent: int = 0  # requests that went to the service (each may take several attempts)
-    attempts: int = 0
-    reused: int = 0  # rows answered from the store or by an identical request of this run
-    skipped_by_reason: Counter[str] = field(default_factory=Counter)
-    failed_by_code: Counter[str] = field(default_factory=Counter)
-    started: float = field(default_factory=time.monotonic)
-    pacer: Pacer | None = None
-
-    @property
-    def rate_limited(self) -> int:
-        return self.pacer.rate_limited if self.pacer else 0
-
-    @property
-    def pace(self) -> float:
-        return self.pacer.pace if self.pacer else 0.0
-
-    def pacer_state(self) -> PacerState | None:
-        """The pacer's state now (pace, pause and why, in flight), for progress lines."""
-        try:
-            return self.pacer.state() if self.pacer else None
-        except RuntimeError:  # no running loop (read from another thread after the run)
-            return None
-
-    @property
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
-
-    def record(self) -> dict[str, Any]:
-        """The run's account and timeline as plain data (``out.attrs["batchsum"]``, ``plot_run``)."""
-        timeline = self.pacer.timeline.to_dict() if self.pacer is not None else None
-        if timeline is not None:
-            timeline["total"] = self.total
-        return {
-            "account": self.account(),
-            "rows": self.done,
-            "ok": self.ok,
-            "skipped": self.skipped,
-            "failed": self.failed,
-            "sent": self.sent,
-            "reused": self.reused,
-            "rate_limited": self.rate_limited,
-            "skipped_by_reason": dict(self.skipped_by_reason),
-            "failed_by_code": dict(self.failed_by_code),
-            "seconds": round(self.elapsed, 3),
-            "pace_changes": [str(change) for change in self.pacer.changes] if self.pacer is not None else [],
-            "timeline": timeline,
-        }
-
-    def count(self, result: RowResult) -> None:
-        if self.pacer is not None:
-            self.pacer.timeline.done(self.pacer.now())
-        self.done += 1
-        if result.status == OK:
-            self.ok += 1
-        elif result.status == SKIPPED:
-            self.skipped += 1
-            self.skipped_by_reason[result.error or "?"] += 1
-        else:
-            self.failed += 1
-            self.failed_by_code[result.error or "?"] += 1
-
-    def account(self) -> str:
-        """One line: rows, sent, reused, skipped by reason, failed by code, 429s, wall time."""
-
-        def by(counter: Counter[str]) -> str:
-            return " (" + ", ".join(f"{k} {v}" for k, v in sorted(counter.items())) + ")" if counter else ""
-
-        return (
-            f"{self.done} rows: {self.ok} ok, {self.skipped} skipped{by(self.skipped_by_reason)}, "
-            f"{self.failed} failed{by(self.failed_by_code)}; {self.sent} sent, {self.reused} reused, "
-            f"{self.rate_limited} 429s, {self.elapsed:.1f}s"
-        )
 
 
 @dataclass(frozen=True)
@@ -238,7 +74,8 @@ class RunOptions:
     under the pace (``async acquire()``) instead of ``AsyncLimiter(1, 60/rpm)``. ``budget``: the
     key's rate budget shared with other batches, processes or machines (``budget.open_budget``;
     None: a private one for this batch). ``window``: rows held between reading and yielding.
-    ``drain_seconds``: how long a stop waits for answers on the wire.
+    ``drain_seconds``: how long a stop waits for answers on the wire. ``max_wait``: how long a
+    request may wait out the service's 429s (each costs no attempt) before its row fails.
     """
 
     rpm: float = 0.0
@@ -247,14 +84,14 @@ class RunOptions:
     budget: Budget | None = None
     window: int = DEFAULT_WINDOW
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
+    max_wait: float = DEFAULT_MAX_WAIT
 
     def __post_init__(self) -> None:
         check_rpm(self.rpm)
-        _whole("concurrency", self.concurrency, allow_none=True)
-        _whole("window", self.window)
-        drain = self.drain_seconds
-        if isinstance(drain, bool) or not isinstance(drain, (int, float)) or not 0 <= drain < math.inf:
-            raise InvalidParameterError(f"invalid drain_seconds {drain!r}: use a finite number >= 0")
+        check_whole("concurrency", self.concurrency, allow_none=True)
+        check_whole("window", self.window)
+        check_seconds("drain_seconds", self.drain_seconds, zero=True)
+        check_seconds("max_wait", self.max_wait, zero=True)
         if self.limiter is not None and not callable(getattr(self.limiter, "acquire", None)):
             raise InvalidParameterError("invalid limiter: it needs an async acquire() method, as AsyncLimiter has")
         if self.budget is not None and not isinstance(self.budget, Budget):
@@ -270,22 +107,15 @@ class RunOptions:
         )
 
 
-def _whole(name: str, value: Any, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        more = ", or None for automatic" if allow_none else ""
-        raise InvalidParameterError(f"invalid {name} {value!r}: use a whole number >= 1{more}")
-
-
 class _Gate:
     """The client's attempt hooks: a slot in flight, then the pacer's turn; and what the engine
     must know when it stops: which tasks have a request on the wire, and that nothing new starts."""
 
-    __slots__ = ("pacer", "closing", "on_wire", "_ids")
+    __slots__ = ("pacer", "max_wait", "closing", "on_wire", "_ids")
 
-    def __init__(self, pacer: Pacer) -> None:
+    def __init__(self, pacer: Pacer, max_wait: float = DEFAULT_MAX_WAIT) -> None:
         self.pacer = pacer
+        self.max_wait = max_wait
         self.closing = False
         self.on_wire: set[asyncio.Task[Any]] = set()
         self._ids = itertools.count()
@@ -350,8 +180,84 @@ async def _rows(texts: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]
             yield text
 
 
+class _Answers:
+    """What a batch knows and keeps: the answer store, the answers it refused to take (a full disk,
+    a journal gone read-only: still ours, tried again at the end and else spilled to a side file the
+    next run imports first), and the claims of a store several runs share."""
+
+    def __init__(self, store: AnswerStore, stop: Callable[[BatchsumError], None]) -> None:
+        self.store = store
+        self._stop = stop
+        self.unsaved = MemoryStore()
+        self.refusing = False  # the store refused a write: keep the rest here
+        self.shared = callable(getattr(store, "claim", None))
+
+    def get(self, key: str) -> Answer | None:
+        known = self.unsaved.get(key)
+        if known is not None:
+            return known
+        try:
+            return self.store.get(key)
+        except Exception as exc:  # a damaged journal: a stop, not a traceback
+            self._stop(JournalError(f"cannot read the journal: {exc}"))
+            return None
+
+    def put(self, key: str, answer: Answer) -> None:
+        if not self.refusing:
+            try:
+                self.store.put(key, answer)
+                return
+            except Exception as exc:
+                self.refusing = True
+                self._stop(JournalError(f"cannot write the journal ({exc}): stopped sending"))
+        self.unsaved.put(key, answer)
+
+    async def claim(self, key: str, stopped: asyncio.Event) -> Answer | None:
+        """None once this run holds the claim on ``key`` (it sends); else the answer another run
+        got while this one waited (the first to claim a request sends it, the others wait)."""
+        store: SharedAnswerStore = self.store  # type: ignore[assignment]
+        while True:
+            if stopped.is_set():
+                raise asyncio.CancelledError
+            try:
+                claimed = store.claim(key)
+            except Exception as exc:
+                self._stop(JournalError(f"cannot use the shared answer store: {exc}"))
+                raise asyncio.CancelledError from None
+            known = self.get(key)  # answered meanwhile, whether or not the claim is ours
+            if known is not None:
+                if claimed:
+                    self.release(key)
+                return known
+            if claimed:
+                return None
+            await asyncio.sleep(CLAIM_POLL_SECONDS)
+
+    def release(self, key: str) -> None:
+        try:
+            self.store.release(key)  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - an unreleased claim expires on its own
+            log.warning("could not release a claim in the shared answer store", exc_info=True)
+
+    def close(self) -> str | None:
+        """One more try to keep what the store refused (space may have been freed); what it still
+        refuses goes to the store's side file (``spill``). Where it went, or None."""
+        for key, answer in self.unsaved.items():
+            try:
+                self.store.put(key, answer)
+            except Exception:
+                break
+            self.unsaved.pop(key)
+        if not self.unsaved:
+            return None
+        spill = getattr(self.store, "spill", None)
+        where: str | None = spill(self.unsaved.items()) if spill is not None else None
+        return where
+
+
 class _Batch:
-    """One run of the engine: what is under way, what is kept, and why it stopped."""
+    """One run of the engine: rows in, requests out; the first request alone; what is under way;
+    and the stop: why, what is still awaited on the wire, and what is cancelled."""
 
     def __init__(
         self,
@@ -365,52 +271,30 @@ class _Batch:
         self.client = client
         self.params = params
         self.options = options
-        self.store = store
         self.stats = stats
-        self.gate = _Gate(pacer)
+        self.answers = _Answers(store, self.stop)
+        self.gate = _Gate(pacer, options.max_wait)
         self.under_way: dict[str, asyncio.Task[Answer]] = {}
-        self.unsaved = MemoryStore()  # answers the store refused to take (a full disk): still ours
         self.stopped = asyncio.Event()
         self.fatal: BatchsumError | None = None
+        self.unsent_rows = False
         # The first request goes alone: a wrong key or an expired plan costs one request, not dozens.
         self.first_answered = asyncio.Event()
         self.first_sent = False
         self.drain_deadline: float | None = None
 
-    def stop(self, error: BatchsumError) -> None:
-        """Stop at once: nothing new starts from here on, whoever notices the stop first."""
+    def stop(self, error: BatchsumError, *, unsent_rows: bool = False) -> None:
+        """Stop at once: nothing new starts from here on, whoever notices the stop first.
+        ``unsent_rows``: the rows already read still get a record each (``failed``, ``not_sent``)
+        before the error is raised, so that an output can hold every row read."""
         if self.fatal is None:
             self.fatal = error
+            self.unsent_rows = unsent_rows
         self.stopped.set()
         self.stop_sending()
 
-    def lookup(self, key: str) -> Answer | None:
-        known = self.unsaved.get(key)
-        if known is not None:
-            return known
-        try:
-            return self.store.get(key)
-        except Exception as exc:  # a damaged journal: a stop, not a traceback
-            self.stop(JournalError(f"cannot read the journal: {exc}"))
-            return None
-
-    def keep(self, key: str, answer: Answer) -> None:
-        if not isinstance(self.fatal, JournalError):
-            try:
-                self.store.put(key, answer)
-                return
-            except Exception as exc:
-                self.stop(JournalError(f"cannot write the journal ({exc}): stopped sending"))
-        self.unsaved.put(key, answer)
-
-    def flush_unsaved(self) -> None:
-        """One more try to journal what could not be (space may have been freed meanwhile)."""
-        for key, answer in list(self.unsaved.items()):
-            try:
-                self.store.put(key, answer)
-            except Exception:
-                return
-            self.unsaved.pop(key)
+    def not_sent(self) -> RowResult:
+        return RowResult(None, FAILED, NOT_SENT, f"not sent: the run stopped ({self.fatal}); a rerun sends it", None, 0)
 
     def submit(self, text: Any) -> RowResult | asyncio.Task[Answer]:
         problem = contract.text_problem(text)
@@ -423,7 +307,7 @@ class _Batch:
         if task is not None:
             self.stats.reused += 1
             return task
-        known = self.lookup(key)
+        known = self.answers.get(key)
         if known is not None:
             self.stats.reused += 1
             return known
@@ -433,33 +317,16 @@ class _Batch:
         return task
 
     async def fetch(self, key: str, request: PreparedRequest) -> Answer:
-        claims = getattr(self.store, "claim", None)
-        if claims is None:
+        if not self.answers.shared:
             return await self.send(key, request)
-        store: SharedAnswerStore = self.store  # type: ignore[assignment]
-        while not self.claim(store, key):  # another run is sending it: wait for its answer
-            await asyncio.sleep(CLAIM_POLL_SECONDS)
-            known = self.lookup(key)
-            if known is not None:
-                self.stats.reused += 1
-                return known
+        known = await self.answers.claim(key, self.stopped)
+        if known is not None:
+            self.stats.reused += 1
+            return known
         try:
-            known = self.lookup(key)  # answered between our look-up and the claim
-            return known if known is not None else await self.send(key, request)
+            return await self.send(key, request)
         finally:
-            try:
-                store.release(key)
-            except Exception:  # noqa: BLE001 - an unreleased claim expires on its own
-                log.warning("could not release a claim in the shared answer store", exc_info=True)
-
-    def claim(self, store: SharedAnswerStore, key: str) -> bool:
-        if self.stopped.is_set():
-            raise asyncio.CancelledError
-        try:
-            return store.claim(key)
-        except Exception as exc:
-            self.stop(JournalError(f"cannot use the shared answer store: {exc}"))
-            raise asyncio.CancelledError from None
+            self.answers.release(key)
 
     async def send(self, key: str, request: PreparedRequest) -> Answer:
         is_first, self.first_sent = not self.first_sent, True
@@ -487,7 +354,7 @@ class _Batch:
             if is_first:
                 self.first_answered.set()
         if permanent:
-            self.keep(key, answer)
+            self.answers.put(key, answer)
         return answer
 
     def stop_sending(self) -> list[asyncio.Task[Answer]]:
@@ -509,8 +376,13 @@ class _Batch:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self.unsaved:
-            self.flush_unsaved()
+        spilled = self.answers.close()
+        if spilled is not None and isinstance(self.fatal, JournalError):
+            count = len(self.answers.unsaved)
+            self.fatal.args = (
+                f"{self.fatal}; the {count} answers it could not take are kept in {spilled}, "
+                "which the next run imports first",
+            )
 
     def drains(self) -> bool:
         """Does this stop wait for answers on the wire? Not when the key or plan was refused:
@@ -531,9 +403,37 @@ class _Batch:
             await asyncio.wait({head}, timeout=max(0.0, self.drain_deadline - time.monotonic()))
         if head.done() and not head.cancelled() and head.exception() is None:
             return head.result()
+        if self.fatal is not None and self.unsent_rows:
+            return self.not_sent()
         if self.fatal is not None:
             raise self.fatal
         return head.result()  # the task's own error
+
+
+class _Tally:
+    """Counts each row when its result is known, not when it is yielded: results are yielded in
+    input order, and a row held back by a retry must not hide the answers arriving behind it."""
+
+    __slots__ = ("stats", "on_result")
+
+    def __init__(self, stats: BatchStats, on_result: Callable[[BatchStats], None] | None) -> None:
+        self.stats = stats
+        self.on_result = on_result
+
+    def add(self, item: RowResult | asyncio.Task[Answer]) -> None:
+        if isinstance(item, asyncio.Task):
+            item.add_done_callback(self._finished)
+        else:
+            self._count(item)
+
+    def _finished(self, task: asyncio.Task[Answer]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self._count(task.result())
+
+    def _count(self, result: RowResult) -> None:
+        self.stats.count(result)
+        if self.on_result is not None:
+            self.on_result(self.stats)
 
 
 async def summarize_stream(
@@ -554,7 +454,7 @@ async def summarize_stream(
     for short calls their fields may be given as keywords instead (``mode``, ``percentage``,
     ``type``; ``rpm``, ``concurrency``, ``limiter``, ``window``, ``drain_seconds``). ``store`` keeps
     finished answers (default: in memory for this call); ``stats`` is updated live and ``on_result``
-    called after every row. Raises ``InvalidParameterError`` for bad settings before reading any row;
+    called as each row's result arrives (results are yielded in order; counts are not held back). Raises ``InvalidParameterError`` for bad settings before reading any row;
     ``AuthenticationError`` / ``NotPremiumError`` when the service refuses the key or the plan, and
     ``JournalError`` when the store cannot keep an answer, after yielding the rows already finished.
     """
@@ -578,6 +478,7 @@ async def summarize_stream(
     rows = _rows(texts)
     exhausted = False
     stop_waiter = asyncio.ensure_future(batch.stopped.wait())
+    tally = _Tally(stats, on_result)
     try:
         while True:
             while not exhausted and not batch.stopped.is_set() and len(pending) < options.window:
@@ -586,16 +487,22 @@ async def summarize_stream(
                 except StopAsyncIteration:
                     exhausted = True
                     break
-                pending.append(batch.submit(text))
+                except BrokenInputError as exc:  # every row read so far still gets its record
+                    batch.stop(exc, unsent_rows=True)
+                    exhausted = True
+                    break
+                item = batch.submit(text)
+                pending.append(item)
+                tally.add(item)
             if not pending:
                 if batch.fatal is not None:
                     raise batch.fatal
                 break
             result = await batch.next_result(pending[0], stop_waiter)
             pending.popleft()
-            stats.count(result)
-            if on_result is not None:
-                on_result(stats)
+            stats.yielded += 1
+            if stats.yielded % YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # rows answered by the store never wait: let a stop (a signal) in
             yield result
     finally:
         stop_waiter.cancel()

@@ -3,6 +3,7 @@
     BatchsumError
     ├── ConfigurationError             no key, a key over plain http to a remote host, a bad base URL
     ├── InputError                     (also a ValueError) a missing column, an unreadable file, ...
+    │   └── BrokenInputError           an input that broke after rows were read: the run stops there
     ├── JournalError                   the journal cannot be written or read: the run stops
     ├── BudgetError                    the shared rate budget cannot be used (unreachable, bad URL)
     ├── InvalidParameterError          (also a ValueError) refused locally, nothing was sent
@@ -48,6 +49,7 @@ __all__ = [
     "BatchsumError",
     "ConfigurationError",
     "InputError",
+    "BrokenInputError",
     "JournalError",
     "BudgetError",
     "InvalidParameterError",
@@ -72,6 +74,8 @@ __all__ = [
     "location_secrets",
     "REDACTED",
     "FRAGMENT",
+    "explain",
+    "one_line",
 ]
 
 
@@ -85,6 +89,11 @@ class ConfigurationError(BatchsumError):
 
 class InputError(BatchsumError, ValueError):
     """The input cannot be used: a missing column, an unreadable or non-Parquet file, a bad path."""
+
+
+class BrokenInputError(InputError):
+    """An input that could be opened broke while it was read (a corrupt row group after good ones):
+    the run stops as any stop does, keeping what was answered and writing the rows finished so far."""
 
 
 class JournalError(BatchsumError):
@@ -510,3 +519,58 @@ def location_secrets(location: str) -> tuple[str, ...]:
             found.append(match.group(3))
     secrets = {s for raw in found for s in (raw, unquote(raw)) if len(s) >= _LOCATION_SECRET_MIN}
     return tuple(sorted(secrets))
+
+
+def one_line(value: str | BaseException, limit: int | None = None) -> str:
+    """A message or an exception as one line (white space folded), cut at ``limit`` characters."""
+    text = " ".join(str(value).split()) or (type(value).__name__ if isinstance(value, BaseException) else "")
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
+
+
+def explain(error: BaseException, base_url: str | None = None) -> str:
+    """What went wrong in words a person acts on: who answered what, and what to do. One explanation
+    for every front-end (the CLI prints it after ``error:``, the apps show it)."""
+    where = f" at {base_url}" if base_url else ""
+    tries = ""
+    if isinstance(error, APIError):
+        tries = f" after {error.attempts} attempt{'s' if error.attempts != 1 else ''}"
+    if isinstance(error, AuthenticationError):
+        return (
+            f'the service answered 401 "{error.message}": it did not accept the API key. Check the key in '
+            "$BATCHSUM_API_KEY (it is on the 'My Account' page of the service)"
+        )
+    if isinstance(error, NotPremiumError):
+        return (
+            f'the service answered 401 "{error.message}": your plan does not allow this request '
+            "(mode 2, 'Advanced' needs a premium plan; or the plan has expired). Check your plan"
+        )
+    if isinstance(error, InvalidTextError) or isinstance(error, (TextTooShortError, TextTooLongError)):
+        reason = getattr(error, "reason", None)
+        if isinstance(error, TextTooShortError) or reason is SkipReason.TOO_SHORT:
+            return "the text is too short: the service needs at least 10 words"
+        if isinstance(error, TextTooLongError) or reason is SkipReason.TOO_LONG:
+            return (
+                "the text is too long: the service takes at most 5000 words (long_texts='split' summarizes it in parts)"
+            )
+        return "there is no text to summarize"
+    if isinstance(error, UnprocessableEntityError):
+        return f'the service refused the request (422 "{error.message}")'
+    if isinstance(error, RateLimitError):
+        return f"Rate limited: the service kept answering 429 (too many requests){tries}; try again later, or lower rpm"
+    if isinstance(error, APITimeoutError):
+        return f"the service{where} did not answer in time{tries}; try again, or raise the timeout"
+    if isinstance(error, APIConnectionError):
+        return (
+            f"cannot reach the service{where} ({error.message}){tries}: it is down or unreachable; "
+            "check the base URL and the network"
+        )
+    if isinstance(error, ServerError):
+        return (
+            f'the service{where} answered {error.status_code} "{error.message}"{tries}: it is down or '
+            "unreachable right now; try again in a moment"
+        )
+    if isinstance(error, APIStatusError):
+        return f'the service{where} answered {error.status_code} "{error.message}"{tries}'
+    if isinstance(error, APIError):
+        return f"{error.message} ({base_url or 'the service'}{tries})"
+    return one_line(error) if isinstance(error, BatchsumError) else f"something went wrong: {one_line(error)}"

@@ -23,13 +23,16 @@ import json
 import os
 import socket
 import sqlite3
+import stat
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from .engine import CLAIM_SECONDS, Answer
 from .errors import BudgetError, InputError, JournalError, redact_location
+from .results import Answer
+from .stores import CLAIM_SECONDS
 
 __all__ = ["Journal", "SharedJournal", "RedisStore", "RunLock", "FORMAT"]
 
@@ -51,28 +54,100 @@ INSERT INTO meta VALUES ('format', '{FORMAT}');
 """
 
 
+# Every RunLock this process holds, by what it locks: ("path", resolved path) and, while it holds the
+# file itself, ("inode", device, inode). A second RunLock here on the same file (the output and the
+# journal given as one file under two names) is refused by name instead of waiting on itself.
+_held: dict[tuple[Any, ...], RunLock] = {}
+_held_guard = threading.Lock()
+
+
+def _flock_holder(device: int, inode: int) -> str | None:
+    """Who holds an ``flock`` on the file (device, inode), from ``/proc/locks`` (Linux); None elsewhere."""
+    wanted = f"{os.major(device):02x}:{os.minor(device):02x}:{inode}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as locks:
+            for line in locks:
+                fields = line.split()
+                # "1: FLOCK ADVISORY WRITE 1234 08:01:5678 0 EOF"; waiters have "->" after the number.
+                if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == wanted:
+                    return f"pid {fields[4]} on {socket.gethostname()}"
+    except OSError:
+        pass
+    return None
+
+
 class RunLock:
-    """This process's exclusive hold on ``path`` for a run, through ``.NAME.lock`` beside it (an
-    ``flock``: released when the process ends, however it ends, so a crash leaves no stale lock;
-    the file is removed when the run is done).
-    ``wait``: wait for the other run instead of refusing at once."""
+    """This process's exclusive hold on the file at ``path`` for a run. The lock follows the file's
+    identity, so that every spelling of it (a symlink, ``dir/../name``, a hard link) meets the same lock:
+
+    - its resolved path (``os.path.realpath``), through ``.NAME.lock`` beside the real file: this
+      holds while the file does not exist yet, and while it is replaced (an output is renamed into
+      place when complete);
+    - while the file exists, its inode, through the file itself, which every hard link shares: taken
+      at the start when the file is there, and when a ``Journal`` creates it under this lock.
+
+    Both are ``flock`` locks: released when the process ends, however it ends, so a crash leaves no
+    stale lock; the lock file is removed when the run is done. ``wait``: wait for the other run
+    instead of refusing at once."""
 
     def __init__(self, path: str | os.PathLike[str], what: str, *, wait: bool = False) -> None:
         self.path = Path(path)
-        self._lock_path = self.path.with_name(f".{self.path.name}.lock")
+        self.what = what
+        self.real = Path(os.path.realpath(self.path))
+        self._wait = wait
+        self._lock_path = self.real.with_name(f".{self.real.name}.lock")
+        self._fd: int | None = None
+        self._file_fd: int | None = None
+        self._inode: tuple[Any, ...] | None = None  # the inode lock's key in _held, while held
+        self._keys: list[tuple[Any, ...]] = []
+        try:
+            self._claim(("path", str(self.real)))
+            self._fd = self._lock_beside()
+            self._lock_file()
+        except BaseException:
+            self.release()
+            raise
+
+    def _refusal(self, holder: str) -> InputError:
+        return InputError(
+            f"the {self.what} {self.path} is in use by another batchsum run ({holder}); "
+            "wait for it to finish, or pass --wait"
+        )
+
+    def _waiting(self, holder: str) -> None:
+        print(f"batchsum: waiting for the other run on {self.path} ({holder}) to finish", file=sys.stderr)
+
+    def _claim(self, key: tuple[Any, ...]) -> None:
+        with _held_guard:
+            other = _held.get(key)
+            if other is not None and other is not self:
+                if other.what != self.what:
+                    raise InputError(
+                        f"the {self.what} {self.path} is the {other.what} {other.path} under another name; "
+                        f"give the {self.what} a path of its own"
+                    )
+                raise self._refusal(f"pid {os.getpid()}, this process")
+            _held[key] = self
+            self._keys.append(key)
+
+    def _unclaim(self, key: tuple[Any, ...]) -> None:
+        with _held_guard:
+            if _held.get(key) is self:
+                del _held[key]
+        self._keys.remove(key)
+
+    def _lock_beside(self) -> int:
+        """The lock on the resolved path: ``.NAME.lock`` beside the real file."""
         while True:
             fd = self._open()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
-                if not wait:
+                if not self._wait:
                     os.close(fd)
-                    raise InputError(
-                        f"the {what} {self.path} is in use by another batchsum run ({holder}); "
-                        "wait for it to finish, or pass --wait"
-                    ) from None
-                print(f"batchsum: waiting for the other run on {self.path} ({holder}) to finish", file=sys.stderr)
+                    raise self._refusal(holder) from None
+                self._waiting(holder)
                 fcntl.flock(fd, fcntl.LOCK_EX)
             # The holder removes the lock file when it is done: a lock on a removed file holds nothing.
             try:
@@ -84,7 +159,7 @@ class RunLock:
             os.close(fd)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
-        self._fd: int | None = fd
+        return fd
 
     def _open(self) -> int:
         flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
@@ -93,17 +168,102 @@ class RunLock:
         except OSError as exc:
             raise InputError(f"cannot lock {self.path}: {exc.strerror} ({self._lock_path})") from None
 
+    def _lock_file(self) -> None:
+        """The lock on the inode, while the file exists: an ``flock`` on the file itself, opened
+        read-only (it is never written through this descriptor; SQLite's own locks are ``fcntl``
+        locks, which ``flock`` does not meet). A file that cannot be opened (no read permission) or
+        is not a regular file has the path lock only."""
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+        while True:
+            try:
+                fd = os.open(self.real, flags)
+            except OSError:
+                return  # not there yet (its resolved path is its identity until it is created), or not ours to open
+            if not self._hold_file(fd):
+                return
+            # Still the file at that path? An output renamed into place while this run waited is
+            # another inode: lock that one instead.
+            try:
+                now = os.stat(self.real, follow_symlinks=False)
+            except FileNotFoundError:
+                return
+            if self._inode == ("inode", now.st_dev, now.st_ino):
+                return
+            self._drop_file()
+
+    def _hold_file(self, fd: int) -> bool:
+        """Take the inode lock through ``fd`` (this lock keeps ``fd``); False, with ``fd`` closed,
+        for a file that is not a regular file."""
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            return False
+        key = ("inode", st.st_dev, st.st_ino)
+        try:
+            self._claim(key)
+        except InputError:
+            os.close(fd)
+            raise
+        self._file_fd, self._inode = fd, key
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _flock_holder(st.st_dev, st.st_ino) or "another process"
+            if not self._wait:
+                raise self._refusal(holder) from None  # the caller releases
+            self._waiting(holder)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        return True
+
+    def _drop_file(self) -> None:
+        if self._file_fd is not None:
+            os.close(self._file_fd)  # closing releases the flock
+            self._file_fd = None
+        if self._inode is not None:
+            self._unclaim(self._inode)
+            self._inode = None
+
+    @staticmethod
+    def created(path: str | os.PathLike[str], fd: int) -> None:
+        """The file at ``path`` was just created, through ``fd``, by this process: the ``RunLock``
+        this process holds on ``path`` (if any) now locks its inode too. Raises ``InputError`` when
+        another run reached the new file first (through a hard link made at once)."""
+        with _held_guard:
+            lock = _held.get(("path", os.path.realpath(path)))
+        if lock is None or lock._file_fd is not None or lock._fd is None:
+            return
+        try:
+            lock._hold_file(os.dup(fd))
+        except InputError:
+            lock._drop_file()
+            raise
+
     def release(self) -> None:
         if self._fd is not None:
             self._lock_path.unlink(missing_ok=True)  # before unlocking: a waiter then sees it is gone
             os.close(self._fd)  # closing releases the flock
             self._fd = None
+        self._drop_file()
+        for key in list(self._keys):
+            self._unclaim(key)
 
     def __enter__(self) -> RunLock:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
         self.release()
+
+
+def _spill_files(path: Path) -> list[Path]:
+    """Where a journal's unjournaled answers go: beside it, or in the user's cache folder (named
+    after the journal's real path) when its folder cannot take them either."""
+    import hashlib
+
+    import platformdirs
+
+    digest = hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:16]
+    cache = Path(platformdirs.user_cache_dir("batchsum", appauthor=False)) / "unsaved"
+    return [path.with_name(path.name + ".unsaved.jsonl"), cache / f"{path.name}.{digest}.jsonl"]
 
 
 def _is_journal(path: Path) -> str | None:
@@ -158,15 +318,67 @@ class Journal:
                 self._db.execute("PRAGMA synchronous=NORMAL")
         except sqlite3.Error as exc:
             raise InputError(f"cannot open the journal {self.path}: {exc}") from None
+        if not readonly:
+            self._import_spilled()
+
+    def spill(self, answers: list[tuple[str, Answer]]) -> str | None:
+        """Keep ``answers`` the journal could not take (a full disk, a read-only remount, a quota) in a
+        side file that the next run's journal imports first: beside the journal, else in the user's
+        cache folder. Where they went, or None when nowhere could take them either."""
+        lines = "".join(json.dumps([key, *answer]) + "\n" for key, answer in answers).encode()
+        for target in _spill_files(self.path):
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+                fd = os.open(target, flags, 0o600)
+                try:
+                    os.write(fd, lines)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError:
+                continue
+            return str(target)
+        return None
+
+    def _import_spilled(self) -> None:
+        """Answers an earlier run could not journal (``spill``), taken in before anything is looked up."""
+        for target in _spill_files(self.path):
+            try:
+                text = target.read_text(encoding="utf-8")
+            except OSError:
+                continue
+            rows = []
+            for line in text.splitlines():
+                try:
+                    key, *fields = json.loads(line)
+                    rows.append((str(key), *Answer(*fields), time.time()))
+                except (ValueError, TypeError):
+                    continue  # a line cut short by the fault that made it: its answer is paid again
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    self._db.executemany("INSERT OR REPLACE INTO answers VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error:
+                return  # the journal still cannot take them: the side file stays for the next run
+            target.unlink(missing_ok=True)
 
     def _create(self) -> None:
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
         try:
-            os.close(os.open(self.path, flags, 0o644))
+            fd = os.open(self.path, flags, 0o644)
         except FileExistsError:
             raise InputError(f"the journal {self.path} appeared while it was being created; run again") from None
         except OSError as exc:
             raise InputError(f"cannot create the journal {self.path}: {exc.strerror}") from None
+        try:
+            RunLock.created(self.path, fd)  # a new inode: the run's lock now holds it too
+        finally:
+            os.close(fd)
         try:
             db = sqlite3.connect(self.path, isolation_level=None)
             try:

@@ -37,17 +37,17 @@ from __future__ import annotations
 import asyncio
 import bisect
 import math
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from aiolimiter import AsyncLimiter
 
 from ._retry import MAX_RETRY_AFTER, RateLimitHeaders, backoff
 from .budget import Budget, ProcessBudget, Report, Slot
-from .errors import InvalidParameterError
+from .options import check_rpm
+from .report import Timeline
 
 __all__ = [
     "Pacer",
@@ -55,7 +55,6 @@ __all__ = [
     "Limiter",
     "PaceChange",
     "PacerState",
-    "Timeline",
     "JITTER_MARGIN",
     "DEFAULT_MAX_IN_FLIGHT",
     "UNPACED_IN_FLIGHT",
@@ -84,15 +83,6 @@ START_IN_FLIGHT = 8  # before any latency is known
 HEADROOM = 1.5  # in flight = rate x latency x headroom + SPARE
 SPARE = 4
 LATENCY_SAMPLES = 50
-
-
-def check_rpm(rpm: object) -> float:
-    """``rpm`` as a float when it is a finite number >= 0; else ``InvalidParameterError`` (a ValueError)."""
-    if isinstance(rpm, bool) or not isinstance(rpm, (int, float)) or not 0 <= rpm < math.inf:
-        raise InvalidParameterError(
-            f"invalid rpm {rpm!r}: use a finite number of requests per minute >= 0 (0 = no pacing)"
-        )
-    return float(rpm)
 
 
 def max_starts(rpm: float, window: float) -> int:
@@ -143,60 +133,6 @@ class PacerState:
 
 def _loop_time() -> float:
     return asyncio.get_running_loop().time()
-
-
-class Timeline:
-    """What a run did, second by second: attempts started, 429s, rows done; the pace in force and
-    the pauses, with why. One entry per second of the run (a day is 86,400), not per request, so
-    it can travel with a result (``out.attrs["batchsum"]``) and be drawn (``batchsum.plot_run``)."""
-
-    __slots__ = ("rpm", "_origin", "_wall", "_seconds", "pace", "pauses")
-
-    def __init__(self, rpm: float) -> None:
-        self.rpm = rpm
-        self._origin: float | None = None  # the clock at the first event
-        self._wall = 0.0
-        self._seconds: dict[int, list[int]] = {}  # second -> [started, refused, done]
-        self.pace: list[tuple[float, float]] = []  # (seconds since the start, pace from then on)
-        self.pauses: list[tuple[float, float, str]] = []  # (from, until, why), seconds since the start
-
-    def _since(self, now: float) -> float:
-        if self._origin is None:
-            self._origin, self._wall = now, time.time()
-            self.pace.append((0.0, self.rpm))
-        return max(0.0, now - self._origin)
-
-    def _count(self, now: float, which: int) -> None:
-        self._seconds.setdefault(int(self._since(now)), [0, 0, 0])[which] += 1
-
-    def started(self, now: float) -> None:
-        self._count(now, 0)
-
-    def refused(self, now: float) -> None:
-        self._count(now, 1)
-
-    def done(self, now: float) -> None:
-        self._count(now, 2)
-
-    def pace_changed(self, now: float, pace: float) -> None:
-        self.pace.append((self._since(now), pace))
-
-    def paused(self, now: float, until: float, why: str) -> None:
-        start, end = self._since(now), self._since(now) + (until - now)
-        if self.pauses and self.pauses[-1][1] >= start:  # the same pause, made longer
-            start, why = self.pauses[-1][0], self.pauses[-1][2]
-            self.pauses.pop()
-        self.pauses.append((start, end, why))
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain lists and numbers (JSON-able): ``seconds`` rows are [second, started, refused, done]."""
-        return {
-            "rpm": self.rpm,
-            "started_at": self._wall or None,
-            "seconds": [[second, *counts] for second, counts in sorted(self._seconds.items())],
-            "pace": [list(change) for change in self.pace],
-            "pauses": [list(pause) for pause in self.pauses],
-        }
 
 
 class _Owed:

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import IO, Any
 
-from .engine import BatchStats
+from .report import BatchStats
 
 __all__ = ["ProgressBar"]
 

@@ -1,7 +1,7 @@
 """The notebook apps (ipywidgets): ``batchsum.widget()`` summarizes one text, ``batchsum.widget(df)``
 runs a DataFrame column through the engine with live progress, a preview and a Cancel button.
 
-Work runs on its own event loop in a background thread (``pandas_ext.BackgroundRun``), so the
+Work runs on its own event loop in a background thread (``_background.BackgroundRun``), so the
 notebook stays responsive; ``app.wait()`` waits for it (tests).
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import html
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -22,23 +23,18 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("the widget needs the 'notebook' extra: pip install 'batchsum[notebook]'") from exc
 
 from . import contract
+from ._background import BackgroundRun
+from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .client import AsyncClient
-from .engine import BatchStats, RowResult
+from .csvsafe import neutralize_frame
 from .errors import (
-    APIConnectionError,
-    APITimeoutError,
-    AuthenticationError,
     BatchsumError,
-    ConfigurationError,
-    InvalidTextError,
-    NotPremiumError,
-    RateLimitError,
-    ServerError,
-    TextTooLongError,
-    TextTooShortError,
-    UnprocessableEntityError,
 )
-from .pandas_ext import BackgroundRun, DataFrameAccessor, local_service, summarize_texts
+from .errors import explain as explain_error
+from .options import DEFAULT_MAX_WAIT, RunSpec, check_params, document_options
+from .report import BatchStats
+from .results import RowResult, check_columns, join_results
+from .run import Run, bind
 
 __all__ = ["TextApp", "FrameApp", "ResultTable", "make_widget", "explain", "render_summary"]
 
@@ -53,41 +49,9 @@ MODES = [("Standard", 1), ("Advanced", 2)]
 
 
 def explain(error: BaseException) -> str:
-    """The error in plain words, with what to do about it."""
-    if isinstance(error, AuthenticationError):
-        return (
-            "The service did not accept the API key. Check BATCHSUM_API_KEY (the key is on the "
-            "'My Account' page of the service)."
-        )
-    if isinstance(error, NotPremiumError):
-        return (
-            "Your plan does not allow this request: 'Advanced' needs a premium plan, or the plan has "
-            "expired. Try 'Standard', or renew the plan."
-        )
-    if isinstance(error, (TextTooShortError,)) or (
-        isinstance(error, InvalidTextError) and error.reason is contract.SkipReason.TOO_SHORT
-    ):
-        return f"The text is too short: the service needs at least {contract.MIN_WORDS} words."
-    if isinstance(error, TextTooLongError) or (
-        isinstance(error, InvalidTextError) and error.reason is contract.SkipReason.TOO_LONG
-    ):
-        return f"The text is too long: the service takes at most {contract.MAX_WORDS} words."
-    if isinstance(error, InvalidTextError):
-        return "There is no text to summarize yet."
-    if isinstance(error, RateLimitError):
-        return (
-            "Rate limited: your plan's requests per minute are used up. Wait a minute and try "
-            "again (batchsum already retried)."
-        )
-    if isinstance(error, APITimeoutError):
-        return "The service did not answer in time. It may be overloaded; try again in a moment."
-    if isinstance(error, (ServerError, APIConnectionError)):
-        return f"The service is down or unreachable right now ({error}). Try again in a moment."
-    if isinstance(error, UnprocessableEntityError):
-        return f"The service refused the request: {error.message}"
-    if isinstance(error, ConfigurationError):
-        return str(error)
-    return f"Something went wrong: {error}"
+    """The error in plain words, with what to do about it (``errors.explain``, as a sentence)."""
+    words = explain_error(error)
+    return words[:1].upper() + words[1:] + "."
 
 
 def render_summary(summary: str, kind: str | None) -> str:
@@ -159,20 +123,42 @@ def _grid(*rows: list[w.Widget]) -> w.GridBox:
 
 
 class _App:
-    """What both apps share: the request controls and the connection settings."""
+    """What both apps share: the request controls (set from ``mode``, ``percentage``, ``type``) and
+    the connection settings, made into a ``RunSpec`` at every click."""
 
     def __init__(
-        self, *, api_key: str | None = None, base_url: str | None = None, local: bool = False, **client_options: Any
+        self,
+        *,
+        mode: Any = 1,
+        percentage: Any = contract.PERCENTAGE_DEFAULT,
+        type: Any = None,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        local: bool = False,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        encoding: str = "json",
     ) -> None:
-        self._connection = {"api_key": api_key, "base_url": base_url, "local": local}
-        self._client_options = client_options
-        self.mode = w.ToggleButtons(options=MODES, value=1)
-        self.length = w.IntSlider(
-            value=contract.PERCENTAGE_DEFAULT, min=contract.PERCENTAGE_MIN, max=contract.PERCENTAGE_MAX
-        )
-        self.format = w.Dropdown(options=FORMATS, value="default")
+        params = check_params(mode, percentage, type)  # validated before anything is drawn
+        self._connection: dict[str, Any] = {"api_key": api_key, "base_url": base_url, "local": local}
+        self._client_options: dict[str, Any] = {"timeout": timeout, "max_retries": max_retries, "encoding": encoding}
+        self.mode = w.ToggleButtons(options=MODES, value=int(params.mode))
+        self.length = w.IntSlider(value=params.percentage, min=contract.PERCENTAGE_MIN, max=contract.PERCENTAGE_MAX)
+        self.format = w.Dropdown(options=FORMATS, value=params.type.value if params.type else "default")
         self._run: BackgroundRun | None = None
         self.box: w.Box
+        self._build()
+
+    def _build(self) -> None:
+        """Make the app's own controls and its box."""
+        raise NotImplementedError
+
+    def _spec(self, **options: Any) -> RunSpec:
+        """The run as the controls and the settings say now."""
+        kind = None if self.format.value == "default" else self.format.value
+        return RunSpec.from_kwargs(
+            self.mode.value, self.length.value, kind, **self._connection, **self._client_options, **options
+        )
 
     def _request_fields(self) -> list[list[w.Widget]]:
         return [
@@ -182,12 +168,6 @@ class _App:
             _field("Length", self.length, "1 shortest to 6 longest."),
             _field("Format", self.format, "Default: a plain summary; headings & points, bullets, or the best line."),
         ]
-
-    def _settings(self) -> dict[str, Any]:
-        if self._connection["local"]:
-            service = local_service()
-            return {"api_key": service.key, "base_url": service.url}
-        return {"api_key": self._connection["api_key"], "base_url": self._connection["base_url"]}
 
     def wait(self, timeout: float | None = 60) -> None:
         """Wait for the work started by the last click (for tests and scripts)."""
@@ -210,10 +190,9 @@ def _copy_button(text: str) -> str:
 
 class TextApp(_App):
     """One text: a word count that says whether it fits, model, length, format, Summarize (only for
-    a text the service would take); the summary labelled, with a Copy button."""
+    a text the service would take); the summary labelled, with a Copy button. Options as ``_App``."""
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
+    def _build(self) -> None:
         self.text = w.Textarea(placeholder="Paste a text of 10 to 5000 words", rows=10, layout=w.Layout(width="100%"))
         self.count = w.HTML()
         self.button = w.Button(description="Summarize", button_style="primary", icon="compress")
@@ -260,25 +239,35 @@ class TextApp(_App):
         self.button.disabled = True
         self.message.value = "<i>Summarizing…</i>"
         self.result.value = ""
-        request = (self.text.value, self.mode.value, self.length.value, self.format.value)
-        self._run = BackgroundRun(lambda: self._work(*request))
-
-    async def _work(self, text: str, mode: int, length: int, kind: str | None) -> None:
         self.summary, self.error = None, None
         try:
-            async with AsyncClient(**self._settings(), **self._client_options) as client:
-                self.summary = await client.summarize(text, mode, length, kind)
+            spec = bind(self._spec())
+        except BatchsumError as exc:
+            self._failed(exc)
+            return
+        self._run = BackgroundRun(lambda: self._work(self.text.value, spec))
+
+    def _failed(self, exc: BaseException) -> None:
+        self.error = exc
+        self.message.value = f"<span class='batchsum-error'>{html.escape(explain(exc), quote=False)}</span>"
+        self._busy = False
+        self._count()
+
+    async def _work(self, text: str, spec: RunSpec) -> None:
+        kind = spec.params.type.value if spec.params.type else None
+        try:
+            async with AsyncClient(**spec.client.client_kwargs()) as client:
+                self.summary = await client.summarize(text, *spec.params)
             self.result.value = (
                 f"<div class='batchsum-result'><b>Summary</b> {_copy_button(self.summary)}"
                 f"{render_summary(self.summary, kind)}</div>"
             )
             self.message.value = ""
         except BatchsumError as exc:
-            self.error = exc
-            self.message.value = f"<span class='batchsum-error'>{html.escape(explain(exc), quote=False)}</span>"
-        finally:
-            self._busy = False
-            self._count()
+            self._failed(exc)
+            return
+        self._busy = False
+        self._count()
 
 
 STATUSES = [("All", "all"), ("OK", "ok"), ("Skipped", "skipped"), ("Failed", "failed")]
@@ -403,7 +392,8 @@ class ResultTable:
             if format == "parquet":
                 self.result.to_parquet(path)
             else:
-                self.result.to_csv(path, index=False)
+                added = [c for c in self.result.columns if c not in self.frame.columns]  # the run's columns
+                neutralize_frame(self.result, added).to_csv(path, index=False)
         except (OSError, ValueError) as exc:
             self.saved.value = (
                 f"<span class='batchsum-error'>Could not save {html.escape(str(path))}: {html.escape(str(exc))}</span>"
@@ -418,23 +408,65 @@ class FrameApp(_App):
     state in words, and the rows as they finish in a paged table. The finished DataFrame is
     ``.result`` (with the run in ``.result.attrs["batchsum"]``); Cancel keeps the rows that finished."""
 
+    @document_options
     def __init__(
         self,
         frame: pd.DataFrame,
+        mode: Any = 1,
+        percentage: Any = contract.PERCENTAGE_DEFAULT,
+        type: Any = None,
         *,
+        output_column: str = "summary",
+        api_key: str | None = None,
+        base_url: str | None = None,
+        local: bool = False,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        encoding: str = "json",
         rpm: float | None = None,
         concurrency: int | None = None,
-        output_column: str = "summary",
-        **options: Any,
+        limiter: Any = None,
+        budget: Any = None,
+        journal: str | os.PathLike[str] | None = None,
+        progress: bool = False,
+        max_wait: float = DEFAULT_MAX_WAIT,
     ) -> None:
+        """The app for ``frame``: the request controls start at ``mode``, ``percentage`` and ``type``,
+        "Per minute" at ``rpm`` (``$BATCHSUM_RPM`` or 60; 0 with the local service); the other
+        options are the run's, as for ``df.batchsum.summarize``. ``progress``: a tqdm bar as well as
+        the app's own."""
+        self.frame = frame
+        spec = RunSpec.from_options(locals())  # every option checked before anything is drawn
+        self._run_options: dict[str, Any] = {
+            "output_column": output_column,
+            "concurrency": concurrency,
+            "limiter": limiter,
+            "budget": budget,
+            "journal": journal,
+            "progress": progress,
+            "max_wait": max_wait,
+        }
+        self._output_column = spec.output_column
+        self._default_rpm = spec.rpm
+        super().__init__(
+            mode=mode,
+            percentage=percentage,
+            type=type,
+            api_key=api_key,
+            base_url=base_url,
+            local=local,
+            timeout=timeout,
+            max_retries=max_retries,
+            encoding=encoding,
+        )
+
+    def _build(self) -> None:
         from .chart import RunChart
 
-        super().__init__(**options)
-        self.frame = frame
+        frame = self.frame
         text_columns = _text_columns(frame)
         self.column = w.Dropdown(options=text_columns or list(frame.columns))
-        default_rpm = rpm if rpm is not None else (0 if options.get("local") else 60)
-        self.rpm = w.BoundedFloatText(value=default_rpm, min=0, max=100_000)
+        self.rpm = w.BoundedFloatText(value=self._default_rpm, min=0, max=100_000)
         self.run_button = w.Button(description="Run", button_style="primary", icon="play")
         self.cancel_button = w.Button(description="Cancel", icon="stop", disabled=True)
         self.progress = w.IntProgress(value=0, min=0, max=max(1, len(frame)), layout=w.Layout(width="100%"))
@@ -443,8 +475,6 @@ class FrameApp(_App):
         self.table = ResultTable(frame)
         self.result: pd.DataFrame | None = None
         self.error: BaseException | None = None
-        self._concurrency = concurrency
-        self._output_column = output_column
         self._kind: str | None = None
         self._rows: list[RowResult] = []
         self._last_draw = 0.0
@@ -474,16 +504,17 @@ class FrameApp(_App):
         """What Run does: summarize the chosen column on a background thread."""
         self.result, self.error, self._rows = None, None, []
         try:
-            DataFrameAccessor(self.frame)._column(self.column.value, self._output_column)
+            check_columns(self.frame.columns, self.column.value, self._output_column)
+            spec = self._spec(rpm=self.rpm.value, **self._run_options)
         except BatchsumError as exc:
             self.error = exc
             self.status.value = f"<span class='batchsum-error'>{html.escape(str(exc))}</span>"
             return
         self.run_button.disabled, self.cancel_button.disabled = True, False
         self.status.value = "<i>Starting…</i>"
-        self._kind = None if self.format.value == "default" else self.format.value
-        request = (self.column.value, self.mode.value, self.length.value, self.format.value, self.rpm.value)
-        self._run = BackgroundRun(lambda: self._work(*request))
+        self._kind = spec.params.type.value if spec.params.type else None
+        texts = self.frame[self.column.value].tolist()
+        self._run = BackgroundRun(lambda: self._work(texts, spec))
 
     def cancel(self) -> None:
         """Stop sending; requests on the wire finish and every finished row is kept."""
@@ -491,25 +522,14 @@ class FrameApp(_App):
             self._run.cancel()
         self.cancel_button.disabled = True
 
-    async def _work(self, column: Any, mode: int, length: int, kind: str | None, rpm: float) -> None:
-        stats = BatchStats(total=len(self.frame))
-        settings = {**self._settings(), **self._client_options}
+    async def _work(self, texts: list[Any], spec: RunSpec) -> None:
+        stats = BatchStats(total=len(texts))
         cancelled = False
         ticker = asyncio.ensure_future(self._tick(stats))
         try:
-            await summarize_texts(
-                self.frame[column].tolist(),
-                mode,
-                length,
-                kind,
-                rpm=rpm,
-                concurrency=self._concurrency,
-                progress=False,
-                stats=stats,
-                on_result=self._draw,
-                results=self._rows,
-                **settings,
-            )
+            async with Run(spec, stats=stats, on_result=self._draw) as run:
+                async for result in run.stream(texts):
+                    self._rows.append(result)
         except asyncio.CancelledError:  # Cancel: the engine has kept what finished
             cancelled = True
         except BatchsumError as exc:
@@ -517,8 +537,7 @@ class FrameApp(_App):
         finally:
             ticker.cancel()
         done = len(self._rows)
-        accessor = DataFrameAccessor(self.frame.iloc[:done])
-        self.result = accessor._join(self._rows, self._output_column)
+        self.result = join_results(self.frame.iloc[:done], self._rows, self._output_column)
         self.result.attrs["batchsum"] = stats.record()
         self._draw(stats, force=True)
         self.table.show(self._rows, self._kind, self.result)
@@ -583,8 +602,11 @@ def _text_columns(frame: pd.DataFrame) -> list[Any]:
 
 def make_widget(data: Any = None, **options: Any) -> TextApp | FrameApp:
     """``TextApp`` for no data, ``FrameApp`` for a DataFrame."""
+    app: TextApp | FrameApp
     if data is None:
-        return TextApp(**options)
-    if isinstance(data, pd.DataFrame):
-        return FrameApp(data, **options)
-    raise TypeError(f"batchsum.widget() takes a pandas DataFrame or nothing, not {type(data).__name__}")
+        app = TextApp(**options)
+    elif isinstance(data, pd.DataFrame):
+        app = FrameApp(data, **options)
+    else:
+        raise TypeError(f"batchsum.widget() takes a pandas DataFrame or nothing, not {type(data).__name__}")
+    return app

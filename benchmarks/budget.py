@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 WORKER = textwrap.dedent("""
     import sys
-    from batchsum.pandas_ext import summarize_texts
+    from batchsum.run import summarize_texts
     import asyncio
     n, rows, rpm, budget = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
     texts = [f"Process {n} row {i}: " + " ".join(["alpha beta gamma delta epsilon zeta"] * 4) + "." for i in range(rows)]

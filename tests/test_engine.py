@@ -4,10 +4,12 @@ import pytest
 
 import batchsum
 from batchsum.client import PreparedRequest, validate_params
-from batchsum.engine import BatchStats, MemoryStore, fingerprint, plan_batch, summarize_stream
+from batchsum.engine import fingerprint, plan_batch, summarize_stream
 from batchsum.local import Faults, LocalService
 from batchsum.local.summarizer import summarize as local_summary
 from batchsum.pacing import Pacer
+from batchsum.report import BatchStats
+from batchsum.stores import MemoryStore
 from tests.conftest import EXPIRED_KEY, KEY, article
 
 
@@ -84,22 +86,37 @@ async def test_zero_429s_at_the_configured_rpm_against_a_sliding_window_of_the_s
 
 
 async def test_a_429_storm_is_survived_with_every_row_accounted_for(svc):
+    """A 429 answered by the shared pause is the service saying "later": it costs no attempt, and
+    only the run's patience (``max_wait``) fails a row. With no patience at all, every row that met a
+    429 fails as rate_limited with no paid attempt; the storm passes, and a second run sends only those."""
     svc.faults = Faults(rates={"429": 0.6}, retry_after=0.01, seed=7)
     rows = texts(60, words=12)
     stats = BatchStats()
     store = MemoryStore()
-    results = await collect(rows, svc, stats=stats, store=store, max_retries=3)
+    results = await collect(rows, svc, stats=stats, store=store, max_retries=3, max_wait=0)
     assert len(results) == 60
     assert {r.status for r in results} <= {"ok", "failed"}
     failed = [r for r in results if r.status == "failed"]
-    assert failed and all(r.error == "rate_limited" and r.http_status == 429 and r.attempts == 4 for r in failed)
-    assert stats.rate_limited > 30 and stats.ok + stats.failed == 60
+    assert failed and all(r.error == "rate_limited" and r.http_status == 429 and r.attempts == 0 for r in failed)
+    assert "max_wait is 0 s" in failed[0].message
+    assert stats.rate_limited >= len(failed) and stats.ok + stats.failed == 60
     # The storm passes: a second run sends only what failed.
     svc.faults = Faults()
     svc.state.reset_stats()
     again = await collect(rows, svc, store=store)
     assert all(r.status == "ok" for r in again)
     assert svc.stats()["requests"] == len(failed)
+
+
+async def test_a_storm_longer_than_the_retries_costs_no_row_and_no_attempt(svc):
+    """Every one of the first 12 requests is answered 429 (Retry-After: 0.05 s): with 2 retries a row,
+    the old rule failed the first row; under the shared pause every row is ok after one paid attempt."""
+    svc.faults = Faults(script=["429"] * 12, retry_after=0.05)
+    stats = BatchStats()
+    results = await collect(texts(20, words=12), svc, stats=stats, max_retries=2)
+    assert [(r.status, r.attempts) for r in results] == [("ok", 1)] * 20
+    assert stats.rate_limited == 12 and stats.attempts == 20
+    assert svc.stats()["by_status"] == {"200": 20, "429": 12}
 
 
 async def test_every_fault_kind_mixed_in_loses_no_row(svc):
@@ -230,3 +247,22 @@ async def test_more_than_a_hundred_in_flight_when_rate_times_latency_needs_it(sv
     results = await collect([f"{article(12, seed=i)} Row {i}." for i in range(300)], svc, rpm=60000, concurrency=None)
     assert [r.status for r in results] == ["ok"] * 300
     assert svc.stats()["most_in_progress"] > 100  # the connection pool is no hidden cap
+
+
+async def test_answers_are_counted_when_they_arrive_while_a_held_row_waits_its_retry(svc):
+    """Row 2 waits out a hung request (timeout 1 s) and its retry; results are yielded in order, but
+    the counts (what the bar shows) take in the answers arriving behind it."""
+    svc.faults = Faults(script=["ok", "hang"], hang_seconds=3)
+    seen: list[tuple[int, int]] = []
+    stats = BatchStats()
+
+    def note(current: BatchStats) -> None:
+        seen.append((current.ok, current.yielded))
+
+    async with batchsum.AsyncClient(KEY, svc.url, timeout=1, max_retries=2) as client:
+        results = [
+            r async for r in summarize_stream(texts(30, words=12), client, stats=stats, on_result=note, concurrency=8)
+        ]
+    assert [r.status for r in results] == ["ok"] * 30 and results[1].attempts == 2
+    assert max(ok for ok, yielded in seen if yielded <= 1) >= 25  # 28 answers counted while row 2 held the line
+    assert stats.done == stats.yielded == 30 and stats.ok == 30

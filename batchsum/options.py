@@ -1,0 +1,512 @@
+"""``RunSpec``: every option of a run, its default, its environment variable and its validation, once.
+
+Every front-end (CLI, pandas, Dask, the notebook apps) turns what its user passed into one frozen
+``RunSpec`` (``RunSpec.from_kwargs``; the CLI through ``RunSpec.from_args``); the layers below read
+it and never re-validate. ``OPTIONS`` lists the options a user sets, with their defaults and help:
+the CLI builds its flags from it, the Python front-ends append its text to their docstrings, and a
+test checks that every front-end takes the same options with the same defaults (``EXCEPTIONS``
+names the few that differ, and why). The environment is read here and only here (through one
+mapping, ``environ=``, that tests can pass); the API key is held as a ``Secret``, so a spec can be
+pickled to Dask workers, printed and logged without showing it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from . import contract
+from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from .errors import ConfigurationError, InvalidParameterError
+
+__all__ = [
+    "RunSpec",
+    "ClientSettings",
+    "Secret",
+    "Option",
+    "OPTIONS",
+    "EXCEPTIONS",
+    "ENV_API_KEY",
+    "ENV_BASE_URL",
+    "ENV_RPM",
+    "ENV_BUDGET",
+    "DEFAULT_RPM",
+    "ENCODINGS",
+    "check_key",
+    "check_rpm",
+    "is_loopback",
+    "client_settings",
+    "document_options",
+    "budget_spec",
+]
+
+ENV_API_KEY = "BATCHSUM_API_KEY"
+ENV_BASE_URL = "BATCHSUM_BASE_URL"
+ENV_RPM = "BATCHSUM_RPM"
+ENV_BUDGET = "BATCHSUM_BUDGET"
+DEFAULT_RPM = 60.0
+DEFAULT_BUDGET = "machine"
+DEFAULT_MAX_WAIT = 1800.0  # seconds a row may wait out 429s before it fails as rate_limited
+ENCODINGS = ("json", "form", "multipart")
+DEFAULT_WINDOW = 1024  # rows held between reading and yielding
+DEFAULT_DRAIN_SECONDS = 15.0  # how long a stop waits for answers on the wire
+
+
+class Secret:
+    """A value that is never shown: ``repr``/``str``/``format`` give ``'**********'``. It pickles (a
+    Dask or Spark worker needs the key), but nothing that describes a spec, a client or a run holds it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        """The value itself, for the one place that needs it (the Authorization header)."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('**********')"
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return repr(self)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash((Secret, self._value))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Secret, (self._value,))
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and literal addresses in 127.0.0.0/8 or ::1. Not ``*.localhost``:
+    a resolver may send such a name anywhere, and the key would go with it over plain http."""
+    host = host.strip("[]").lower().rstrip(".")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_key(key: object, source: str) -> str:
+    """The key, stripped, when it is printable ASCII with no space (what an Authorization header can
+    carry); else a ``ConfigurationError`` that says what is wrong without echoing the key."""
+    if isinstance(key, Secret):
+        key = key.reveal()
+    if not isinstance(key, str):
+        raise ConfigurationError(f"the API key from {source} is a {type(key).__name__}, not a text")
+    key = key.strip()
+    if not key:
+        raise ConfigurationError(
+            f"no API key: set {ENV_API_KEY} (the key is on the 'My Account' page of the service), "
+            "or use the local service (local=True, --local)"
+        )
+    for position, char in enumerate(key, 1):
+        if not "!" <= char <= "~":
+            kind = (
+                "a space"
+                if char == " "
+                else "a control character"
+                if char < " " or char == "\x7f"
+                else "a non-ASCII character"
+            )
+            raise ConfigurationError(
+                f"the API key from {source} contains {kind} at position {position}; "
+                "copy it again from the service's 'My Account' page"
+            )
+    return key
+
+
+def check_base_url(url: str) -> str:
+    """``url`` without a trailing slash, when it is http(s) with a host and the key may go there."""
+    url = url.strip().rstrip("/")
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:
+        host = None
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not host:
+        raise ConfigurationError(f"invalid base URL {url!r}: use https://host[:port]")
+    if parts.scheme == "http" and not is_loopback(host):
+        raise ConfigurationError(
+            f"refusing to send the API key over plain http to {host}: "
+            "use https, or http only to a loopback address (127.0.0.1, localhost)"
+        )
+    return url
+
+
+def check_rpm(rpm: object, name: str = "rpm") -> float:
+    """``rpm`` as a float when it is a finite number >= 0; else ``InvalidParameterError`` (a ValueError)."""
+    if isinstance(rpm, bool) or not isinstance(rpm, (int, float)) or not 0 <= rpm < math.inf:
+        raise InvalidParameterError(
+            f"invalid {name} {rpm!r}: use a finite number of requests per minute >= 0 (0 = no pacing)"
+        )
+    return float(rpm)
+
+
+def check_whole(name: str, value: Any, *, minimum: int = 1, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        more = ", or None for automatic" if allow_none else ""
+        raise InvalidParameterError(f"invalid {name} {value!r}: use a whole number >= {minimum}{more}")
+    return value
+
+
+def check_seconds(name: str, value: object, *, zero: bool = False) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (value >= 0 if zero else value > 0)
+        or not value < math.inf
+    ):
+        bound = ">= 0" if zero else "> 0"
+        raise InvalidParameterError(f"invalid {name} {value!r}: use a finite number of seconds {bound}")
+    return float(value)
+
+
+def check_params(mode: Any, percentage: Any, type: Any) -> contract.Params:
+    """The request parameters, normalized; ``InvalidParameterError`` naming a bad one."""
+    try:
+        return contract.parse_params(mode, percentage, type)
+    except ValueError as exc:
+        raise InvalidParameterError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """Where requests go and how each is sent. ``api_key`` is a ``Secret``; with ``local`` it and
+    ``base_url`` are filled in when the run starts the local service."""
+
+    api_key: Secret | None
+    base_url: str
+    local: bool = False
+    timeout: float = DEFAULT_TIMEOUT
+    max_retries: int = DEFAULT_MAX_RETRIES
+    encoding: str = "json"
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``Client`` / ``AsyncClient``."""
+        if self.api_key is None:
+            if self.local:
+                raise ConfigurationError("the local service has not been started for this run")
+            raise ConfigurationError(f"no API key: ${ENV_API_KEY} is not set")
+        return {
+            "api_key": self.api_key.reveal(),
+            "base_url": self.base_url,
+            "timeout": self.timeout,
+            "max_retries": self.max_retries,
+            "encoding": self.encoding,
+        }
+
+
+def client_settings(
+    api_key: str | Secret | None = None,
+    base_url: str | None = None,
+    *,
+    local: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    encoding: str = "json",
+    environ: Mapping[str, str] | None = None,
+) -> ClientSettings:
+    """The client's settings, from the arguments or else the environment, validated."""
+    env = os.environ if environ is None else environ
+    if encoding not in ENCODINGS:
+        raise InvalidParameterError(f"invalid encoding {encoding!r}: use one of {', '.join(ENCODINGS)}")
+    check_whole("max_retries", max_retries, minimum=0)
+    seconds = check_seconds("timeout", timeout)
+    if not isinstance(local, bool):
+        raise InvalidParameterError(f"invalid local {local!r}: use True or False")
+    if local:  # the run starts the service and fills in its address and key
+        return ClientSettings(None, "", True, seconds, max_retries, encoding)
+    source = "api_key" if api_key is not None else f"${ENV_API_KEY}"
+    key = check_key(api_key if api_key is not None else env.get(ENV_API_KEY, ""), source)
+    if base_url is not None and not isinstance(base_url, str):
+        raise ConfigurationError(f"invalid base URL {base_url!r}: use https://host[:port]")
+    url = check_base_url(base_url or env.get(ENV_BASE_URL) or contract.DEFAULT_BASE_URL)
+    return ClientSettings(Secret(key), url, False, seconds, max_retries, encoding)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option a user sets: its name (the Python keyword; ``--name-with-dashes`` on the CLI), the
+    default of every front-end's signature, and its help."""
+
+    name: str
+    default: Any
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+_TYPES = ", ".join(t.value for t in contract.SummaryType)
+
+OPTIONS: tuple[Option, ...] = (
+    Option("mode", 1, "1 = standard (the smaller, faster model), 2 = advanced (the full model; premium plans)"),
+    Option(
+        "percentage",
+        contract.PERCENTAGE_DEFAULT,
+        f"summary length, {contract.PERCENTAGE_MIN} (shortest) to {contract.PERCENTAGE_MAX} (longest)",
+    ),
+    Option("type", None, f"output format: default (a plain summary), {_TYPES} (any case)"),
+    Option(
+        "output_column",
+        "summary",
+        "name of the summary column; the others are NAME_status, NAME_error, NAME_message, "
+        "NAME_http_status, NAME_attempts",
+    ),
+    Option("api_key", None, f"the API key (default ${ENV_API_KEY})"),
+    Option("base_url", None, f"the service's address (default ${ENV_BASE_URL}, else {contract.DEFAULT_BASE_URL})"),
+    Option("local", False, "start the local reference service in this process and use it (no key needed)"),
+    Option("timeout", DEFAULT_TIMEOUT, "seconds to wait for one answer"),
+    Option(
+        "max_retries",
+        DEFAULT_MAX_RETRIES,
+        "retries of a transient failure (5xx, timeout, dropped connection, garbled answer); "
+        "429s under the shared pause are bounded by max_wait instead",
+    ),
+    Option("encoding", "json", "request body encoding: json, form or multipart"),
+    Option(
+        "rpm",
+        None,
+        f"requests per minute your plan allows; starts are evenly spaced under it "
+        f"(default ${ENV_RPM} or {DEFAULT_RPM:g}; with the local service, no limit; 0 = no pacing)",
+    ),
+    Option(
+        "concurrency",
+        None,
+        "a cap on requests in flight (default: sized from the pace and the measured latency, so the pace "
+        "holds at any latency)",
+    ),
+    Option("limiter", None, "your own floor under the pace: anything with async acquire(), e.g. an AsyncLimiter"),
+    Option(
+        "budget",
+        None,
+        f"the key's rate budget, shared with every other run using the key: machine (every process on "
+        f"this machine; the default, or ${ENV_BUDGET}), redis://HOST:PORT/DB (every machine), "
+        "sqlite:///PATH, or none (this process only)",
+    ),
+    Option("journal", None, "a SQLite file that keeps finished answers across runs, so nothing is paid for twice"),
+    Option("progress", True, "show a progress bar (tqdm: a widget in Jupyter, a line on a terminal)"),
+    Option(
+        "max_wait",
+        DEFAULT_MAX_WAIT,
+        "seconds a row may wait out the service's 429s (its 'later') before it fails as rate_limited; "
+        "such 429s cost no attempt",
+    ),
+)
+OPTION_NAMES = tuple(option.name for option in OPTIONS)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A front-end that takes an option differently from the rest, and why."""
+
+    front_ends: tuple[str, ...]
+    how: str
+    why: str
+
+
+# The few true differences between front-ends, declared once (the parity test reads them here).
+EXCEPTIONS: dict[str, Difference] = {
+    "api_key": Difference(
+        ("cli",),
+        "absent",
+        f"the CLI reads the key from ${ENV_API_KEY} only: a key on the command line shows in ps and shell history",
+    ),
+    "limiter": Difference(
+        ("cli", "dask"),
+        "absent",
+        "an object in this process's memory: it cannot be typed on a command line or travel to a worker",
+    ),
+    "progress": Difference(
+        ("cli", "dask", "widgets"),
+        "other default",
+        "the CLI turns it off with --quiet; Dask partitions run on workers, where nobody sees a bar "
+        "(default False); the app draws its own progress (default False)",
+    ),
+    "journal": Difference(
+        ("cli", "dask"),
+        "other default",
+        "the CLI keeps one beside its output (OUTPUT.journal.sqlite); Dask shares answers through the "
+        "budget's store; in a notebook, answers are kept in this process unless a journal is named",
+    ),
+}
+
+
+def document_options(function: Any) -> Any:
+    """Append the options' help (one source: ``OPTIONS``) to a front-end's docstring."""
+    lines = [f"    ``{option.name}`` (default ``{option.default!r}``): {option.help}." for option in OPTIONS]
+    function.__doc__ = (function.__doc__ or "").rstrip() + "\n\n    Options:\n\n" + "\n".join(lines) + "\n"
+    return function
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run, resolved and validated: what to ask (``params``), where (``client``), and how to run.
+
+    Build it with ``RunSpec.from_kwargs(...)`` (or ``from_args`` from the CLI's namespace); it is
+    plain data, picklable (``limiter`` and a ``Budget`` object excepted: they live in one process),
+    and its repr never shows the key.
+    """
+
+    params: contract.Params
+    client: ClientSettings
+    rpm: float = DEFAULT_RPM
+    concurrency: int | None = None
+    limiter: Any = None
+    budget: Any = DEFAULT_BUDGET  # a spec string, or a budget.Budget object (in-process only)
+    journal: str | None = None
+    progress: bool = True
+    output_column: str = "summary"
+    max_wait: float = DEFAULT_MAX_WAIT
+    window: int = DEFAULT_WINDOW
+    drain_seconds: float = DEFAULT_DRAIN_SECONDS
+
+    @classmethod
+    def from_kwargs(
+        cls,
+        mode: Any = 1,
+        percentage: Any = contract.PERCENTAGE_DEFAULT,
+        type: Any = None,
+        *,
+        output_column: str = "summary",
+        api_key: str | Secret | None = None,
+        base_url: str | None = None,
+        local: bool = False,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        encoding: str = "json",
+        rpm: float | None = None,
+        concurrency: int | None = None,
+        limiter: Any = None,
+        budget: Any = None,
+        journal: str | os.PathLike[str] | None = None,
+        progress: bool = True,
+        max_wait: float = DEFAULT_MAX_WAIT,
+        environ: Mapping[str, str] | None = None,
+    ) -> RunSpec:
+        """Every option as the Python front-ends take it; ``environ`` replaces ``os.environ``.
+        Raises ``InvalidParameterError``, ``ConfigurationError`` or ``BudgetError`` naming the option."""
+        env = os.environ if environ is None else environ
+        params = check_params(mode, percentage, type)
+        client = client_settings(
+            api_key,
+            base_url,
+            local=local,
+            timeout=timeout,
+            max_retries=max_retries,
+            encoding=encoding,
+            environ=env,
+        )
+        if rpm is None:
+            rpm = 0.0 if local else _rpm_from(env)
+        if limiter is not None and not callable(getattr(limiter, "acquire", None)):
+            raise InvalidParameterError("invalid limiter: it needs an async acquire() method, as AsyncLimiter has")
+        if not isinstance(output_column, str) or not output_column:
+            raise InvalidParameterError(f"invalid output_column {output_column!r}: use a non-empty name")
+        if not isinstance(progress, bool):
+            raise InvalidParameterError(f"invalid progress {progress!r}: use True or False")
+        return cls(
+            params=params,
+            client=client,
+            rpm=check_rpm(rpm),
+            concurrency=check_whole("concurrency", concurrency, allow_none=True),
+            limiter=limiter,
+            budget=budget_spec(budget, env),
+            journal=None if journal is None else _path("journal", journal),
+            progress=progress,
+            output_column=output_column,
+            max_wait=check_seconds("max_wait", max_wait, zero=True),
+        )
+
+    @classmethod
+    def from_args(cls, args: Any, environ: Mapping[str, str] | None = None, *, key_required: bool = True) -> RunSpec:
+        """From the CLI's argparse namespace (flags built from ``OPTIONS``; the key from the environment).
+        ``key_required=False`` (``--dry-run``): without a key, a spec whose client cannot be opened."""
+        values = {name: getattr(args, name) for name in OPTION_NAMES if hasattr(args, name)}
+        values["progress"] = not getattr(args, "quiet", False)
+        values.pop("api_key", None)
+        env = os.environ if environ is None else environ
+        if key_required or values.get("local") or env.get(ENV_API_KEY, "").strip():
+            return cls.from_kwargs(**values, environ=env)
+        spec = cls.from_kwargs(**values, api_key="-", environ=env)
+        return spec.replace(client=dataclasses.replace(spec.client, api_key=None))
+
+    @classmethod
+    def from_options(cls, values: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> RunSpec:
+        """From a front-end's keyword arguments (``locals()`` of its signature): the option names only."""
+        return cls.from_kwargs(**{name: values[name] for name in OPTION_NAMES if name in values}, environ=environ)
+
+    def replace(self, **changes: Any) -> RunSpec:
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> dict[str, Any]:
+        """The options as plain data, for a report or a log line: the key never, locations redacted."""
+        from .errors import redact_location
+
+        return {
+            "mode": int(self.params.mode),
+            "percentage": self.params.percentage,
+            "type": self.params.type.value if self.params.type is not None else None,
+            "output_column": self.output_column,
+            "base_url": self.client.base_url,
+            "local": self.client.local,
+            "timeout": self.client.timeout,
+            "max_retries": self.client.max_retries,
+            "encoding": self.client.encoding,
+            "rpm": self.rpm,
+            "concurrency": self.concurrency,
+            "budget": redact_location(self.budget) if isinstance(self.budget, str) else repr(self.budget),
+            "journal": self.journal,
+            "max_wait": self.max_wait,
+        }
+
+
+def _rpm_from(env: Mapping[str, str]) -> float:
+    raw = env.get(ENV_RPM, "").strip()
+    if not raw:
+        return DEFAULT_RPM
+    try:
+        return check_rpm(float(raw), f"${ENV_RPM}")
+    except ValueError:
+        raise InvalidParameterError(
+            f"invalid ${ENV_RPM} {raw!r}: use a finite number of requests per minute >= 0"
+        ) from None
+
+
+def budget_spec(budget: Any, environ: Mapping[str, str] | None = None) -> Any:
+    """``budget`` as given, or for None ``$BATCHSUM_BUDGET``, else ``"machine"``."""
+    if budget is None:
+        env = os.environ if environ is None else environ
+        return env.get(ENV_BUDGET, "").strip() or DEFAULT_BUDGET
+    if isinstance(budget, str) or callable(getattr(budget, "reserve", None)):
+        return budget
+    from .errors import BudgetError
+
+    raise BudgetError(f"invalid budget {budget!r}: use 'machine', 'none', 'redis://HOST:PORT/DB' or a Budget")
+
+
+def _path(name: str, value: Any) -> str:
+    try:
+        path: str = os.fspath(value)
+        return path
+    except TypeError:
+        raise InvalidParameterError(f"invalid {name} {value!r}: use a file path") from None

@@ -1,0 +1,391 @@
+"""``Run``: one run, opened from a ``RunSpec``. It opens and closes every piece a run needs (the
+local service when asked, the client, the key's budget, checked once, the answer store, the pacer,
+the progress bar) and streams rows through the engine; front-ends never open these themselves.
+
+    async with Run(spec, total=len(texts)) as run:
+        results = [result async for result in run.stream(texts)]
+    run.stats.account()
+
+Also here: what a front-end needs around a run and nothing more: ``bind`` (the local service
+started and its address filled in), ``prepare_shared`` (a spec every Dask or Spark worker can open:
+budget checked, answers shared), ``summarize_texts`` (a list in, a list out), ``write_dataset``
+(an Arrow dataset streamed to a file) and ``dry_run`` (what a run would do, sending nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from contextlib import AsyncExitStack, ExitStack
+from typing import TYPE_CHECKING, Any
+
+from . import contract
+from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from .budget import Budget, RedisBudget, SQLiteBudget, check_budget, open_budget
+from .client import AsyncClient
+from .engine import RunOptions, plan_batch, summarize_stream
+from .errors import BrokenInputError, BudgetError, ConfigurationError, JournalError
+from .journal import Journal, RedisStore, RunLock, SharedJournal
+from .options import DEFAULT_MAX_WAIT, RunSpec, Secret, document_options
+from .pacing import PaceChange
+from .progress import ProgressBar
+from .report import BatchStats
+from .results import RowResult
+from .stores import AnswerStore, process_cache, shared_memory
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from .datasets import DatasetInput, DatasetOutput
+    from .local import LocalService
+
+__all__ = ["Run", "bind", "prepare_shared", "summarize_texts", "run_texts", "dry_run", "local_service"]
+
+log = logging.getLogger("batchsum")
+
+_services: dict[int, LocalService] = {}
+_services_lock = threading.Lock()
+
+
+def local_service(rpm: float = 0) -> LocalService:
+    """The process-wide local reference service with a per-key limit of ``rpm`` (0: none), started on
+    first use; its key is fresh, so no other run shares its budget."""
+    limit = int(rpm)
+    with _services_lock:
+        service = _services.get(limit)
+        if service is None:
+            try:
+                from .local import LocalService
+            except ImportError as exc:
+                raise ConfigurationError(str(exc)) from None
+            service = _services[limit] = LocalService(rpm=limit).start()
+        return service
+
+
+def bind(spec: RunSpec) -> RunSpec:
+    """``spec`` with the local service started and its address and key filled in (when it asks for it)."""
+    if not spec.client.local or spec.client.api_key is not None:
+        return spec
+    service = local_service(spec.rpm)
+    client = dataclasses.replace(spec.client, api_key=Secret(service.key), base_url=service.url)
+    return spec.replace(client=client)
+
+
+def _identity(spec: RunSpec) -> str:
+    """The key's identity at its service (a hash), as ``AsyncClient.identity`` computes it."""
+    from .client import Client
+
+    with Client(**spec.client.client_kwargs()) as client:
+        return client.identity
+
+
+def prepare_shared(spec: RunSpec, check: Callable[[Budget, str], None] | None = None) -> RunSpec:
+    """A spec that many workers can open at once (Dask partitions, Spark tasks), checked here, once,
+    before anything is sent: the local service started, the budget reachable (``check`` may refuse a
+    budget the workers cannot share), the machine budget named by its file (the same on every
+    worker, whatever their cache folder), and the shared journal created."""
+    from ._background import run_in_worker
+
+    spec = bind(spec)
+    identity = _identity(spec)
+    budget = open_budget(spec.budget, identity)
+    run_in_worker(lambda: check_budget(budget))
+    if check is not None:
+        check(budget, spec.budget if isinstance(spec.budget, str) else repr(budget))
+    changes: dict[str, Any] = {}
+    if isinstance(budget, SQLiteBudget):
+        changes["budget"] = f"sqlite://{budget.path}"
+        if spec.journal is None:
+            changes["journal"] = str(budget.path.with_name(f"answers-{identity[:16]}.sqlite"))
+    journal = changes.get("journal", spec.journal)
+    if journal is not None:
+        SharedJournal(journal).close()  # created here, once, before the workers open it
+    return spec.replace(**changes)
+
+
+class Run:
+    """One run of ``spec``, an async context manager: the pieces open on entry, close on exit.
+
+    ``total``: rows expected (the bar's length). ``shared``: several runs use the answers at once
+    (Dask partitions, Spark tasks): claims, and the budget's store. ``stats``: counts to update live
+    (a front-end that draws them, such as the app, passes its own). ``on_result``: called with the
+    stats after each row. ``locks``: files this run owns while it runs (``RunLock``), ``wait``: wait
+    for another run holding them. ``output``: makes the dataset output (``write_dataset``), after the
+    locks are taken and before the journal is opened, so that a refused journal leaves no temporary
+    output behind; the journal records the location it served.
+    """
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        *,
+        total: int | None = None,
+        shared: bool = False,
+        stats: BatchStats | None = None,
+        on_result: Callable[[BatchStats], None] | None = None,
+        locks: Sequence[tuple[str | os.PathLike[str], str]] = (),
+        wait: bool = False,
+        output: Callable[[], DatasetOutput] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.shared = shared
+        self.stats = stats if stats is not None else BatchStats()
+        if total is not None:
+            self.stats.total = total
+        self._on_result = on_result
+        self._locks = locks
+        self._wait = wait
+        self._make_output = output
+        self.output: DatasetOutput | None = None
+        self.opened = False
+        self.late_stop: BaseException | None = None  # a stop that came after every row was done
+        self._stack = AsyncExitStack()
+        self._kept = 0
+        self._final: int | None = None
+        self._ticker: asyncio.Future[None] | None = None
+        self.client: AsyncClient
+        self.budget: Budget
+        self.store: AnswerStore
+        self.bar: ProgressBar
+
+    async def __aenter__(self) -> Run:
+        spec = self.spec = bind(self.spec)
+        stack = self._stack
+        try:
+            self.client = AsyncClient(**spec.client.client_kwargs())
+            stack.push_async_callback(self.client.aclose)
+            self.budget = open_budget(spec.budget, self.client.identity)
+            stack.push_async_callback(self.budget.aclose)
+            await self.budget.check()  # an unreachable or unusable budget: one line, before anything is sent
+            for path, what in self._locks:
+                stack.enter_context(RunLock(path, what, wait=self._wait))
+            if self._make_output is not None:
+                self.output = self._make_output()
+                stack.push(self._abort_output)
+            self.store = self._open_store(self.client.identity)
+            self._kept = _size(self.store)
+            self.bar = stack.enter_context(ProgressBar(self.stats.total, enabled=spec.progress))
+        except BaseException:
+            await stack.aclose()
+            raise
+        self.options = RunOptions(
+            rpm=spec.rpm,
+            concurrency=spec.concurrency,
+            limiter=spec.limiter,
+            budget=self.budget,
+            window=spec.window,
+            drain_seconds=spec.drain_seconds,
+            max_wait=spec.max_wait,
+        )
+        self.pacer = self.options.pacer(self._pace_changed)
+        self.stats.pacer = self.pacer
+        if spec.progress:
+            self._ticker = asyncio.ensure_future(self.bar.follow(self.stats))
+        self.opened = True
+        return self
+
+    def _abort_output(self, *exc_info: Any) -> None:
+        """On the way out: a temporary output not committed is removed."""
+        if self.output is not None:
+            self.output.abort()
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        self._final = _size(self.store)  # before the journal closes: what this run added to it
+        if self._ticker is not None:
+            self._ticker.cancel()
+            await asyncio.gather(self._ticker, return_exceptions=True)
+        await self._stack.aclose()
+
+    def _open_store(self, identity: str) -> AnswerStore:
+        """The journal when the spec names one; else this process's answers (one run at a time) or,
+        for shared runs, the budget's store: Redis answers for a Redis budget, memory for the rest
+        (``prepare_shared`` names a shared journal for the machine budget)."""
+        spec, stack = self.spec, self._stack
+        if spec.journal is not None:
+            journal = SharedJournal(spec.journal) if self.shared else Journal(spec.journal)
+            stack.callback(journal.close)
+            if self.output is not None:
+                journal.note_output(self.output.path)
+            return journal
+        if not self.shared:
+            return process_cache(spec.client.base_url)
+        if isinstance(self.budget, RedisBudget):
+            store = RedisStore(self.budget.url, identity)
+            stack.callback(store.close)
+            return store
+        return shared_memory(identity)
+
+    def _pace_changed(self, change: PaceChange) -> None:
+        self.bar.write(f"batchsum: {change}")
+
+    def _result(self, stats: BatchStats) -> None:
+        self.bar(stats)
+        if self._on_result is not None:
+            self._on_result(stats)
+
+    @property
+    def new_answers(self) -> int:
+        """Answers this run added to its store (the journal): what a rerun will not pay for."""
+        return (self._final if self._final is not None else _size(self.store)) - self._kept
+
+    @property
+    def base_url(self) -> str:
+        return self.client.base_url
+
+    def stream(self, rows: Iterable[Any] | AsyncIterator[Any]) -> AsyncIterator[RowResult]:
+        """One ``RowResult`` per row, in order (see ``engine.summarize_stream`` for what it raises)."""
+        return summarize_stream(
+            rows,
+            self.client,
+            self.spec.params,
+            self.options,
+            store=self.store,
+            stats=self.stats,
+            pacer=self.pacer,
+            on_result=self._result,
+        )
+
+    async def write_dataset(self, source: DatasetInput, batch_rows: int | None = None) -> None:
+        """Stream ``source`` through the run into its output: input batches are held only until their
+        rows' results arrive, so memory stays bounded.
+
+        A stop that leaves answers nowhere else (a journal that cannot be written, an input that
+        broke midway) writes the rows finished so far and commits them, then raises. An interrupt or
+        a refused key removes the partial output (the answers are in the journal, and the same
+        command resumes), unless every row was already written: a finished output is never thrown
+        away, and the stop that came too late is noted in ``late_stop``."""
+        from .datasets import BATCH_ROWS
+
+        output = self.output
+        assert output is not None, "Run(..., output=...) makes the output"
+        held: deque[pa.RecordBatch] = deque()
+        column = source.column
+        read_all = False
+
+        def texts() -> Iterator[Any]:
+            nonlocal read_all
+            for batch in source.batches(batch_rows or BATCH_ROWS):
+                held.append(batch)
+                yield from batch.column(column).to_pylist()
+            read_all = True
+
+        finished: list[RowResult] = []
+        try:
+            async for result in self.stream(texts()):
+                finished.append(result)
+                while held and len(finished) >= held[0].num_rows:
+                    batch = held.popleft()
+                    output.write(batch, finished[: batch.num_rows])
+                    del finished[: batch.num_rows]
+            while held:  # batches of no rows
+                output.write(held.popleft(), [])
+        except (JournalError, BrokenInputError):
+            if finished and held:
+                output.write(held[0].slice(0, len(finished)), finished)
+            output.commit()
+            raise
+        except (asyncio.CancelledError, KeyboardInterrupt) as exc:
+            if not (read_all and not finished and all(batch.num_rows == 0 for batch in held)):
+                output.abort()
+                raise
+            self.late_stop = exc  # every row was written: the output is finished, keep it
+        except BaseException:
+            output.abort()
+            raise
+        output.commit()
+
+
+def _size(store: AnswerStore) -> int:
+    try:
+        return len(store)  # type: ignore[arg-type]
+    except (TypeError, JournalError):
+        return 0
+
+
+async def run_texts(
+    spec: RunSpec,
+    texts: Iterable[Any],
+    *,
+    stats: BatchStats | None = None,
+    on_result: Callable[[BatchStats], None] | None = None,
+    results: list[RowResult] | None = None,
+    shared: bool = False,
+) -> list[RowResult]:
+    """One ``RowResult`` per text, in order; ``results``, when given, is filled as rows finish.
+    ``shared``: one of several runs at once (a Dask partition, a Spark task), see ``Run``."""
+    texts = list(texts)
+    out: list[RowResult] = results if results is not None else []
+    async with Run(spec, total=len(texts), stats=stats, on_result=on_result, shared=shared) as run:
+        async for result in run.stream(texts):
+            out.append(result)
+    return out
+
+
+@document_options
+async def summarize_texts(
+    texts: Iterable[Any],
+    mode: Any = 1,
+    percentage: Any = contract.PERCENTAGE_DEFAULT,
+    type: Any = None,
+    *,
+    output_column: str = "summary",
+    api_key: str | None = None,
+    base_url: str | None = None,
+    local: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    encoding: str = "json",
+    rpm: float | None = None,
+    concurrency: int | None = None,
+    limiter: Any = None,
+    budget: Any = None,
+    journal: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    max_wait: float = DEFAULT_MAX_WAIT,
+    stats: BatchStats | None = None,
+    on_result: Callable[[BatchStats], None] | None = None,
+    results: list[RowResult] | None = None,
+) -> list[RowResult]:
+    """One ``RowResult`` per text, in order, in the running event loop. ``stats`` is updated live and
+    ``on_result`` called after every row; ``results``, when given, is filled as rows finish."""
+    spec = RunSpec.from_options(locals())
+    return await run_texts(spec, texts, stats=stats, on_result=on_result, results=results)
+
+
+async def _budget_line(spec: RunSpec) -> str:
+    """Which budget a run would join, and how many starts it had in the last minute (others' runs)."""
+    if spec.client.local:
+        return "budget:           the local service's own fresh key: no other run uses it"
+    async with AsyncClient(**spec.client.client_kwargs()) as client:
+        budget = open_budget(spec.budget, client.identity)
+        try:
+            seen = await budget.look()
+        finally:
+            await budget.aclose()
+    pause = f"; paused {seen.paused_for:.0f} s more: {seen.pause_reason}" if seen.paused_for > 0 else ""
+    return (
+        f"budget:           {budget.where}; {seen.starts} requests started on it in the last minute "
+        f"by other runs with this key{pause}"
+    )
+
+
+def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
+    """What a run of ``spec`` over ``texts`` would do, sending nothing and creating no file: rows to
+    send, skip, reuse (from the journal, when it exists), the least time, and the budget it joins."""
+    with ExitStack() as stack:
+        store = None
+        if spec.journal is not None and os.path.exists(spec.journal):
+            store = stack.enter_context(Journal(spec.journal, readonly=True))
+        plan = plan_batch(texts, params=spec.params, store=store).describe(spec.rpm)
+    try:
+        budget = asyncio.run(_budget_line(spec))
+    except BudgetError as exc:
+        budget = f"budget:           not usable ({exc})"
+    except ConfigurationError as exc:
+        budget = f"budget:           not known ({exc})"
+    return f"{plan}\n{budget}"
