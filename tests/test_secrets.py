@@ -151,7 +151,7 @@ def _outputs(key: str, status: int, headers: dict[str, str], body: bytes, caplog
             with Journal(Path(folder) / "run.journal.sqlite") as journal:
                 try:
                     async for result in summarize_stream(
-                        [article(15, seed=i) for i in range(2)], client, rpm=0, store=journal
+                        [article(15, seed=i) for i in range(2)], client, rpm=0, store=journal, max_wait=0
                     ):
                         seen.extend([repr(result), json.dumps(result), json.dumps(result, ensure_ascii=False)])
                 except APIError as exc:  # a 401 stops the batch
