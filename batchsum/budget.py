@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ._retry import MAX_RETRY_AFTER
-from .errors import BudgetError, one_line, redact_location
+from .errors import BudgetError, location_secrets, one_line, redact, redact_location
 from .options import DEFAULT_BUDGET, ENV_BUDGET, budget_spec
 
 __all__ = [
@@ -386,6 +386,7 @@ class RedisBudget(Budget):
         self.url = url
         self.id = key_id
         self.where = redact_location(url)
+        self._secrets = location_secrets(url)
         self._keys = [f"batchsum:budget:{{{key_id}}}", f"batchsum:budget:{{{key_id}}}:counts"]
         self._clients: dict[int, Any] = {}
 
@@ -431,12 +432,12 @@ class RedisBudget(Budget):
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
                 if attempt == _REDIS_ATTEMPTS - 1:
                     raise BudgetError(
-                        f"cannot reach the rate budget at {self.where} ({one_line(exc)}) after "
+                        f"cannot reach the rate budget at {self.where} ({_said(exc, self._secrets)}) after "
                         f"{_REDIS_ATTEMPTS} tries; start it, or set {SETTING} to machine or none"
                     ) from None
                 await asyncio.sleep(0.2 * 2**attempt)
             except redis.exceptions.RedisError as exc:
-                raise BudgetError(f"the rate budget at {self.where} refused: {one_line(exc)}") from None
+                raise BudgetError(f"the rate budget at {self.where} refused: {_said(exc, self._secrets)}") from None
         wait, at, paused_for, mark, reason, pace, version, starts, refused = (
             v.decode() if isinstance(v, bytes) else str(v) for v in raw
         )
@@ -470,6 +471,11 @@ async def check_budget(budget: Budget) -> None:
         await budget.check()
     finally:
         await budget.aclose()
+
+
+def _said(exc: BaseException, secrets: tuple[str, ...]) -> str:
+    """What a library said, in one line, without credentials (it may quote the URL it was given)."""
+    return redact(redact_location(one_line(exc)), secrets)
 
 
 def open_budget(spec: str | Budget | None, identity: str) -> Budget:

@@ -30,6 +30,7 @@ from .errors import (
     JournalError,
     NotPremiumError,
     explain,
+    redact_location,
 )
 from .options import ENCODINGS, ENV_API_KEY, LONG_TEXT_POLICIES, OPTIONS, RunSpec
 
@@ -354,6 +355,7 @@ def _summarize(args: argparse.Namespace) -> int:
     target = check_output(args.output, source)
     journal_path = _journal_path(args, target, source)
     spec = spec.replace(journal=str(journal_path))
+    shown = redact_location(target.spec)  # the output as shown: without credentials
     if args.dry_run:
         print(dry_run(spec, source.texts()))
         return EXIT_OK
@@ -402,13 +404,13 @@ def _summarize(args: argparse.Namespace) -> int:
         return EXIT_FATAL
     except JournalError as exc:
         _say(
-            f"stopped: {exc}. {target.spec} holds the {stats.yielded} rows finished so far, with every answer "
+            f"stopped: {exc}. {shown} holds the {stats.yielded} rows finished so far, with every answer "
             f"received; free space (or pass another --journal), then run the same command again to resume"
         )
         return EXIT_FATAL
     except BrokenInputError as exc:
         _say(
-            f"stopped: {exc}. {target.spec} holds the {stats.yielded} rows read and finished before it broke; "
+            f"stopped: {exc}. {shown} holds the {stats.yielded} rows read and finished before it broke; "
             f"{run.new_answers} new answers are kept in {journal_path}, so a rerun pays for none of them again: "
             "mend or replace the input, then run the same command again"
         )
@@ -422,7 +424,7 @@ def _summarize(args: argparse.Namespace) -> int:
         )
         return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
     late = f" (a {signal.Signals(stop.late).name} came after every row was done)" if stop.late else ""
-    _say(f"wrote {target.spec}: {stats.account()}{late}")
+    _say(f"wrote {shown}: {stats.account()}{late}")
     unreachable = stats.failed_by_code["connection_error"] + stats.failed_by_code["timeout"]
     if unreachable:
         _say(
@@ -474,7 +476,7 @@ def _journal(args: argparse.Namespace) -> int:
     print(f"answers:    {sum(counts.values())} ({by_status})")
     print(f"size:       {size / 1024:.1f} KiB")
     print(f"last write: {when}")
-    print(f"output:     {meta.get('output', 'not recorded')}")
+    print(f"output:     {redact_location(meta.get('output', 'not recorded'))}")
     print(
         "safe to delete once its output is complete and you will not rerun the command: it only spares "
         "paying again for answers already received"

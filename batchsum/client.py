@@ -18,6 +18,7 @@ from typing import Any, Literal, Protocol
 import httpx
 
 from . import contract
+from ._inflate import ACCEPT_ENCODING, BoundedDecoder, DecodeError, UnsupportedEncoding
 from ._retry import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_TIMEOUT,
@@ -29,6 +30,7 @@ from ._retry import (
     retry_delay,
 )
 from .errors import (
+    REDACTED,
     APIConnectionError,
     APIError,
     APIResponseValidationError,
@@ -36,10 +38,12 @@ from .errors import (
     InvalidTextError,
     RateLimitError,
     error_from_response,
+    redact,
+    redact_value,
 )
 from .options import ENV_API_KEY, ENV_BASE_URL, check_params, client_settings, is_loopback
 
-__all__ = ["Client", "AsyncClient", "Encoding", "ENV_API_KEY", "ENV_BASE_URL"]
+__all__ = ["Client", "AsyncClient", "Encoding", "ENV_API_KEY", "ENV_BASE_URL", "REDACTED"]
 
 MAX_CONNECTIONS = 512  # = pacing.DEFAULT_MAX_IN_FLIGHT (the client sits above the pacer)
 
@@ -48,11 +52,10 @@ Encoding = Literal["json", "form", "multipart"]
 log = logging.getLogger("batchsum")
 
 
-REDACTED = "[redacted]"
-
-
-def _preview(content: bytes) -> str:
-    return content[:200].decode("utf-8", errors="replace")
+def _preview(content: bytes, secrets: tuple[str, ...]) -> str:
+    """The start of a body, for an error: redacted whole, then cut (a cut first could leave a piece
+    of a secret that no longer matches)."""
+    return redact(content.decode("utf-8", errors="replace"), secrets)[:200]
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,12 @@ class _ClientCore:
         loopback = is_loopback(httpx.URL(self.base_url).host)
         return {
             "base_url": self.base_url,
-            "headers": {"Authorization": f"Bearer {self.api_key}", "Accept": "application/json"},
+            # Only the encodings _inflate decodes in bounded steps: no cause to send anything else.
+            "headers": {
+                "Authorization": f"Bearer {self.api_key}",
+                "Accept": "application/json",
+                "Accept-Encoding": ACCEPT_ENCODING,
+            },
             "timeout": httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0)),
             "follow_redirects": False,  # a redirect could carry the key elsewhere
             "verify": True,
@@ -147,9 +155,14 @@ class _ClientCore:
             options["files"] = {k: (None, str(v)) for k, v in fields.items()}
         return options
 
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        return (self.api_key,)
+
     def redact(self, text: str) -> str:
-        """``text`` with the key taken out: a service or proxy may echo the Authorization header."""
-        return text.replace(self.api_key, REDACTED) if self.api_key in text else text
+        """``text`` with the key taken out, whole or in part: a service or proxy may echo the
+        Authorization header."""
+        return redact(text, self.secrets)
 
     def decode(self, status: int, headers: httpx.Headers, content: bytes) -> tuple[str, RateLimitHeaders | None]:
         """The summary from a 200, or the typed error any other answer means; with the rate-limit headers."""
@@ -162,29 +175,30 @@ class _ClientCore:
 
     def _decode(self, status: int, headers: httpx.Headers, content: bytes) -> str:
         if status != 200:
-            raise error_from_response(status, headers, content, retry_after=parse_retry_after(headers))
+            raise error_from_response(
+                status, headers, content, retry_after=parse_retry_after(headers), secrets=self.secrets
+            )
         try:
             body = json.loads(content)
         except ValueError:  # cut short or garbled on the way: asking again may succeed
             raise APIResponseValidationError(
-                "the service answered 200 with a body that is not JSON", body=_preview(content)
+                "the service answered 200 with a body that is not JSON", body=_preview(content, self.secrets)
             ) from None
         result = body.get(contract.FIELD_RESULT) if isinstance(body, dict) else None
         if not isinstance(result, str):
             raise APIResponseValidationError(
-                'the service answered 200 without a "result" text', body=_preview(content), transient=False
+                'the service answered 200 without a "result" text',
+                body=_preview(content, self.secrets),
+                transient=False,
             )
         return self.redact(result)
 
     def scrub(self, error: APIError) -> APIError:
-        """The error with the key taken out of its message and body."""
+        """The error with the key taken out of its message, arguments and body (whole or in part)."""
         error.message = self.redact(error.message)
         error.args = tuple(self.redact(a) if isinstance(a, str) else a for a in error.args)
-        body = getattr(error, "body", None)
-        if isinstance(body, str):
-            error.body = self.redact(body)  # type: ignore[attr-defined]
-        elif body is not None and self.api_key in json.dumps(body, default=str):
-            error.body = json.loads(self.redact(json.dumps(body, default=str)))  # type: ignore[attr-defined]
+        if getattr(error, "body", None) is not None:
+            error.body = redact_value(error.body, self.secrets)  # type: ignore[attr-defined]
         return error
 
     def check_size(self, status: int, headers: httpx.Headers) -> int:
@@ -248,25 +262,54 @@ class _ClientCore:
 
 
 class _Body:
-    """An answer's body as it streams in, within its size cap: a 200 over the cap fails at once (no
-    summary is that long), an error body is cut there (its message is near the start)."""
+    """An answer's body as it streams in, decoded in bounded steps (``_inflate``) within its size
+    cap: a 200 over the cap fails at once (no summary is that long), an error body is cut there (its
+    message is near the start). The cap counts decoded bytes, so a small compressed answer that
+    inflates hugely costs at most the cap and one step."""
 
-    __slots__ = ("_core", "_response", "_limit", "_content")
+    __slots__ = ("_core", "_response", "_limit", "_content", "_decoder", "_done")
 
     def __init__(self, core: _ClientCore, response: httpx.Response) -> None:
         self._core = core
         self._response = response
         self._limit = core.check_size(response.status_code, response.headers)
         self._content = bytearray()
+        self._done = False
+        self._decoder: BoundedDecoder | None = None
+        # A response built whole (a mock transport's) was decoded by httpx already: taken as it is.
+        encoding = "" if response.is_stream_consumed else response.headers.get("content-encoding", "")
+        try:
+            self._decoder = BoundedDecoder(encoding)
+        except UnsupportedEncoding as exc:
+            if response.status_code == 200:
+                raise APIResponseValidationError(f"the service answered 200 but {exc}", transient=False) from None
+            self._done = True  # an error answer whose words cannot be read: its status still says what it is
 
-    def full(self, chunk: bytes) -> bool:
-        """Take a chunk; True once no more is wanted."""
-        self._content += chunk
-        if len(self._content) <= self._limit:
+    def built_whole(self) -> bool:
+        """True when the response was built whole (no raw stream to read): its content is taken."""
+        if not self._response.is_stream_consumed:
             return False
-        if self._response.status_code == 200:
-            raise self._core.too_large()
+        self.full(self._response.content)
         return True
+
+    def full(self, raw: bytes) -> bool:
+        """Take a chunk of the raw (still encoded) body; True once no more is wanted."""
+        if self._done or self._decoder is None:
+            return True
+        try:
+            for piece in self._decoder.feed(raw):
+                self._content += piece
+                if len(self._content) > self._limit:
+                    if self._response.status_code == 200:
+                        raise self._core.too_large()
+                    self._done = True
+                    return True
+        except DecodeError as exc:  # cut short or garbled on the way: asking again may succeed
+            if self._response.status_code == 200:
+                raise APIResponseValidationError(f"the answer could not be decoded ({exc})") from None
+            self._done = True  # an error answer: what was decoded is what it says
+            return True
+        return False
 
     def decode(self) -> tuple[str, RateLimitHeaders | None]:
         response = self._response
@@ -343,7 +386,7 @@ class Client:
         try:
             with self._http.stream("POST", **self._core.request_options(request)) as response:
                 body = _Body(self._core, response)
-                for chunk in response.iter_bytes():
+                for chunk in () if body.built_whole() else response.iter_raw():
                     if time.monotonic() > deadline:
                         raise self._core.out_of_time()
                     if body.full(chunk):
@@ -465,9 +508,10 @@ class AsyncClient:
         try:
             async with self._http.stream("POST", **self._core.request_options(request)) as response:
                 body = _Body(self._core, response)
-                async for chunk in response.aiter_bytes():
-                    if body.full(chunk):
-                        break
+                if not body.built_whole():
+                    async for chunk in response.aiter_raw():
+                        if body.full(chunk):
+                            break
         except httpx.HTTPError as exc:
             raise self._core.transport_error(exc) from None
         return body.decode()

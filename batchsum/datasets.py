@@ -35,7 +35,7 @@ import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
 from .csvsafe import neutralize
-from .errors import BrokenInputError, InputError, one_line
+from .errors import BrokenInputError, InputError, location_secrets, one_line, redact, redact_location
 from .results import RESULT_DTYPES, RowResult, arrow_types, result_columns
 
 __all__ = [
@@ -80,9 +80,9 @@ def _filesystem(spec: str) -> tuple[pafs.FileSystem, str]:
             return filesystem, path
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
             if "Unrecognized filesystem type" not in str(exc):
-                raise InputError(f"{spec}: {one_line(exc)}") from None
+                raise _fail(f"{spec}: {one_line(exc)}", spec) from None
         except OSError as exc:
-            raise InputError(f"{spec}: {one_line(exc)}") from None
+            raise _fail(f"{spec}: {one_line(exc)}", spec) from None
     try:
         import fsspec
         from pyarrow.fs import FSSpecHandler, PyFileSystem
@@ -91,26 +91,37 @@ def _filesystem(spec: str) -> tuple[pafs.FileSystem, str]:
     try:
         filesystem, path = fsspec.core.url_to_fs(spec)
     except (ImportError, ValueError) as exc:
-        raise InputError(
-            f"{scheme}:// paths need a library fsspec could not load ({one_line(exc)}): pip install 'batchsum[cloud]'"
+        raise _fail(
+            f"{scheme}:// paths need a library fsspec could not load ({one_line(exc)}): pip install 'batchsum[cloud]'",
+            spec,
         ) from None
     return PyFileSystem(FSSpecHandler(filesystem)), path
+
+
+def _fail(message: str, *specs: str) -> InputError:
+    """An ``InputError`` whose message holds no credential of ``specs`` (the locations it is about):
+    the locations in it redacted, and what a library said in its own words (a decoded password, an
+    access key) taken out too."""
+    secrets = tuple(secret for spec in specs for secret in location_secrets(spec))
+    return InputError(redact(redact_location(message), secrets))
 
 
 _NAMES = {"parquet": "Parquet", "csv": "CSV", "jsonl": "JSON Lines"}
 
 
-def _unreadable(what: str, format: str, exc: BaseException) -> InputError:
+def _unreadable(what: str, format: str, exc: BaseException, *specs: str) -> InputError:
     """ "X cannot be read as Parquet: <pyarrow's reason, without its preamble>"."""
     reason = one_line(exc)
     if "magic bytes not found" in reason:
         reason = "not a Parquet file (no Parquet footer)"
     else:
         reason = reason.rsplit("?: ", 1)[-1].rsplit("': ", 1)[-1]
-    return InputError(f"{what} cannot be read as {_NAMES.get(format, format)}: {reason}")
+    return _fail(f"{what} cannot be read as {_NAMES.get(format, format)}: {reason}", what, *specs)
 
 
 def _format_by_extension(name: str, formats: dict[str, tuple[str, ...]]) -> str | None:
+    if _is_uri(name):  # the path's extension, not the query's (a presigned URL ends in its signature)
+        name = name.split("?", 1)[0].split("#", 1)[0]
     lowered = name.lower()
     return next((fmt for fmt, endings in formats.items() if lowered.endswith(endings)), None)
 
@@ -140,7 +151,7 @@ def _resolve(spec: str, format: str | None) -> _Source:
     try:
         info = filesystem.get_file_info(path)
     except OSError as exc:
-        raise InputError(f"{spec}: {one_line(exc)}") from None
+        raise _fail(f"{spec}: {one_line(exc)}", spec) from None
     base = None
     if info.type == pafs.FileType.File:
         files = [path]
@@ -148,25 +159,25 @@ def _resolve(spec: str, format: str | None) -> _Source:
         try:
             found = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
         except OSError as exc:
-            raise InputError(f"{spec}: {one_line(exc)}") from None
+            raise _fail(f"{spec}: {one_line(exc)}", spec) from None
         files = sorted(f.path for f in found if f.type == pafs.FileType.File and not _hidden(f.path, path))
         if format is None:
             files = [f for f in files if _format_by_extension(f, INPUT_FORMATS)]
         base = path
         if not files:
             known = ", ".join(e for endings in INPUT_FORMATS.values() for e in endings)
-            raise InputError(f"folder {spec} holds no data files ({known})")
+            raise _fail(f"folder {spec} holds no data files ({known})", spec)
     elif any(c in spec for c in "*?[") and not remote:
         files = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
         if not files:
-            raise InputError(f"no file matches {spec!r}")
+            raise _fail(f"no file matches {spec!r}", spec)
     else:
-        raise InputError(f"{spec}: no such file or folder")
+        raise _fail(f"{spec}: no such file or folder", spec)
     if format is None:
         formats = {_format_by_extension(f, INPUT_FORMATS) for f in files}
         if len(formats) != 1 or None in formats:
-            raise InputError(
-                f"cannot tell the format of {spec} from its extension; pass --format parquet, csv or jsonl"
+            raise _fail(
+                f"cannot tell the format of {spec} from its extension; pass --format parquet, csv or jsonl", spec
             )
         format = formats.pop()
     assert format is not None
@@ -221,21 +232,23 @@ class DatasetInput:
                 self.schema = dataset.schema
                 self._check_column(source)
             elif not dataset.schema.remove_metadata().equals(self.schema.remove_metadata()):
-                raise InputError(
-                    f"{source.spec} has other columns or types than {self.sources[0].spec}; inputs must match"
+                raise _fail(
+                    f"{source.spec} has other columns or types than {self.sources[0].spec}; inputs must match",
+                    source.spec,
+                    self.sources[0].spec,
                 )
             self.datasets.append(dataset)
             counts.append(self._count(dataset, source))
         self.num_rows: int | None = None if None in counts else sum(c for c in counts if c is not None)
         if self.num_rows == 0:
-            raise InputError(f"{', '.join(self.uris)}: no rows to summarize")
+            raise _fail(f"{', '.join(self.uris)}: no rows to summarize", *self.uris)
 
     def _open(self, source: _Source) -> ds.Dataset:
         try:
             if source.format == "parquet":
                 for path in source.files:
                     if not source.remote and os.path.getsize(path) == 0:
-                        raise InputError(f"{path} is empty (0 bytes), not a Parquet file")
+                        raise _fail(f"{path} is empty (0 bytes), not a Parquet file", source.spec)
             return ds.dataset(
                 source.files,
                 filesystem=source.filesystem,
@@ -249,12 +262,14 @@ class DatasetInput:
     def _check_column(self, source: _Source) -> None:
         assert self.schema is not None
         if self.column not in self.schema.names:
-            raise InputError(
-                f"no column {self.column!r} in {source.spec}; its columns are: {', '.join(self.schema.names)}"
+            raise _fail(
+                f"no column {self.column!r} in {source.spec}; its columns are: {', '.join(self.schema.names)}",
+                source.spec,
             )
         if not _is_text(self.schema.field(self.column).type):
-            raise InputError(
-                f"column {self.column!r} in {source.spec} holds {self.schema.field(self.column).type}, not text"
+            raise _fail(
+                f"column {self.column!r} in {source.spec} holds {self.schema.field(self.column).type}, not text",
+                source.spec,
             )
 
     def _count(self, dataset: ds.Dataset, source: _Source) -> int | None:
@@ -287,7 +302,7 @@ class DatasetInput:
                         read_any = True
                         yield batch
                 except (pa.ArrowException, OSError) as exc:
-                    problem = _unreadable(fragment.path, source.format, exc)
+                    problem = _unreadable(fragment.path, source.format, exc, source.spec)
                     if read_any:  # rows were read (and may be answered): a stop, not a usage error
                         raise BrokenInputError(str(problem)) from None
                     raise problem from None
@@ -301,7 +316,7 @@ def _output_format(target: str) -> str:
     found = _format_by_extension(target, OUTPUT_FORMATS)
     if found is None:
         known = ", ".join(e for endings in OUTPUT_FORMATS.values() for e in endings)
-        raise InputError(f"cannot tell the output format of {target}: name it with one of {known}")
+        raise _fail(f"cannot tell the output format of {target}: name it with one of {known}", target)
     return found
 
 
@@ -327,22 +342,22 @@ def check_output(target: str | os.PathLike[str], inputs: DatasetInput | None = N
     if not remote:
         local = Path(path)
         if local.is_dir():
-            raise InputError(f"output {spec} is a folder; give a file name")
+            raise _fail(f"output {spec} is a folder; give a file name", spec)
         if not local.parent.is_dir():
-            raise InputError(f"cannot write {spec}: folder {local.parent} does not exist")
+            raise _fail(f"cannot write {spec}: folder {local.parent} does not exist", spec)
         if inputs is not None and any(local.resolve() == p.resolve() for p in inputs.paths):
-            raise InputError(f"output {spec} is also an input; write to another file")
+            raise _fail(f"output {spec} is also an input; write to another file", spec)
     else:
         # Object stores have no folders: only the bucket (the path's first part) must exist.
         bucket = path.split("/", 1)[0]
         try:
             info = filesystem.get_file_info(bucket)
         except OSError as exc:
-            raise InputError(f"cannot write {spec}: {one_line(exc)}") from None
+            raise _fail(f"cannot write {spec}: {one_line(exc)}", spec) from None
         if info.type == pafs.FileType.NotFound:
-            raise InputError(f"cannot write {spec}: bucket {bucket} does not exist")
+            raise _fail(f"cannot write {spec}: bucket {bucket} does not exist", spec)
         if inputs is not None and spec in inputs.uris:
-            raise InputError(f"output {spec} is also an input; write to another file")
+            raise _fail(f"output {spec} is also an input; write to another file", spec)
     return _Target(spec, filesystem, path, format, remote)
 
 
@@ -440,7 +455,9 @@ class DatasetOutput:
         try:
             fd, partial = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=folder)
         except OSError as exc:
-            raise InputError(f"cannot write {self.target.spec}: {exc.strerror} in folder {folder}") from None
+            raise _fail(
+                f"cannot write {self.target.spec}: {exc.strerror} in folder {folder}", self.target.spec
+            ) from None
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it private; the output is an ordinary file
         self.partial = Path(partial)
         self._file = os.fdopen(fd, "wb")
@@ -478,7 +495,9 @@ class DatasetOutput:
         except (OSError, pa.ArrowException) as exc:
             kept = self.partial.with_name(self.partial.name.removeprefix(".").removesuffix(".partial"))
             os.replace(self.partial, kept)
-            raise InputError(f"cannot put {self.target.spec} ({one_line(exc)}); the output is kept in {kept}") from None
+            raise _fail(
+                f"cannot put {self.target.spec} ({one_line(exc)}); the output is kept in {kept}", self.target.spec
+            ) from None
         self.partial.unlink(missing_ok=True)
 
     def abort(self) -> None:

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .errors import BudgetError, InputError, JournalError
+from .errors import BudgetError, InputError, JournalError, redact_location
 from .results import Answer
 from .stores import CLAIM_SECONDS
 
@@ -403,8 +403,9 @@ class Journal:
         self._query("INSERT OR REPLACE INTO answers VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (key, *answer, time.time()))
 
     def note_output(self, output: str) -> None:
-        """Remember which output this journal served (``batchsum journal`` shows it)."""
-        self._query("INSERT OR REPLACE INTO meta VALUES ('output', ?)", (str(output),))
+        """Remember which output this journal served (``batchsum journal`` shows it), without the
+        credentials its location may hold (``redact_location``)."""
+        self._query("INSERT OR REPLACE INTO meta VALUES ('output', ?)", (redact_location(str(output)),))
 
     def counts(self) -> dict[str, int]:
         """Answers by status (``ok``, ``failed``)."""
