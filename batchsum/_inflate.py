@@ -47,31 +47,44 @@ class _Identity:
 
 
 class _Zlib:
-    """gzip (``wbits`` 16 + 15) or deflate (zlib-wrapped, else raw, as servers send both)."""
+    """gzip (``wbits`` 16 + 15) or deflate, zlib-wrapped or raw as servers send both: told apart by
+    the first two bytes (a zlib header), and tried raw when a wrapped start fails before any output."""
+
+    HEAD = 64 * 1024  # bytes kept from the start until the first output, to try again raw
 
     def __init__(self, gzip: bool) -> None:
         self._gzip = gzip
-        self._decoder = zlib.decompressobj(16 + zlib.MAX_WBITS if gzip else zlib.MAX_WBITS)
+        self._decoder: Any = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzip else None
         self._pending = b""
-        self._started = False
+        self._head: bytes | None = None if gzip else b""  # deflate: what came before any output
 
     def decompress(self, data: bytes, limit: int) -> bytes:
         data = self._pending + data
+        self._pending = b""
+        if self._decoder is None:
+            if len(data) < 2:
+                self._pending = data
+                return b""
+            cmf, flg = data[0], data[1]
+            wrapped = cmf & 0x0F == 8 and (cmf << 8 | flg) % 31 == 0
+            self._decoder = zlib.decompressobj(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
         if self._decoder.eof:  # what follows the end of the stream is not the answer (as httpx)
-            self._pending = b""
             return b""
+        if self._head is not None:
+            self._head = (self._head + data)[: self.HEAD]
         try:
-            out = self._decoder.decompress(data, limit)
+            out: bytes = self._decoder.decompress(data, limit)
         except zlib.error as exc:
-            if self._gzip or self._started:
+            if self._head is None or not self._head:
                 raise DecodeError(f"invalid {'gzip' if self._gzip else 'deflate'} data ({exc})") from None
-            self._decoder = zlib.decompressobj(-zlib.MAX_WBITS)  # raw deflate, without the zlib wrapper
-            self._started = True
+            head, self._head = self._head, None  # a raw stream that looked wrapped: once more, raw
+            self._decoder = zlib.decompressobj(-zlib.MAX_WBITS)
             try:
-                out = self._decoder.decompress(data, limit)
+                out = self._decoder.decompress(head, limit)
             except zlib.error as raw_exc:
                 raise DecodeError(f"invalid deflate data ({raw_exc})") from None
-        self._started = self._started or bool(data)
+        if out:
+            self._head = None
         self._pending = self._decoder.unconsumed_tail
         return out
 
