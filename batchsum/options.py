@@ -347,10 +347,10 @@ EXCEPTIONS: dict[str, Difference] = {
         f"the CLI reads the key from ${ENV_API_KEY} only: a key on the command line shows in ps and shell history",
     ),
     "limiter": Difference(
-        ("cli", "dask"),
+        ("cli", "dask", "spark"),
         "refused",
         "an object in this process's memory: it cannot be typed on a command line (no flag) or travel to a "
-        "worker (Dask refuses one, naming the budget that paces every worker instead)",
+        "worker (Dask and Spark refuse one, naming the budget that paces every worker instead)",
     ),
     "progress": Difference(
         ("cli", "widgets"),
@@ -358,10 +358,10 @@ EXCEPTIONS: dict[str, Difference] = {
         "the CLI turns it off with --quiet; the app draws its own progress (default False)",
     ),
     "journal": Difference(
-        ("cli", "dask"),
+        ("cli", "dask", "spark"),
         "other default",
-        "None means: the CLI keeps one beside its output (OUTPUT.journal.sqlite); Dask shares answers "
-        "through the budget's store; elsewhere answers are kept in this process unless a journal is named",
+        "None means: the CLI keeps one beside its output (OUTPUT.journal.sqlite); Dask and Spark share "
+        "answers through the budget's store; elsewhere answers are kept in this process unless a journal is named",
     ),
 }
 

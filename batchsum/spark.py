@@ -1,0 +1,179 @@
+"""Spark: ``batchsum.spark.summarize(sdf, "text", ...)`` and a SQL function, ``batchsum.spark.register(spark)``
+(extra ``spark``; Spark needs Java 17).
+
+``summarize`` is a transformation like any other: it returns a Spark DataFrame (every input column,
+then the result columns as ``string`` / ``int``) and sends nothing until an action runs. It is built on
+Arrow (``mapInArrow``): each partition is one run (``run.Run``, shared) on the executor that computes
+it, against the key's budget, so every executor together holds the plan's rate. The spec is checked
+and prepared once, on the driver, before anything is sent; it travels to the executors pickled, with
+the key inside it as a ``Secret``: no query plan, task description, log or error shows the key.
+
+What is shared where. Answers go to the budget's store: with the machine budget (the default; local
+mode, or every executor on one machine), a SQLite journal beside it in the user's cache folder; with
+``budget="redis://HOST:PORT/DB"`` (a cluster), Redis. A request is claimed before it is sent, and
+another task asking for it waits for the answer instead of paying for it; so a task Spark runs again
+(a failure, speculation, a lost executor) pays nothing for what the first attempt was answered.
+
+A row's failure is its record; a refused key or plan (401) fails the job with the service's message.
+Spark starts its Python workers with ``python3`` from the PATH unless ``PYSPARK_PYTHON`` names an
+interpreter: set it to the one batchsum is installed in (its pyarrow is needed there too).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+try:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError(
+        "batchsum.spark needs PySpark: pip install 'batchsum[spark]' (and Java 17: apt-get install openjdk-17-jre-headless)"
+    ) from exc
+
+import pandas as pd
+import pyarrow as pa
+
+from . import contract
+from ._background import run_in_worker
+from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from .errors import BudgetError, InputError, InvalidParameterError
+from .options import DEFAULT_MAX_WAIT, RunSpec, document_options
+from .results import RowResult, arrow_columns, check_output_columns, result_columns, results_frame
+from .run import prepare_shared, run_texts
+
+__all__ = ["summarize", "register", "result_schema"]
+
+_TYPES = [T.StringType()] * 4 + [T.IntegerType()] * 3
+
+
+def result_schema(output_column: str = "summary") -> T.StructType:
+    """The result columns as Spark types: string x4, int x3."""
+    return T.StructType([T.StructField(name, t, True) for name, t in zip(result_columns(output_column), _TYPES)])
+
+
+def _worker_spec(spec: RunSpec) -> RunSpec:
+    """The spec every task opens, checked and prepared once, on the driver."""
+    if spec.limiter is not None:
+        raise InvalidParameterError(
+            "invalid limiter on Spark: an object in this process cannot travel to the executors; "
+            "the key's budget paces them all (budget='machine' or 'redis://...')"
+        )
+    if not isinstance(spec.budget, str):
+        raise BudgetError(f"invalid budget {spec.budget!r}: on Spark, pass a string: 'machine', 'redis://HOST:PORT/DB'")
+    return prepare_shared(spec)
+
+
+def _results(spec: RunSpec, texts: list[Any]) -> list[RowResult]:
+    return run_in_worker(lambda: run_texts(spec, texts, shared=True))
+
+
+class _Partition:
+    """What runs on an executor for one partition (``mapInArrow``): its batches, one shared run over
+    their texts, the batches again with the result columns. Its repr (in query plans) is its name."""
+
+    __name__ = "batchsum_summarize"
+
+    def __init__(self, spec: RunSpec, column: str) -> None:
+        self.spec = spec
+        self.column = column
+
+    def __repr__(self) -> str:
+        return self.__name__
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        held = list(batches)
+        texts = [text for batch in held for text in batch.column(self.column).to_pylist()]
+        results = _results(self.spec, texts)
+        names = result_columns(self.spec.output_column)
+        start = 0
+        for batch in held:
+            mine = results[start : start + batch.num_rows]
+            start += batch.num_rows
+            arrays = batch.columns + arrow_columns(mine)
+            yield pa.RecordBatch.from_arrays(arrays, names=batch.schema.names + names)
+
+
+@document_options
+def summarize(
+    sdf: DataFrame,
+    column: str,
+    mode: Any = 1,
+    percentage: Any = contract.PERCENTAGE_DEFAULT,
+    type: Any = None,
+    *,
+    output_column: str = "summary",
+    api_key: str | None = None,
+    base_url: str | None = None,
+    local: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    encoding: str = "json",
+    rpm: float | None = None,
+    concurrency: int | None = None,
+    limiter: Any = None,
+    budget: Any = None,
+    journal: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    long_texts: str = "skip",
+    max_wait: float = DEFAULT_MAX_WAIT,
+) -> DataFrame:
+    """A Spark DataFrame: every column of ``sdf``, then the result columns (``summary``,
+    ``summary_status``, ``summary_error``, ``summary_message``, ``summary_http_status``,
+    ``summary_attempts``, ``summary_requests``) as string and int, rows in each partition's order.
+    Lazy: nothing is sent until an action runs. Raises, before anything is sent: ``InputError``
+    (the column), ``InvalidParameterError``, ``ConfigurationError``, ``BudgetError``. ``progress``:
+    a bar per partition, where the executor runs it; ``limiter`` is refused (it cannot travel)."""
+    spec = RunSpec.from_options(locals())
+    if column not in sdf.columns:
+        raise InputError(f"no column {column!r} in the DataFrame; its columns are: {', '.join(sdf.columns)}")
+    if not isinstance(sdf.schema[column].dataType, T.StringType):
+        raise InputError(f"column {column!r} holds {sdf.schema[column].dataType.simpleString()}, not text")
+    check_output_columns(sdf.columns, spec.output_column)
+    spec = _worker_spec(spec)
+    schema = T.StructType(sdf.schema.fields + result_schema(spec.output_column).fields)
+    return sdf.mapInArrow(_Partition(spec, column), schema)
+
+
+@document_options
+def register(
+    spark: SparkSession,
+    name: str = "batchsum_summarize",
+    mode: Any = 1,
+    percentage: Any = contract.PERCENTAGE_DEFAULT,
+    type: Any = None,
+    *,
+    output_column: str = "summary",
+    api_key: str | None = None,
+    base_url: str | None = None,
+    local: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    encoding: str = "json",
+    rpm: float | None = None,
+    concurrency: int | None = None,
+    limiter: Any = None,
+    budget: Any = None,
+    journal: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    long_texts: str = "skip",
+    max_wait: float = DEFAULT_MAX_WAIT,
+) -> Any:
+    """Register a SQL function ``name(text)`` with the options fixed here:
+    ``SELECT id, batchsum_summarize(text).summary AS summary FROM tickets``. It returns a struct of
+    the result columns (so a row's status and error stay visible in SQL); ``.summary`` is the text.
+    A pandas UDF over Arrow: each batch Spark hands it is one shared run. Returns the function, for
+    the DataFrame API too (``df.select(f("text"))``)."""
+    spec = _worker_spec(RunSpec.from_options(locals()))
+    schema = result_schema(spec.output_column)
+
+    @F.pandas_udf(schema)  # type: ignore[attr-defined]  # defined lazily in pyspark.sql.functions
+    def batchsum_summarize(texts: pd.Series) -> pd.DataFrame:
+        results = _results(spec, texts.tolist())
+        frame = results_frame(results, texts.index, spec.output_column)
+        return frame.astype(object).where(frame.notna(), None)
+
+    return spark.udf.register(name, batchsum_summarize)

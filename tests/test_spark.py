@@ -1,0 +1,138 @@
+"""Spark on a real ``local[2,2]`` session (two cores, a failed task tried once more) with a real
+redis-server, against the local service's strict per-key window (100 in any 10 s: 600/min): every
+row ok, order and columns kept, each distinct text paid once, 0 429s; a task that fails after its
+answers arrived pays nothing twice when Spark runs it again; the SQL function gives the same
+answers; no plan shows the key. Marked ``spark``: ``pytest -m "not spark"`` leaves them out."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+import pandas as pd
+import pytest
+
+pyspark = pytest.importorskip("pyspark")
+
+from batchsum.errors import InputError  # noqa: E402
+from batchsum.local import LocalService  # noqa: E402
+from batchsum.pacing import max_starts  # noqa: E402
+from batchsum.results import result_columns  # noqa: E402
+from tests.conftest import article, need  # noqa: E402
+from tests.test_pacing import most_in_any_window  # noqa: E402
+
+pytestmark = pytest.mark.spark
+KEY = "bs-spark-test-key-0123456789"
+
+
+@pytest.fixture(scope="module")
+def spark():
+    if shutil.which("java") is None:
+        need("Java for Spark", "apt-get install openjdk-17-jre-headless (Debian's package)")
+    # Spark's Python workers run `python3` from the PATH unless told: this interpreter has batchsum.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2,2]")
+        .appName("batchsum-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.adaptive.enabled", "false")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def limited():
+    with LocalService([KEY], rpm=100, window=10) as service:
+        yield service
+
+
+def tickets(spark, rows: int = 240, distinct: int = 160):
+    data = pd.DataFrame({"id": list(range(rows)), "text": [article(25, seed=700 + i % distinct) for i in range(rows)]})
+    return spark.createDataFrame(data).repartition(4, "id").sortWithinPartitions("id"), data
+
+
+def test_240_rows_over_4_partitions_hold_the_plan_and_pay_each_text_once(spark, limited, redis_url):
+    import batchsum.spark
+
+    sdf, data = tickets(spark)
+    out = batchsum.spark.summarize(sdf, "text", rpm=600, api_key=KEY, base_url=limited.url, budget=redis_url)
+    assert out.columns == ["id", "text", *result_columns()]  # lazy: nothing sent yet
+    assert limited.state.stats()["requests"] == 0
+    assert dict(out.dtypes)["summary_attempts"] == "int" and dict(out.dtypes)["summary"] == "string"
+    plan = out._jdf.queryExecution().toString()
+    assert KEY not in plan and KEY[:10] not in plan and "batchsum_summarize" in plan
+
+    rows = out.collect()
+    assert out.rdd.getNumPartitions() == 4 and len(rows) == 240
+    assert all(row.summary_status == "ok" for row in rows)
+    by_id = {row.id: row for row in rows}
+    assert all(by_id[i].text == data.text[i] for i in range(240))  # every row with its own text
+    per_partition = out.rdd.mapPartitions(lambda part: [[row.id for row in part]]).collect()
+    assert all(ids == sorted(ids) for ids in per_partition)  # each partition's order kept
+    stats = limited.state.stats()
+    assert stats["by_status"] == {"200": 160}, stats  # 0 429s; each distinct text once
+    admitted = sorted(limited.state.admitted)
+    for window in (1, 2, 5, 10):
+        assert most_in_any_window(admitted, window) <= max_starts(600, window), window
+
+
+def test_a_task_that_fails_after_its_answers_arrived_pays_nothing_twice(spark, limited, redis_url):
+    import batchsum.spark
+
+    sdf, _ = tickets(spark, rows=80, distinct=80)
+    out = batchsum.spark.summarize(sdf, "text", rpm=0, api_key=KEY, base_url=limited.url, budget=redis_url)
+
+    def fail_first_attempt(batches):
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        kept = list(batches)  # the partition's answers have arrived (and are in the shared store)
+        if context.partitionId() == 0 and context.attemptNumber() == 0:
+            raise RuntimeError("a lost executor, after the answers arrived")
+        yield from kept
+
+    rows = out.mapInArrow(fail_first_attempt, out.schema).collect()
+    assert len(rows) == 80 and all(row.summary_status == "ok" for row in rows)
+    stats = limited.state.stats()
+    assert stats["answered_twice"] == 0 and stats["answered_unique"] == 80, stats
+
+
+def test_the_sql_function_gives_the_same_answers_as_the_dataframe_function(spark, limited, redis_url):
+    import batchsum.spark
+
+    sdf, _ = tickets(spark, rows=24, distinct=12)
+    options = {"rpm": 0, "api_key": KEY, "base_url": limited.url, "budget": redis_url, "type": "best_line"}
+    by_function = {row.id: row.summary for row in batchsum.spark.summarize(sdf, "text", **options).collect()}
+    batchsum.spark.register(spark, **options)
+    sdf.createOrReplaceTempView("tickets")
+    by_sql = spark.sql(
+        "SELECT id, s.summary AS summary, s.summary_status AS status "
+        "FROM (SELECT id, batchsum_summarize(text) AS s FROM tickets)"
+    ).collect()
+    assert {row.id: row.summary for row in by_sql} == by_function
+    assert {row.status for row in by_sql} == {"ok"}
+    assert limited.state.stats()["answered_twice"] == 0
+
+
+def test_bad_input_is_refused_before_anything_is_sent_and_a_wrong_key_stops_the_job(spark, limited, redis_url):
+    import batchsum.spark
+
+    sdf, _ = tickets(spark, rows=8, distinct=8)
+    with pytest.raises(InputError, match="no column 'body'"):
+        batchsum.spark.summarize(sdf, "body", api_key=KEY, base_url=limited.url, budget=redis_url)
+    with pytest.raises(InputError, match="holds bigint, not text"):
+        batchsum.spark.summarize(sdf, "id", api_key=KEY, base_url=limited.url, budget=redis_url)
+    wrong = batchsum.spark.summarize(sdf, "text", rpm=0, api_key="not-the-key", base_url=limited.url, budget=redis_url)
+    with pytest.raises(Exception, match="(?i)incorrect API key provided") as failed:
+        wrong.collect()
+    assert "not-the-key" not in str(failed.value)
+    # Each task is a run whose first request goes alone: at most one 401 per task attempt (4 tasks, 2 tries).
+    assert limited.state.stats()["by_status"] == {"401": limited.state.stats()["requests"]}
+    assert limited.state.stats()["requests"] <= 8
