@@ -115,3 +115,34 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory):
     finally:
         process.terminate()
         process.wait(10)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """An S3-compatible server (moto's standalone server) on a free loopback port."""
+    moto_server = pytest.importorskip("moto.server")
+    port = free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """Credentials and endpoint where users set them: the environment (as boto3 and pyarrow read it);
+    the buckets "data" and "secretdata"."""
+    for name, value in {
+        "AWS_ENDPOINT_URL": s3_server,
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }.items():
+        monkeypatch.setenv(name, value)
+    from pyarrow import fs
+
+    filesystem = fs.S3FileSystem(endpoint_override=s3_server, allow_bucket_creation=True)
+    for bucket in ("data", "secretdata"):
+        filesystem.create_dir(bucket)
+    return filesystem

@@ -20,7 +20,7 @@ import pytest
 import batchsum
 from batchsum.cli import main
 from batchsum.datasets import DatasetInput
-from tests.conftest import KEY, article, free_port
+from tests.conftest import KEY, article
 
 
 def run(*argv):
@@ -129,34 +129,6 @@ def test_a_nested_column_cannot_go_to_csv(env, tmp_path, capsys):
 
 
 # -- remote datasets ----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def s3_server():
-    moto_server = pytest.importorskip("moto.server")
-    port = free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
-
-
-@pytest.fixture
-def s3(s3_server, monkeypatch):
-    """Credentials and endpoint where users set them: the environment (as boto3 and pyarrow read it)."""
-    for name, value in {
-        "AWS_ENDPOINT_URL": s3_server,
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }.items():
-        monkeypatch.setenv(name, value)
-    from pyarrow import fs
-
-    filesystem = fs.S3FileSystem(endpoint_override=s3_server, allow_bucket_creation=True)
-    filesystem.create_dir("data")
-    return filesystem
 
 
 def test_a_remote_round_trip_through_an_s3_compatible_server(env, s3, tmp_path):

@@ -294,35 +294,6 @@ def files_text(folder: Path) -> str:
     return "".join(p.read_bytes().decode("latin-1") for p in folder.rglob("*") if p.is_file())
 
 
-@pytest.fixture(scope="module")
-def s3_server():
-    moto_server = pytest.importorskip("moto.server")
-    from tests.conftest import free_port
-
-    port = free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
-
-
-@pytest.fixture
-def s3(s3_server, monkeypatch):
-    for name, value in {
-        "AWS_ENDPOINT_URL": s3_server,
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }.items():
-        monkeypatch.setenv(name, value)
-    from pyarrow import fs
-
-    filesystem = fs.S3FileSystem(endpoint_override=s3_server, allow_bucket_creation=True)
-    filesystem.create_dir("secretdata")
-    return filesystem
-
-
 def _frame(n: int = 6) -> pd.DataFrame:
     return pd.DataFrame({"text": [article(15, seed=i) for i in range(n)]})
 
