@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from . import contract
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from .errors import ConfigurationError, InvalidParameterError
+from .errors import BudgetError, ConfigurationError, InvalidParameterError, redact_location
 
 __all__ = [
     "RunSpec",
@@ -478,14 +478,12 @@ class RunSpec:
 
     def describe(self) -> dict[str, Any]:
         """The options as plain data, for a report or a log line: the key never, locations redacted."""
-        from .errors import redact_location
-
         return {
             "mode": int(self.params.mode),
             "percentage": self.params.percentage,
             "type": self.params.type.value if self.params.type is not None else None,
             "output_column": self.output_column,
-            "base_url": self.client.base_url,
+            "base_url": redact_location(self.client.base_url),
             "local": self.client.local,
             "timeout": self.client.timeout,
             "max_retries": self.client.max_retries,
@@ -518,8 +516,6 @@ def budget_spec(budget: Any, environ: Mapping[str, str] | None = None) -> Any:
         return env.get(ENV_BUDGET, "").strip() or DEFAULT_BUDGET
     if isinstance(budget, str) or callable(getattr(budget, "reserve", None)):
         return budget
-    from .errors import BudgetError
-
     raise BudgetError(f"invalid budget {budget!r}: use 'machine', 'none', 'redis://HOST:PORT/DB' or a Budget")
 
 
