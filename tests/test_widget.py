@@ -144,7 +144,7 @@ def test_the_result_table_pages_filters_names_rows_by_id_and_saves(svc, tmp_path
     assert "<td>T-033</td>" in table.table.value and "<th style='width:14%'>ticket</th>" in table.table.value
     table.filter.value = "ok"
     shown = table.table.value
-    assert "<details><summary>" in shown and "…</summary>" in shown  # a summary's start, the whole on demand
+    assert "<details><summary><span class='batchsum-excerpt'>" in shown and "…</span>" in shown  # the start
     assert "failed" not in shown.replace("batchsum-badge failed", "")
     monkeypatch.chdir(tmp_path)
     table.path.value = "out"
@@ -154,6 +154,25 @@ def test_the_result_table_pages_filters_names_rows_by_id_and_saves(svc, tmp_path
     back = pd.read_csv(tmp_path / "out.csv", dtype=batchsum.result_dtypes())
     assert (back["summary_status"] == "skipped").sum() == 4
     assert str(tmp_path / "out.csv") in table.saved.value
+
+
+def test_an_opened_summary_shows_the_whole_once_and_a_short_one_has_nothing_to_open():
+    from batchsum.results import RowResult
+    from batchsum.widgets import ResultTable
+
+    long_summary = " ".join(f"Point {i} of the reply." for i in range(12))
+    short_summary = "The password reset email never arrives."
+    table = ResultTable(pd.DataFrame({"text": ["a", "b"]}))
+    table.show([RowResult(s, "ok", None, None, 200, 1) for s in (long_summary, short_summary)], None)
+    long_cell, short_cell = table.table.value.split("<tr class='batchsum-row'>")[1:]
+    # Closed: the start; opened: the style hides the start, so the whole summary reads once.
+    assert long_cell.count("<details>") == 1 and long_cell.count("Point 11 of") == 1
+    assert "<span class='batchsum-excerpt'>Point 0 of the reply." in long_cell and "…</span>" in long_cell
+    assert "<span class='batchsum-hide'>hide</span></summary><div class='batchsum-summary'><p>Point 0" in long_cell
+    assert "details[open] > summary .batchsum-excerpt" in table.table.value.split("<table")[0]
+    # A summary no longer than its start is shown whole, once, with nothing to open.
+    assert "<details>" not in short_cell and short_cell.count(short_summary) == 1
+    assert f"<p>{short_summary}</p>" in short_cell
 
 
 def test_the_text_app_only_offers_summarize_for_a_text_the_service_takes(svc):
