@@ -93,8 +93,6 @@ _STYLE = """<style>
 .batchsum-badge.ok { background: #2e7d32; } .batchsum-badge.skipped { background: #6d6d6d; }
 .batchsum-badge.failed { background: #c62828; }
 .batchsum-table details summary { cursor: pointer; }
-.batchsum-table details[open] .batchsum-excerpt, .batchsum-table details:not([open]) .batchsum-less { display: none; }
-.batchsum-table .batchsum-less { color: var(--jp-ui-font-color2, #666); font-size: 85%; }
 .batchsum-error { color: #e53935; }
 </style>"""
 
@@ -286,9 +284,19 @@ def _excerpt(text: str, limit: int = 140) -> str:
 class ResultTable:
     """The rows of a run, a page at a time: the chosen id column, the status as a badge, the message
     in its own column, a summary's start that opens to the whole summary; a filter by status;
-    buttons that save the result as Parquet or CSV."""
+    buttons that save the result as Parquet or CSV. A summary longer than its start is a closed
+    ``<details>``: closed, it shows the start; opened, the whole summary once (the start gives way
+    to "hide"); a short summary is shown whole, with nothing to open."""
 
     PAGE_ROWS = 15
+    # The start and the whole summary are never shown together: an opened summary reads once.
+    STYLE = (
+        "<style>"
+        ".batchsum-table details[open] > summary .batchsum-excerpt,"
+        " .batchsum-table details:not([open]) > summary .batchsum-hide { display: none; }"
+        " .batchsum-table .batchsum-hide { color: var(--jp-ui-font-color2, #666); font-size: 90%; }"
+        "</style>"
+    )
 
     def __init__(self, frame: pd.DataFrame) -> None:
         self.frame = frame
@@ -373,17 +381,21 @@ class ResultTable:
             badge = f"<span class='batchsum-badge {row.status}'>{row.status}</span>"
             summary = ""
             if row.summary:
-                summary = (  # its start while closed; once opened, the whole summary only (never twice)
-                    f"<details><summary><span class='batchsum-excerpt'>{html.escape(_excerpt(row.summary))}</span>"
-                    f"<span class='batchsum-less'>hide</span></summary>{render_summary(row.summary, self.kind)}"
-                    "</details>"
+                start, whole = _excerpt(row.summary), render_summary(row.summary, self.kind)
+                summary = (
+                    whole
+                    if start == " ".join(row.summary.split())  # nothing more to open
+                    else (
+                        f"<details><summary><span class='batchsum-excerpt'>{html.escape(start)}</span>"
+                        f"<span class='batchsum-hide'>hide</span></summary>{whole}</details>"
+                    )
                 )
             message = html.escape(row.message or "") + (f" <code>{html.escape(row.error)}</code>" if row.error else "")
             body.append(
                 f"<tr class='batchsum-row'><td>{ident}</td><td>{badge}</td><td>{summary}</td><td>{message}</td></tr>"
             )
         label = html.escape(str(self.id_column.value)) if self.id_column.value != "" else "row"
-        self.table.value = f"<table class='batchsum-table'>{head.format(label)}{''.join(body)}</table>"
+        self.table.value = f"{self.STYLE}<table class='batchsum-table'>{head.format(label)}{''.join(body)}</table>"
 
     def save(self, format: str) -> Path | None:
         """Write the result next to the notebook (``Save Parquet`` / ``Save CSV``)."""

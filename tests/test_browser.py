@@ -167,8 +167,50 @@ def test_a_person_types_a_text_clicks_summarize_and_reads_the_summary(voila, tmp
     keep(shot, shot.name)
 
 
+CHART_AXES = """() => {
+    // Each axis of the run chart: its label, and its ticks as [value, pixel] (x or y by the axis).
+    const axes = {};
+    for (const axis of document.querySelectorAll('.batchsum-chart g.axis')) {
+        const ticks = [];
+        let label = '';
+        for (const text of axis.querySelectorAll('text')) {
+            const tick = text.closest('g.tick');
+            if (!tick) { label = text.textContent; continue; }
+            const [x, y] = tick.getAttribute('transform').match(/-?[0-9][0-9.e-]*/g).map(Number);
+            ticks.push([text.textContent, x, y]);
+        }
+        axes[label] = ticks;
+    }
+    return axes;
+}"""
+
+
+def path_points(d: str) -> list[tuple[float, float]]:
+    """The vertices of an SVG line path (bqplot draws lines as M x,y L x,y ...)."""
+    import re
+
+    numbers = [float(n) for n in re.findall(r"-?[0-9.]+(?:e-?[0-9]+)?", d)]
+    return list(zip(numbers[0::2], numbers[1::2], strict=True))
+
+
+def to_data(ticks: list, which: int):
+    """A pixel to data mapping from an axis's ticks (value, x pixel, y pixel); which: 1 = x, 2 = y."""
+    (v0, *p0), (v1, *p1) = ticks[0], ticks[-1]
+    a, b = p0[which - 1], p1[which - 1]
+    return lambda pixel: float(v0) + (pixel - a) * (float(v1) - float(v0)) / (b - a)
+
+
 def test_a_dataframe_run_shows_its_chart_the_pause_and_a_table_to_read(frame_run, tmp_path, request):
+    """The README's example tickets at 120/min with 429s: a run of seconds, drawn in seconds on
+    round ticks, whose rate line reads what was started per minute of the run so far; the table
+    pages and filters, names rows by ticket, and an opened summary reads once."""
     sync_api = pytest.importorskip("playwright.sync_api")
+    import pandas as pd
+
+    from batchsum.local.summarizer import summarize as local_summary
+
+    tickets = pd.read_parquet(ROOT / "examples" / "tickets.parquet")
+    unique_ok = tickets["text"].dropna().map(str.strip).loc[lambda t: t.str.split().str.len() >= 10].nunique()
     theme = request.node.theme
     with sync_api.sync_playwright() as playwright:
         browser, page = browse(playwright)
@@ -181,12 +223,14 @@ def test_a_dataframe_run_shows_its_chart_the_pause_and_a_table_to_read(frame_run
             app.locator("button", has_text="Run").click()
             page.get_by_text("the service answered 429 (Retry-After 1)").first.wait_for(timeout=60_000)
             during = rate_line.get_attribute("d")
-            page.get_by_text("16/16 rows").first.wait_for(timeout=120_000)
-            after = rate_line.get_attribute("d")
-            refused = page.locator(".batchsum-chart .dot").count()
-            axis = page.locator(".batchsum-chart").get_by_text("seconds since the start").count()
+            status = page.get_by_text(f"{len(tickets)}/{len(tickets)} rows").first
+            status.wait_for(timeout=120_000)
             table = page.locator(".batchsum-results")
-            table.get_by_text("page 1 of 2 · 16 rows").wait_for(timeout=30_000)
+            table.get_by_text("page 1 of 2 · 16 rows").wait_for(timeout=30_000)  # drawn after the chart
+            refused_429s = int(status.inner_text().split("429s ")[1].split()[0])
+            after = rate_line.get_attribute("d")
+            axes = page.evaluate(CHART_AXES)
+            refused = page.locator(".batchsum-chart .dot").count()
             table.locator("button", has_text="Next").click()
             table.get_by_text("page 2 of 2 · 16 rows").wait_for(timeout=30_000)
             table.locator("button", has_text="Skipped").click()
@@ -194,11 +238,15 @@ def test_a_dataframe_run_shows_its_chart_the_pause_and_a_table_to_read(frame_run
             skipped = table.locator(".batchsum-badge.skipped").count()
             table.locator("button", has_text="OK").click()
             table.get_by_text("page 1 of 1 · 13 rows").wait_for(timeout=30_000)
-            opened = table.locator("details").first
+            table.locator("select").select_option(label="ticket_id")
+            first_row = table.locator("tr.batchsum-row").first
+            first_row.get_by_text("T-1001").wait_for(timeout=30_000)
+            opened = first_row.locator("details")
             closed_text = opened.inner_text()
             opened.locator("summary").click()
-            whole = opened.locator(".batchsum-summary").inner_text()
+            opened.locator(".batchsum-hide").wait_for(timeout=10_000)
             opened_text = opened.inner_text()
+            whole = opened.locator(".batchsum-summary").inner_text()
             clipped = widest_overflow(page, ".batchsum-frame-app")
             shot = tmp_path / f"frame-app-{theme}.png"
             page.set_viewport_size({"width": 1000, "height": 1700})  # voila scrolls inside: show it all
@@ -207,12 +255,26 @@ def test_a_dataframe_run_shows_its_chart_the_pause_and_a_table_to_read(frame_run
         finally:
             browser.close()
     assert before != during != after  # the chart is redrawn in place as the run goes
-    assert refused >= 1  # 429s marked
-    assert axis >= 1  # a run of seconds is drawn in seconds, not in hundredths of a minute
-    assert skipped == 3 and len(whole) > 100
-    # Opened, the summary is shown once: its first words appear once, not once in a preview above it.
-    first_words = " ".join(whole.split()[:8])
-    assert first_words in " ".join(closed_text.split())
-    assert " ".join(opened_text.split()).count(first_words) == 1
+    assert refused >= 1 and refused_429s >= 1  # 429s marked
+
+    # A run of seconds is drawn in seconds, on round ticks (not in hundredths of a minute).
+    time_ticks = [float(value) for value, *_ in axes["seconds since the start"]]
+    steps = {b - a for a, b in zip(time_ticks, time_ticks[1:], strict=False)}
+    assert time_ticks[0] == 0 and len(steps) == 1 and steps.pop() in {1, 2, 5, 10, 15, 20, 30}
+    # The rate line's last point is the requests started in the run so far (shorter than a minute),
+    # per minute: times the run's length it gives back every attempt (each text once, and the 429s).
+    seconds, per_minute = to_data(axes["seconds since the start"], 1), to_data(axes["requests per minute"], 2)
+    x, y = path_points(after)[-1]
+    length, rate = seconds(x), per_minute(y)
+    assert length < 60
+    assert rate * length / 60 == pytest.approx(unique_ok + refused_429s, abs=0.5)
+
+    # The table: the skipped rows, the id column, and an opened summary read once.
+    assert skipped == 3
+    first_text = tickets["text"].iloc[0]
+    assert whole == local_summary(first_text, 1, 4, None) and len(whole) > 140
+    first_sentence = whole.split(". ")[0]
+    assert closed_text.startswith(first_sentence) and closed_text.endswith("…")
+    assert opened_text.count(first_sentence) == 1 and "…" not in opened_text
     assert clipped == []
     keep(shot, shot.name)

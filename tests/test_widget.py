@@ -144,9 +144,7 @@ def test_the_result_table_pages_filters_names_rows_by_id_and_saves(svc, tmp_path
     assert "<td>T-033</td>" in table.table.value and "<th style='width:14%'>ticket</th>" in table.table.value
     table.filter.value = "ok"
     shown = table.table.value
-    assert (
-        "<details><summary><span class='batchsum-excerpt'>" in shown and "…</span>" in shown
-    )  # its start, the whole on demand
+    assert "<details><summary><span class='batchsum-excerpt'>" in shown and "…</span>" in shown  # the start
     assert "failed" not in shown.replace("batchsum-badge failed", "")
     monkeypatch.chdir(tmp_path)
     table.path.value = "out"
@@ -156,6 +154,25 @@ def test_the_result_table_pages_filters_names_rows_by_id_and_saves(svc, tmp_path
     back = pd.read_csv(tmp_path / "out.csv", dtype=batchsum.result_dtypes())
     assert (back["summary_status"] == "skipped").sum() == 4
     assert str(tmp_path / "out.csv") in table.saved.value
+
+
+def test_an_opened_summary_shows_the_whole_once_and_a_short_one_has_nothing_to_open():
+    from batchsum.results import RowResult
+    from batchsum.widgets import ResultTable
+
+    long_summary = " ".join(f"Point {i} of the reply." for i in range(12))
+    short_summary = "The password reset email never arrives."
+    table = ResultTable(pd.DataFrame({"text": ["a", "b"]}))
+    table.show([RowResult(s, "ok", None, None, 200, 1) for s in (long_summary, short_summary)], None)
+    long_cell, short_cell = table.table.value.split("<tr class='batchsum-row'>")[1:]
+    # Closed: the start; opened: the style hides the start, so the whole summary reads once.
+    assert long_cell.count("<details>") == 1 and long_cell.count("Point 11 of") == 1
+    assert "<span class='batchsum-excerpt'>Point 0 of the reply." in long_cell and "…</span>" in long_cell
+    assert "<span class='batchsum-hide'>hide</span></summary><div class='batchsum-summary'><p>Point 0" in long_cell
+    assert "details[open] > summary .batchsum-excerpt" in table.table.value.split("<table")[0]
+    # A summary no longer than its start is shown whole, once, with nothing to open.
+    assert "<details>" not in short_cell and short_cell.count(short_summary) == 1
+    assert f"<p>{short_summary}</p>" in short_cell
 
 
 def test_the_text_app_only_offers_summarize_for_a_text_the_service_takes(svc):
@@ -216,17 +233,3 @@ def test_the_frame_app_explains_a_wrong_key(svc, frame):
 def test_widget_refuses_other_data():
     with pytest.raises(TypeError, match="DataFrame"):
         batchsum.widget([1, 2, 3])
-
-
-def test_the_chart_reads_truthfully_at_any_run_length():
-    from batchsum.chart import series
-
-    # 20 seconds at 600/min (10 starts a second): the rate reads 600, in seconds on the axis.
-    short = series({"rpm": 600, "seconds": [[s, 10, 0, 10] for s in range(20)], "pace": [[0, 600]]})
-    assert short["unit"] == "seconds" and short["end"] == 20 and list(short["x"][:3]) == [0, 1, 2]
-    assert all(abs(rate - 600) < 1e-9 for rate in short["per_minute"])
-    # Ten minutes at 300/min: minutes on the axis, and the trailing minute's count once a minute has passed.
-    long = series({"rpm": 600, "seconds": [[s, 5, 0, 5] for s in range(600)], "pace": [[0, 600]]})
-    assert long["unit"] == "minutes" and long["end"] == 10
-    assert all(abs(rate - 300) < 1e-9 for rate in long["per_minute"])
-    assert long["pace_x"] == [0.0, 10.0]
