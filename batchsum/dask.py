@@ -118,6 +118,10 @@ class DaskDataFrameAccessor:
         journal: str | os.PathLike[str] | None = None,
         progress: bool = False,
         max_wait: float = DEFAULT_MAX_WAIT,
+        max_requests: int | None = None,
+        sample: int | None = None,
+        share: float = 1.0,
+        report: str | os.PathLike[str] | None = None,
     ) -> dd.DataFrame:
         """A lazy Dask DataFrame: every column of ``ddf`` plus ``summary``, ``summary_status``,
         ``summary_error``, ``summary_message``, ``summary_http_status``, ``summary_attempts``;
@@ -165,6 +169,10 @@ class DaskSeriesAccessor:
         journal: str | os.PathLike[str] | None = None,
         progress: bool = False,
         max_wait: float = DEFAULT_MAX_WAIT,
+        max_requests: int | None = None,
+        sample: int | None = None,
+        share: float = 1.0,
+        report: str | os.PathLike[str] | None = None,
     ) -> dd.DataFrame:
         """The result columns on the Series' index, lazily (see ``ddf.batchsum.summarize``)."""
         series: dd.Series = self._data

@@ -70,6 +70,10 @@ class SeriesAccessor:
         journal: str | os.PathLike[str] | None = None,
         progress: bool = True,
         max_wait: float = DEFAULT_MAX_WAIT,
+        max_requests: int | None = None,
+        sample: int | None = None,
+        share: float = 1.0,
+        report: str | os.PathLike[str] | None = None,
     ) -> pd.DataFrame:
         """Summarize every value: the result columns on the Series' index (see ``df.batchsum.summarize``)."""
         spec = RunSpec.from_options(locals())
@@ -98,6 +102,10 @@ class SeriesAccessor:
         journal: str | os.PathLike[str] | None = None,
         progress: bool = True,
         max_wait: float = DEFAULT_MAX_WAIT,
+        max_requests: int | None = None,
+        sample: int | None = None,
+        share: float = 1.0,
+        report: str | os.PathLike[str] | None = None,
     ) -> pd.DataFrame:
         """``await series.batchsum.asummarize(...)``: the same, in the running event loop."""
         spec = RunSpec.from_options(locals())
@@ -142,6 +150,10 @@ class DataFrameAccessor:
         journal: str | os.PathLike[str] | None = None,
         progress: bool = True,
         max_wait: float = DEFAULT_MAX_WAIT,
+        max_requests: int | None = None,
+        sample: int | None = None,
+        share: float = 1.0,
+        report: str | os.PathLike[str] | None = None,
     ) -> pd.DataFrame:
         """A new DataFrame: every column of ``df`` plus ``summary``, ``summary_status``,
         ``summary_error``, ``summary_message``, ``summary_http_status``, ``summary_attempts``; same
@@ -180,6 +192,10 @@ class DataFrameAccessor:
         journal: str | os.PathLike[str] | None = None,
         progress: bool = True,
         max_wait: float = DEFAULT_MAX_WAIT,
+        max_requests: int | None = None,
+        sample: int | None = None,
+        share: float = 1.0,
+        report: str | os.PathLike[str] | None = None,
     ) -> pd.DataFrame:
         """``await df.batchsum.asummarize(...)``: the same, in the running event loop."""
         spec = RunSpec.from_options(locals())
