@@ -260,6 +260,8 @@ class Run:
     def _end(self, error: BaseException | None) -> None:
         """The run has ended, however: its report (and file), the stop or error event, the end event."""
         stats = self.stats
+        if stats.telemetry is not None:
+            stats.telemetry.close()
         if isinstance(error, GeneratorExit):
             error = None
         self.report = run_report(

@@ -17,6 +17,8 @@ Instruments (all under the meter ``batchsum``):
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -34,13 +36,14 @@ def available() -> bool:
     return True
 
 
-class Metrics:
-    """The instruments of one run; each run's attributes carry its ``run_id``."""
+class _Instruments:
+    """The instruments, created once per process (an instrument's name is registered once per meter:
+    a second one of the same name would be the first, with the first run's callback)."""
 
-    def __init__(self, meter: Any, run_id: str, pace: Callable[[], float]) -> None:
+    def __init__(self, meter: Any) -> None:
         from opentelemetry.metrics import CallbackOptions, Observation
 
-        self._attributes = {"batchsum.run": run_id}
+        self.runs: weakref.WeakSet[Metrics] = weakref.WeakSet()  # the runs the pace gauge reports
         self.requests = meter.create_counter("batchsum.requests", unit="{request}", description="attempts sent")
         self.rate_limited = meter.create_counter("batchsum.rate_limited", unit="{request}", description="429s")
         self.latency = meter.create_histogram(
@@ -50,34 +53,58 @@ class Metrics:
             "batchsum.in_flight", unit="{request}", description="attempts on the wire"
         )
         self.rows = meter.create_counter("batchsum.rows", unit="{row}", description="rows done, by status")
-        attributes = self._attributes
+        runs = self.runs
 
         def observe(options: CallbackOptions) -> Iterable[Observation]:
-            yield Observation(pace(), attributes)
+            for run in list(runs):
+                yield Observation(run.pace(), run.attributes)
 
         self.pace = meter.create_observable_gauge(
             "batchsum.pace", callbacks=[observe], unit="{request}/min", description="the pace in force"
         )
 
+
+_instruments: _Instruments | None = None
+_lock = threading.Lock()
+
+
+class Metrics:
+    """What one run records; its data points carry its ``batchsum.run`` id."""
+
+    def __init__(self, instruments: _Instruments, run_id: str, pace: Callable[[], float]) -> None:
+        self.attributes = {"batchsum.run": run_id}
+        self.pace = pace
+        self._instruments = instruments
+        instruments.runs.add(self)
+
     @classmethod
     def open(cls, run_id: str, pace: Callable[[], float], version: str | None = None) -> Metrics | None:
-        """The run's instruments on the global meter provider; None without the ``otel`` extra."""
+        """The run's metrics on the global meter provider; None without the ``otel`` extra."""
+        global _instruments
         try:
             from opentelemetry import metrics
         except ImportError:
             return None
-        return cls(metrics.get_meter(METER_NAME, version or ""), run_id, pace)
+        with _lock:
+            if _instruments is None:
+                _instruments = _Instruments(metrics.get_meter(METER_NAME, version or ""))
+            return cls(_instruments, run_id, pace)
+
+    def close(self) -> None:
+        """The run has ended: the pace gauge no longer reports it."""
+        self._instruments.runs.discard(self)
 
     def attempt_started(self) -> None:
-        self.in_flight.add(1, self._attributes)
+        self._instruments.in_flight.add(1, self.attributes)
 
     def attempt_ended(self, outcome: str, latency: float | None) -> None:
-        self.in_flight.add(-1, self._attributes)
-        self.requests.add(1, {**self._attributes, "outcome": outcome})
+        instruments = self._instruments
+        instruments.in_flight.add(-1, self.attributes)
+        instruments.requests.add(1, {**self.attributes, "outcome": outcome})
         if outcome == "rate_limited":
-            self.rate_limited.add(1, self._attributes)
+            instruments.rate_limited.add(1, self.attributes)
         if latency is not None:
-            self.latency.record(latency, self._attributes)
+            instruments.latency.record(latency, self.attributes)
 
     def row_done(self, status: str) -> None:
-        self.rows.add(1, {**self._attributes, "status": status})
+        self._instruments.rows.add(1, {**self.attributes, "status": status})
