@@ -318,9 +318,10 @@ _SUMMED = {
 }
 
 
-def merge_reports(reports: Sequence[dict[str, Any]], *, run_id: str, latencies: Sequence[float] = ()) -> dict[str, Any]:
+def merge_reports(reports: Sequence[dict[str, Any]], *, run_id: str) -> dict[str, Any]:
     """One report for the partitions of a job (Dask): counts summed, the earliest start and latest
-    end, the worst outcome; timelines stay in the partitions' own files (``partitions`` lists them)."""
+    end, the worst outcome, latency percentiles the largest of the partitions' (an upper bound);
+    timelines stay in the partitions' own files (``partitions`` says how many)."""
     if not reports:
         raise ValueError("no reports to merge")
     merged: dict[str, Any] = {key: value for key, value in reports[0].items() if key != "timeline"}
@@ -353,7 +354,11 @@ def merge_reports(reports: Sequence[dict[str, Any]], *, run_id: str, latencies: 
         "of_plan": round(per_minute / rpm, 4) if rpm else None,
         "of_share": round(per_minute / (rpm * merged["utilization"]["share"]), 4) if rpm else None,
     }
-    merged["latency"] = _latency(latencies) if latencies else reports[0]["latency"] | {"count": 0}
+    # Percentiles do not add up: the merged one is the largest of the partitions' (an upper bound).
+    merged["latency"] = {"count": sum(r["latency"]["count"] for r in reports)} | {
+        name: max((r["latency"][name] for r in reports if r["latency"][name] is not None), default=None)
+        for name in ("p50", "p90", "p99", "max")
+    }
     merged["timeline"] = None
     merged["partitions"] = len(reports)
     return merged

@@ -375,3 +375,42 @@ def test_the_options_are_checked_once(fresh: LocalService) -> None:
             RunSpec.from_kwargs(**bad)
     described = RunSpec.from_kwargs(share=0.8, max_requests=5).describe()
     assert described["share"] == 0.8 and described["max_requests"] == 5
+
+
+def test_a_run_whose_rows_fail_reports_what_the_service_logged(fresh: LocalService, tmp_path: Path) -> None:
+    from batchsum.local import Faults
+
+    path = tmp_path / "failing.json"
+    fresh.faults = Faults(rates={"500": 1.0})
+    try:
+        spec = RunSpec.from_kwargs(rpm=PLAN, budget="none", progress=False, report=path, max_retries=1)
+        results = asyncio.run(run_texts(spec, texts(6, seed=11)))
+    finally:
+        fresh.faults = Faults()
+    assert {r.error for r in results} == {"server_error"}
+    report = validate(json.loads(path.read_text()))
+    assert report["rows"]["failed_by_code"] == {"server_error": 6}
+    assert report["requests"]["retried"] == 6 and report["requests"]["by_outcome"] == {"server_error": 12}
+    matches_service(report, fresh)
+
+
+def test_dask_partitions_write_a_report_each_beside_a_merged_one(fresh: LocalService, tmp_path: Path) -> None:
+    dd = pytest.importorskip("dask.dataframe")
+    import pandas as pd
+
+    import batchsum.dask  # noqa: F401  (registers ddf.batchsum)
+
+    path = tmp_path / "reports" / "nightly.json"
+    data = pd.DataFrame({"text": texts(12, seed=12)})
+    out = dd.from_pandas(data, npartitions=3).batchsum.summarize(
+        "text", rpm=0, api_key=KEY, base_url=fresh.url, budget="none", report=str(path), share=0.5
+    )
+    result = out.compute(scheduler="threads")
+    assert (result["summary_status"] == "ok").all()
+    parts = sorted(path.parent.glob("nightly.part-*.json"))
+    assert len(parts) == 3
+    reports = [validate(json.loads(part.read_text())) for part in parts]
+    assert len({r["run_id"] for r in reports}) == 1  # one run: one share for all its partitions
+    merged = validate(json.loads(path.read_text()))
+    assert merged["partitions"] == 3 and merged["rows"]["done"] == 12 and merged["rows"]["ok"] == 12
+    matches_service(merged, fresh)
