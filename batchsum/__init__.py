@@ -25,6 +25,7 @@ from .errors import (
     InvalidTextError,
     NotPremiumError,
     RateLimitError,
+    RequestCapReached,
     ServerError,
     TextTooLongError,
     TextTooShortError,
@@ -84,6 +85,7 @@ __all__ = [
     "APIStatusError",
     "AuthenticationError",
     "NotPremiumError",
+    "RequestCapReached",
     "UnprocessableEntityError",
     "TextTooShortError",
     "TextTooLongError",
@@ -94,8 +96,9 @@ __all__ = [
 
 def plot_run(result: object) -> object:
     """The chart of a finished run (requests per minute against the limit and the pace, 429s,
-    pauses, rows done): ``batchsum.plot_run(out)`` for what an accessor returned. Needs the
-    ``notebook`` extra (bqplot)."""
+    pauses, rows done): ``batchsum.plot_run(out)`` for what an accessor returned, or a run report
+    (its dict, or the path of its file, ``report=`` / ``--report``). Needs the ``notebook`` extra
+    (bqplot)."""
     from .chart import plot_run as draw
 
     return draw(result)

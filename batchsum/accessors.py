@@ -51,6 +51,10 @@ class ColumnSummarize(Generic[FrameT]):
         progress: bool = True,
         long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
+        max_requests: int | None = None,
+        sample: int | None = None,
+        share: float = 1.0,
+        report: str | os.PathLike[str] | None = None,
     ) -> FrameT:
         """Every column of the frame, then the result columns (``summary``, ``summary_status``,
         ``summary_error``, ``summary_message``, ``summary_http_status``, ``summary_attempts``,
@@ -90,6 +94,10 @@ class ColumnSummarizeAsync(Generic[FrameT]):
         progress: bool = True,
         long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
+        max_requests: int | None = None,
+        sample: int | None = None,
+        share: float = 1.0,
+        report: str | os.PathLike[str] | None = None,
     ) -> FrameT:
         """``summarize``, awaited in the running event loop."""
         return await self._asummarize(column, RunSpec.from_options(locals()))
@@ -123,6 +131,10 @@ class ValuesSummarize(Generic[FrameT]):
         progress: bool = True,
         long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
+        max_requests: int | None = None,
+        sample: int | None = None,
+        share: float = 1.0,
+        report: str | os.PathLike[str] | None = None,
     ) -> FrameT:
         """The result columns for every value, one row each, in order (see ``summarize`` of the
         DataFrame accessor for what they are and what is raised)."""
@@ -157,6 +169,10 @@ class ValuesSummarizeAsync(Generic[FrameT]):
         progress: bool = True,
         long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
+        max_requests: int | None = None,
+        sample: int | None = None,
+        share: float = 1.0,
+        report: str | os.PathLike[str] | None = None,
     ) -> FrameT:
         """``summarize``, awaited in the running event loop."""
         return await self._asummarize(None, RunSpec.from_options(locals()))

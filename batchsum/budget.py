@@ -21,6 +21,14 @@ Three places, chosen by a setting (``budget=`` / ``--budget`` / ``$BATCHSUM_BUDG
 - ``"none"``: this process only (every batch in it with the same key and base URL shares one).
 
 A budget is named by the client's ``identity``, a hash of base URL and key, never the key itself.
+
+Shares. A run that may use only a fraction F of the key's rate (``share=``) reserves with a
+``Share``: besides the key's ``tat`` the budget keeps one per shared run (its ``holder``), moved
+``interval / F`` past each of its starts. Until that run's own ``tat`` has come, its reservation
+reserves nothing on the key (the slot comes back ``deferred``, with the wait): it never holds a slot
+of the key ahead of time, so the key's next slot stays free for everyone else, who are delayed by
+at most the one slot the shared run took. Over any window the shared run holds at most
+F x window / interval + 1 starts, and the others the rest, in the order they ask.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ __all__ = [
     "RedisBudget",
     "Report",
     "Slot",
+    "Share",
     "open_budget",
     "check_budget",
     "default_budget_path",
@@ -89,6 +98,19 @@ NO_REPORT = Report()
 
 
 @dataclass(frozen=True)
+class Share:
+    """A run that may use only ``fraction`` of the key's rate; ``holder`` names it (one name for
+    every partition of a Dask or Spark job)."""
+
+    holder: str
+    fraction: float
+
+    def own_interval(self, interval: float) -> float:
+        """The spacing of this run's own starts when the key's are ``interval`` apart."""
+        return max(0.0, interval) / self.fraction
+
+
+@dataclass(frozen=True)
 class Slot:
     """A reservation (or a look, ``start=False``): the wait until the start, and the budget's state."""
 
@@ -101,6 +123,7 @@ class Slot:
     pace_version: int  # bumped at every pace written: a value not seen before is someone else's
     starts: int  # attempts started in the last minute, every process together (as reported)
     refused: int  # 429s in the last minute, every process together (as reported)
+    deferred: bool = False  # a shared run's own turn has not come: nothing reserved; ask again after ``wait``
 
 
 @dataclass
@@ -150,8 +173,11 @@ class Budget(abc.ABC):
     where = ""  # for messages: "this process", "this machine (PATH)", "redis://host:port/db"
 
     @abc.abstractmethod
-    async def reserve(self, interval: float, report: Report = NO_REPORT, *, start: bool = True) -> Slot:
-        """Push ``report``; reserve a start ``interval`` seconds after the previous one (``start``)."""
+    async def reserve(
+        self, interval: float, report: Report = NO_REPORT, *, start: bool = True, share: Share | None = None
+    ) -> Slot:
+        """Push ``report``; reserve a start ``interval`` seconds after the previous one (``start``).
+        With ``share``, only once the shared run's own turn has come (else a ``deferred`` slot)."""
 
     async def check(self) -> None:
         """Raise ``BudgetError`` when the budget cannot be used (before anything is sent)."""
@@ -207,19 +233,28 @@ class ProcessBudget(Budget):
         self._lock = threading.Lock()
         self._state = _State(tat=-math.inf, paused_until=-math.inf)
         self._counts = _Counts()
+        self._shares: dict[str, float] = {}  # holder -> its own tat
 
     @classmethod
     def for_key(cls, key_id: str) -> ProcessBudget:
         with cls._registry_lock:
             return cls._registry.setdefault(key_id, cls(shared=True))
 
-    async def reserve(self, interval: float, report: Report = NO_REPORT, *, start: bool = True) -> Slot:
+    async def reserve(
+        self, interval: float, report: Report = NO_REPORT, *, start: bool = True, share: Share | None = None
+    ) -> Slot:
         with self._lock:
             now = self._clock()
-            at = self._state.advance(now, interval, report, start)
+            own = self._shares.get(share.holder, -math.inf) if start and share is not None else -math.inf
+            turn = _share_wait(own, now)
+            at = self._state.advance(now, interval, report, start and turn is None)
+            if share is not None and at is not None:
+                if len(self._shares) > 1024:  # forget runs long gone
+                    self._shares = {h: t for h, t in self._shares.items() if t > now - KEEP_SECONDS}
+                self._shares[share.holder] = at + share.own_interval(interval)
             if report.started or report.refused:
                 self._counts.add(math.floor(now), report.started, report.refused)
-            return self._state.slot(now, at, *self._counts.last_minute(now))
+            return _deferred(self._state.slot(now, at, *self._counts.last_minute(now)), turn)
 
 
 _SCHEMA = """
@@ -227,6 +262,9 @@ CREATE TABLE IF NOT EXISTS budgets (
     id TEXT PRIMARY KEY, tat REAL NOT NULL, paused_until REAL NOT NULL, reason TEXT,
     pace REAL, pace_version INTEGER NOT NULL, updated REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS shares (
+    id TEXT NOT NULL, holder TEXT NOT NULL, tat REAL NOT NULL, PRIMARY KEY (id, holder)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS counts (
     id TEXT NOT NULL, second INTEGER NOT NULL, starts INTEGER NOT NULL, refused INTEGER NOT NULL,
     PRIMARY KEY (id, second)
@@ -271,13 +309,15 @@ class SQLiteBudget(Budget):
         self._db = db
         return db
 
-    async def reserve(self, interval: float, report: Report = NO_REPORT, *, start: bool = True) -> Slot:
+    async def reserve(
+        self, interval: float, report: Report = NO_REPORT, *, start: bool = True, share: Share | None = None
+    ) -> Slot:
         with self._lock:
             db = self._connect()
             try:
                 db.execute("BEGIN IMMEDIATE")
                 try:
-                    slot = self._reserve(db, interval, report, start)
+                    slot = self._reserve(db, interval, report, start, share)
                     db.execute("COMMIT")
                     return slot
                 except BaseException:
@@ -286,13 +326,25 @@ class SQLiteBudget(Budget):
             except sqlite3.Error as exc:
                 raise self._fail(exc) from None
 
-    def _reserve(self, db: sqlite3.Connection, interval: float, report: Report, start: bool) -> Slot:
+    def _reserve(
+        self, db: sqlite3.Connection, interval: float, report: Report, start: bool, share: Share | None
+    ) -> Slot:
         now = time.time()
         row = db.execute(
             "SELECT tat, paused_until, reason, pace, pace_version FROM budgets WHERE id=?", (self.id,)
         ).fetchone()
         state = _State(*row) if row else _State()
-        at = state.advance(now, interval, report, start)
+        turn = None
+        if start and share is not None:
+            own = db.execute("SELECT tat FROM shares WHERE id=? AND holder=?", (self.id, share.holder)).fetchone()
+            turn = _share_wait(own[0] if own else -math.inf, now)
+        at = state.advance(now, interval, report, start and turn is None)
+        if share is not None and at is not None:
+            db.execute(
+                "INSERT OR REPLACE INTO shares VALUES (?, ?, ?)",
+                (self.id, share.holder, at + share.own_interval(interval)),
+            )
+            db.execute("DELETE FROM shares WHERE id=? AND tat < ?", (self.id, now - KEEP_SECONDS))
         if row or start or report != NO_REPORT:
             db.execute(
                 "INSERT OR REPLACE INTO budgets VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -309,7 +361,7 @@ class SQLiteBudget(Budget):
             "SELECT COALESCE(SUM(starts), 0), COALESCE(SUM(refused), 0) FROM counts WHERE id=? AND second >= ?",
             (self.id, math.floor(now) - MINUTE),
         ).fetchone()
-        return state.slot(now, at, int(starts), int(refused))
+        return _deferred(state.slot(now, at, int(starts), int(refused)), turn)
 
     async def look(self) -> Slot:
         if not self.path.exists():
@@ -332,6 +384,16 @@ local interval, start = tonumber(ARGV[1]), ARGV[2] == '1'
 local pause_for, reason, pace, refused = tonumber(ARGV[3]), ARGV[4], ARGV[5], tonumber(ARGV[6])
 local max_ahead, max_pause, keep, minute = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local started, base = tonumber(ARGV[11]), ARGV[12]
+local share_interval = tonumber(ARGV[13])
+local deferred = ''
+if start and share_interval ~= nil then
+  local own = tonumber(redis.call('GET', KEYS[3])) or 0
+  if own > now + max_ahead then own = 0 end
+  if own > now + 0.000001 then
+    deferred = string.format('%.6f', own - now)
+    start = false
+  end
+end
 local s = redis.call('HMGET', KEYS[1], 'tat', 'paused_until', 'reason', 'pace', 'pace_version')
 local tat, paused_until = tonumber(s[1]) or 0, tonumber(s[2]) or 0
 local old_reason, old_pace, version = s[3] or '', s[4] or '', tonumber(s[5]) or 0
@@ -346,6 +408,9 @@ local at = nil
 if start then
   at = math.max(tat, now, paused_until)
   tat = at + math.max(0, interval)
+  if share_interval ~= nil then
+    redis.call('SET', KEYS[3], string.format('%.6f', at + share_interval), 'EX', keep)
+  end
 end
 redis.call('HSET', KEYS[1], 'tat', string.format('%.6f', tat), 'paused_until', string.format('%.6f', paused_until),
   'reason', old_reason, 'pace', old_pace, 'pace_version', version)
@@ -368,7 +433,7 @@ if at ~= nil then wait = at - now end
 local at_text = ''
 if at ~= nil then at_text = string.format('%.6f', at) end
 return {string.format('%.6f', wait), at_text, string.format('%.6f', paused_until - now), string.format('%.6f', paused_until),
-  old_reason, old_pace, tostring(version), tostring(starts), tostring(refusals)}
+  old_reason, old_pace, tostring(version), tostring(starts), tostring(refusals), deferred}
 """
 
 _REDIS_ATTEMPTS = 3
@@ -405,12 +470,15 @@ class RedisBudget(Budget):
             self._clients[id(loop)] = entry
         return entry
 
-    async def reserve(self, interval: float, report: Report = NO_REPORT, *, start: bool = True) -> Slot:
+    async def reserve(
+        self, interval: float, report: Report = NO_REPORT, *, start: bool = True, share: Share | None = None
+    ) -> Slot:
         import asyncio
 
         import redis.exceptions
 
         _, _, script = self._client()
+        keys = self._keys if share is None else [*self._keys, f"{self._keys[0]}:share:{share.holder}"]
         args = [
             f"{max(0.0, interval):.6f}",
             "1" if start else "0",
@@ -424,10 +492,11 @@ class RedisBudget(Budget):
             str(MINUTE),
             str(report.started),
             "" if report.pace_base is None else str(report.pace_base),
+            "" if share is None else f"{share.own_interval(interval):.6f}",
         ]
         for attempt in range(_REDIS_ATTEMPTS):
             try:
-                raw = await script(keys=self._keys, args=args)
+                raw = await script(keys=keys, args=args)
                 break
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
                 if attempt == _REDIS_ATTEMPTS - 1:
@@ -438,11 +507,12 @@ class RedisBudget(Budget):
                 await asyncio.sleep(0.2 * 2**attempt)
             except redis.exceptions.RedisError as exc:
                 raise BudgetError(f"the rate budget at {self.where} refused: {_said(exc, self._secrets)}") from None
-        wait, at, paused_for, mark, reason, pace, version, starts, refused = (
+        wait, at, paused_for, mark, reason, pace, version, starts, refused, deferred = (
             v.decode() if isinstance(v, bytes) else str(v) for v in raw
         )
         return Slot(
-            wait=float(wait),
+            wait=float(deferred) if deferred else float(wait),
+            deferred=bool(deferred),
             at=float(at) if at else None,
             paused_for=max(0.0, float(paused_for)),
             pause_mark=float(mark),
@@ -463,6 +533,31 @@ class RedisBudget(Budget):
         entry = self._clients.pop(id(loop), None)
         if entry is not None:
             await entry[1].aclose()
+
+
+def _share_wait(own_tat: float, now: float) -> float | None:
+    """How long a shared run must still wait for its own turn (None: it has come)."""
+    if own_tat > now + MAX_AHEAD:  # a clock that jumped back: start afresh
+        return None
+    return own_tat - now if own_tat > now + 1e-6 else None
+
+
+def _deferred(slot: Slot, turn: float | None) -> Slot:
+    """``slot``, or when the shared run's turn has not come, the wait for it with nothing reserved."""
+    if turn is None:
+        return slot
+    return Slot(
+        wait=turn,
+        at=None,
+        paused_for=slot.paused_for,
+        pause_mark=slot.pause_mark,
+        pause_reason=slot.pause_reason,
+        pace=slot.pace,
+        pace_version=slot.pace_version,
+        starts=slot.starts,
+        refused=slot.refused,
+        deferred=True,
+    )
 
 
 async def check_budget(budget: Budget) -> None:

@@ -18,7 +18,9 @@ How the chart reads at any run length:
 from __future__ import annotations
 
 import html
+import json
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -252,8 +254,13 @@ class RunChart:
 
 def plot_run(result: Any) -> Any:
     """The chart of a finished run: ``batchsum.plot_run(out)`` for an accessor's result (its
-    ``attrs["batchsum"]``), or the record itself. Returns a widget: the bqplot figure and its key."""
+    ``attrs["batchsum"]``), the record itself, or a run report (its dict, or its file's path). Returns a widget: the bqplot figure and its key."""
+    if isinstance(result, (str, os.PathLike)):  # a run report's file
+        with open(result, encoding="utf-8") as file:
+            result = json.load(file)
     record = result.attrs.get("batchsum") if hasattr(result, "attrs") else result
+    if isinstance(record, dict) and "outcome" in record and "account" not in record:  # a run report
+        record = {**record, "account": f"run {record.get('run_id')}: {record.get('outcome')}"}
     if not isinstance(record, dict) or not record.get("timeline"):
         raise ValueError("no run to draw: pass the DataFrame a batchsum accessor returned (out.attrs['batchsum'])")
     chart = RunChart(title=record.get("account", "The run"))

@@ -1,7 +1,8 @@
 """The ``batchsum`` command: ``summarize`` Parquet files, summarize one ``text``, ``serve`` locally.
 
 Exit codes: 0 the run finished (per-row failures are in the output), 1 stopped by a fatal error
-(wrong key, expired plan, a journal that cannot be written, service unreachable for a single text),
+(wrong key, expired plan, a journal that cannot be written, the request cap reached, service
+unreachable for a single text),
 2 bad usage or input, 130 interrupted (SIGINT), 143 terminated (SIGTERM). Every stop says how to resume.
 """
 
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -29,6 +32,7 @@ from .errors import (
     InvalidParameterError,
     JournalError,
     NotPremiumError,
+    RequestCapReached,
     explain,
     redact_location,
 )
@@ -72,6 +76,16 @@ def _number(minimum: float, *, whole: bool = False, above: bool = False) -> Any:
     return parse
 
 
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be above 0 and at most 1 (e.g. 0.8)")
+    return value
+
+
 _MODES = [str(int(m)) for m in contract.Mode] + [m.name.lower() for m in contract.Mode]
 
 # How each option is typed on the command line; its name, default and help come from ``OPTIONS``.
@@ -95,6 +109,10 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "journal": {"metavar": "PATH"},
     "max_wait": {"type": _number(0), "metavar": "SECONDS"},
     "long_texts": {"choices": LONG_TEXT_POLICIES, "type": str.lower},
+    "max_requests": {"type": _number(1, whole=True), "metavar": "N"},
+    "sample": {"type": _number(1, whole=True), "metavar": "N"},
+    "share": {"type": _share, "metavar": "F"},
+    "report": {"metavar": "PATH"},
 }
 _REQUEST = ("mode", "percentage", "type", "base_url", "local", "timeout", "max_retries", "encoding")
 # Options the CLI takes otherwise (options.EXCEPTIONS says why): the key from the environment only,
@@ -177,6 +195,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument(
+        "--log-format",
+        choices=["human", "json"],
+        default="human",
+        type=str.lower,
+        help="human (default): a progress bar and lines for a person; json: one JSON object per event "
+        "(start, pause, resume, pace, progress, stop, error, end) on stderr, and nothing else there",
+    )
+    run.add_argument(
         "--raw-csv",
         action="store_true",
         help="write summaries and messages to a .csv output as they came, even when one starts with "
@@ -196,6 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
         "rerun the command (it only saves paying again for answers already received).",
     )
     journal.add_argument("path", metavar="PATH", help="the journal (OUTPUT.journal.sqlite by default)")
+
+    report = commands.add_parser(
+        "report",
+        help="show a run report (--report) for a person",
+        description="Show what a run report written with --report holds: outcome, rows by status, "
+        "requests sent, paid, 429s and retries, utilization of the plan, latency.",
+    )
+    report.add_argument("path", metavar="PATH", help="the run report (a JSON file)")
 
     one = commands.add_parser("text", help="summarize one text (an argument or standard input) and print it")
     one.add_argument("text", nargs="?", default="-", help="the text; '-' or nothing reads standard input")
@@ -247,8 +281,47 @@ def _version() -> str:
     return __version__
 
 
+_json_logs = False  # --log-format json: stderr carries JSON events only
+
+
 def _say(message: str) -> None:
+    if _json_logs:
+        logging.getLogger("batchsum").info("%s", message, extra={"event": "message"})
+        return
     print(f"batchsum: {message}", file=sys.stderr, flush=True)
+
+
+class _JsonLogs:
+    """``--log-format json``: the ``batchsum`` logger's records as JSON lines on stderr, and nothing
+    else there (no bar, no human lines) while the command runs."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._handler: logging.Handler | None = None
+        self._saved: tuple[int, bool] = (logging.NOTSET, True)
+
+    def __enter__(self) -> _JsonLogs:
+        global _json_logs
+        if self.enabled:
+            from .logs import json_handler
+
+            logger = logging.getLogger("batchsum")
+            self._saved = (logger.level, logger.propagate)
+            self._handler = json_handler(sys.stderr)
+            logger.addHandler(self._handler)
+            logger.setLevel(logging.INFO)
+            logger.propagate = False
+            _json_logs = True
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        global _json_logs
+        if self._handler is not None:
+            logger = logging.getLogger("batchsum")
+            logger.removeHandler(self._handler)
+            logger.setLevel(self._saved[0])
+            logger.propagate = self._saved[1]
+            _json_logs = False
 
 
 class _StopOnSignal:
@@ -351,6 +424,8 @@ def _summarize(args: argparse.Namespace) -> int:
 
     # Everything that can be refused is checked before any file is created or anything is sent.
     spec = RunSpec.from_args(args, key_required=not args.dry_run)
+    if args.log_format == "json":
+        spec = spec.replace(progress=False)
     source = DatasetInput(args.inputs, args.column, format=args.format)
     target = check_output(args.output, source)
     journal_path = _journal_path(args, target, source)
@@ -396,6 +471,14 @@ def _summarize(args: argparse.Namespace) -> int:
             asyncio.run(main())
     except (AuthenticationError, NotPremiumError) as exc:
         _say(f"stopped after {stats.done} rows: {explain(exc)}; {run.new_answers} new answers kept; {resume}")
+        return EXIT_FATAL
+    except RequestCapReached as exc:
+        command = shlex.join(["batchsum", *getattr(args, "argv", [])])
+        _say(
+            f"stopped: {exc}. {target.spec} holds every row, the {exc.remaining} not sent failed as not_sent; "
+            f"{run.new_answers} new answers are kept in {journal_path}, so no text is paid for twice. "
+            f"To continue, run the same command again: {command}"
+        )
         return EXIT_FATAL
     except BudgetError as exc:
         if not run.opened:
@@ -456,6 +539,22 @@ def _text(args: argparse.Namespace) -> int:
             print(client.summarize(text, *spec.params))
         except APIError as exc:
             raise _Stop(EXIT_FATAL, f"error: {explain(exc, client.base_url)}") from None
+    return EXIT_OK
+
+
+def _report(args: argparse.Namespace) -> int:
+    import json
+
+    from .report import describe_report
+
+    try:
+        with open(args.path, encoding="utf-8") as file:
+            report = json.load(file)
+        print(describe_report(report))
+    except OSError as exc:
+        raise InputError(f"cannot read the run report {args.path}: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"{args.path} is not a batchsum run report ({type(exc).__name__}: {exc})") from None
     return EXIT_OK
 
 
@@ -524,22 +623,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # --help, --version, or a usage error already said in one line
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
-    handlers = {"summarize": _summarize, "text": _text, "serve": _serve, "journal": _journal}
+    handlers = {"summarize": _summarize, "text": _text, "serve": _serve, "journal": _journal, "report": _report}
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = {signum: signal.getsignal(signum) for signum in _StopOnSignal.SIGNALS} if in_main_thread else {}
     if previous.get(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: answers on the wire are kept
     try:
-        return handlers[args.command](args)
-    except _Stop as stop:
-        _say(str(stop))
-        return stop.code
-    except (InputError, InvalidParameterError, ConfigurationError, BudgetError) as exc:
-        _say(f"error: {exc}")
-        return EXIT_USAGE
-    except BatchsumError as exc:
-        _say(f"error: {exc}")
-        return EXIT_FATAL
+        with _JsonLogs(getattr(args, "log_format", "human") == "json"):
+            return _dispatch(handlers[args.command], args)
     except KeyboardInterrupt:
         _say("interrupted")
         return EXIT_INTERRUPTED
@@ -550,6 +642,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         finished = isinstance(signal.getsignal(signal.SIGTERM), _Late)
         for signum, handler in previous.items():
             signal.signal(signum, signal.SIG_IGN if argv is None and finished else handler)
+
+
+def _dispatch(handler: Any, args: argparse.Namespace) -> int:
+    """The command's exit code; its errors said in one line (as JSON with --log-format json)."""
+    try:
+        code: int = handler(args)
+        return code
+    except _Stop as stop:
+        _say(str(stop))
+        return stop.code
+    except (InputError, InvalidParameterError, ConfigurationError, BudgetError) as exc:
+        _say(f"error: {exc}")
+        return EXIT_USAGE
+    except BatchsumError as exc:
+        _say(f"error: {exc}")
+        return EXIT_FATAL
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -38,6 +38,7 @@ from .errors import (
     JournalError,
     NotPremiumError,
     RateLimitError,
+    RequestCapReached,
     UnprocessableEntityError,
 )
 from .options import (
@@ -92,6 +93,9 @@ class RunOptions:
     request may wait out the service's 429s (each costs no attempt) before its row fails.
     ``long_texts``: what a text over the word limit gets: "skip", "split" (in parts, then reduced)
     or "truncate" (its first words).
+    ``max_requests``: the cap on paid requests (a 429 is not paid); reached, the batch stops with
+    ``RequestCapReached`` after giving every row a record. ``sample_rows``: the input positions
+    (0-based) to send; the other rows are ``failed`` with ``not_sent``.
     """
 
     rpm: float = 0.0
@@ -102,8 +106,11 @@ class RunOptions:
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
     max_wait: float = DEFAULT_MAX_WAIT
     long_texts: str = SKIP
+    max_requests: int | None = None
+    sample_rows: frozenset[int] | None = None
 
     def __post_init__(self) -> None:
+        check_whole("max_requests", self.max_requests, allow_none=True)
         check_rpm(self.rpm)
         check_whole("concurrency", self.concurrency, allow_none=True)
         check_whole("window", self.window)
@@ -126,34 +133,99 @@ class RunOptions:
 
 
 class _Gate:
-    """The client's attempt hooks: a slot in flight, then the pacer's turn; and what the engine
-    must know when it stops: which tasks have a request on the wire, and that nothing new starts."""
+    """The client's attempt hooks: the request cap's count, a slot in flight, then the pacer's turn;
+    and what the engine must know when it stops: which tasks have a request on the wire, and that
+    nothing new starts.
 
-    __slots__ = ("pacer", "max_wait", "closing", "on_wire", "_ids")
+    The cap counts paid requests: an attempt claims one before it waits for its turn, and a 429
+    gives it back (the service said "later": not paid). When the cap is used up the attempt waits
+    while claimed attempts may still give one back; when none can, ``on_cap`` stops the batch."""
 
-    def __init__(self, pacer: Pacer, max_wait: float = DEFAULT_MAX_WAIT) -> None:
+    __slots__ = (
+        "pacer",
+        "max_wait",
+        "closing",
+        "on_wire",
+        "_ids",
+        "stats",
+        "cap",
+        "paid",
+        "claims",
+        "on_cap",
+        "_settled",
+    )
+
+    def __init__(
+        self,
+        pacer: Pacer,
+        max_wait: float = DEFAULT_MAX_WAIT,
+        *,
+        stats: BatchStats | None = None,
+        cap: int | None = None,
+        on_cap: Callable[[RequestCapReached], None] | None = None,
+    ) -> None:
         self.pacer = pacer
         self.max_wait = max_wait
         self.closing = False
         self.on_wire: set[asyncio.Task[Any]] = set()
         self._ids = itertools.count()
+        self.stats = stats
+        self.cap = cap
+        self.paid = 0  # paid requests claimed (started or about to start), 429s given back
+        self.claims = 0  # claims whose attempt has not ended yet: each may still give one back
+        self.on_cap = on_cap
+        self._settled: asyncio.Event | None = None
+
+    async def _claim(self) -> None:
+        assert self.cap is not None
+        while self.paid >= self.cap:
+            if self.closing:
+                raise asyncio.CancelledError
+            if not self.claims:
+                if self.on_cap is not None:
+                    self.on_cap(RequestCapReached(self.cap))
+                raise asyncio.CancelledError
+            if self._settled is None:
+                self._settled = asyncio.Event()
+            self._settled.clear()
+            await self._settled.wait()
+        self.paid += 1
+        self.claims += 1
+
+    def _settle(self, paid: bool) -> None:
+        self.claims -= 1
+        if not paid:
+            self.paid -= 1
+        if self._settled is not None:
+            self._settled.set()
 
     async def before_attempt(self) -> tuple[int, float, asyncio.Task[Any] | None]:
         if self.closing:
             raise asyncio.CancelledError
+        if self.cap is not None:
+            await self._claim()
         in_flight = self.pacer.in_flight
-        await in_flight.acquire()
+        try:
+            await in_flight.acquire()
+        except BaseException:
+            if self.cap is not None:
+                self._settle(paid=False)
+            raise
         try:
             started = await self.pacer.before_attempt()
             if self.closing:
                 raise asyncio.CancelledError
         except BaseException:
             in_flight.release()
+            if self.cap is not None:
+                self._settle(paid=False)
             raise
         attempt, task = next(self._ids), asyncio.current_task()
         in_flight.started(attempt, started)
         if task is not None:
             self.on_wire.add(task)
+        if self.stats is not None:
+            self.stats.attempt_started(in_flight.on_wire)
         return attempt, started, task
 
     def after_attempt(
@@ -168,6 +240,11 @@ class _Gate:
         # An answer of any kind says how long the service takes; a timeout or a lost connection does not.
         answered = error is None or isinstance(error, (APIStatusError, APIResponseValidationError))
         self.pacer.in_flight.finished(attempt, answered)
+        if self.cap is not None:
+            self._settle(paid=not isinstance(error, RateLimitError))
+        if self.stats is not None:
+            latency = self.pacer.now() - started if answered else None
+            self.stats.attempt_ended(_outcome(error), latency, self.pacer.in_flight.on_wire)
         self.pacer.after_attempt(
             started,
             rate_limited=isinstance(error, RateLimitError),
@@ -175,6 +252,17 @@ class _Gate:
             answered=answered,
             headers=limits,
         )
+
+
+def _outcome(error: BaseException | None) -> str:
+    """An attempt's outcome, as the report and the metrics name it."""
+    if error is None:
+        return "ok"
+    if isinstance(error, RateLimitError):
+        return "rate_limited"
+    if isinstance(error, APIError):
+        return error.code
+    return "cancelled"
 
 
 def _failure(error: APIError) -> Answer:
@@ -303,7 +391,9 @@ class _Batch:
         self.options = options
         self.stats = stats
         self.answers = _Answers(store, self.stop)
-        self.gate = _Gate(pacer, options.max_wait)
+        self.gate = _Gate(pacer, options.max_wait, stats=stats, cap=options.max_requests, on_cap=self.cap_reached)
+        self.read = 0  # rows submitted (the next row's position, for the sample)
+        self.read_on = False  # after the cap: read every row still, so each gets its record
         self.under_way: dict[str, asyncio.Task[Answer]] = {}
         self.stopped = asyncio.Event()
         self.fatal: BatchsumError | None = None
@@ -324,28 +414,45 @@ class _Batch:
         self.stopped.set()
         self.stop_sending()
 
+    def cap_reached(self, error: RequestCapReached) -> None:
+        """The cap is used up: stop, and give every row, read or not yet, its record."""
+        self.read_on = self.fatal is None
+        self.stop(error, unsent_rows=True)
+
     def not_sent(self) -> RowResult:
         message = f"not sent: the run stopped ({self.fatal}); a rerun sends it"
         return RowResult(None, FAILED, NOT_SENT, message, None, 0, 0)
 
     def submit(self, text: Any) -> Pending:
-        """A row's result, or the task that will give it: skipped with a reason, known, or sent."""
+        """A row's result, or the task that will give it: skipped with a reason, not in the sample,
+        known, under way, or sent (a long text as ``long_texts`` says); after a stop that gives every
+        row its record, a row that would need a new request is ``not_sent``."""
+        position, self.read = self.read, self.read + 1
         problem = contract.text_problem(text)
-        if problem is not None:
+        long = problem is not None and problem[0] is contract.SkipReason.TOO_LONG and self.options.long_texts != SKIP
+        if problem is not None and not long:
             reason, message = problem
             if reason is contract.SkipReason.TOO_LONG:
-                if self.options.long_texts == SPLIT:
-                    return asyncio.ensure_future(self.long_rows.split(text))
-                if self.options.long_texts == TRUNCATE:
-                    return asyncio.ensure_future(self.long_rows.truncated(text))
                 self.stats.long_skipped(contract.count_words(text))
             return RowResult(None, SKIPPED, reason.value, message, None, 0, 0)
-        return self.request(text, self.params)
+        sample = self.options.sample_rows
+        if sample is not None and position not in sample:
+            message = f"not sent: not in the sample of {len(sample)} rows; a run without sample sends it"
+            return RowResult(None, FAILED, NOT_SENT, message, None, 0, 0)
+        if long:
+            if self.stopped.is_set():
+                return self.not_sent()
+            rows = self.long_rows
+            return asyncio.ensure_future(rows.split(text) if self.options.long_texts == SPLIT else rows.truncated(text))
+        item = self.request(text, self.params, new=not self.stopped.is_set())
+        return item if item is not None else self.not_sent()
 
-    def request(self, text: str, params: contract.Params, kind: str = ROW) -> Answer | asyncio.Task[Answer]:
+    def request(
+        self, text: str, params: contract.Params, kind: str = ROW, *, new: bool = True
+    ) -> Answer | asyncio.Task[Answer] | None:
         """The answer to one request: known (the store, this run), under way (an identical request
-        of this run, joined), or a new task that claims and sends it. ``kind`` counts it: a row's
-        request, a long text's part, or a reduce."""
+        of this run, joined), or a new task that claims and sends it (None when ``new`` is False).
+        ``kind`` counts it: a row's request, a long text's part, or a reduce."""
         request = PreparedRequest(text, params)
         key = fingerprint(request)
         task = self.under_way.get(key)
@@ -356,6 +463,8 @@ class _Batch:
         if known is not None:
             self.stats.reused += 1
             return known
+        if not new:
+            return None
         task = asyncio.ensure_future(self.fetch(key, request, kind))
         self.under_way[key] = task
         task.add_done_callback(lambda _: self.under_way.pop(key, None))
@@ -363,6 +472,7 @@ class _Batch:
 
     async def answer(self, text: str, params: contract.Params, kind: str) -> Answer:
         item = self.request(text, params, kind)
+        assert item is not None  # a new request is allowed here
         return await item if isinstance(item, asyncio.Task) else item
 
     async def fetch(self, key: str, request: PreparedRequest, kind: str = ROW) -> Answer:
@@ -517,11 +627,12 @@ class _Tally:
     """Counts each row when its result is known, not when it is yielded: results are yielded in
     input order, and a row held back by a retry must not hide the answers arriving behind it."""
 
-    __slots__ = ("stats", "on_result")
+    __slots__ = ("stats", "on_result", "_settled")
 
     def __init__(self, stats: BatchStats, on_result: Callable[[BatchStats], None] | None) -> None:
         self.stats = stats
         self.on_result = on_result
+        self._settled: set[asyncio.Task[Any]] = set()  # rows a stop gave a record their task never had
 
     def add(self, item: Pending) -> None:
         if isinstance(item, asyncio.Task):
@@ -529,7 +640,17 @@ class _Tally:
         else:
             self._count(_row(item))
 
+    def settle(self, item: Pending, result: RowResult) -> None:
+        """``result`` is the row's record, given by a stop (``not_sent``) when its task gave none."""
+        if isinstance(item, asyncio.Task) and not (item.done() and not item.cancelled() and item.exception() is None):
+            if item not in self._settled:
+                self._settled.add(item)
+                self._count(result)
+
     def _finished(self, task: asyncio.Task[Answer] | asyncio.Task[RowResult]) -> None:
+        if task in self._settled:
+            self._settled.discard(task)
+            return
         if not task.cancelled() and task.exception() is None:
             self._count(_row(task.result()))
 
@@ -584,7 +705,7 @@ async def summarize_stream(
     tally = _Tally(stats, on_result)
     try:
         while True:
-            while not exhausted and not batch.stopped.is_set() and len(pending) < options.window:
+            while not exhausted and (batch.read_on or not batch.stopped.is_set()) and len(pending) < options.window:
                 try:
                     text = await rows.__anext__()
                 except StopAsyncIteration:
@@ -598,11 +719,13 @@ async def summarize_stream(
                 pending.append(item)
                 tally.add(item)
             if not pending:
+                if isinstance(batch.fatal, RequestCapReached):
+                    batch.fatal.with_remaining(stats.failed_by_code[NOT_SENT])
                 if batch.fatal is not None:
                     raise batch.fatal
                 break
             result = await batch.next_result(pending[0], stop_waiter)
-            pending.popleft()
+            tally.settle(pending.popleft(), result)
             stats.yielded += 1
             if stats.yielded % YIELD_EVERY == 0:
                 await asyncio.sleep(0)  # rows answered by the store never wait: let a stop (a signal) in

@@ -52,6 +52,7 @@ __all__ = [
     "BrokenInputError",
     "JournalError",
     "BudgetError",
+    "RequestCapReached",
     "InvalidParameterError",
     "InvalidTextError",
     "APIError",
@@ -99,6 +100,27 @@ class BrokenInputError(InputError):
 class JournalError(BatchsumError):
     """The journal cannot be written (disk full, I/O error) or read (damaged): the run stops, answers
     already received are kept in memory and in the output, and nothing new is sent."""
+
+
+class RequestCapReached(BatchsumError):
+    """The run sent the paid requests its cap allows (``max_requests``): it stops as any stop does
+    (nothing new starts, answers on the wire are kept, every row gets a record, the unsent ones
+    ``failed`` with ``not_sent``); the same run again continues where it stopped."""
+
+    def __init__(self, cap: int, remaining: int | None = None) -> None:
+        self.cap = cap
+        self.remaining = remaining
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        left = f"; {self.remaining} rows remain" if self.remaining is not None else ""
+        return f"the request cap of {self.cap} paid requests was reached{left}"
+
+    def with_remaining(self, remaining: int) -> RequestCapReached:
+        """The same stop, now that the rows left unsent are counted."""
+        self.remaining = remaining
+        self.args = (self._text(),)
+        return self
 
 
 class BudgetError(BatchsumError):

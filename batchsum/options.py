@@ -41,6 +41,7 @@ __all__ = [
     "LONG_TEXT_POLICIES",
     "check_key",
     "check_rpm",
+    "check_share",
     "is_loopback",
     "client_settings",
     "document_options",
@@ -167,6 +168,13 @@ def check_whole(name: str, value: Any, *, minimum: int = 1, allow_none: bool = F
         more = ", or None for automatic" if allow_none else ""
         raise InvalidParameterError(f"invalid {name} {value!r}: use a whole number >= {minimum}{more}")
     return value
+
+
+def check_share(value: object) -> float:
+    """A share of the key's rate: a number in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise InvalidParameterError(f"invalid share {value!r}: use a number above 0 and at most 1 (e.g. 0.8)")
+    return float(value)
 
 
 def check_seconds(name: str, value: object, *, zero: bool = False) -> float:
@@ -326,6 +334,31 @@ OPTIONS: tuple[Option, ...] = (
         "seconds a row may wait out the service's 429s (its 'later') before it fails as rate_limited; "
         "such 429s cost no attempt",
     ),
+    Option(
+        "max_requests",
+        None,
+        "a cap on paid requests (retries included; a 429 is not paid): once reached nothing new starts, "
+        "every row still gets a record (the unsent ones failed as not_sent) and the run stops; the same "
+        "run again continues where it stopped",
+    ),
+    Option(
+        "sample",
+        None,
+        "summarize only this many rows, spread over the input (seeded: the same rows every time), to judge "
+        "quality and price; the other rows are failed as not_sent, and the answers are kept, so the full "
+        "run reuses them",
+    ),
+    Option(
+        "share",
+        1.0,
+        "the share of the key's rate this run may use (0 < share <= 1), on every budget kind, so that "
+        "other runs on the key get their starts without waiting behind this one",
+    ),
+    Option(
+        "report",
+        None,
+        "write a JSON run report here when the run ends, however it ends (schema: docs/run-report.schema.json)",
+    ),
 )
 OPTION_NAMES = tuple(option.name for option in OPTIONS)
 
@@ -395,6 +428,13 @@ class RunSpec:
     long_texts: str = "skip"
     window: int = DEFAULT_WINDOW
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
+    max_requests: int | None = None
+    sample: int | None = None
+    share: float = 1.0
+    report: str | None = None
+    # Which run a share belongs to: None, a fresh one per Run; prepare_shared names one for all the
+    # partitions of a Dask or Spark job, so that together they use at most their share.
+    run_id: str | None = None
 
     @classmethod
     def from_kwargs(
@@ -418,6 +458,10 @@ class RunSpec:
         progress: bool = True,
         long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
+        max_requests: int | None = None,
+        sample: int | None = None,
+        share: float = 1.0,
+        report: str | os.PathLike[str] | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> RunSpec:
         """Every option as the Python front-ends take it; ``environ`` replaces ``os.environ``.
@@ -453,6 +497,10 @@ class RunSpec:
             output_column=output_column,
             max_wait=check_seconds("max_wait", max_wait, zero=True),
             long_texts=check_choice("long_texts", long_texts, LONG_TEXT_POLICIES),
+            max_requests=check_whole("max_requests", max_requests, allow_none=True),
+            sample=check_whole("sample", sample, allow_none=True),
+            share=check_share(share),
+            report=None if report is None else _path("report", report),
         )
 
     @classmethod
@@ -494,6 +542,10 @@ class RunSpec:
             "journal": self.journal,
             "max_wait": self.max_wait,
             "long_texts": self.long_texts,
+            "max_requests": self.max_requests,
+            "sample": self.sample,
+            "share": self.share,
+            "report": self.report,
         }
 
 

@@ -45,7 +45,7 @@ from typing import Protocol
 from aiolimiter import AsyncLimiter
 
 from ._retry import MAX_RETRY_AFTER, RateLimitHeaders, backoff
-from .budget import Budget, ProcessBudget, Report, Slot
+from .budget import Budget, ProcessBudget, Report, Share, Slot
 from .options import check_rpm
 from .report import Timeline
 
@@ -264,7 +264,8 @@ class Pacer:
     ``limiter``: your own floor (``async acquire()``) instead of ``AsyncLimiter(1, 60/rpm)``; the
     schedule at the pace, the pause, the ramp and the lowered pace still apply. ``budget``: the key's
     rate budget the schedule, pause and pace are shared through (default: a private one in this
-    process). ``on_pace_change`` is told of each ``PaceChange``.
+    process). ``on_pace_change`` is told of each ``PaceChange``. ``share``: this run may use only that
+    fraction of the key's rate (``budget.Share``), on whatever budget.
     """
 
     __slots__ = (
@@ -285,6 +286,7 @@ class Pacer:
         "_episodes",
         "_evidence",
         "_on_pace_change",
+        "_share",
         "in_flight",
         "timeline",
     )
@@ -298,6 +300,7 @@ class Pacer:
         max_in_flight: int | None = None,
         clock: Callable[[], float] = _loop_time,
         on_pace_change: Callable[[PaceChange], None] | None = None,
+        share: Share | None = None,
     ) -> None:
         self.rpm = check_rpm(rpm)
         self.pace = float(rpm)  # the pace in force
@@ -319,6 +322,7 @@ class Pacer:
         self._episodes = 0  # 429 episodes since the last clean answer (the backoff's exponent)
         self._evidence = _Evidence(self._budget.shared, self._owed)
         self._on_pace_change = on_pace_change
+        self._share = share if share is not None and share.fraction < 1 else None
         self.in_flight = InFlight(self, max_in_flight)
         self.timeline = Timeline(self.rpm)
 
@@ -340,6 +344,8 @@ class Pacer:
                 # of an ulp does not move the clock.
                 if slot.wait > 1e-6:
                     await self._nap(slot.wait)
+                    if slot.deferred:
+                        continue  # this run's share: its own turn has come, now take the key's next slot
                     if self._budget.shared and not self._paused():
                         await self._reserve(start=False)  # did another process get a 429 meanwhile?
                 if self._limiter is not None:
@@ -369,7 +375,10 @@ class Pacer:
         due; after an idle spell or a pause it starts afresh from now."""
         pause_for = max(0.0, self._paused_until - self._clock())
         report = self._owed.take(pause_for, self._pause_reason, self.pace if self.rpm else None)
-        slot = await self._budget.reserve(self.interval * self._ramp, report, start=start)
+        if self._share is None:
+            slot = await self._budget.reserve(self.interval * self._ramp, report, start=start)
+        else:
+            slot = await self._budget.reserve(self.interval * self._ramp, report, start=start, share=self._share)
         self._adopt(slot, report)
         return slot
 

@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import os
+import random
 import threading
+import time
+import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import AsyncExitStack, ExitStack
@@ -26,17 +30,27 @@ from typing import TYPE_CHECKING, Any
 
 from . import contract
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from .budget import Budget, RedisBudget, SQLiteBudget, check_budget, open_budget
+from .budget import Budget, RedisBudget, Share, SQLiteBudget, check_budget, open_budget
 from .client import AsyncClient
 from .engine import RunOptions, plan_batch, summarize_stream
-from .errors import BrokenInputError, BudgetError, ConfigurationError, JournalError, redact_location
+from .errors import (
+    BrokenInputError,
+    BudgetError,
+    ConfigurationError,
+    InvalidParameterError,
+    JournalError,
+    RequestCapReached,
+    redact_location,
+)
 from .journal import Journal, RedisStore, RunLock, SharedJournal
+from .logs import event
 from .options import DEFAULT_MAX_WAIT, RunSpec, Secret, document_options
-from .pacing import PaceChange
+from .pacing import PaceChange, Pacer
 from .progress import ProgressBar
-from .report import BatchStats
+from .report import BatchStats, merge_reports, run_report
 from .results import RowResult
 from .stores import AnswerStore, process_cache, shared_memory
+from .telemetry import Metrics
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -47,6 +61,16 @@ if TYPE_CHECKING:
 __all__ = ["Run", "bind", "prepare_shared", "summarize_texts", "run_texts", "dry_run", "local_service"]
 
 log = logging.getLogger("batchsum")
+
+SAMPLE_SEED = 23  # the sample's rows are the same every time (and so are its answers, reused later)
+PROGRESS_SECONDS = 10.0  # between two progress events
+WATCH_SECONDS = 0.25  # how often the run looks for a pause starting or ending
+
+
+def sample_rows(size: int, total: int) -> frozenset[int]:
+    """``size`` row positions spread over ``total`` rows, seeded: the same every time."""
+    return frozenset(random.Random(SAMPLE_SEED).sample(range(total), min(size, total)))
+
 
 _services: dict[int, LocalService] = {}
 _services_lock = threading.Lock()
@@ -97,7 +121,7 @@ def prepare_shared(spec: RunSpec, check: Callable[[Budget, str], None] | None = 
     run_in_worker(lambda: check_budget(budget))
     if check is not None:
         check(budget, redact_location(spec.budget) if isinstance(spec.budget, str) else repr(budget))
-    changes: dict[str, Any] = {}
+    changes: dict[str, Any] = {"run_id": spec.run_id or uuid.uuid4().hex[:16]}  # one share for all the workers
     if isinstance(budget, SQLiteBudget):
         changes["budget"] = f"sqlite://{budget.path}"
         if spec.journal is None:
@@ -148,6 +172,10 @@ class Run:
         self._kept = 0
         self._final: int | None = None
         self._ticker: asyncio.Future[None] | None = None
+        self._watcher: asyncio.Future[None] | None = None
+        self.run_id = spec.run_id or uuid.uuid4().hex[:16]
+        self.started_at = time.time()
+        self.report: dict[str, Any] | None = None  # the run report, once the run has ended
         self.client: AsyncClient
         self.budget: Budget
         self.store: AnswerStore
@@ -156,6 +184,12 @@ class Run:
     async def __aenter__(self) -> Run:
         spec = self.spec = bind(self.spec)
         stack = self._stack
+        self.started_at = time.time()
+        sample = None
+        if spec.sample is not None:
+            if self.stats.total is None:
+                raise InvalidParameterError("sample needs the number of rows: it is spread over the whole input")
+            sample = sample_rows(spec.sample, self.stats.total)
         try:
             self.client = AsyncClient(**spec.client.client_kwargs())
             stack.push_async_callback(self.client.aclose)
@@ -182,12 +216,31 @@ class Run:
             drain_seconds=spec.drain_seconds,
             max_wait=spec.max_wait,
             long_texts=spec.long_texts,
+            max_requests=spec.max_requests,
+            sample_rows=sample,
         )
-        self.pacer = self.options.pacer(self._pace_changed)
+        self.pacer = Pacer(
+            spec.rpm,
+            limiter=spec.limiter,
+            budget=self.budget,
+            max_in_flight=spec.concurrency,
+            on_pace_change=self._pace_changed,
+            share=Share(self.run_id, spec.share) if spec.share < 1 else None,
+        )
         self.stats.pacer = self.pacer
+        pacer = self.pacer
+        self.stats.telemetry = Metrics.open(self.run_id, lambda: pacer.pace, _version())
         if spec.progress:
             self._ticker = asyncio.ensure_future(self.bar.follow(self.stats))
+        self._watcher = asyncio.ensure_future(self._watch())
         self.opened = True
+        event(
+            "start",
+            f"run {self.run_id} started: {self.stats.total if self.stats.total is not None else 'unknown'} rows",
+            run_id=self.run_id,
+            total=self.stats.total,
+            options=spec.describe(),
+        )
         return self
 
     def _abort_output(self, *exc_info: Any) -> None:
@@ -197,10 +250,92 @@ class Run:
 
     async def __aexit__(self, *exc_info: Any) -> None:
         self._final = _size(self.store)  # before the journal closes: what this run added to it
-        if self._ticker is not None:
-            self._ticker.cancel()
-            await asyncio.gather(self._ticker, return_exceptions=True)
-        await self._stack.aclose()
+        for task in (self._ticker, self._watcher):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        try:
+            await self._stack.aclose()
+        finally:
+            self._end(exc_info[1] if exc_info[1] is not None else self.late_stop)
+
+    def _end(self, error: BaseException | None) -> None:
+        """The run has ended, however: its report (and file), the stop or error event, the end event."""
+        stats = self.stats
+        if stats.telemetry is not None:
+            stats.telemetry.close()
+        if isinstance(error, GeneratorExit):
+            error = None
+        self.report = run_report(
+            stats,
+            run_id=self.run_id,
+            options=self.spec.describe(),
+            started_at=self.started_at,
+            ended_at=time.time(),
+            error=error,
+        )
+        if self.spec.report is not None:
+            try:
+                write_report(self.spec.report, self.report, shared=self.shared)
+            except OSError as exc:
+                log.warning("could not write the run report %s: %s", self.spec.report, exc)
+        if error is not None:
+            kind = "stop" if self.report["outcome"] == "stopped" else "error"
+            event(
+                kind,
+                f"run {self.run_id} {'stopped' if kind == 'stop' else 'failed'}: {self.report['error']['message']}",
+                run_id=self.run_id,
+                error=self.report["error"],
+            )
+        event(
+            "end",
+            f"run {self.run_id} ended ({self.report['outcome']}): {stats.account()}",
+            run_id=self.run_id,
+            outcome=self.report["outcome"],
+            rows=self.report["rows"],
+            requests={k: v for k, v in self.report["requests"].items() if k != "by_outcome"},
+            seconds=self.report["seconds"],
+        )
+
+    async def _watch(self) -> None:
+        """Events a scheduler follows while the run goes: a pause starting and ending, progress."""
+        paused = False
+        last_progress = time.monotonic()
+        while True:
+            await asyncio.sleep(WATCH_SECONDS)
+            state = self.stats.pacer_state()
+            if state is not None and (state.paused_for > 0) != paused:
+                paused = not paused
+                if paused:
+                    event(
+                        "pause",
+                        f"paused {state.paused_for:.1f} s: {state.pause_reason}",
+                        run_id=self.run_id,
+                        seconds=round(state.paused_for, 3),
+                        reason=state.pause_reason,
+                    )
+                else:
+                    event("resume", "resumed", run_id=self.run_id)
+            if time.monotonic() - last_progress >= PROGRESS_SECONDS:
+                last_progress = time.monotonic()
+                self._progress()
+
+    def _progress(self) -> None:
+        stats = self.stats
+        event(
+            "progress",
+            f"{stats.done}/{stats.total if stats.total is not None else '?'} rows; {stats.paid} paid requests",
+            run_id=self.run_id,
+            done=stats.done,
+            total=stats.total,
+            ok=stats.ok,
+            skipped=stats.skipped,
+            failed=stats.failed,
+            paid=stats.paid,
+            rate_limited=stats.outcomes["rate_limited"],
+            pace=round(self.pacer.pace, 3),
+            in_flight=self.pacer.in_flight.on_wire,
+        )
 
     def _open_store(self, identity: str) -> AnswerStore:
         """The journal when the spec names one; else this process's answers (one run at a time) or,
@@ -222,7 +357,9 @@ class Run:
         return shared_memory(identity)
 
     def _pace_changed(self, change: PaceChange) -> None:
-        self.bar.write(f"batchsum: {change}")
+        event("pace", str(change), run_id=self.run_id, pace=change.pace, previous=change.previous, reason=change.reason)
+        if self.spec.progress:
+            self.bar.write(f"batchsum: {change}")
 
     def _result(self, stats: BatchStats) -> None:
         self.bar(stats)
@@ -285,7 +422,7 @@ class Run:
                     del finished[: batch.num_rows]
             while held:  # batches of no rows
                 output.write(held.popleft(), [])
-        except (JournalError, BrokenInputError):
+        except (JournalError, BrokenInputError, RequestCapReached):
             if finished and held:
                 output.write(held[0].slice(0, len(finished)), finished)
             output.commit()
@@ -299,6 +436,50 @@ class Run:
             output.abort()
             raise
         output.commit()
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def write_report(path: str | os.PathLike[str], report: dict[str, Any], *, shared: bool = False) -> None:
+    """Write ``report`` to ``path`` (whole, or not at all: a temporary file renamed). A shared run (a
+    Dask partition) writes ``STEM.part-RUN.json`` beside it and then merges every part there into
+    ``path`` under a lock, so the merged file is whole after each partition."""
+    target = os.fspath(path)
+    if not shared:
+        _write_json(target, report)
+        return
+    import fcntl
+    import glob
+
+    stem, suffix = os.path.splitext(target)
+    part = f"{stem}.part-{uuid.uuid4().hex[:12]}{suffix or '.json'}"
+    _write_json(part, report)
+    with open(target + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        parts = []
+        for name in sorted(glob.glob(glob.escape(stem) + ".part-*" + (suffix or ".json"))):
+            try:
+                with open(name, encoding="utf-8") as file:
+                    one = json.load(file)
+            except (OSError, ValueError):
+                continue
+            if one.get("run_id") == report["run_id"]:
+                parts.append(one)
+        _write_json(target, merge_reports(parts, run_id=report["run_id"]))
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    temporary = os.path.join(folder, f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
+    with open(temporary, "x", encoding="utf-8") as file:
+        json.dump(data, file, indent=2, ensure_ascii=False)
+        file.write("\n")
+    os.replace(temporary, path)
 
 
 def _size(store: AnswerStore) -> int:
@@ -349,6 +530,10 @@ async def summarize_texts(
     progress: bool = True,
     long_texts: str = "skip",
     max_wait: float = DEFAULT_MAX_WAIT,
+    max_requests: int | None = None,
+    sample: int | None = None,
+    share: float = 1.0,
+    report: str | os.PathLike[str] | None = None,
     stats: BatchStats | None = None,
     on_result: Callable[[BatchStats], None] | None = None,
     results: list[RowResult] | None = None,
@@ -383,7 +568,17 @@ def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
         store = None
         if spec.journal is not None and os.path.exists(spec.journal):
             store = stack.enter_context(Journal(spec.journal, readonly=True))
-        plan = plan_batch(texts, params=spec.params, store=store, long_texts_policy=spec.long_texts).describe(spec.rpm)
+        batch = plan_batch(texts, params=spec.params, store=store, long_texts_policy=spec.long_texts)
+        plan = batch.describe(spec.rpm)
+    most = batch.to_send + batch.reduce_max
+    bound = " (at most; long texts' reduce requests are a bound)" if batch.reduce_max else ""
+    needed = f"requests needed: {most} paid requests for the whole job{bound} (more only for retries)"
+    if spec.max_requests is not None:
+        runs = -(-most // spec.max_requests) if most else 0
+        needed += f"; at max_requests {spec.max_requests}: {runs} run{'s' if runs != 1 else ''}"
+    if spec.sample is not None:
+        needed += f"; a sample sends at most {min(spec.sample, batch.rows)}"
+    plan = f"{plan}\n{needed}"
     try:
         budget = asyncio.run(_budget_line(spec))
     except BudgetError as exc:

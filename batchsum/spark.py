@@ -120,6 +120,10 @@ def summarize(
     progress: bool = True,
     long_texts: str = "skip",
     max_wait: float = DEFAULT_MAX_WAIT,
+    max_requests: int | None = None,
+    sample: int | None = None,
+    share: float = 1.0,
+    report: str | os.PathLike[str] | None = None,
 ) -> DataFrame:
     """A Spark DataFrame: every column of ``sdf``, then the result columns (``summary``,
     ``summary_status``, ``summary_error``, ``summary_message``, ``summary_http_status``,
@@ -161,6 +165,10 @@ def register(
     progress: bool = True,
     long_texts: str = "skip",
     max_wait: float = DEFAULT_MAX_WAIT,
+    max_requests: int | None = None,
+    sample: int | None = None,
+    share: float = 1.0,
+    report: str | os.PathLike[str] | None = None,
 ) -> Any:
     """Register a SQL function ``name(text)`` with the options fixed here:
     ``SELECT id, batchsum_summarize(text).summary AS summary FROM tickets``. It returns a struct of

@@ -446,6 +446,10 @@ class FrameApp(_App):
         progress: bool = False,
         long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
+        max_requests: int | None = None,
+        sample: int | None = None,
+        share: float = 1.0,
+        report: str | os.PathLike[str] | None = None,
     ) -> None:
         """The app for ``frame``: the request controls start at ``mode``, ``percentage`` and ``type``,
         "Per minute" at ``rpm`` (``$BATCHSUM_RPM`` or 60; 0 with the local service); the other
@@ -462,6 +466,10 @@ class FrameApp(_App):
             "progress": progress,
             "max_wait": max_wait,
             "long_texts": long_texts,
+            "max_requests": max_requests,
+            "sample": sample,
+            "share": share,
+            "report": report,
         }
         self._output_column = spec.output_column
         self._default_rpm = spec.rpm
