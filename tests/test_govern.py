@@ -414,3 +414,28 @@ def test_dask_partitions_write_a_report_each_beside_a_merged_one(fresh: LocalSer
     merged = validate(json.loads(path.read_text()))
     assert merged["partitions"] == 3 and merged["rows"]["done"] == 12 and merged["rows"]["ok"] == 12
     matches_service(merged, fresh)
+
+
+def test_without_the_otel_extra_nothing_is_recorded_and_the_run_goes_on(
+    svc: LocalService, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from batchsum.telemetry import Metrics, available
+
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)  # as if it were not installed
+    assert not available() and Metrics.open("run", lambda: 0.0) is None
+    path = tmp_path / "r.json"
+    spec = RunSpec.from_kwargs(api_key=KEY, base_url=svc.url, rpm=0, budget="none", progress=False, report=path)
+    assert all(r.status == "ok" for r in asyncio.run(run_texts(spec, texts(3, seed=13))))
+    assert json.loads(path.read_text())["rows"]["ok"] == 3
+
+
+def test_the_batchsum_logger_gives_an_application_every_event(svc: LocalService, caplog: pytest.LogCaptureFixture):
+    spec = RunSpec.from_kwargs(api_key=KEY, base_url=svc.url, rpm=0, budget="none", progress=False)
+    with caplog.at_level("INFO", logger="batchsum"):
+        asyncio.run(run_texts(spec, texts(3, seed=14)))
+    events = [getattr(record, "event", None) for record in caplog.records if record.name == "batchsum"]
+    assert events[0] == "start" and events[-1] == "end"
+    end = caplog.records[-1]
+    assert end.fields["rows"]["ok"] == 3  # type: ignore[attr-defined]
