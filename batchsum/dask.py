@@ -32,18 +32,43 @@ from . import contract
 from ._background import run_in_worker
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .budget import Budget, ProcessBudget, SQLiteBudget
-from .errors import BudgetError
+from .errors import BudgetError, RequestCapReached
 from .options import DEFAULT_MAX_WAIT, RunSpec, document_options
-from .results import check_columns, join_results, results_frame
+from .results import RowResult, check_columns, join_results, results_frame
 from .run import prepare_shared, run_texts
 
 __all__ = ["DaskDataFrameAccessor", "DaskSeriesAccessor"]
 
 
-def _partition(part: pd.DataFrame | pd.Series, spec: RunSpec, column: Hashable | None) -> pd.DataFrame:
-    """One partition, on the worker: a shared run over its texts, the results joined back."""
+def _portion(total: int | None, partitions: int, number: int) -> int | None:
+    """Partition ``number``'s part of a job's ``total`` (a request cap, a sample): the parts add up
+    to ``total``, so the job as a whole never goes past it."""
+    if total is None:
+        return None
+    return total // partitions + (1 if number < total % partitions else 0)
+
+
+def _partition(
+    part: pd.DataFrame | pd.Series,
+    spec: RunSpec,
+    column: Hashable | None,
+    partitions: int = 1,
+    partition_info: dict[str, Any] | None = None,
+) -> pd.DataFrame:
+    """One partition, on the worker: a shared run over its texts, the results joined back. The
+    job's request cap and sample are divided among the partitions; a partition that reaches its
+    part of the cap returns every row (the unsent ones ``failed`` with ``not_sent``), as the CLI's
+    output does, and the run report says the run stopped."""
     texts = (part if isinstance(part, pd.Series) else part[column]).tolist()
-    results = run_in_worker(lambda: run_texts(spec, texts, shared=True))
+    number = partition_info["number"] if partition_info else 0
+    spec = spec.replace(
+        max_requests=_portion(spec.max_requests, partitions, number), sample=_portion(spec.sample, partitions, number)
+    )
+    results: list[RowResult] = []
+    try:
+        run_in_worker(lambda: run_texts(spec, texts, shared=True, results=results))
+    except RequestCapReached:
+        pass  # every row has its record in ``results``
     if isinstance(part, pd.Series):
         return results_frame(results, part.index, spec.output_column)
     return join_results(part, results, spec.output_column)
@@ -140,7 +165,7 @@ class DaskDataFrameAccessor:
         check_columns(frame.columns, column, output_column)
         spec = _worker_spec(locals())
         meta = join_results(frame._meta, [], spec.output_column)
-        return frame.map_partitions(_partition, spec, column, meta=meta, align_dataframes=False)
+        return frame.map_partitions(_partition, spec, column, frame.npartitions, meta=meta, align_dataframes=False)
 
 
 class DaskSeriesAccessor:
@@ -178,7 +203,7 @@ class DaskSeriesAccessor:
         series: dd.Series = self._data
         spec = _worker_spec(locals())
         meta = results_frame([], series._meta.index, spec.output_column)
-        return series.map_partitions(_partition, spec, None, meta=meta, align_dataframes=False)
+        return series.map_partitions(_partition, spec, None, series.npartitions, meta=meta, align_dataframes=False)
 
 
 register_dataframe_accessor("batchsum")(DaskDataFrameAccessor)

@@ -439,3 +439,27 @@ def test_the_batchsum_logger_gives_an_application_every_event(svc: LocalService,
     assert events[0] == "start" and events[-1] == "end"
     end = caplog.records[-1]
     assert end.fields["rows"]["ok"] == 3  # type: ignore[attr-defined]
+
+
+def test_on_dask_the_cap_and_the_sample_hold_for_the_job_as_a_whole(fresh: LocalService, tmp_path: Path) -> None:
+    """The job's cap is divided among its partitions (the parts add up to it): 10 paid requests over
+    3 partitions, never 30; every row comes back, the unsent ones failed as not_sent; a sample of 6
+    sends 6 rows."""
+    dd = pytest.importorskip("dask.dataframe")
+    import pandas as pd
+
+    import batchsum.dask  # noqa: F401  (registers ddf.batchsum)
+
+    data = dd.from_pandas(pd.DataFrame({"text": texts(30, seed=15)}), npartitions=3)
+    common = {"rpm": 0, "api_key": KEY, "base_url": fresh.url, "budget": "none"}
+    capped = data.batchsum.summarize("text", max_requests=10, report=str(tmp_path / "cap.json"), **common)
+    result = capped.compute(scheduler="threads")
+    assert len(result) == 30 and (result["summary_status"] == "ok").sum() == 10
+    assert (result["summary_error"] == "not_sent").sum() == 20
+    assert paid_at(fresh) == 10
+    merged = validate(json.loads((tmp_path / "cap.json").read_text()))
+    assert merged["outcome"] == "stopped" and merged["requests"]["paid"] == 10
+    fresh.state.reset_stats()
+    other = dd.from_pandas(pd.Series(texts(30, seed=16)), npartitions=3)  # texts not answered yet
+    sampled = other.batchsum.summarize(sample=6, **common).compute(scheduler="threads")
+    assert (sampled["summary_status"] == "ok").sum() == 6 and fresh.state.stats()["answered"] == 6
