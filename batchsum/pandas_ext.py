@@ -10,6 +10,7 @@ Ctrl-C) stops sending at once; finished answers stay in an in-process cache (and
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Hashable
 from typing import Any
 
@@ -18,7 +19,7 @@ import pandas as pd
 from . import contract
 from ._background import run_in_worker
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from .errors import InputError
+from .errors import InputError, RequestCapReached
 from .options import DEFAULT_MAX_WAIT, RunSpec, document_options
 from .report import BatchStats
 from .results import RowResult, check_columns, join_results, results_frame
@@ -40,7 +41,15 @@ def _with_record(out: pd.DataFrame, stats: BatchStats) -> pd.DataFrame:
 
 
 async def _results(series: pd.Series, spec: RunSpec, stats: BatchStats) -> list[RowResult]:
-    return await run_texts(spec, series.tolist(), stats=stats)
+    """Every row's result. At the request cap every row still has its record (the unsent ones
+    ``failed`` with ``not_sent``): the frame comes back, with a ``RuntimeWarning`` saying so, and
+    calling the same thing again continues."""
+    results: list[RowResult] = []
+    try:
+        await run_texts(spec, series.tolist(), stats=stats, results=results)
+    except RequestCapReached as exc:
+        warnings.warn(f"{exc}; call it again to continue (answers are kept)", RuntimeWarning, stacklevel=2)
+    return results
 
 
 class SeriesAccessor:

@@ -567,7 +567,7 @@ def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
             store = stack.enter_context(Journal(spec.journal, readonly=True))
         batch = plan_batch(texts, params=spec.params, store=store)
         plan = batch.describe(spec.rpm)
-    needed = f"requests needed: {batch.to_send} paid requests for the whole job (more only for retries)"
+    needed = f"requests needed:  {batch.to_send} paid requests for the whole job (more only for retries)"
     if spec.max_requests is not None:
         runs = -(-batch.to_send // spec.max_requests) if batch.to_send else 0
         needed += f"; at max_requests {spec.max_requests}: {runs} run{'s' if runs != 1 else ''}"
