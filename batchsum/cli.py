@@ -475,7 +475,7 @@ def _summarize(args: argparse.Namespace) -> int:
     except RequestCapReached as exc:
         command = shlex.join(["batchsum", *getattr(args, "argv", [])])
         _say(
-            f"stopped: {exc}. {target.spec} holds every row, the {exc.remaining} not sent failed as not_sent; "
+            f"stopped: {exc}. {target.spec} holds every row (the {exc.remaining} not sent: failed, not_sent); "
             f"{run.new_answers} new answers are kept in {journal_path}, so no text is paid for twice. "
             f"To continue, run the same command again: {command}"
         )

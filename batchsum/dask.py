@@ -16,6 +16,7 @@ parameters, the column, the budget (reachable, usable by every worker), the key.
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import Any
 from urllib.parse import urlsplit
 
 try:
@@ -37,9 +38,30 @@ from .run import prepare_shared, run_texts
 __all__ = ["DaskDataFrameAccessor", "DaskSeriesAccessor"]
 
 
-def _partition(part: pd.DataFrame | pd.Series, spec: RunSpec, column: Hashable | None) -> pd.DataFrame:
-    """One partition, on the worker: a shared run over its texts, the results joined back."""
+def _portion(total: int | None, partitions: int, number: int) -> int | None:
+    """Partition ``number``'s part of a job's ``total`` (a request cap, a sample): the parts add up
+    to ``total``, so the job as a whole never goes past it."""
+    if total is None:
+        return None
+    return total // partitions + (1 if number < total % partitions else 0)
+
+
+def _partition(
+    part: pd.DataFrame | pd.Series,
+    spec: RunSpec,
+    column: Hashable | None,
+    partitions: int = 1,
+    partition_info: dict[str, Any] | None = None,
+) -> pd.DataFrame:
+    """One partition, on the worker: a shared run over its texts, the results joined back. The
+    job's request cap and sample are divided among the partitions; a partition that reaches its
+    part of the cap returns every row (the unsent ones ``failed`` with ``not_sent``), as the CLI's
+    output does, and its run report says the run stopped."""
     texts = (part if isinstance(part, pd.Series) else part[column]).tolist()
+    number = partition_info["number"] if partition_info else 0
+    spec = spec.replace(
+        max_requests=_portion(spec.max_requests, partitions, number), sample=_portion(spec.sample, partitions, number)
+    )
     results = run_in_worker(lambda: run_texts(spec, texts, shared=True))
     if isinstance(part, pd.Series):
         return results_frame(results, part.index, spec.output_column)
@@ -109,7 +131,7 @@ class _Accessor:
             meta = results_frame([], data._meta.index, spec.output_column)
         else:
             meta = join_results(data._meta, [], spec.output_column)
-        return data.map_partitions(_partition, spec, column, meta=meta, align_dataframes=False)
+        return data.map_partitions(_partition, spec, column, data.npartitions, meta=meta, align_dataframes=False)
 
 
 class DaskDataFrameAccessor(_Accessor, ColumnSummarize[dd.DataFrame]):

@@ -110,7 +110,7 @@ class RunOptions:
     sample_rows: frozenset[int] | None = None
 
     def __post_init__(self) -> None:
-        check_whole("max_requests", self.max_requests, allow_none=True)
+        check_whole("max_requests", self.max_requests, minimum=0, allow_none=True)  # 0: a partition's part
         check_rpm(self.rpm)
         check_whole("concurrency", self.concurrency, allow_none=True)
         check_whole("window", self.window)

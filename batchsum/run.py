@@ -23,6 +23,7 @@ import random
 import threading
 import time
 import uuid
+import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import AsyncExitStack, ExitStack
@@ -499,12 +500,17 @@ async def run_texts(
     shared: bool = False,
 ) -> list[RowResult]:
     """One ``RowResult`` per text, in order; ``results``, when given, is filled as rows finish.
-    ``shared``: one of several runs at once (a Dask partition, a Spark task), see ``Run``."""
+    ``shared``: one of several runs at once (a Dask partition, a Spark task), see ``Run``. At the
+    request cap every row still has its record (the unsent ones ``failed`` with ``not_sent``): they
+    come back, with a ``RuntimeWarning`` saying so; the same call again continues."""
     texts = list(texts)
     out: list[RowResult] = results if results is not None else []
-    async with Run(spec, total=len(texts), stats=stats, on_result=on_result, shared=shared) as run:
-        async for result in run.stream(texts):
-            out.append(result)
+    try:
+        async with Run(spec, total=len(texts), stats=stats, on_result=on_result, shared=shared) as run:
+            async for result in run.stream(texts):
+                out.append(result)
+    except RequestCapReached as exc:
+        warnings.warn(f"{exc}; call it again to continue (answers are kept)", RuntimeWarning, stacklevel=2)
     return out
 
 
@@ -572,7 +578,7 @@ def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
         plan = batch.describe(spec.rpm)
     most = batch.to_send + batch.reduce_max
     bound = " (at most; long texts' reduce requests are a bound)" if batch.reduce_max else ""
-    needed = f"requests needed: {most} paid requests for the whole job{bound} (more only for retries)"
+    needed = f"requests needed:  {most} paid requests for the whole job{bound} (more only for retries)"
     if spec.max_requests is not None:
         runs = -(-most // spec.max_requests) if most else 0
         needed += f"; at max_requests {spec.max_requests}: {runs} run{'s' if runs != 1 else ''}"

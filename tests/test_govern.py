@@ -86,7 +86,7 @@ def test_a_cap_of_50_on_200_rows_sends_50_paid_requests_and_three_more_runs_fini
     assert main(command) == 1
     assert paid_at(fresh) == 50
     message = capsys.readouterr().err
-    assert "150 not sent" in message and "run the same command again" in message and "--max-requests 50" in message
+    assert "the 150 not sent" in message and "run the same command again" in message and "--max-requests 50" in message
     table = pq.read_table(out).to_pydict()
     assert len(table["text"]) == 200  # every row, in order
     assert table["summary_status"].count("ok") == 50
@@ -114,7 +114,7 @@ def test_the_dry_run_says_how_many_requests_the_job_needs_and_how_many_runs_at_t
     command = ["summarize", str(source), "-o", str(tmp_path / "o.parquet"), "--column", "text", "--dry-run"]
     assert main([*command, "--max-requests", "50"]) == 0
     shown = capsys.readouterr().out
-    assert "requests needed: 120 paid requests" in shown and "at max_requests 50: 3 runs" in shown
+    assert "requests needed:  120 paid requests" in shown and "at max_requests 50: 3 runs" in shown
     assert fresh.state.stats()["requests"] == 0
 
 
@@ -439,3 +439,40 @@ def test_the_batchsum_logger_gives_an_application_every_event(svc: LocalService,
     assert events[0] == "start" and events[-1] == "end"
     end = caplog.records[-1]
     assert end.fields["rows"]["ok"] == 3  # type: ignore[attr-defined]
+
+
+def test_on_dask_the_cap_and_the_sample_hold_for_the_job_as_a_whole(fresh: LocalService, tmp_path: Path) -> None:
+    """The job's cap is divided among its partitions (the parts add up to it): 10 paid requests over
+    3 partitions, never 30; every row comes back, the unsent ones failed as not_sent; a sample of 6
+    sends 6 rows."""
+    dd = pytest.importorskip("dask.dataframe")
+    import pandas as pd
+
+    import batchsum.dask  # noqa: F401  (registers ddf.batchsum)
+
+    data = dd.from_pandas(pd.DataFrame({"text": texts(30, seed=15)}), npartitions=3)
+    common = {"rpm": 0, "api_key": KEY, "base_url": fresh.url, "budget": "none"}
+    capped = data.batchsum.summarize("text", max_requests=10, report=str(tmp_path / "cap.json"), **common)
+    result = capped.compute(scheduler="threads")
+    assert len(result) == 30 and (result["summary_status"] == "ok").sum() == 10
+    assert (result["summary_error"] == "not_sent").sum() == 20
+    assert paid_at(fresh) == 10
+    merged = validate(json.loads((tmp_path / "cap.json").read_text()))
+    assert merged["outcome"] == "stopped" and merged["requests"]["paid"] == 10
+    fresh.state.reset_stats()
+    other = dd.from_pandas(pd.Series(texts(30, seed=16)), npartitions=3)  # texts not answered yet
+    sampled = other.batchsum.summarize(sample=6, **common).compute(scheduler="threads")
+    assert (sampled["summary_status"] == "ok").sum() == 6 and fresh.state.stats()["answered"] == 6
+
+
+def test_pandas_at_the_cap_returns_every_row_and_warns(svc: LocalService) -> None:
+    import pandas as pd
+
+    frame = pd.DataFrame({"text": texts(12, seed=17)})
+    options = {"api_key": KEY, "base_url": svc.url, "rpm": 0, "budget": "none", "progress": False}
+    with pytest.warns(RuntimeWarning, match="request cap of 5"):
+        out = frame.batchsum.summarize("text", max_requests=5, **options)
+    assert len(out) == 12 and (out["summary_status"] == "ok").sum() == 5
+    assert (out["summary_error"] == "not_sent").sum() == 7
+    again = frame.batchsum.summarize("text", **options)  # the same call without the cap: the rest
+    assert (again["summary_status"] == "ok").all() and svc.state.stats()["answered_twice"] == 0
