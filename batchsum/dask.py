@@ -62,7 +62,7 @@ def _partition(
     spec = spec.replace(
         max_requests=_portion(spec.max_requests, partitions, number), sample=_portion(spec.sample, partitions, number)
     )
-    results = run_in_worker(lambda: run_texts(spec, texts, shared=True))
+    results = run_in_worker(lambda: run_texts(spec, texts, shared=True, warn_at_cap=True))
     if isinstance(part, pd.Series):
         return results_frame(results, part.index, spec.output_column)
     return join_results(part, results, spec.output_column)

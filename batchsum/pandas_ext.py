@@ -57,11 +57,11 @@ class _Accessor:
 
     def _summarize(self, column: Hashable, spec: RunSpec) -> pd.DataFrame:
         texts, stats = self._texts(column, spec).tolist(), BatchStats()
-        return self._frame(run_in_worker(lambda: run_texts(spec, texts, stats=stats)), spec, stats)
+        return self._frame(run_in_worker(lambda: run_texts(spec, texts, stats=stats, warn_at_cap=True)), spec, stats)
 
     async def _asummarize(self, column: Hashable, spec: RunSpec) -> pd.DataFrame:
         texts, stats = self._texts(column, spec).tolist(), BatchStats()
-        return self._frame(await run_texts(spec, texts, stats=stats), spec, stats)
+        return self._frame(await run_texts(spec, texts, stats=stats, warn_at_cap=True), spec, stats)
 
 
 class DataFrameAccessor(_Accessor, ColumnSummarize[pd.DataFrame], ColumnSummarizeAsync[pd.DataFrame]):

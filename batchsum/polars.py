@@ -73,11 +73,11 @@ class _Namespace:
 
     def _summarize(self, column: Hashable, spec: RunSpec) -> pl.DataFrame:
         texts, stats = self._texts(column, spec), BatchStats()
-        return self._frame(run_in_worker(lambda: run_texts(spec, texts, stats=stats)), spec, stats)
+        return self._frame(run_in_worker(lambda: run_texts(spec, texts, stats=stats, warn_at_cap=True)), spec, stats)
 
     async def _asummarize(self, column: Hashable, spec: RunSpec) -> pl.DataFrame:
         texts, stats = self._texts(column, spec), BatchStats()
-        return self._frame(await run_texts(spec, texts, stats=stats), spec, stats)
+        return self._frame(await run_texts(spec, texts, stats=stats, warn_at_cap=True), spec, stats)
 
 
 @pl.api.register_dataframe_namespace("batchsum")

@@ -498,11 +498,13 @@ async def run_texts(
     on_result: Callable[[BatchStats], None] | None = None,
     results: list[RowResult] | None = None,
     shared: bool = False,
+    warn_at_cap: bool = False,
 ) -> list[RowResult]:
     """One ``RowResult`` per text, in order; ``results``, when given, is filled as rows finish.
     ``shared``: one of several runs at once (a Dask partition, a Spark task), see ``Run``. At the
-    request cap every row still has its record (the unsent ones ``failed`` with ``not_sent``): they
-    come back, with a ``RuntimeWarning`` saying so; the same call again continues."""
+    request cap every row still has its record (the unsent ones ``failed`` with ``not_sent``);
+    ``RequestCapReached`` is raised, or with ``warn_at_cap`` (the frame front-ends) the rows come
+    back with a ``RuntimeWarning`` saying so, and the same call again continues."""
     texts = list(texts)
     out: list[RowResult] = results if results is not None else []
     try:
@@ -510,6 +512,8 @@ async def run_texts(
             async for result in run.stream(texts):
                 out.append(result)
     except RequestCapReached as exc:
+        if not warn_at_cap:
+            raise
         warnings.warn(f"{exc}; call it again to continue (answers are kept)", RuntimeWarning, stacklevel=2)
     return out
 

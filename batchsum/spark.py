@@ -68,7 +68,7 @@ def _worker_spec(spec: RunSpec) -> RunSpec:
 
 
 def _results(spec: RunSpec, texts: list[Any]) -> list[RowResult]:
-    return run_in_worker(lambda: run_texts(spec, texts, shared=True))
+    return run_in_worker(lambda: run_texts(spec, texts, shared=True, warn_at_cap=True))
 
 
 class _Partition:
