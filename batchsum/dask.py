@@ -38,14 +38,6 @@ from .run import prepare_shared, run_texts
 __all__ = ["DaskDataFrameAccessor", "DaskSeriesAccessor"]
 
 
-def _portion(total: int | None, partitions: int, number: int) -> int | None:
-    """Partition ``number``'s part of a job's ``total`` (a request cap, a sample): the parts add up
-    to ``total``, so the job as a whole never goes past it."""
-    if total is None:
-        return None
-    return total // partitions + (1 if number < total % partitions else 0)
-
-
 def _partition(
     part: pd.DataFrame | pd.Series,
     spec: RunSpec,
@@ -59,9 +51,7 @@ def _partition(
     output does, and its run report says the run stopped."""
     texts = (part if isinstance(part, pd.Series) else part[column]).tolist()
     number = partition_info["number"] if partition_info else 0
-    spec = spec.replace(
-        max_requests=_portion(spec.max_requests, partitions, number), sample=_portion(spec.sample, partitions, number)
-    )
+    spec = spec.portion(partitions, number)
     results = run_in_worker(lambda: run_texts(spec, texts, shared=True, warn_at_cap=True))
     if isinstance(part, pd.Series):
         return results_frame(results, part.index, spec.output_column)

@@ -385,6 +385,18 @@ EXCEPTIONS: dict[str, Difference] = {
         "an object in this process's memory: it cannot be typed on a command line (no flag) or travel to a "
         "worker (Dask and Spark refuse one, naming the budget that paces every worker instead)",
     ),
+    "max_requests": Difference(
+        ("spark",),
+        "refused",
+        "Spark's SQL function sees rows a batch at a time and cannot hold a job's cap (its DataFrame "
+        "function divides the cap among the partitions, as Dask does)",
+    ),
+    "sample": Difference(
+        ("spark",),
+        "refused",
+        "Spark's SQL function sees rows a batch at a time and cannot spread a sample over the job (its "
+        "DataFrame function divides the sample among the partitions, as Dask does)",
+    ),
     "progress": Difference(
         ("cli", "widgets"),
         "other default",
@@ -523,6 +535,15 @@ class RunSpec:
 
     def replace(self, **changes: Any) -> RunSpec:
         return dataclasses.replace(self, **changes)
+
+    def portion(self, parts: int, number: int) -> RunSpec:
+        """Part ``number`` of ``parts`` of a job (a Dask partition, a Spark task): its share of the
+        request cap and the sample, so that the parts add up to the job's and never go past it."""
+
+        def share(total: int | None) -> int | None:
+            return None if total is None else total // parts + (1 if number < total % parts else 0)
+
+        return self.replace(max_requests=share(self.max_requests), sample=share(self.sample))
 
     def describe(self) -> dict[str, Any]:
         """The options as plain data, for a report or a log line: the key never, locations redacted."""

@@ -77,17 +77,22 @@ class _Partition:
 
     __name__ = "batchsum_summarize"
 
-    def __init__(self, spec: RunSpec, column: str) -> None:
+    def __init__(self, spec: RunSpec, column: str, partitions: int) -> None:
         self.spec = spec
         self.column = column
+        self.partitions = partitions
 
     def __repr__(self) -> str:
         return self.__name__
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
         held = list(batches)
         texts = [text for batch in held for text in batch.column(self.column).to_pylist()]
-        results = _results(self.spec, texts)
+        context = TaskContext.get()
+        number = context.partitionId() if context is not None else 0
+        results = _results(self.spec.portion(self.partitions, number), texts)
         names = result_columns(self.spec.output_column)
         start = 0
         for batch in held:
@@ -130,7 +135,8 @@ def summarize(
     ``summary_attempts``, ``summary_requests``) as string and int, rows in each partition's order.
     Lazy: nothing is sent until an action runs. Raises, before anything is sent: ``InputError``
     (the column), ``InvalidParameterError``, ``ConfigurationError``, ``BudgetError``. ``progress``:
-    a bar per partition, where the executor runs it; ``limiter`` is refused (it cannot travel)."""
+    a bar per partition, where the executor runs it; ``limiter`` is refused (it cannot travel); a
+    request cap and a sample are divided among the partitions (the parts add up to the job's)."""
     spec = RunSpec.from_options(locals())
     if column not in sdf.columns:
         raise InputError(f"no column {column!r} in the DataFrame; its columns are: {', '.join(sdf.columns)}")
@@ -139,7 +145,7 @@ def summarize(
     check_output_columns(sdf.columns, spec.output_column)
     spec = _worker_spec(spec)
     schema = T.StructType(sdf.schema.fields + result_schema(spec.output_column).fields)
-    return sdf.mapInArrow(_Partition(spec, column), schema)
+    return sdf.mapInArrow(_Partition(spec, column, sdf.rdd.getNumPartitions()), schema)
 
 
 @document_options
@@ -174,8 +180,16 @@ def register(
     ``SELECT id, batchsum_summarize(text).summary AS summary FROM tickets``. It returns a struct of
     the result columns (so a row's status and error stay visible in SQL); ``.summary`` is the text.
     A pandas UDF over Arrow: each batch Spark hands it is one shared run. Returns the function, for
-    the DataFrame API too (``df.select(f("text"))``)."""
+    the DataFrame API too (``df.select(f("text"))``). ``max_requests`` and ``sample`` are refused
+    here: the function sees the rows a batch at a time and cannot divide them; cap or sample with
+    ``summarize``."""
     spec = _worker_spec(RunSpec.from_options(locals()))
+    for option, value in (("max_requests", spec.max_requests), ("sample", spec.sample)):
+        if value is not None:
+            raise InvalidParameterError(
+                f"invalid {option} on the SQL function: it sees rows a batch at a time, so it cannot hold a "
+                f"job's {option}; pass it to batchsum.spark.summarize instead"
+            )
     schema = result_schema(spec.output_column)
 
     @F.pandas_udf(schema)  # type: ignore[attr-defined]  # defined lazily in pyspark.sql.functions

@@ -15,7 +15,7 @@ import pytest
 
 pyspark = pytest.importorskip("pyspark")
 
-from batchsum.errors import InputError  # noqa: E402
+from batchsum.errors import InputError, InvalidParameterError  # noqa: E402
 from batchsum.local import LocalService  # noqa: E402
 from batchsum.pacing import max_starts  # noqa: E402
 from batchsum.results import result_columns  # noqa: E402
@@ -136,3 +136,19 @@ def test_bad_input_is_refused_before_anything_is_sent_and_a_wrong_key_stops_the_
     # Each task is a run whose first request goes alone: at most one 401 per task attempt (4 tasks, 2 tries).
     assert limited.state.stats()["by_status"] == {"401": limited.state.stats()["requests"]}
     assert limited.state.stats()["requests"] <= 8
+
+
+def test_a_request_cap_is_divided_among_the_partitions_and_every_row_keeps_its_record(spark, limited, redis_url):
+    import batchsum.spark
+
+    sdf, _ = tickets(spark, rows=80, distinct=80)
+    out = batchsum.spark.summarize(
+        sdf, "text", rpm=0, api_key=KEY, base_url=limited.url, budget=redis_url, max_requests=20
+    )
+    rows = out.collect()
+    assert len(rows) == 80
+    statuses = [row.summary_status for row in rows]
+    assert statuses.count("ok") == limited.state.stats()["answered"] <= 20  # the job's cap, not each task's
+    assert {row.summary_error for row in rows if row.summary_status != "ok"} == {"not_sent"}
+    with pytest.raises(InvalidParameterError, match="max_requests on the SQL function"):
+        batchsum.spark.register(spark, api_key=KEY, base_url=limited.url, budget=redis_url, max_requests=5)

@@ -134,10 +134,10 @@ def test_an_input_that_breaks_midway_keeps_the_answers_and_writes_the_rows_read(
 
 
 def test_a_signal_while_rows_come_from_the_journal_stops_at_once(service, tmp_path):
-    """200,000 rows answered from the journal take seconds to walk: a SIGTERM then is acted on
+    """100,000 rows answered from the journal take seconds to walk: a SIGTERM then is acted on
     promptly (the run stops before the end), and the partial output is not left behind."""
     base = texts(50)
-    rows = [base[i % 50] for i in range(200_000)]
+    rows = [base[i % 50] for i in range(100_000)]
     pd.DataFrame({"text": rows}).to_parquet(tmp_path / "in.parquet")
     out = tmp_path / "out.parquet"
     argv = cli(service, tmp_path, str(tmp_path / "in.parquet"), "-o", str(out))
@@ -150,7 +150,7 @@ def test_a_signal_while_rows_come_from_the_journal_stops_at_once(service, tmp_pa
         watched, env={**environment(service), "COLUMNS": "200"}, stderr=open(progress, "w"), text=True
     )
     deadline = time.monotonic() + 120
-    while "reused" not in progress.read_text() and "/200000" not in progress.read_text():
+    while "reused" not in progress.read_text() and "/100000" not in progress.read_text():
         assert proc.poll() is None and time.monotonic() < deadline, progress.read_text()
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
@@ -159,7 +159,7 @@ def test_a_signal_while_rows_come_from_the_journal_stops_at_once(service, tmp_pa
     assert proc.returncode == 143, err
     assert "terminated (SIGTERM)" in err and "rows were done" in err
     done = int(err.split("terminated (SIGTERM): ")[1].split(" rows")[0])
-    assert done < 200_000  # acted on before the end
+    assert done < 100_000  # acted on before the end
     assert not out.exists() and service.stats()["requests"] == 0
 
 
