@@ -24,7 +24,7 @@ from typing import Any
 
 from . import contract, long_texts
 from ._retry import RateLimitHeaders
-from .budget import Budget
+from .budget import Budget, Share
 from .client import AsyncClient, PreparedRequest, validate_params
 from .errors import (
     APIError,
@@ -122,13 +122,15 @@ class RunOptions:
         if self.budget is not None and not isinstance(self.budget, Budget):
             raise InvalidParameterError(f"invalid budget {self.budget!r}: open one with batchsum.budget.open_budget")
 
-    def pacer(self, on_pace_change: Callable[[PaceChange], None] | None = None) -> Pacer:
+    def pacer(self, on_pace_change: Callable[[PaceChange], None] | None = None, share: Share | None = None) -> Pacer:
+        """The pacer these options describe; ``share``: this run's share of the key's rate."""
         return Pacer(
             self.rpm,
             limiter=self.limiter,
             budget=self.budget,
             max_in_flight=self.concurrency,
             on_pace_change=on_pace_change,
+            share=share,
         )
 
 

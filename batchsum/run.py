@@ -46,7 +46,7 @@ from .errors import (
 from .journal import Journal, RedisStore, RunLock, SharedJournal
 from .logs import event
 from .options import DEFAULT_MAX_WAIT, RunSpec, Secret, document_options
-from .pacing import PaceChange, Pacer
+from .pacing import PaceChange
 from .progress import ProgressBar
 from .report import BatchStats, merge_reports, run_report
 from .results import RowResult
@@ -220,13 +220,8 @@ class Run:
             max_requests=spec.max_requests,
             sample_rows=sample,
         )
-        self.pacer = Pacer(
-            spec.rpm,
-            limiter=spec.limiter,
-            budget=self.budget,
-            max_in_flight=spec.concurrency,
-            on_pace_change=self._pace_changed,
-            share=Share(self.run_id, spec.share) if spec.share < 1 else None,
+        self.pacer = self.options.pacer(
+            self._pace_changed, share=Share(self.run_id, spec.share) if spec.share < 1 else None
         )
         self.stats.pacer = self.pacer
         pacer = self.pacer
