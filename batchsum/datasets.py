@@ -25,14 +25,16 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.csv as pcsv
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    import pyarrow.dataset as ds
 
 from .csvsafe import neutralize
 from .errors import BrokenInputError, InputError, location_secrets, one_line, redact, redact_location
@@ -49,7 +51,9 @@ __all__ = [
     "BATCH_ROWS",
 ]
 
-BATCH_ROWS = 1024
+BATCH_ROWS = 1024  # rows read at once, at most ...
+BATCH_BYTES = 2 << 20  # ... and fewer when the rows are wide: about this many bytes (Parquet's own sizes)
+ROW_GROUP_BYTES = 32 << 20  # a Parquet output's row groups: about this many bytes each (held until written)
 
 # summary, status, error, message, http_status, attempts; pandas reads Parquet outputs back with
 # the accessor's dtypes (engine.RESULT_DTYPES), through the pandas metadata written with them.
@@ -184,7 +188,16 @@ def _resolve(spec: str, format: str | None) -> _Source:
     return _Source(spec, filesystem, files, format, base, remote)
 
 
+def _dataset_module() -> Any:
+    """``pyarrow.dataset``, imported when an input needs it (a CSV or JSON Lines file, hive
+    partitions, a remote file): importing it imports pandas too, which a plain Parquet run does not need."""
+    import pyarrow.dataset
+
+    return pyarrow.dataset
+
+
 def _file_format(format: str, column: str) -> ds.FileFormat:
+    ds = _dataset_module()
     if format == "parquet":
         return ds.ParquetFileFormat()
     if format == "csv":  # the text column is text, whatever it looks like
@@ -197,22 +210,128 @@ def _file_format(format: str, column: str) -> ds.FileFormat:
     raise InputError(f"unknown format {format!r}: use parquet, csv or jsonl")
 
 
-def _scan_options(format: str) -> dict[str, Any]:
-    if format == "parquet":
-        return {"fragment_scan_options": ds.ParquetFragmentScanOptions(pre_buffer=False)}
-    return {}
-
-
 def _is_text(arrow_type: pa.DataType) -> bool:
     if pa.types.is_dictionary(arrow_type):
         arrow_type = arrow_type.value_type
     return bool(pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_null(arrow_type))
 
 
+def _partitioned(source: _Source) -> bool:
+    """Does a folder input have ``key=value`` sub-folders (hive partitions, which become columns)?"""
+    if source.base is None:
+        return False
+    base = PurePosixPath(source.base.replace(os.sep, "/"))
+    return any(
+        "=" in part
+        for path in source.files
+        for part in PurePosixPath(path.replace(os.sep, "/")).relative_to(base).parts[:-1]
+    )
+
+
+class _ParquetFiles:
+    """Local Parquet files with no partition columns, read with ``pyarrow.parquet`` directly, a
+    record batch at a time: memory stays bounded by the batch, not by the file's row groups (a
+    dataset scan decodes a whole row group ahead), and ``pyarrow.dataset`` is never imported."""
+
+    def __init__(self, source: _Source) -> None:
+        self.paths = source.files
+        self.where = source.spec  # the file being read
+        self.files: list[pq.ParquetFile] = []
+        for path in source.files:
+            if os.path.getsize(path) == 0:
+                raise _fail(f"{path} is empty (0 bytes), not a Parquet file", source.spec)
+            try:
+                self.files.append(pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20))
+            except (pa.ArrowException, OSError, ValueError) as exc:
+                self.close()
+                raise _unreadable(path, "parquet", exc, source.spec) from None
+        self.schema = self.files[0].schema_arrow
+        for path, file in zip(source.files, self.files):
+            if not file.schema_arrow.remove_metadata().equals(self.schema.remove_metadata()):
+                self.close()
+                raise _fail(f"{path} has other columns or types than {source.files[0]}; inputs must match", source.spec)
+
+    def count_rows(self) -> int:
+        return sum(file.metadata.num_rows for file in self.files)
+
+    def row_bytes(self) -> float:
+        """The rows' mean width, uncompressed, from the files' own statistics."""
+        size = sum(
+            file.metadata.row_group(i).total_byte_size for file in self.files for i in range(file.num_row_groups)
+        )
+        return float(size) / max(1, self.count_rows())
+
+    def batches(self, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        for path, file in zip(self.paths, self.files):
+            self.where = path
+            yield from file.iter_batches(batch_size=batch_rows, use_threads=False)
+
+    def close(self) -> None:
+        for file in self.files:
+            file.close()
+
+
+class _Scanned:
+    """An input read through ``pyarrow.dataset``: CSV, JSON Lines, hive partitions, remote files."""
+
+    def __init__(self, source: _Source, column: str) -> None:
+        ds = _dataset_module()
+        if source.format == "parquet" and not source.remote:
+            for path in source.files:
+                if os.path.getsize(path) == 0:
+                    raise _fail(f"{path} is empty (0 bytes), not a Parquet file", source.spec)
+        try:
+            self.dataset = ds.dataset(
+                source.files,
+                filesystem=source.filesystem,
+                format=_file_format(source.format, column),
+                partitioning="hive" if source.base is not None else None,
+                partition_base_dir=source.base,
+            )
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise _unreadable(source.spec, source.format, exc) from None
+        self.schema = self.dataset.schema
+        self.format = source.format
+        self.where = source.spec  # the file being read
+
+    def count_rows(self) -> int:
+        return int(self.dataset.count_rows())
+
+    def row_bytes(self) -> float | None:
+        return None
+
+    def batches(self, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        ds = _dataset_module()
+        options = (
+            {"fragment_scan_options": ds.ParquetFragmentScanOptions(pre_buffer=False)}
+            if self.format == "parquet"
+            else {}
+        )
+        for fragment in sorted(self.dataset.get_fragments(), key=lambda fragment: fragment.path):
+            # One batch and one file read ahead, and no whole-row-group prefetch.
+            scanner = ds.Scanner.from_fragment(
+                fragment,
+                schema=self.dataset.schema,
+                batch_size=batch_rows,
+                batch_readahead=1,
+                fragment_readahead=1,
+                **options,
+            )
+            self.where = fragment.path
+            yield from scanner.to_batches()
+
+    def close(self) -> None:
+        pass
+
+
 class DatasetInput:
     """One or more inputs of one schema (files, folders, globs, remote URIs), read as a stream of
     record batches in order. ``num_rows`` is None when counting would mean reading a remote CSV or
-    JSON file twice."""
+    JSON file twice.
+
+    Local Parquet files are read with ``pyarrow.parquet`` directly (``_ParquetFiles``), everything
+    else through ``pyarrow.dataset``. Batches hold at most ``BATCH_ROWS`` rows, fewer when the rows
+    are wide (about ``BATCH_BYTES``, where the files say how wide)."""
 
     def __init__(self, specs: Sequence[str | os.PathLike[str]], column: str, *, format: str | None = None) -> None:
         if not specs:
@@ -223,41 +342,30 @@ class DatasetInput:
         self.sources = [_resolve(os.fspath(spec), format) for spec in specs]
         self.paths = [Path(f) for s in self.sources if not s.remote for f in s.files]  # local files, to guard
         self.uris = [s.spec for s in self.sources]
-        self.datasets: list[ds.Dataset] = []
+        self.readers: list[_ParquetFiles | _Scanned] = []
         self.schema: pa.Schema | None = None
         counts: list[int | None] = []
         for source in self.sources:
-            dataset = self._open(source)
+            reader = self._open(source)
+            self.readers.append(reader)
             if self.schema is None:
-                self.schema = dataset.schema
+                self.schema = reader.schema
                 self._check_column(source)
-            elif not dataset.schema.remove_metadata().equals(self.schema.remove_metadata()):
+            elif not reader.schema.remove_metadata().equals(self.schema.remove_metadata()):
                 raise _fail(
                     f"{source.spec} has other columns or types than {self.sources[0].spec}; inputs must match",
                     source.spec,
                     self.sources[0].spec,
                 )
-            self.datasets.append(dataset)
-            counts.append(self._count(dataset, source))
+            counts.append(self._count(reader, source))
         self.num_rows: int | None = None if None in counts else sum(c for c in counts if c is not None)
         if self.num_rows == 0:
             raise _fail(f"{', '.join(self.uris)}: no rows to summarize", *self.uris)
 
-    def _open(self, source: _Source) -> ds.Dataset:
-        try:
-            if source.format == "parquet":
-                for path in source.files:
-                    if not source.remote and os.path.getsize(path) == 0:
-                        raise _fail(f"{path} is empty (0 bytes), not a Parquet file", source.spec)
-            return ds.dataset(
-                source.files,
-                filesystem=source.filesystem,
-                format=_file_format(source.format, self.column),
-                partitioning="hive" if source.base is not None else None,
-                partition_base_dir=source.base,
-            )
-        except (pa.ArrowException, OSError, ValueError) as exc:
-            raise _unreadable(source.spec, source.format, exc) from None
+    def _open(self, source: _Source) -> _ParquetFiles | _Scanned:
+        if source.format == "parquet" and not source.remote and not _partitioned(source):
+            return _ParquetFiles(source)
+        return _Scanned(source, self.column)
 
     def _check_column(self, source: _Source) -> None:
         assert self.schema is not None
@@ -272,44 +380,44 @@ class DatasetInput:
                 source.spec,
             )
 
-    def _count(self, dataset: ds.Dataset, source: _Source) -> int | None:
+    def _count(self, reader: _ParquetFiles | _Scanned, source: _Source) -> int | None:
         if source.remote and source.format != "parquet":
             return None
         try:
-            return int(dataset.count_rows())
+            return reader.count_rows()
         except (pa.ArrowException, OSError) as exc:
             raise _unreadable(source.spec, source.format, exc) from None
 
-    def batches(self, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    def batch_rows(self) -> int:
+        """Rows per batch: ``BATCH_ROWS``, or fewer so that a batch of wide rows stays near ``BATCH_BYTES``."""
+        widths = [width for reader in self.readers if (width := reader.row_bytes())]
+        if not widths:
+            return BATCH_ROWS
+        return max(1, min(BATCH_ROWS, int(BATCH_BYTES // max(widths))))
+
+    def batches(self, batch_rows: int | None = None) -> Iterator[pa.RecordBatch]:
         """The rows in record batches, in order. An input that breaks after rows were read raises
         ``BrokenInputError``; one that breaks before, ``InputError``."""
+        rows = batch_rows or self.batch_rows()
         read_any = False
-        for source, dataset in zip(self.sources, self.datasets):
-            fragments = sorted(dataset.get_fragments(), key=lambda fragment: fragment.path)
-            for fragment in fragments:
-                # One batch and one file read ahead, and no whole-row-group prefetch: memory stays
-                # bounded by the batch, not by the file's layout.
-                scanner = ds.Scanner.from_fragment(
-                    fragment,
-                    schema=dataset.schema,
-                    batch_size=batch_rows,
-                    batch_readahead=1,
-                    fragment_readahead=1,
-                    **_scan_options(source.format),
-                )
-                try:
-                    for batch in scanner.to_batches():
-                        read_any = True
-                        yield batch
-                except (pa.ArrowException, OSError) as exc:
-                    problem = _unreadable(fragment.path, source.format, exc, source.spec)
-                    if read_any:  # rows were read (and may be answered): a stop, not a usage error
-                        raise BrokenInputError(str(problem)) from None
-                    raise problem from None
+        for source, reader in zip(self.sources, self.readers):
+            try:
+                for batch in reader.batches(rows):
+                    read_any = True
+                    yield batch
+            except (pa.ArrowException, OSError) as exc:
+                problem = _unreadable(reader.where, source.format, exc, source.spec)
+                if read_any:  # rows were read (and may be answered): a stop, not a usage error
+                    raise BrokenInputError(str(problem)) from None
+                raise problem from None
 
-    def texts(self, batch_rows: int = BATCH_ROWS) -> Iterator[Any]:
+    def texts(self, batch_rows: int | None = None) -> Iterator[Any]:
         for batch in self.batches(batch_rows):
             yield from batch.column(self.column).to_pylist()
+
+    def close(self) -> None:
+        for reader in self.readers:
+            reader.close()
 
 
 def _output_format(target: str) -> str:
@@ -385,16 +493,45 @@ def _umask() -> int:
 
 
 def _pandas_metadata(schema: pa.Schema, names: Sequence[str]) -> pa.Schema:
-    """``schema`` with pandas metadata that reads the result columns back as ``RESULT_DTYPES``."""
+    """``schema`` with the pandas metadata that reads the result columns back as ``RESULT_DTYPES``
+    (pandas' string dtype, nullable Int32), written by hand: no pandas needed to write it. The input
+    columns are listed with the types Arrow gives them; pandas converts those as it would anyway."""
+    from pyarrow.pandas_compat import get_logical_type
 
-    try:
-        frame = schema.remove_metadata().empty_table().to_pandas()
-        for name, dtype in zip(names, RESULT_DTYPES):
-            frame[name] = frame[name].astype(dtype)
-        pandas = pa.Schema.from_pandas(frame, preserve_index=False).metadata[b"pandas"]
-    except (pa.ArrowException, TypeError, ValueError, KeyError):
-        return schema  # an input type pandas cannot hold: plain Arrow types are still right
-    return schema.with_metadata({**(schema.metadata or {}), b"pandas": pandas})
+    results = dict(zip(names, RESULT_DTYPES))
+    columns = []
+    for field in schema:
+        dtype = results.get(field.name)
+        if dtype is not None:
+            pandas_type = "object" if dtype == "string" else dtype.lower()
+            numpy_type = dtype
+        else:
+            try:
+                pandas_type = get_logical_type(field.type)
+                numpy_type = str(field.type.to_pandas_dtype().__name__)
+            except (NotImplementedError, TypeError, ValueError, AttributeError):
+                pandas_type, numpy_type = "object", "object"
+            if pa.types.is_dictionary(field.type):
+                pandas_type = "object"  # categories are read back from the Arrow type itself
+        columns.append(
+            {
+                "name": field.name,
+                "field_name": field.name,
+                "pandas_type": pandas_type,
+                "numpy_type": numpy_type,
+                "metadata": None,
+            }
+        )
+    metadata = {
+        "index_columns": [],
+        "column_indexes": [],
+        "columns": columns,
+        "attributes": {},
+        "creator": {"library": "pyarrow", "version": pa.__version__},
+        "pandas_version": "2.0.0",
+    }
+    existing = {k: v for k, v in (schema.metadata or {}).items() if k != b"pandas"}
+    return schema.with_metadata({**existing, b"pandas": json.dumps(metadata).encode()})
 
 
 class _JsonLinesWriter:
@@ -462,6 +599,8 @@ class DatasetOutput:
         self.partial = Path(partial)
         self._file = os.fdopen(fd, "wb")
         self._writer: Any
+        self._group: list[pa.RecordBatch] = []  # a Parquet output's next row group, until it is large enough
+        self._group_bytes = 0
         if self.target.format == "parquet":
             self._writer = pq.ParquetWriter(self._file, self.schema)
         elif self.target.format == "csv":
@@ -478,9 +617,25 @@ class DatasetOutput:
         arrays = batch.columns + [pa.array(values, type=t) for values, t in zip(columns, RESULT_TYPES)]
         for index in self._neutralized:
             arrays[index] = neutralize(arrays[index])
-        self._writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
+        out = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+        if self.target.format != "parquet":
+            self._writer.write_batch(out)
+            return
+        # Row groups of about ROW_GROUP_BYTES: readers want them large, memory wants them bounded.
+        self._group.append(out)
+        self._group_bytes += out.nbytes
+        if self._group_bytes >= ROW_GROUP_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._group:
+            self._writer.write_table(pa.Table.from_batches(self._group, schema=self.schema))
+            self._group.clear()
+            self._group_bytes = 0
 
     def commit(self) -> None:
+        if self.target.format == "parquet":
+            self._flush()
         self._writer.close()
         self._file.close()
         if not self.target.remote:
@@ -501,6 +656,7 @@ class DatasetOutput:
         self.partial.unlink(missing_ok=True)
 
     def abort(self) -> None:
+        self._group.clear()
         if not self._file.closed:
             self._writer.close()
             self._file.close()

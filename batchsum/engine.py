@@ -12,13 +12,15 @@ reached (``BudgetError``): without it, no process could know what the others sen
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import itertools
 import json
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +47,7 @@ from .options import (
     DEFAULT_DRAIN_SECONDS,
     DEFAULT_MAX_WAIT,
     DEFAULT_WINDOW,
+    DEFAULT_WINDOW_BYTES,
     LONG_TEXT_POLICIES,
     check_choice,
     check_rpm,
@@ -58,11 +61,15 @@ from .stores import CLAIM_POLL_SECONDS, AnswerStore, MemoryStore, SharedAnswerSt
 
 # A row in the window: its result, a known answer, or the task that gives either.
 Pending = RowResult | Answer | asyncio.Task[Answer] | asyncio.Task[RowResult]
+# Rows that needed no request (known or skipped), held and yielded together.
+Known = list[RowResult]
 
 __all__ = [
     "RunOptions",
+    "RowBlock",
     "fingerprint",
     "summarize_stream",
+    "stream_results",
     "BatchPlan",
     "plan_batch",
 ]
@@ -72,12 +79,39 @@ ROW, PART, REDUCE = "row", "part", "reduce"  # what a request is for (the accoun
 SKIP, SPLIT, TRUNCATE = LONG_TEXT_POLICIES
 NOT_SENT = "not_sent"  # the error code of a row a stop left unsent (a rerun sends it)
 YIELD_EVERY = 256  # rows between turns given to the event loop when none of them had to wait
+BLOCK_ROWS = 1024  # rows of a list taken at once (looked up in bulk)
+KNOWN_TEXT_BYTES = 32 << 20  # texts remembered with the result they need no request for (``_KnownTexts``)
+
+
+@dataclass(slots=True)
+class RowBlock:
+    """Rows read together (an input's record batch): their texts, looked up in bulk, and the input's
+    bytes they stand for, which the window holds while any of them waits (``RunOptions.window_bytes``)."""
+
+    texts: list[Any]
+    nbytes: int = 0
 
 
 def fingerprint(request: PreparedRequest) -> str:
     """The request's identity: text, mode, percentage and type. Identical requests share one answer."""
     payload = json.dumps(request.fields(), sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+@functools.lru_cache(maxsize=64)
+def text_fingerprint(params: contract.Params) -> Callable[[str], str]:
+    """``fingerprint`` of a text with ``params``, the same value, made without a dict and a JSON
+    encoder per text: the request's JSON is the parameters' (encoded once) around the text's."""
+    marker = "\ue000batchsum\ue001"
+    head, tail = json.dumps(PreparedRequest(marker, params).fields(), sort_keys=True, ensure_ascii=False).split(
+        json.dumps(marker, ensure_ascii=False)
+    )
+    encode, sha256 = json.encoder.encode_basestring, hashlib.sha256
+
+    def key(text: str) -> str:
+        return sha256((head + encode(text) + tail).encode("utf-8")).hexdigest()
+
+    return key
 
 
 @dataclass(frozen=True)
@@ -91,7 +125,10 @@ class RunOptions:
     None: a private one for this batch). ``window``: rows held between reading and yielding.
     ``drain_seconds``: how long a stop waits for answers on the wire. ``max_wait``: how long a
     request may wait out the service's 429s (each costs no attempt) before its row fails.
-    ``long_texts``: what a text over the word limit gets: "skip", "split" (in parts, then reduced)
+    ``window_bytes``: the input bytes those rows stand for (``RowBlock.nbytes``, else their texts'):
+    reading waits while either bound is reached, so a row held back by a long retry keeps neither the
+    reading nor the memory going. ``long_texts``: what a text over the word limit gets: "skip",
+    "split" (in parts, then reduced)
     or "truncate" (its first words).
     ``max_requests``: the cap on paid requests (a 429 is not paid); reached, the batch stops with
     ``RequestCapReached`` after giving every row a record. ``sample_rows``: the input positions
@@ -103,6 +140,7 @@ class RunOptions:
     limiter: Limiter | None = None
     budget: Budget | None = None
     window: int = DEFAULT_WINDOW
+    window_bytes: int = DEFAULT_WINDOW_BYTES
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
     max_wait: float = DEFAULT_MAX_WAIT
     long_texts: str = SKIP
@@ -114,6 +152,7 @@ class RunOptions:
         check_rpm(self.rpm)
         check_whole("concurrency", self.concurrency, allow_none=True)
         check_whole("window", self.window)
+        check_whole("window_bytes", self.window_bytes)
         check_seconds("drain_seconds", self.drain_seconds, zero=True)
         check_seconds("max_wait", self.max_wait, zero=True)
         check_choice("long_texts", self.long_texts, LONG_TEXT_POLICIES)
@@ -322,6 +361,21 @@ class _Answers:
             self._stop(JournalError(f"cannot read the journal: {exc}"))
             return None
 
+    def get_many(self, keys: list[str]) -> dict[str, Answer]:
+        """The known answers of ``keys``, looked up in bulk where the store can (``get_many``)."""
+        try:
+            many = getattr(self.store, "get_many", None)
+            if many is not None:
+                found: dict[str, Answer] = many(keys)
+            else:
+                found = {key: answer for key in keys if (answer := self.store.get(key)) is not None}
+        except Exception as exc:  # a damaged journal: a stop, not a traceback
+            self._stop(JournalError(f"cannot read the journal: {exc}"))
+            return {}
+        if self.unsaved:
+            found.update(self.unsaved.get_many(keys))
+        return found
+
     def put(self, key: str, answer: Answer) -> None:
         if not self.refusing:
             try:
@@ -375,6 +429,58 @@ class _Answers:
         return where
 
 
+class _KnownTexts:
+    """Rows that need no request, by text: skipped with a reason, or answered by the store. A text
+    that repeats (200,000 rows may hold 20,000 texts) is checked, fingerprinted and looked up once.
+    Bounded by the texts' characters (``KNOWN_TEXT_BYTES``): the oldest are forgotten first."""
+
+    __slots__ = ("rows", "size", "limit", "skips")
+
+    def __init__(self, limit: int = KNOWN_TEXT_BYTES) -> None:
+        self.rows: dict[str, RowResult] = {}
+        self.size = 0
+        self.limit = limit
+        self.skips = 0  # skipped rows among them (not answers: not counted as reused)
+
+    def put(self, text: str, result: RowResult) -> None:
+        if text in self.rows:
+            return
+        self.rows[text] = result
+        self.size += len(text)
+        self.skips += result.status == SKIPPED
+        while self.size > self.limit:
+            self.size -= len(text := next(iter(self.rows)))
+            self.skips -= self.rows.pop(text).status == SKIPPED
+
+
+class _Window:
+    """The rows between reading and yielding, in input order, and the bytes they hold: reading waits
+    while either is at its bound (one item always fits, however large)."""
+
+    __slots__ = ("items", "_sizes", "rows", "nbytes", "max_rows", "max_bytes")
+
+    def __init__(self, max_rows: int, max_bytes: int) -> None:
+        self.items: deque[Pending | Known] = deque()
+        self._sizes: deque[tuple[int, int]] = deque()
+        self.rows = self.nbytes = 0
+        self.max_rows, self.max_bytes = max_rows, max_bytes
+
+    def has_room(self) -> bool:
+        return not self.items or (self.rows < self.max_rows and self.nbytes < self.max_bytes)
+
+    def add(self, item: Pending | Known, rows: int, nbytes: int) -> None:
+        self.items.append(item)
+        self._sizes.append((rows, nbytes))
+        self.rows += rows
+        self.nbytes += nbytes
+
+    def pop(self) -> Pending | Known:
+        rows, nbytes = self._sizes.popleft()
+        self.rows -= rows
+        self.nbytes -= nbytes
+        return self.items.popleft()
+
+
 class _Batch:
     """One run of the engine: rows in, requests out; the first request alone; what is under way;
     and the stop: why, what is still awaited on the wire, and what is cancelled."""
@@ -405,6 +511,7 @@ class _Batch:
         self.first_sent = False
         self.drain_deadline: float | None = None
         self.long_rows = _LongRows(self)
+        self.known = _KnownTexts()
 
     def stop(self, error: BatchsumError, *, unsent_rows: bool = False) -> None:
         """Stop at once: nothing new starts from here on, whoever notices the stop first.
@@ -433,14 +540,22 @@ class _Batch:
         problem = contract.text_problem(text)
         long = problem is not None and problem[0] is contract.SkipReason.TOO_LONG and self.options.long_texts != SKIP
         if problem is not None and not long:
-            reason, message = problem
-            if reason is contract.SkipReason.TOO_LONG:
-                self.stats.long_skipped(contract.count_words(text))
-            return RowResult(None, SKIPPED, reason.value, message, None, 0, 0)
+            return self.skipped(text, problem)
         sample = self.options.sample_rows
         if sample is not None and position not in sample:
             message = f"not sent: not in the sample of {len(sample)} rows; a run without sample sends it"
             return RowResult(None, FAILED, NOT_SENT, message, None, 0, 0)
+        return self.send_row(text, long)
+
+    def skipped(self, text: Any, problem: tuple[contract.SkipReason, str]) -> RowResult:
+        reason, message = problem
+        if reason is contract.SkipReason.TOO_LONG:
+            self.stats.long_skipped(contract.count_words(text))
+        return RowResult(None, SKIPPED, reason.value, message, None, 0, 0)
+
+    def send_row(self, text: Any, long: bool) -> Pending:
+        """The row's answer: known, under way, or a new request (a long text's as ``long_texts``
+        says); ``not_sent`` when a stop forbids new ones."""
         if long:
             if self.stopped.is_set():
                 return self.not_sent()
@@ -449,6 +564,71 @@ class _Batch:
         item = self.request(text, self.params, new=not self.stopped.is_set())
         return item if item is not None else self.not_sent()
 
+    def submit_block(self, texts: list[Any]) -> list[Pending | Known]:
+        """``submit`` for rows read together, in order, with the work done once per distinct text: the
+        rows that need no request (skipped, or answered by the store: looked up in bulk, one query
+        for the block) come back in runs (``Known``), the others one by one as ``submit`` gives them."""
+        if self.options.sample_rows is not None:  # the sample goes by position: row by row
+            return [self.submit(text) for text in texts]
+        self.read += len(texts)
+        known = self.known
+        try:
+            rows: list[RowResult | None] = list(map(known.rows.get, texts))  # at C speed: a rerun's rows
+        except TypeError:  # a cell that cannot be a key (a list)
+            rows = [None] * len(texts)
+        skips = known.skips
+        if None in rows:
+            skips += self._resolve(texts, rows)
+        resolved = [row for row in rows if row is not None]
+        reused = sum(1 for row in resolved if row.status != SKIPPED) if skips else len(resolved)
+        self.stats.reused += reused
+        if len(resolved) == len(rows):
+            return [resolved]
+        items: list[Pending | Known] = []
+        run: Known = []
+        for text, row in zip(texts, rows):
+            if row is not None:
+                run.append(row)
+                continue
+            if run:
+                items.append(run)
+                run = []
+            problem = contract.text_problem(text)
+            items.append(self.send_row(text, problem is not None))  # a new request, or a long text's
+        if run:
+            items.append(run)
+        return items
+
+    def _resolve(self, texts: list[Any], rows: list[RowResult | None]) -> int:
+        """Fill in ``rows`` (None: not known yet) what needs no request: skipped texts, and answers
+        the store has (one look-up for the block). Rows still None need a request (or are long
+        texts that ``long_texts`` sends). Returns how many skipped rows there may be."""
+        missing: dict[str, list[int]] = {}  # fingerprint -> positions
+        identify = text_fingerprint(self.params)
+        skips = 0
+        for i, row in enumerate(rows):
+            if row is not None:
+                continue
+            text = texts[i]
+            problem = contract.text_problem(text)
+            if problem is not None:
+                if problem[0] is contract.SkipReason.TOO_LONG and self.options.long_texts != SKIP:
+                    continue
+                rows[i] = self.skipped(text, problem)  # a too_long skip is counted for each row: its words
+                if type(text) is str and problem[0] is not contract.SkipReason.TOO_LONG:
+                    self.known.put(text, rows[i])  # type: ignore[arg-type]
+                skips += 1
+                continue
+            missing.setdefault(identify(text), []).append(i)
+        wanted = [key for key in missing if key not in self.under_way]
+        found = self.answers.get_many(wanted) if wanted else {}
+        for key, answer in found.items():
+            result = answer.row()
+            self.known.put(texts[missing[key][0]], result)
+            for i in missing[key]:
+                rows[i] = result
+        return skips
+
     def request(
         self, text: str, params: contract.Params, kind: str = ROW, *, new: bool = True
     ) -> Answer | asyncio.Task[Answer] | None:
@@ -456,7 +636,7 @@ class _Batch:
         of this run, joined), or a new task that claims and sends it (None when ``new`` is False).
         ``kind`` counts it: a row's request, a long text's part, or a reduce."""
         request = PreparedRequest(text, params)
-        key = fingerprint(request)
+        key = text_fingerprint(params)(text)
         task = self.under_way.get(key)
         if task is not None:
             self.stats.reused += 1
@@ -527,7 +707,7 @@ class _Batch:
             task.cancel()
         return [task for task in tasks & self.gate.on_wire if not task.done()]
 
-    async def close(self, pending: deque[Pending]) -> None:
+    async def close(self, pending: deque[Pending | Known]) -> None:
         """Let requests on the wire finish (the service charges for them) and keep their answers,
         unless the key was refused; then cancel the rest. A second Ctrl-C aborts at once."""
         on_wire = self.stop_sending()
@@ -636,9 +816,13 @@ class _Tally:
         self.on_result = on_result
         self._settled: set[asyncio.Task[Any]] = set()  # rows a stop gave a record their task never had
 
-    def add(self, item: Pending) -> None:
+    def add(self, item: Pending | Known) -> None:
         if isinstance(item, asyncio.Task):
             item.add_done_callback(self._finished)
+        elif isinstance(item, list):
+            self.stats.count_many(item)
+            if self.on_result is not None:
+                self.on_result(self.stats)
         else:
             self._count(_row(item))
 
@@ -676,14 +860,44 @@ async def summarize_stream(
 ) -> AsyncIterator[RowResult]:
     """Yield one ``RowResult`` per text, in input order.
 
-    ``params`` (``contract.Params``) and ``options`` (``RunOptions``) say what to ask and how to run;
-    for short calls their fields may be given as keywords instead (``mode``, ``percentage``,
-    ``type``; ``rpm``, ``concurrency``, ``limiter``, ``window``, ``drain_seconds``). ``store`` keeps
-    finished answers (default: in memory for this call); ``stats`` is updated live and ``on_result``
-    called as each row's result arrives (results are yielded in order; counts are not held back). Raises ``InvalidParameterError`` for bad settings before reading any row;
-    ``AuthenticationError`` / ``NotPremiumError`` when the service refuses the key or the plan, and
-    ``JournalError`` when the store cannot keep an answer, after yielding the rows already finished.
+    ``texts``: the rows (a list is taken ``BLOCK_ROWS`` at a time, each block looked up in bulk), or
+    ``RowBlock`` items of rows read together. ``params`` (``contract.Params``) and ``options``
+    (``RunOptions``) say what to ask and how to run; for short calls their fields may be given as
+    keywords instead (``mode``, ``percentage``, ``type``; ``rpm``, ``concurrency``, ``limiter``,
+    ``window``, ``drain_seconds``). ``store`` keeps finished answers (default: in memory for this
+    call); ``stats`` is updated live and ``on_result`` called as each row's result arrives (results
+    are yielded in order; counts are not held back). Raises ``InvalidParameterError`` for bad
+    settings before reading any row; ``AuthenticationError`` / ``NotPremiumError`` when the service
+    refuses the key or the plan, and ``JournalError`` when the store cannot keep an answer, after
+    yielding the rows already finished.
     """
+    results = stream_results(
+        texts, client, params, options, store=store, stats=stats, pacer=pacer, on_result=on_result, **settings
+    )
+    async with aclosing(results):
+        async for item in results:
+            if isinstance(item, list):
+                for result in item:
+                    yield result
+            else:
+                yield item
+
+
+async def stream_results(
+    texts: Iterable[Any] | AsyncIterable[Any],
+    client: AsyncClient,
+    params: contract.Params | None = None,
+    options: RunOptions | None = None,
+    *,
+    store: AnswerStore | None = None,
+    stats: BatchStats | None = None,
+    pacer: Pacer | None = None,
+    on_result: Callable[[BatchStats], None] | None = None,
+    **settings: Any,
+) -> AsyncGenerator[RowResult | Known, None]:
+    """``summarize_stream``'s results as they are held: a row's ``RowResult``, or a list of the
+    results of consecutive rows that needed no request (a rerun's rows, answered by the journal in
+    bulk), which a writer can take whole."""
     request_fields = {k: settings.pop(k) for k in ("mode", "percentage", "type") if k in settings}
     if params is None:
         params = validate_params(**request_fields)
@@ -700,16 +914,17 @@ async def summarize_stream(
     pacer = pacer if pacer is not None else options.pacer()
     stats.pacer = pacer
     batch = _Batch(client, params, options, store if store is not None else MemoryStore(), stats, pacer)
-    pending: deque[Pending] = deque()
-    rows = _rows(texts)
+    window = _Window(options.window, options.window_bytes)
+    rows = _rows(_blocks(texts))
     exhausted = False
     stop_waiter = asyncio.ensure_future(batch.stopped.wait())
     tally = _Tally(stats, on_result)
+    since_turn = 0
     try:
         while True:
-            while not exhausted and (batch.read_on or not batch.stopped.is_set()) and len(pending) < options.window:
+            while not exhausted and (batch.read_on or not batch.stopped.is_set()) and window.has_room():
                 try:
-                    text = await rows.__anext__()
+                    read = await rows.__anext__()
                 except StopAsyncIteration:
                     exhausted = True
                     break
@@ -717,30 +932,59 @@ async def summarize_stream(
                     batch.stop(exc, unsent_rows=True)
                     exhausted = True
                     break
-                item = batch.submit(text)
-                pending.append(item)
-                tally.add(item)
-            if not pending:
+                if isinstance(read, RowBlock):
+                    items = batch.submit_block(read.texts)
+                    each = read.nbytes // max(1, len(read.texts))
+                    for item in items:
+                        count = len(item) if isinstance(item, list) else 1
+                        window.add(item, count, each * count)
+                        tally.add(item)
+                else:
+                    item = batch.submit(read)
+                    window.add(item, 1, len(read) if type(read) is str else 0)
+                    tally.add(item)
+            if not window.items:
                 if isinstance(batch.fatal, RequestCapReached):
                     batch.fatal.with_remaining(stats.failed_by_code[NOT_SENT])
                 if batch.fatal is not None:
                     raise batch.fatal
                 break
-            result = await batch.next_result(pending[0], stop_waiter)
-            tally.settle(pending.popleft(), result)
-            stats.yielded += 1
-            if stats.yielded % YIELD_EVERY == 0:
+            head = window.items[0]
+            if isinstance(head, list):
+                window.pop()
+                stats.yielded += len(head)
+                since_turn += len(head)
+                out: RowResult | Known = head
+            else:
+                out = await batch.next_result(head, stop_waiter)
+                tally.settle(window.pop(), out)  # type: ignore[arg-type]
+                stats.yielded += 1
+                since_turn += 1
+            if since_turn >= YIELD_EVERY:
+                since_turn = 0
                 await asyncio.sleep(0)  # rows answered by the store never wait: let a stop (a signal) in
-            yield result
+            yield out
     finally:
         stop_waiter.cancel()
-        await batch.close(pending)
+        await batch.close(window.items)
         await asyncio.gather(stop_waiter, return_exceptions=True)
         try:
             await pacer.flush()
         except BudgetError as exc:  # the budget is gone: its counts are only advice
             log.warning("%s", exc)
         await rows.aclose()  # type: ignore[attr-defined]  # closes the input (an open file) on an early stop too
+
+
+def _blocks(texts: Iterable[Any] | AsyncIterable[Any]) -> Iterable[Any] | AsyncIterable[Any]:
+    """A list or tuple of rows as ``RowBlock``s of ``BLOCK_ROWS``; any other input as it comes (a
+    generator's rows are not waited for in blocks)."""
+    if not isinstance(texts, (list, tuple)):
+        return texts
+    rows = texts
+    return (
+        RowBlock(list(rows[i : i + BLOCK_ROWS]), sum(len(t) for t in rows[i : i + BLOCK_ROWS] if type(t) is str))
+        for i in range(0, len(rows), BLOCK_ROWS)
+    )
 
 
 @dataclass

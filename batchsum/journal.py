@@ -37,6 +37,8 @@ from .stores import CLAIM_SECONDS
 __all__ = ["Journal", "SharedJournal", "RedisStore", "RunLock", "FORMAT"]
 
 FORMAT = "batchsum-journal-1"
+LOOKUP_CHUNK = 500  # keys per query of a look-up in bulk (SQLite allows 999 parameters at the least)
+CACHE_KIB = 4096  # SQLite's page cache per connection: a bound, whatever the journal's size
 
 _SCHEMA = f"""
 CREATE TABLE answers (
@@ -313,6 +315,7 @@ class Journal:
         try:
             uri = f"file:{self.path}?mode=ro" if readonly else f"file:{self.path}"
             self._db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+            self._db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
             if not readonly:
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=NORMAL")
@@ -394,6 +397,21 @@ class Journal:
             "SELECT summary, status, error, message, http_status, attempts FROM answers WHERE fingerprint=?", (key,)
         ).fetchone()
         return Answer(*row) if row else None
+
+    def get_many(self, keys: list[str]) -> dict[str, Answer]:
+        """The answers known for ``keys``, by key: one query per ``LOOKUP_CHUNK`` keys (a batch's
+        look-up in bulk, not a query per row)."""
+        found: dict[str, Answer] = {}
+        for start in range(0, len(keys), LOOKUP_CHUNK):
+            chunk = keys[start : start + LOOKUP_CHUNK]
+            rows = self._query(
+                "SELECT fingerprint, summary, status, error, message, http_status, attempts FROM answers "
+                f"WHERE fingerprint IN ({','.join('?' * len(chunk))})",
+                tuple(chunk),
+            ).fetchall()
+            for key, *fields in rows:
+                found[key] = Answer(*fields)
+        return found
 
     def __contains__(self, key: str) -> bool:
         return self._query("SELECT 1 FROM answers WHERE fingerprint=?", (key,)).fetchone() is not None
@@ -491,6 +509,16 @@ class RedisStore:
     def get(self, key: str) -> Answer | None:
         raw = self._redis.get(self._prefix + key)
         return Answer(*json.loads(raw)) if raw is not None else None
+
+    def get_many(self, keys: list[str]) -> dict[str, Answer]:
+        """The answers known for ``keys``: one ``MGET`` per ``LOOKUP_CHUNK`` keys."""
+        found: dict[str, Answer] = {}
+        for start in range(0, len(keys), LOOKUP_CHUNK):
+            chunk = keys[start : start + LOOKUP_CHUNK]
+            for key, raw in zip(chunk, self._redis.mget([self._prefix + key for key in chunk])):
+                if raw is not None:
+                    found[key] = Answer(*json.loads(raw))
+        return found
 
     def put(self, key: str, answer: Answer) -> None:
         self._redis.set(self._prefix + key, json.dumps(list(answer)), ex=self._ttl)

@@ -57,7 +57,8 @@ DEFAULT_BUDGET = "machine"
 DEFAULT_MAX_WAIT = 1800.0  # seconds a row may wait out 429s before it fails as rate_limited
 ENCODINGS = ("json", "form", "multipart")
 LONG_TEXT_POLICIES = ("skip", "split", "truncate")
-DEFAULT_WINDOW = 1024  # rows held between reading and yielding
+DEFAULT_WINDOW = 1024  # rows held between reading and yielding ...
+DEFAULT_WINDOW_BYTES = 16 << 20  # ... and their input's bytes (the rows behind a slow one wait, not the reading)
 DEFAULT_DRAIN_SECONDS = 15.0  # how long a stop waits for answers on the wire
 
 
@@ -439,6 +440,7 @@ class RunSpec:
     max_wait: float = DEFAULT_MAX_WAIT
     long_texts: str = "skip"
     window: int = DEFAULT_WINDOW
+    window_bytes: int = DEFAULT_WINDOW_BYTES
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
     max_requests: int | None = None
     sample: int | None = None

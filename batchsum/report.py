@@ -58,8 +58,8 @@ class Timeline:
     def refused(self, now: float) -> None:
         self._count(now, 1)
 
-    def done(self, now: float) -> None:
-        self._count(now, 2)
+    def done(self, now: float, count: int = 1) -> None:
+        self._seconds.setdefault(int(self._since(now)), [0, 0, 0])[2] += count
 
     def in_flight(self, now: float, count: int) -> None:
         second = int(self._since(now))
@@ -228,6 +228,29 @@ class BatchStats:
         else:
             self.failed += 1
             self.failed_by_code[result.error or "?"] += 1
+
+    def count_many(self, results: Sequence[RowResult]) -> None:
+        """``count`` for rows whose results came together (a block the store answered)."""
+        if self.pacer is not None:
+            self.pacer.timeline.done(self.pacer.now(), len(results))
+        self.done += len(results)
+        ok = 0
+        for result in results:
+            if result.status == OK:
+                ok += 1
+            elif result.status == SKIPPED:
+                self.skipped += 1
+                self.skipped_by_reason[result.error or "?"] += 1
+                if self.telemetry is not None:
+                    self.telemetry.row_done(SKIPPED)
+            else:
+                self.failed += 1
+                self.failed_by_code[result.error or "?"] += 1
+                if self.telemetry is not None:
+                    self.telemetry.row_done(result.status)
+        self.ok += ok
+        if ok and self.telemetry is not None:
+            self.telemetry.row_done(OK, ok)
 
     def account(self) -> str:
         """One line: rows, sent, reused, skipped by reason, failed by code, 429s, wall time."""

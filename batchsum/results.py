@@ -63,7 +63,8 @@ class Answer(NamedTuple):
 
     def row(self, requests: int = 1, message: str | None = None) -> RowResult:
         """The row result this answer gives (``message``: ours, in place of the service's none)."""
-        return RowResult(*self._replace(message=message or self.message), requests)
+        summary, status, error, own, http_status, attempts = self
+        return RowResult(summary, status, error, message or own, http_status, attempts, requests)
 
 
 # The result columns' pandas dtypes, the same on every path (accessor, Dask, Parquet read back):

@@ -33,7 +33,7 @@ from . import contract
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .budget import Budget, RedisBudget, Share, SQLiteBudget, check_budget, open_budget
 from .client import AsyncClient
-from .engine import RunOptions, plan_batch, summarize_stream
+from .engine import RowBlock, RunOptions, plan_batch, stream_results, summarize_stream
 from .errors import (
     BrokenInputError,
     BudgetError,
@@ -214,6 +214,7 @@ class Run:
             limiter=spec.limiter,
             budget=self.budget,
             window=spec.window,
+            window_bytes=spec.window_bytes,
             drain_seconds=spec.drain_seconds,
             max_wait=spec.max_wait,
             long_texts=spec.long_texts,
@@ -393,25 +394,36 @@ class Run:
         a refused key removes the partial output (the answers are in the journal, and the same
         command resumes), unless every row was already written: a finished output is never thrown
         away, and the stop that came too late is noted in ``late_stop``."""
-        from .datasets import BATCH_ROWS
-
         output = self.output
         assert output is not None, "Run(..., output=...) makes the output"
         held: deque[pa.RecordBatch] = deque()
         column = source.column
         read_all = False
 
-        def texts() -> Iterator[Any]:
+        def blocks() -> Iterator[RowBlock]:
             nonlocal read_all
-            for batch in source.batches(batch_rows or BATCH_ROWS):
+            for batch in source.batches(batch_rows):
                 held.append(batch)
-                yield from batch.column(column).to_pylist()
+                yield RowBlock(batch.column(column).to_pylist(), batch.nbytes)
             read_all = True
 
         finished: list[RowResult] = []
+        results = stream_results(
+            blocks(),
+            self.client,
+            self.spec.params,
+            self.options,
+            store=self.store,
+            stats=self.stats,
+            pacer=self.pacer,
+            on_result=self._result,
+        )
         try:
-            async for result in self.stream(texts()):
-                finished.append(result)
+            async for result in results:
+                if isinstance(result, list):
+                    finished.extend(result)
+                else:
+                    finished.append(result)
                 while held and len(finished) >= held[0].num_rows:
                     batch = held.popleft()
                     output.write(batch, finished[: batch.num_rows])

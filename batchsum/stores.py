@@ -58,6 +58,10 @@ class MemoryStore:
     def put(self, key: str, answer: Answer) -> None:
         self._answers[key] = answer
 
+    def get_many(self, keys: list[str]) -> dict[str, Answer]:
+        answers = self._answers
+        return {key: answers[key] for key in keys if key in answers}
+
     def __len__(self) -> int:
         return len(self._answers)
 
@@ -84,6 +88,10 @@ class MemoryClaims(MemoryStore):
     def put(self, key: str, answer: Answer) -> None:
         with self._lock:
             super().put(key, answer)
+
+    def get_many(self, keys: list[str]) -> dict[str, Answer]:
+        with self._lock:
+            return super().get_many(keys)
 
     def claim(self, key: str) -> bool:
         with self._lock:

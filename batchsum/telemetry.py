@@ -106,5 +106,5 @@ class Metrics:
         if latency is not None:
             instruments.latency.record(latency, self.attributes)
 
-    def row_done(self, status: str) -> None:
-        self._instruments.rows.add(1, {**self.attributes, "status": status})
+    def row_done(self, status: str, count: int = 1) -> None:
+        self._instruments.rows.add(count, {**self.attributes, "status": status})

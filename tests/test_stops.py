@@ -117,8 +117,8 @@ def test_an_input_that_breaks_midway_keeps_the_answers_and_writes_the_rows_read(
     err = done.stderr.strip().splitlines()[-1]
     assert "cannot be read as Parquet" in err and "a rerun pays for none of them again" in err
     written = pd.read_csv(out)
-    # Every row read before the break (the reader meets it a batch or two early), in order.
-    assert 4096 <= len(written) < 8000 and list(written["n"]) == list(range(len(written)))
+    # Every row read before the break (pages before the garbage may still be read), in order.
+    assert 4096 <= len(written) < 10_000 and list(written["n"]) == list(range(len(written)))
     ok = written["summary_status"] == "ok"
     assert set(written["summary_status"]) <= {"ok", "failed"} and set(written.loc[~ok, "summary_error"]) <= {"not_sent"}
     assert f"holds the {len(written)} rows" in err
