@@ -53,7 +53,7 @@ __all__ = [
 
 BATCH_ROWS = 1024  # rows read at once, at most ...
 BATCH_BYTES = 2 << 20  # ... and fewer when the rows are wide: about this many bytes (Parquet's own sizes)
-ROW_GROUP_BYTES = 32 << 20  # a Parquet output's row groups: about this many bytes each (held until written)
+ROW_GROUP_BYTES = 16 << 20  # a Parquet output's row groups: about this many bytes each (held until written)
 
 # summary, status, error, message, http_status, attempts; pandas reads Parquet outputs back with
 # the accessor's dtypes (engine.RESULT_DTYPES), through the pandas metadata written with them.
