@@ -8,13 +8,14 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-__all__ = ["after_import"]
+__all__ = ["after_import", "own_arrow"]
 
 log = logging.getLogger("batchsum")
 _lock = threading.Lock()
@@ -61,3 +62,43 @@ def after_import(name: str, callback: Callable[[], None]) -> None:
             sys.meta_path.insert(0, _Watch(name, callback))
             return
     _call(callback)
+
+
+def own_arrow() -> None:
+    """pyarrow as a process of batchsum's own wants it (the command line), never in a process that is
+    not ours (a notebook):
+
+    - on Linux, where pyarrow's builds carry jemalloc, Arrow's memory comes from it, named before
+      pyarrow loads (``ARROW_DEFAULT_MEMORY_POOL``; once loaded, the default pool has taken its
+      arenas): jemalloc gives freed memory back; with the default, mimalloc, a rerun's peak was about
+      50 MB higher (``benchmarks/scale.py``). The user's own setting wins;
+    - pyarrow imports pandas (about 40 MB and a third of a second) at its first conversion of Python
+      values, only to ask whether they are pandas objects: it looks once while pandas is hidden,
+      remembers there is none, and pandas is never loaded (here pyarrow would believe pandas missing
+      for good, which only a process that never hands Arrow data to pandas can afford)."""
+    if sys.platform.startswith("linux") and "pyarrow" not in sys.modules:
+        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
+    if "pandas" in sys.modules:
+        return
+    import pyarrow as pa
+
+    hide = _Hidden("pandas")
+    sys.meta_path.insert(0, hide)
+    try:
+        pa.array([0])
+    finally:
+        sys.meta_path.remove(hide)
+
+
+class _Hidden(importlib.abc.MetaPathFinder):
+    """Makes an import of ``name`` fail, as if it were not installed."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname == self.name:
+            raise ModuleNotFoundError(f"{fullname} is hidden from this process", name=fullname)
+        return None

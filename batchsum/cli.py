@@ -418,18 +418,18 @@ def _journal_path(args: argparse.Namespace, target: Any, source: Any) -> Path:
     return path
 
 
-def _arrow_memory() -> None:
-    """This process is ours: on Linux, where pyarrow's builds carry jemalloc, Arrow's memory comes
-    from it, chosen before pyarrow is imported (after, the default pool has already taken its own
-    arenas). jemalloc gives freed memory back; with the default, mimalloc, a rerun's peak was about
-    50 MB higher (``benchmarks/scale.py``). A library leaves this to its host; the CLI chooses.
-    ``ARROW_DEFAULT_MEMORY_POOL`` set by the user wins."""
-    if sys.platform.startswith("linux") and "pyarrow" not in sys.modules:
-        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
+def _own_process(args: argparse.Namespace) -> None:
+    """The command runs in a process of its own (``batchsum ...``, not ``main([...])`` called from
+    Python): it may choose for the whole process what a library leaves to its host
+    (``_imports.own_arrow``: jemalloc for Arrow's memory, and no pandas)."""
+    if args.own_process:
+        from ._imports import own_arrow
+
+        own_arrow()
 
 
 def _summarize(args: argparse.Namespace) -> int:
-    _arrow_memory()
+    _own_process(args)
     from .datasets import DatasetInput, DatasetOutput, check_output
     from .run import Run, dry_run
 
@@ -636,6 +636,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
     handlers = {"summarize": _summarize, "text": _text, "serve": _serve, "journal": _journal, "report": _report}
     args.argv = list(argv) if argv is not None else sys.argv[1:]
+    args.own_process = argv is None
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = {signum: signal.getsignal(signum) for signum in _StopOnSignal.SIGNALS} if in_main_thread else {}
     if previous.get(signal.SIGTERM) == signal.SIG_DFL:

@@ -32,7 +32,7 @@ from .accessors import ColumnSummarize, ValuesSummarize
 from .budget import Budget, ProcessBudget, SQLiteBudget
 from .errors import BudgetError, InvalidParameterError
 from .options import RunSpec
-from .results import check_columns, join_results, results_frame
+from .results import check_columns, column_blocks, join_results, results_frame
 from .run import prepare_shared, run_texts
 
 __all__ = ["DaskDataFrameAccessor", "DaskSeriesAccessor"]
@@ -49,7 +49,7 @@ def _partition(
     job's request cap and sample are divided among the partitions; a partition that reaches its
     part of the cap returns every row (the unsent ones ``failed`` with ``not_sent``), as the CLI's
     output does, and its run report says the run stopped."""
-    texts = (part if isinstance(part, pd.Series) else part[column]).tolist()
+    texts = column_blocks(part if isinstance(part, pd.Series) else part[column])
     number = partition_info["number"] if partition_info else 0
     spec = spec.portion(partitions, number)
     results = run_in_worker(lambda: run_texts(spec, texts, shared=True, warn_at_cap=True))

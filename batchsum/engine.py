@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,6 +67,7 @@ Known = list[RowResult]
 __all__ = [
     "RunOptions",
     "RowBlock",
+    "RowBlocks",
     "fingerprint",
     "summarize_stream",
     "stream_results",
@@ -90,6 +91,23 @@ class RowBlock:
 
     texts: list[Any]
     nbytes: int = 0
+
+
+class RowBlocks:
+    """A column's values as ``RowBlock``s, taken ``rows`` at a time (``take(start, stop)`` gives them
+    as a list): a front-end's frame column goes through a run without ever being held whole as
+    Python objects. ``len()`` is the number of values."""
+
+    def __init__(self, count: int, take: Callable[[int, int], list[Any]], rows: int = BLOCK_ROWS) -> None:
+        self.count, self.take, self.rows = count, take, rows
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[RowBlock]:
+        for start in range(0, self.count, self.rows):
+            texts = self.take(start, min(self.count, start + self.rows))
+            yield RowBlock(texts, sum(len(text) for text in texts if type(text) is str))
 
 
 def fingerprint(request: PreparedRequest) -> str:

@@ -18,7 +18,7 @@ from .accessors import ColumnSummarize, ColumnSummarizeAsync, ValuesSummarize, V
 from .errors import InputError
 from .options import RunSpec
 from .report import BatchStats
-from .results import RowResult, check_columns, join_results, results_frame
+from .results import RowResult, check_columns, column_blocks, join_results, results_frame
 from .run import run_texts
 from .stores import clear_process_caches
 
@@ -56,11 +56,11 @@ class _Accessor:
         return out
 
     def _summarize(self, column: Hashable, spec: RunSpec) -> pd.DataFrame:
-        texts, stats = self._texts(column, spec).tolist(), BatchStats()
+        texts, stats = column_blocks(self._texts(column, spec)), BatchStats()
         return self._frame(run_in_worker(lambda: run_texts(spec, texts, stats=stats, warn_at_cap=True)), spec, stats)
 
     async def _asummarize(self, column: Hashable, spec: RunSpec) -> pd.DataFrame:
-        texts, stats = self._texts(column, spec).tolist(), BatchStats()
+        texts, stats = column_blocks(self._texts(column, spec)), BatchStats()
         return self._frame(await run_texts(spec, texts, stats=stats, warn_at_cap=True), spec, stats)
 
 

@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from ._background import run_in_worker
 from .accessors import ColumnSummarize, ColumnSummarizeAsync, ValuesSummarize, ValuesSummarizeAsync
+from .engine import RowBlocks
 from .errors import InputError
 from .options import RunSpec
 from .report import BatchStats
@@ -47,7 +48,7 @@ class _Namespace:
     def __init__(self, data: pl.DataFrame | pl.Series) -> None:
         self._data = data
 
-    def _texts(self, column: Hashable, spec: RunSpec) -> list[Any]:
+    def _texts(self, column: Hashable, spec: RunSpec) -> RowBlocks:
         if isinstance(self._data, pl.Series):
             return self._texts_of(self._data)
         check_columns(self._data.columns, column, spec.output_column)
@@ -56,10 +57,14 @@ class _Namespace:
         return self._texts_of(self._data.get_column(column))
 
     @staticmethod
-    def _texts_of(series: pl.Series) -> list[Any]:
-        # Through Arrow; a value that is not text is skipped per row by the run, as on every front-end.
-        values: list[Any] = series.to_arrow().to_pylist()
-        return values
+    def _texts_of(series: pl.Series) -> RowBlocks:
+        # Through Arrow, a block at a time; a value that is not text is skipped per row by the run,
+        # as on every front-end.
+        def take(start: int, stop: int) -> list[Any]:
+            values: list[Any] = series.slice(start, stop - start).to_arrow().to_pylist()
+            return values
+
+        return RowBlocks(len(series), take)
 
     def _frame(self, results: list[RowResult], spec: RunSpec, stats: BatchStats) -> pl.DataFrame:
         _last.record = stats.record()

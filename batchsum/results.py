@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
+    from .engine import RowBlocks
+
 __all__ = [
     "RowResult",
     "Answer",
@@ -110,6 +112,13 @@ def check_columns(columns: Any, column: Hashable, output_column: str) -> None:
         shown = ", ".join(map(repr, list(columns)[:20]))
         raise InputError(f"no column {column!r} in the DataFrame; its columns are: {shown}")
     check_output_columns(columns, output_column)
+
+
+def column_blocks(series: pd.Series) -> RowBlocks:
+    """A pandas Series' values for a run, a block at a time: never all of them as Python objects at once."""
+    from .engine import RowBlocks
+
+    return RowBlocks(len(series), lambda start, stop: series.iloc[start:stop].tolist())
 
 
 def results_frame(results: Sequence[RowResult], index: pd.Index, output_column: str) -> pd.DataFrame:

@@ -25,7 +25,7 @@ import time
 import uuid
 import warnings
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence, Sized
 from contextlib import AsyncExitStack, ExitStack
 from typing import TYPE_CHECKING, Any
 
@@ -512,7 +512,8 @@ async def run_texts(
     request cap every row still has its record (the unsent ones ``failed`` with ``not_sent``);
     ``RequestCapReached`` is raised, or with ``warn_at_cap`` (the frame front-ends) the rows come
     back with a ``RuntimeWarning`` saying so, and the same call again continues."""
-    texts = list(texts)
+    if not isinstance(texts, Sized):
+        texts = list(texts)
     out: list[RowResult] = results if results is not None else []
     try:
         async with Run(spec, total=len(texts), stats=stats, on_result=on_result, shared=shared) as run:
