@@ -5,13 +5,14 @@ works whichever of the two a notebook imports first."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -75,17 +76,27 @@ def own_arrow() -> None:
     - pyarrow imports pandas (about 40 MB and a third of a second) at its first conversion of Python
       values, only to ask whether they are pandas objects: it looks once while pandas is hidden,
       remembers there is none, and pandas is never loaded (here pyarrow would believe pandas missing
-      for good, which only a process that never hands Arrow data to pandas can afford)."""
+      for good, which only a process that never hands Arrow data to pandas can afford);
+    - httpx is loaded without its own command line (click, rich, pygments)."""
     if sys.platform.startswith("linux") and "pyarrow" not in sys.modules:
         os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
-    if "pandas" in sys.modules:
-        return
-    import pyarrow as pa
+    if "httpx" not in sys.modules:
+        with _hidden("click"):  # httpx's own command line (click, rich, pygments): never used here
+            import httpx  # noqa: F401
+    if "pandas" not in sys.modules:
+        import pyarrow as pa
 
-    hide = _Hidden("pandas")
+        with _hidden("pandas"):
+            pa.array([0])
+
+
+@contextlib.contextmanager
+def _hidden(name: str) -> Iterator[None]:
+    """While inside, an import of ``name`` (not yet imported) fails as if it were not installed."""
+    hide = _Hidden(name)
     sys.meta_path.insert(0, hide)
     try:
-        pa.array([0])
+        yield
     finally:
         sys.meta_path.remove(hide)
 

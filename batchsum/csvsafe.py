@@ -17,7 +17,6 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -31,6 +30,8 @@ FORMULA_START = r"^[=+\-@\t\r]"
 def neutralize(values: pa.Array | pa.ChunkedArray) -> Any:
     """``values`` (strings) with a ``'`` before each one that begins like a formula; nulls and
     everything else unchanged. Returns an array of the same kind (``pa.Array`` or ``pa.ChunkedArray``)."""
+    import pyarrow.compute as pc  # loaded by CSV outputs only
+
     dangerous = pc.match_substring_regex(values, FORMULA_START)
     return pc.if_else(dangerous, pc.binary_join_element_wise("'", values, ""), values)
 

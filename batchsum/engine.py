@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,7 +56,7 @@ from .options import (
 )
 from .pacing import Limiter, PaceChange, Pacer
 from .report import BatchStats
-from .results import FAILED, OK, SKIPPED, Answer, RowResult
+from .results import BLOCK_ROWS, FAILED, OK, SKIPPED, Answer, RowBlock, RowResult
 from .stores import CLAIM_POLL_SECONDS, AnswerStore, MemoryStore, SharedAnswerStore
 
 # A row in the window: its result, a known answer, or the task that gives either.
@@ -67,7 +67,6 @@ Known = list[RowResult]
 __all__ = [
     "RunOptions",
     "RowBlock",
-    "RowBlocks",
     "fingerprint",
     "summarize_stream",
     "stream_results",
@@ -80,34 +79,7 @@ ROW, PART, REDUCE = "row", "part", "reduce"  # what a request is for (the accoun
 SKIP, SPLIT, TRUNCATE = LONG_TEXT_POLICIES
 NOT_SENT = "not_sent"  # the error code of a row a stop left unsent (a rerun sends it)
 YIELD_EVERY = 256  # rows between turns given to the event loop when none of them had to wait
-BLOCK_ROWS = 1024  # rows of a list taken at once (looked up in bulk)
 KNOWN_TEXT_BYTES = 32 << 20  # texts remembered with the result they need no request for (``_KnownTexts``)
-
-
-@dataclass(slots=True)
-class RowBlock:
-    """Rows read together (an input's record batch): their texts, looked up in bulk, and the input's
-    bytes they stand for, which the window holds while any of them waits (``RunOptions.window_bytes``)."""
-
-    texts: list[Any]
-    nbytes: int = 0
-
-
-class RowBlocks:
-    """A column's values as ``RowBlock``s, taken ``rows`` at a time (``take(start, stop)`` gives them
-    as a list): a front-end's frame column goes through a run without ever being held whole as
-    Python objects. ``len()`` is the number of values."""
-
-    def __init__(self, count: int, take: Callable[[int, int], list[Any]], rows: int = BLOCK_ROWS) -> None:
-        self.count, self.take, self.rows = count, take, rows
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __iter__(self) -> Iterator[RowBlock]:
-        for start in range(0, self.count, self.rows):
-            texts = self.take(start, min(self.count, start + self.rows))
-            yield RowBlock(texts, sum(len(text) for text in texts if type(text) is str))
 
 
 def fingerprint(request: PreparedRequest) -> str:

@@ -24,11 +24,10 @@ import pyarrow as pa
 
 from ._background import run_in_worker
 from .accessors import ColumnSummarize, ColumnSummarizeAsync, ValuesSummarize, ValuesSummarizeAsync
-from .engine import RowBlocks
 from .errors import InputError
 from .options import RunSpec
 from .report import BatchStats
-from .results import RowResult, arrow_columns, check_columns, result_columns
+from .results import RowBlocks, RowResult, arrow_columns, check_columns, result_columns
 from .run import run_texts
 
 __all__ = ["DataFrameNamespace", "SeriesNamespace", "last_run"]

@@ -8,7 +8,8 @@ Arrow's string / int32.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .errors import InputError
@@ -17,9 +18,10 @@ if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
-    from .engine import RowBlocks
-
 __all__ = [
+    "RowBlock",
+    "RowBlocks",
+    "column_blocks",
     "RowResult",
     "Answer",
     "OK",
@@ -39,6 +41,35 @@ __all__ = [
 OK = "ok"
 SKIPPED = "skipped"
 FAILED = "failed"
+
+
+BLOCK_ROWS = 1024  # rows taken at once from a list or a column (looked up in bulk)
+
+
+@dataclass(slots=True)
+class RowBlock:
+    """Rows read together (an input's record batch): their texts, looked up in bulk, and the input's
+    bytes they stand for, which the window holds while any of them waits (``RunOptions.window_bytes``)."""
+
+    texts: list[Any]
+    nbytes: int = 0
+
+
+class RowBlocks:
+    """A column's values as ``RowBlock``s, taken ``rows`` at a time (``take(start, stop)`` gives them
+    as a list): a front-end's frame column goes through a run without ever being held whole as
+    Python objects. ``len()`` is the number of values."""
+
+    def __init__(self, count: int, take: Callable[[int, int], list[Any]], rows: int = BLOCK_ROWS) -> None:
+        self.count, self.take, self.rows = count, take, rows
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[RowBlock]:
+        for start in range(0, self.count, self.rows):
+            texts = self.take(start, min(self.count, start + self.rows))
+            yield RowBlock(texts, sum(len(text) for text in texts if type(text) is str))
 
 
 class RowResult(NamedTuple):
@@ -116,8 +147,6 @@ def check_columns(columns: Any, column: Hashable, output_column: str) -> None:
 
 def column_blocks(series: pd.Series) -> RowBlocks:
     """A pandas Series' values for a run, a block at a time: never all of them as Python objects at once."""
-    from .engine import RowBlocks
-
     return RowBlocks(len(series), lambda start, stop: series.iloc[start:stop].tolist())
 
 

@@ -33,7 +33,7 @@ from . import contract
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .budget import Budget, RedisBudget, Share, SQLiteBudget, check_budget, open_budget
 from .client import AsyncClient
-from .engine import RowBlock, RunOptions, plan_batch, stream_results, summarize_stream
+from .engine import RunOptions, plan_batch, stream_results, summarize_stream
 from .errors import (
     BrokenInputError,
     BudgetError,
@@ -49,7 +49,7 @@ from .options import DEFAULT_MAX_WAIT, RunSpec, Secret, document_options
 from .pacing import PaceChange
 from .progress import ProgressBar
 from .report import BatchStats, merge_reports, run_report
-from .results import RowResult
+from .results import RowBlock, RowResult
 from .stores import AnswerStore, process_cache, shared_memory
 from .telemetry import Metrics
 
