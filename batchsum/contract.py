@@ -185,17 +185,21 @@ def text_problem(text: Any) -> tuple[SkipReason, str] | None:
 
     Exactly 10 and exactly 5000 words are sent: the interface says "at least 10" and "at most 5000".
     """
-    if is_missing(text):
-        return SkipReason.EMPTY, "no text (missing value)"
-    if not isinstance(text, str):
-        return SkipReason.EMPTY, f"not a text ({type(text).__name__})"
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return SkipReason.INVALID, (
-            f"not valid Unicode: a lone surrogate U+{ord(text[exc.start]):04X} at character {exc.start + 1}"
-        )
-    words = count_words(text)
+    if type(text) is not str:
+        if is_missing(text):
+            return SkipReason.EMPTY, "no text (missing value)"
+        if not isinstance(text, str):
+            return SkipReason.EMPTY, f"not a text ({type(text).__name__})"
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return SkipReason.INVALID, (
+                f"not valid Unicode: a lone surrogate U+{ord(text[exc.start]):04X} at character {exc.start + 1}"
+            )
+    # n characters hold at most (n + 1) // 2 words: most texts cannot be too long, and need their
+    # words counted only up to the minimum (exactly, when there are fewer).
+    words = count_words(text) if (len(text) + 1) // 2 > MAX_WORDS else len(text.split(None, MIN_WORDS - 1))
     if words == 0:
         return SkipReason.EMPTY, "the text is empty or only white space"
     if words < MIN_WORDS:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import operator
 import platform
 import time
 from array import array
@@ -17,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .results import OK, SKIPPED, RowResult
+
+_STATUS = operator.attrgetter("status")
 
 if TYPE_CHECKING:
     from .pacing import Pacer, PacerState
@@ -234,11 +237,12 @@ class BatchStats:
         if self.pacer is not None:
             self.pacer.timeline.done(self.pacer.now(), len(results))
         self.done += len(results)
-        ok = 0
-        for result in results:
+        statuses = list(map(_STATUS, results))
+        ok = statuses.count(OK)
+        for result in results if ok < len(results) else ():
             if result.status == OK:
-                ok += 1
-            elif result.status == SKIPPED:
+                continue
+            if result.status == SKIPPED:
                 self.skipped += 1
                 self.skipped_by_reason[result.error or "?"] += 1
                 if self.telemetry is not None:

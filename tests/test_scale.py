@@ -224,3 +224,29 @@ def test_hand_written_pandas_metadata_reads_back_every_input_type(tmp_path):
         "Int32",
         "int32",
     ]
+
+
+def _problem_by_full_count(text: str) -> tuple[contract.SkipReason, str] | None:
+    """``text_problem`` as it was, counting every word (for texts that are valid strings)."""
+    words = contract.count_words(text)
+    if words == 0:
+        return contract.SkipReason.EMPTY, "the text is empty or only white space"
+    if words < contract.MIN_WORDS:
+        return contract.SkipReason.TOO_SHORT, f"{words} words; the service needs at least {contract.MIN_WORDS}"
+    if words > contract.MAX_WORDS:
+        return contract.SkipReason.TOO_LONG, f"{words} words; the service takes at most {contract.MAX_WORDS}"
+    return None
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    words=st.one_of(st.integers(0, 12), st.integers(4990, 5010)),
+    gap=st.sampled_from([" ", "  ", "\n", "\t", "\u3000", " \u00a0"]),
+    word=st.sampled_from(["a", "é", "word", "x1"]),
+    edges=st.sampled_from(["", " ", "\n\n"]),
+)
+def test_counting_words_up_to_what_matters_gives_the_same_answer(words, gap, word, edges):
+    """``text_problem`` counts a text's words only as far as the limits need; its answer (reason and
+    message, with the exact count) is the full count's, at and around both limits."""
+    text = edges + gap.join([word] * words) + edges
+    assert contract.text_problem(text) == _problem_by_full_count(text)
