@@ -76,6 +76,9 @@ PROBE_SECONDS = 6000.0  # ... and above it, probing whether the limit rose, by a
 FORGET_SHARE = 1.05  # a minute that admitted this share of a shown limit proves it wrong
 WINDOW = 60.0  # the plan's limit is per minute
 MIN_RPM = 1.0
+MAX_CATCH_UP = 2.0  # the first minute's catch-up never starts faster than this many times the pace
+ROOM_SLACK = 0.25  # our starts this long before a stating request may have reached the service after it
+ALONE_AFTER = WINDOW  # another user of the budget seen this recently: no catch-up, no stated room
 
 DEFAULT_MAX_IN_FLIGHT = 512  # the safety ceiling of automatic in-flight sizing
 UNPACED_IN_FLIGHT = 16  # without a pace there is no rate to size from
@@ -165,6 +168,18 @@ class _Owed:
         )
         self.pause, self.pace, self.started, self.refused = False, None, 0, 0
         return report
+
+
+@dataclass
+class _Room:
+    """Room the service stated: ``left`` more starts before ``until`` (our clock: the stating
+    attempt's start plus the reset, the earliest the window can have moved); when it is used up,
+    nothing starts before ``reset_at`` (the answer's arrival plus the reset, the latest)."""
+
+    since: float  # when the stating attempt started
+    left: int
+    until: float
+    reset_at: float
 
 
 class _Evidence:
@@ -289,6 +304,14 @@ class Pacer:
         "_share",
         "in_flight",
         "timeline",
+        "_own_floor",
+        "_first_start",
+        "_catch_up",
+        "_catch_up_span",
+        "_next_due",
+        "_others_at",
+        "_room",
+        "_minute_starts",
     )
 
     def __init__(
@@ -309,6 +332,9 @@ class Pacer:
         self.changes: list[PaceChange] = []
         self._clock = clock
         self._wake: asyncio.Event | None = None  # set when our own 429 pauses us: a sleeping turn rechecks
+        self._own_floor = limiter is None and bool(
+            self.rpm
+        )  # the floor below is ours: the catch-up and stated room pass it
         if limiter is None and self.rpm:
             # The floor: never two starts closer than the plan's own spacing (with half the margin).
             limiter = AsyncLimiter(1, 60.0 / self.rpm * (1 + JITTER_MARGIN / 2))
@@ -325,6 +351,16 @@ class Pacer:
         self._share = share if share is not None and share.fraction < 1 else None
         self.in_flight = InFlight(self, max_in_flight)
         self.timeline = Timeline(self.rpm)
+        self._first_start: float | None = None  # the run's first start: its first minute is [this, this + 60)
+        # The first minute's catch-up: None until the first reservation decides it (only for a run
+        # alone on its budget, with no limiter of the user's); then on until the minute ends or anything
+        # (a pause, a 429, another user of the budget) ends it.
+        self._catch_up: bool | None = None if self.rpm and self._own_floor else False
+        self._catch_up_span: tuple[float, float] | None = None  # (first quick start, end) of the catch-up
+        self._next_due = -math.inf  # when our schedule puts the next start (our clock), if we are alone
+        self._others_at = -math.inf  # when the budget last showed another user's starts
+        self._room: _Room | None = None  # the room the service's headers last stated
+        self._minute_starts = 0  # starts in the run's first minute
 
     # -- spacing -------------------------------------------------------------------------------
 
@@ -339,7 +375,8 @@ class Pacer:
             self._turn = asyncio.Lock()
         async with self._turn:  # one caller at a time takes a turn: FIFO order, one reservation
             while True:
-                slot = await self._reserve()
+                self._wait_for_reset()
+                slot, quick = await self._reserve()
                 # Within a microsecond is on time: a float sum can land an ulp short, and a sleep
                 # of an ulp does not move the clock.
                 if slot.wait > 1e-6:
@@ -348,11 +385,13 @@ class Pacer:
                         continue  # this run's share: its own turn has come, now take the key's next slot
                     if self._budget.shared and not self._paused():
                         await self._reserve(start=False)  # did another process get a 429 meanwhile?
-                if self._limiter is not None:
-                    await self._limiter.acquire()
+                if self._limiter is not None and not (quick and self._own_floor):
+                    await self._limiter.acquire()  # the catch-up and stated room pass our own floor, not yours
                 if not self._paused():
                     break  # else a 429 arrived while we waited: reserve again, sharing its pause
         now = self._clock()
+        if quick and self._catch_up and self._catch_up_span is None:
+            self._catch_up_span = (now, math.inf)  # the catch-up's first start faster than the pace
         self._started(now)
         return now
 
@@ -369,18 +408,113 @@ class Pacer:
         finally:
             self._wake = None
 
-    async def _reserve(self, *, start: bool = True) -> Slot:
+    async def _reserve(self, *, start: bool = True) -> tuple[Slot, bool]:
         """Reserve the next start on the budget, telling it what it must share; adopt what others
         told it. The schedule is drift-free: a start is due an interval after the one before was
-        due; after an idle spell or a pause it starts afresh from now."""
-        pause_for = max(0.0, self._paused_until - self._clock())
+        due; after an idle spell or a pause it starts afresh from now. Also whether the reservation
+        goes faster than the pace (the first minute's catch-up, or room the service stated)."""
+        before = self._clock()
+        pause_for = max(0.0, self._paused_until - before)
         report = self._owed.take(pause_for, self._pause_reason, self.pace if self.rpm else None)
+        interval, quick = self._spacing(before) if start else (self.interval * self._ramp, False)
         if self._share is None:
-            slot = await self._budget.reserve(self.interval * self._ramp, report, start=start)
+            slot = await self._budget.reserve(interval, report, start=start)
         else:
-            slot = await self._budget.reserve(self.interval * self._ramp, report, start=start, share=self._share)
+            slot = await self._budget.reserve(interval, report, start=start, share=self._share)
+        self._look_for_others(slot, before, start)
+        if start and not slot.deferred:
+            # When our next start is due, if we are alone on the budget (a late estimate: the
+            # budget's clock read the time somewhere between before and now).
+            fraction = 1.0 if self._share is None else self._share.fraction
+            self._next_due = self._clock() + slot.wait + interval / fraction
+            if self._catch_up is None:  # the run's first reservation decides the catch-up
+                self._catch_up = self._alone(before)
         self._adopt(slot, report)
-        return slot
+        return slot, quick
+
+    def _spacing(self, now: float) -> tuple[float, bool]:
+        """The interval to reserve with (the key's spacing after this start), and whether it is
+        faster than the pace: room the service stated (no spacing), or the first minute's catch-up
+        (the rest of the minute holds the plan's count of starts: the lone first request left
+        slots unused); else the pace in force (with the ramp after a pause)."""
+        normal = self.interval * self._ramp
+        if not self.pace or self._paused():
+            return normal, False
+        if self.room_left(now) > 0:
+            return 0.0, True
+        first = self._first_start
+        if not self._catch_up or first is None:
+            return normal, False
+        fraction = 1.0 if self._share is None else self._share.fraction
+        own = normal / fraction  # this run's own spacing at the pace
+        end = first + WINDOW
+        at = max(now, self._next_due)
+        if at >= end or not self._alone(now):
+            self._end_catch_up(now)
+            return normal, False
+        left = math.floor(WINDOW / own) - self._minute_starts - 1  # to place after this start
+        if left <= 0:
+            return max(own, end - at) * fraction, False  # the minute holds its count: the rest waits
+        spacing = min(own, max(own / MAX_CATCH_UP, (end - at) / (left + 1)))
+        return spacing * fraction, spacing < own * (1 - 1e-9)
+
+    def _look_for_others(self, slot: Slot, before: float, start: bool) -> None:
+        """Note when the budget shows another user: starts of the last minute that are not ours, or
+        a reserved start later than our own schedule puts it."""
+        if not self._budget.shared:
+            return
+        starts = self._evidence.starts
+        ours = len(starts) - bisect.bisect_left(starts, before - WINDOW - 1)  # at least what it counted of ours
+        later = start and not slot.deferred and self._share is None
+        due = max(before, self._next_due, self._paused_until)
+        if slot.starts > ours or (later and before + slot.wait > due + 0.002):
+            self._others_at = before
+            self._end_catch_up(before)
+
+    def _alone(self, now: float) -> bool:
+        """No other user of the budget seen in the last minute (a private budget: always)."""
+        return not self._budget.shared or now - self._others_at > ALONE_AFTER
+
+    def _end_catch_up(self, now: float) -> None:
+        if self._catch_up and self._catch_up_span is not None:
+            self._catch_up_span = (self._catch_up_span[0], now)
+        self._catch_up = False
+
+    def _during_catch_up(self, started_at: float) -> bool:
+        """Did the attempt that started at ``started_at`` start while the catch-up went faster than
+        the pace (from its first quick start to its end)?"""
+        span = self._catch_up_span
+        return span is not None and span[0] <= started_at < span[1]
+
+    def room_left(self, now: float) -> int:
+        """Starts the service's headers still allow before their reset, beyond the pace (0: none
+        stated, used up, expired, or not ours to use: another user on the budget, a share)."""
+        room = self._room
+        if room is None or room.left <= 0 or now >= room.until or self._share is not None or not self._alone(now):
+            return 0
+        return room.left
+
+    def _wait_for_reset(self) -> None:
+        """The room the service stated is used up: nothing more starts before its reset."""
+        room, now = self._room, self._clock()
+        if room is not None and room.left <= 0 and now < room.until and self._paused_until < room.reset_at:
+            self._pause(
+                room.reset_at,
+                f"the room the service stated is used up until its reset in {math.ceil(room.reset_at - now)} s",
+            )
+
+    @property
+    def rate(self) -> float:
+        """Starts per second at the pace in force, or faster during the first minute's catch-up."""
+        rate = self.pace / WINDOW
+        if self._catch_up and self._first_start is not None and rate:
+            fraction = 1.0 if self._share is None else self._share.fraction
+            own = self.interval / fraction
+            left = max(1, math.floor(WINDOW / own) - self._minute_starts)
+            time_left = self._first_start + WINDOW - self._clock()
+            if time_left > 0:
+                rate = max(rate, min(MAX_CATCH_UP * rate, left / time_left * fraction))
+        return rate
 
     async def flush(self) -> None:
         """Tell the budget what it has not heard yet (the last starts, a pause, a pace): at the end
@@ -416,6 +550,12 @@ class Pacer:
         return self._clock()
 
     def _started(self, now: float) -> None:
+        if self._first_start is None:
+            self._first_start = now
+        if now < self._first_start + WINDOW:
+            self._minute_starts += 1
+        if self._room is not None and now < self._room.until:
+            self._room.left -= 1
         self.timeline.started(now)
         self._owed.started += 1
         self._evidence.started(now)
@@ -439,11 +579,14 @@ class Pacer:
         now = self._clock()
         if headers is not None:
             self._obey_headers(headers, now)
+            self._note_room(headers, started_at, now)
         if rate_limited:
             self._on_429(started_at, retry_after, now)
         elif answered:
             self._episodes = 0
             self._climb(now)
+        if self.room_left(now):
+            self.in_flight._wake()  # room to use at once: waiters for a slot in flight may go
 
     def _pause(self, until: float, reason: str, *, publish: bool = True) -> None:
         if until > self._paused_until:
@@ -454,10 +597,16 @@ class Pacer:
             if publish and self._wake is not None:
                 self._wake.set()
         self._evidence.unpaused_since = None
+        self._end_catch_up(self._clock())
         if self.pace:
             self._ramp = RAMP_START
 
     def _on_429(self, started_at: float, retry_after: float | None, now: float) -> None:
+        # Sent during the first minute's catch-up: the service refused slots the pace had left unused
+        # (a sliding window, a small bucket), which says nothing of the pace. The catch-up ends (the
+        # pause ends it) and the pace stays; any room stated before is no longer trusted.
+        catching_up = self._during_catch_up(started_at)
+        self._room = None
         self.rate_limited += 1
         self.timeline.refused(now)
         self._owed.refused += 1
@@ -471,7 +620,7 @@ class Pacer:
             wait = backoff(min(self._episodes, 8))
             why = "the service answered 429 without a usable Retry-After; backing off"
         self._pause(now + min(wait, MAX_RETRY_AFTER), why)
-        if new_episode and stretch is not None and self.pace:
+        if new_episode and stretch is not None and self.pace and not catching_up:
             lowered = self._evidence.lowered_pace(started_at, stretch, self.pace)
             if lowered is not None:
                 self._set_pace(*lowered, now)
@@ -492,6 +641,23 @@ class Pacer:
                 now + min(headers.reset, MAX_RETRY_AFTER),
                 f"the service's rate-limit headers say none left until the reset in {headers.reset:g} s",
             )
+
+    def _note_room(self, headers: RateLimitHeaders, started_at: float, now: float) -> None:
+        """The room the headers of the attempt that started at ``started_at`` state: ``remaining``
+        until ``reset``, less what of ours the service may not have counted yet (our starts since a
+        little before that attempt's, and what of ours was on the wire from before it). The newest
+        statement wins; an older one arriving late is ignored."""
+        if headers.remaining is None or headers.reset is None or not self.pace:
+            return
+        held = self._room
+        if held is not None and started_at < held.since:
+            return
+        since = started_at - ROOM_SLACK
+        starts = self._evidence.starts
+        later = len(starts) - bisect.bisect_left(starts, since) - 1  # less the stating attempt itself
+        on_wire = sum(1 for t in self.in_flight._wire.values() if t < since)
+        left = headers.remaining - max(0, later) - on_wire
+        self._room = _Room(started_at, left, started_at + headers.reset, now + min(headers.reset, MAX_RETRY_AFTER))
 
     def _set_pace(self, pace: float, reason: str | None, now: float, *, publish: bool = True) -> None:
         """Change the pace; a ``reason`` makes it a reported change (climbing steps are not)."""
@@ -552,10 +718,13 @@ class InFlight:
         return max(recent, oldest)
 
     def limit(self, now: float) -> int:
-        rate = self._pacer.pace / WINDOW
+        rate = self._pacer.rate
         if not rate:
             return self.cap
         wanted = math.ceil(rate * self.latency(now) * HEADROOM) + SPARE
+        room = self._pacer.room_left(now)
+        if room:  # the room the service stated is used at once, within the cap
+            wanted = max(wanted, len(self._wire) + room)
         return max(1, min(self.cap, max(START_IN_FLIGHT, wanted)))
 
     async def acquire(self) -> None:
