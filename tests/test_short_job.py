@@ -22,9 +22,9 @@ import pytest
 
 import batchsum
 from batchsum import contract
+from batchsum.budget import ProcessBudget, Share
 from batchsum.contract import Messages
 from batchsum.engine import summarize_stream
-from batchsum.budget import ProcessBudget, Share
 from batchsum.local.state import LIMIT_KINDS, TokenBucket
 from batchsum.pacing import JITTER_MARGIN, Pacer
 from batchsum.report import BatchStats
@@ -160,11 +160,8 @@ def test_a_service_that_refuses_the_catch_up_fails_no_row_and_the_pace_stays_the
 
 
 def test_a_run_that_starts_right_after_another_on_its_budget_does_not_catch_up():
-    clock_budget = {}
-
     async def two_runs():
         budget = ProcessBudget(asyncio.get_running_loop().time, shared=True)
-        clock_budget["budget"] = budget
         firsts = []
         for _ in range(2):
             service = Service("fixed", latency=lambda: 5.0)
