@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import math
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,7 +77,7 @@ PROBE_SECONDS = 6000.0  # ... and above it, probing whether the limit rose, by a
 FORGET_SHARE = 1.05  # a minute that admitted this share of a shown limit proves it wrong
 WINDOW = 60.0  # the plan's limit is per minute
 MIN_RPM = 1.0
-MAX_CATCH_UP = 2.0  # the first minute's catch-up never starts faster than this many times the pace
+MAX_CATCH_UP = 1.5  # the first minute's catch-up starts at most this many times as fast as the pace
 ROOM_SLACK = 0.25  # our starts this long before a stating request may have reached the service after it
 ALONE_AFTER = WINDOW  # another user of the budget seen this recently: no catch-up, no stated room
 
@@ -434,9 +435,12 @@ class Pacer:
 
     def _spacing(self, now: float) -> tuple[float, bool]:
         """The interval to reserve with (the key's spacing after this start), and whether it is
-        faster than the pace: room the service stated (no spacing), or the first minute's catch-up
-        (the rest of the minute holds the plan's count of starts: the lone first request left
-        slots unused); else the pace in force (with the ramp after a pause)."""
+        faster than the pace: room the service stated (no spacing), or the first minute's catch-up;
+        else the pace in force (with the ramp after a pause). The catch-up: the lone first request
+        left the pace's slots unused while it was on the wire; within the run's first minute, starts
+        go up to ``MAX_CATCH_UP`` times the pace, evenly spaced, until they are back on the even pace
+        from the first start, and never ahead of it: the first minute holds no more than the pace's
+        count of starts."""
         normal = self.interval * self._ramp
         if not self.pace or self._paused():
             return normal, False
@@ -447,15 +451,12 @@ class Pacer:
             return normal, False
         fraction = 1.0 if self._share is None else self._share.fraction
         own = normal / fraction  # this run's own spacing at the pace
-        end = first + WINDOW
         at = max(now, self._next_due)
-        if at >= end or not self._alone(now):
+        following = first + (self._minute_starts + 1) * own  # when the even pace from the first start puts the next
+        if following >= first + WINDOW or not self._alone(now):
             self._end_catch_up(now)
             return normal, False
-        left = math.floor(WINDOW / own) - self._minute_starts - 1  # to place after this start
-        if left <= 0:
-            return max(own, end - at) * fraction, False  # the minute holds its count: the rest waits
-        spacing = min(own, max(own / MAX_CATCH_UP, (end - at) / (left + 1)))
+        spacing = min(own, max(own / MAX_CATCH_UP, following - at))
         return spacing * fraction, spacing < own * (1 - 1e-9)
 
     def _look_for_others(self, slot: Slot, before: float, start: bool) -> None:
@@ -505,15 +506,14 @@ class Pacer:
 
     @property
     def rate(self) -> float:
-        """Starts per second at the pace in force, or faster during the first minute's catch-up."""
+        """Starts per second at the pace in force, or faster while the first minute's catch-up is
+        behind the even pace from the first start."""
         rate = self.pace / WINDOW
-        if self._catch_up and self._first_start is not None and rate:
-            fraction = 1.0 if self._share is None else self._share.fraction
-            own = self.interval / fraction
-            left = max(1, math.floor(WINDOW / own) - self._minute_starts)
-            time_left = self._first_start + WINDOW - self._clock()
-            if time_left > 0:
-                rate = max(rate, min(MAX_CATCH_UP * rate, left / time_left * fraction))
+        first = self._first_start
+        if self._catch_up and first is not None and rate:
+            own = self.interval / (1.0 if self._share is None else self._share.fraction)
+            if first + self._minute_starts * own < self._clock():
+                rate *= MAX_CATCH_UP
         return rate
 
     async def flush(self) -> None:
@@ -690,9 +690,10 @@ class Pacer:
 
 class InFlight:
     """How many attempts may hold a slot (queued for their turn or on the wire): the pacer's rate x
-    the latency (Little's law) x headroom, at least ``START_IN_FLIGHT``, at most ``cap``. FIFO."""
+    the latency (Little's law) x headroom, at least ``START_IN_FLIGHT``, at most ``cap``. FIFO, but
+    a retry goes before first attempts (the rows after it wait in order behind it)."""
 
-    __slots__ = ("cap", "held", "_pacer", "_wire", "_latencies", "_waiters", "_timer")
+    __slots__ = ("cap", "held", "_pacer", "_wire", "_latencies", "_waiters", "_timer", "_tried")
 
     def __init__(self, pacer: Pacer, cap: int | None) -> None:
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
@@ -705,6 +706,9 @@ class InFlight:
         self._wire: dict[int, float] = {}  # attempt id -> start time
         self._latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self._waiters: deque[asyncio.Future[None]] = deque()
+        # Tasks that already made an attempt: a retry waits at the front, not behind every row not
+        # yet sent (the rows after it wait in order behind it).
+        self._tried: weakref.WeakSet[asyncio.Task[object]] = weakref.WeakSet()
         self._timer: asyncio.TimerHandle | None = None
 
     @property
@@ -732,7 +736,11 @@ class InFlight:
             self.held += 1
             return
         future = asyncio.get_running_loop().create_future()
-        self._waiters.append(future)
+        task = asyncio.current_task()
+        if task is not None and task in self._tried:
+            self._waiters.appendleft(future)
+        else:
+            self._waiters.append(future)
         self._arm()
         try:
             await future
@@ -747,6 +755,9 @@ class InFlight:
 
     def started(self, attempt: int, at: float) -> None:
         self._wire[attempt] = at
+        task = asyncio.current_task()
+        if task is not None:
+            self._tried.add(task)
 
     def finished(self, attempt: int, answered: bool) -> None:
         start = self._wire.pop(attempt, None)

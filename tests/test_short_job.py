@@ -122,7 +122,8 @@ def most_in_any_window(times, window):
     return max((bisect.bisect_left(times, t + window) - i for i, t in enumerate(times)), default=0)
 
 
-PLAN_MINUTE = math.floor(60 / (60 / RPM * (1 + JITTER_MARGIN)))  # starts of a minute at the pace: 594
+INTERVAL = 60 / RPM * (1 + JITTER_MARGIN)  # the pace's spacing
+PLAN_MINUTE = math.ceil(60 / INTERVAL)  # starts in the first minute at the even pace from the first start: 595
 IDEAL = 1200 / RPM * 60 + 5  # rows / rpm + one answer's latency
 
 
@@ -181,7 +182,7 @@ def test_a_share_scales_the_catch_up():
     service = Service("fixed", latency=lambda: 5.0)
     results, stats, wall, pacer = run(service, 400, share=Share("half", 0.5))
     assert service.refused == 0
-    assert between(service.arrivals, 0, 60) == math.floor(PLAN_MINUTE / 2)
+    assert between(service.arrivals, 0, 60) == math.ceil(60 / (2 * INTERVAL))
 
 
 # -- a service that states its room --------------------------------------------------------------------
