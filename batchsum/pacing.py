@@ -13,6 +13,19 @@ plan's own spacing, so no burst at the start or after a pause, and in any w seco
 ceil(rpm*w/60)+1 starts. A user may pass a limiter of their own as the floor (anything with
 ``async acquire()``, e.g. one ``AsyncLimiter`` shared by several batches in one process).
 
+Two exceptions, each passing our own floor (never a user's). The first minute's catch-up: the
+engine's first request goes alone, and the slots the pace had for its answer's latency go unused;
+within the run's first minute, starts go up to ``MAX_CATCH_UP`` (1.5) times the pace, evenly spaced,
+until they are back on the even pace from the first start, never ahead of it (so the first minute
+holds at most the pace's count: a per-minute window opened by the first request, or a full token
+bucket, admits it all). A 429 for an attempt it started lowers nothing and ends it; it is only for a
+run alone on its budget (no other user's starts in the last minute, no reservation later than our
+own schedule), and a share scales it. Stated room: after an answer whose headers state the room left
+(remaining and reset), that many starts, less ours the service may not have counted yet (those since
+a little before the stating request's start, and ours on the wire from before it), go at once,
+within the in-flight cap; when it is used up nothing starts before the reset. Only for a run alone
+on its budget with a share of 1 (two runs would spend one statement twice).
+
 Pause. A 429 pauses every sender until its Retry-After (a jittered backoff when the value is absent
 or unusable); the restart is gentle: spacing starts doubled and shrinks back (the ramp).
 
@@ -29,7 +42,8 @@ or pause before a 429 (nothing remaining until the reset).
 
 In flight. Little's law: rate x latency. The latency is the larger of the recent answers' longest
 and the age of the oldest attempt still on the wire (so the limit grows before any answer is back),
-with headroom; within a small start and a cap.
+with headroom; within a small start and a cap; during the catch-up at its rate, and with stated
+room, up to what is on the wire plus the room. A retry waits at the front of the queue.
 """
 
 from __future__ import annotations
@@ -376,7 +390,7 @@ class Pacer:
             self._turn = asyncio.Lock()
         async with self._turn:  # one caller at a time takes a turn: FIFO order, one reservation
             while True:
-                self._wait_for_reset()
+                await self._wait_for_reset()
                 slot, quick = await self._reserve()
                 # Within a microsecond is on time: a float sum can land an ulp short, and a sleep
                 # of an ulp does not move the clock.
@@ -495,14 +509,14 @@ class Pacer:
             return 0
         return room.left
 
-    def _wait_for_reset(self) -> None:
-        """The room the service stated is used up: nothing more starts before its reset."""
-        room, now = self._room, self._clock()
-        if room is not None and room.left <= 0 and now < room.until and self._paused_until < room.reset_at:
-            self._pause(
-                room.reset_at,
-                f"the room the service stated is used up until its reset in {math.ceil(room.reset_at - now)} s",
-            )
+    async def _wait_for_reset(self) -> None:
+        """The room the service stated is used up: nothing more starts before its reset, unless a
+        newer answer states more (our count of what it may not have counted yet is conservative)."""
+        while True:
+            room, now = self._room, self._clock()
+            if room is None or room.left > 0 or now >= room.reset_at:
+                return
+            await self._nap(min(room.reset_at - now, 1.0))
 
     @property
     def rate(self) -> float:
@@ -645,19 +659,23 @@ class Pacer:
     def _note_room(self, headers: RateLimitHeaders, started_at: float, now: float) -> None:
         """The room the headers of the attempt that started at ``started_at`` state: ``remaining``
         until ``reset``, less what of ours the service may not have counted yet (our starts since a
-        little before that attempt's, and what of ours was on the wire from before it). The newest
-        statement wins; an older one arriving late is ignored."""
+        little before that attempt's, and what of ours was on the wire from before it). Each such
+        figure is at most the room there is; the largest one still valid is kept (answers to
+        requests sent together arrive in any order, and the one that counted the most of them
+        leaves the most room once they are taken off)."""
         if headers.remaining is None or headers.reset is None or not self.pace:
-            return
-        held = self._room
-        if held is not None and started_at < held.since:
             return
         since = started_at - ROOM_SLACK
         starts = self._evidence.starts
         later = len(starts) - bisect.bisect_left(starts, since) - 1  # less the stating attempt itself
         on_wire = sum(1 for t in self.in_flight._wire.values() if t < since)
         left = headers.remaining - max(0, later) - on_wire
+        held = self._room
+        if held is not None and now < held.until and held.left >= left:
+            return
         self._room = _Room(started_at, left, started_at + headers.reset, now + min(headers.reset, MAX_RETRY_AFTER))
+        if self._wake is not None and left > 0:
+            self._wake.set()  # a turn waiting for the reset may go now
 
     def _set_pace(self, pace: float, reason: str | None, now: float, *, publish: bool = True) -> None:
         """Change the pace; a ``reason`` makes it a reported change (climbing steps are not)."""
@@ -677,11 +695,15 @@ class Pacer:
 
     def state(self) -> PacerState:
         now = self._clock()
+        paused_for, reason = max(0.0, self._paused_until - now), self._pause_reason
+        room = self._room
+        if room is not None and room.left <= 0 and now < room.reset_at and room.reset_at - now > paused_for:
+            paused_for, reason = room.reset_at - now, "the room the service stated is used up until its reset"
         return PacerState(
             rpm=self.rpm,
             pace=self.pace,
-            paused_for=max(0.0, self._paused_until - now),
-            pause_reason=self._pause_reason,
+            paused_for=paused_for,
+            pause_reason=reason,
             in_flight=self.in_flight.on_wire,
             in_flight_limit=self.in_flight.limit(now),
             rate_limited=self.rate_limited,
