@@ -22,7 +22,7 @@ import pytest
 
 import batchsum
 from batchsum import contract
-from batchsum.budget import ProcessBudget, Share
+from batchsum.budget import ProcessBudget, Report, Share
 from batchsum.contract import Messages
 from batchsum.engine import summarize_stream
 from batchsum.local.state import LIMIT_KINDS, TokenBucket
@@ -223,3 +223,24 @@ def test_a_bad_key_costs_one_request(state_room):
     service = Service("fixed", latency=lambda: 5.0, state_room=state_room)
     results, stats, wall, pacer = run(service, 300, key="a-wrong-key-0123456789")
     assert len(service.arrivals) == 1
+
+
+@pytest.mark.parametrize("other", ["share", "another run on the budget"])
+def test_stated_room_is_left_alone_by_a_run_that_shares_the_key(other):
+    """Two runs spending one statement would spend it twice: with a share below 1, or when another
+    run used the budget in the last minute, starts stay evenly spaced (and so does the first minute)."""
+    service = Service("fixed", latency=uniform(0.4, 0.6), state_room="RateLimit-")
+
+    async def main():
+        options = {"share": Share("part", 0.5)} if other == "share" else {}
+        if other != "share":
+            budget = ProcessBudget(asyncio.get_running_loop().time, shared=True)
+            await budget.reserve(0.1, Report(started=5))  # another run's starts, a moment ago
+            options["budget"] = budget
+        pacer = Pacer(RPM, **options)
+        async with batchsum.AsyncClient(KEY, "http://127.0.0.1:9", transport=httpx.MockTransport(service)) as c:
+            return [row async for row in summarize_stream(texts(100), c, rpm=RPM, pacer=pacer)]
+
+    rows = virtual_clock.run(main())
+    assert [r.status for r in rows] == ["ok"] * 100 and service.refused == 0
+    assert service.most_on_wire <= 8  # the even pace keeps a few on the wire, not the room's 99
