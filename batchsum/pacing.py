@@ -407,7 +407,12 @@ class Pacer:
         now = self._clock()
         if quick and self._catch_up and self._catch_up_span is None:
             self._catch_up_span = (now, math.inf)  # the catch-up's first start faster than the pace
+        first = self._first_start is None
         self._started(now)
+        if first and self._budget.shared:
+            # Tell the budget of the run's first start at once, not with the next reservation (after
+            # the first answer): a run starting beside this one sees it, and neither catches up.
+            await self._reserve(start=False)
         return now
 
     def _paused(self) -> bool:
@@ -480,7 +485,7 @@ class Pacer:
             return
         starts = self._evidence.starts
         ours = len(starts) - bisect.bisect_left(starts, before - WINDOW - 1)  # at least what it counted of ours
-        later = start and not slot.deferred and self._share is None
+        later = start and not slot.deferred  # our own turn had come: a later slot is someone else's
         due = max(before, self._next_due, self._paused_until)
         if slot.starts > ours or (later and before + slot.wait > due + 0.002):
             self._others_at = before

@@ -244,3 +244,26 @@ def test_stated_room_is_left_alone_by_a_run_that_shares_the_key(other):
     rows = virtual_clock.run(main())
     assert [r.status for r in rows] == ["ok"] * 100 and service.refused == 0
     assert service.most_on_wire <= 8  # the even pace keeps a few on the wire, not the room's 99
+
+
+def test_two_runs_starting_together_on_one_budget_do_not_catch_up():
+    """Each run's first start reaches the budget at once, so a run starting beside it sees it and
+    neither catches up: together they hold the plan (a sliding window refuses nothing)."""
+    service = Service("sliding", latency=lambda: 5.0)
+
+    async def main():
+        budget = ProcessBudget(asyncio.get_running_loop().time, shared=True)
+
+        async def one(seed: int):
+            pacer = Pacer(RPM, budget=budget)
+            rows = [f"Run {seed} text {i} has enough words in it to be worth a summary." for i in range(400)]
+            async with batchsum.AsyncClient(KEY, "http://127.0.0.1:9", transport=httpx.MockTransport(service)) as c:
+                return [row async for row in summarize_stream(rows, c, rpm=RPM, pacer=pacer)], pacer
+
+        return await asyncio.gather(one(1), one(2))
+
+    (rows_a, pacer_a), (rows_b, pacer_b) = virtual_clock.run(main())
+    assert [r.status for r in rows_a + rows_b] == ["ok"] * 800
+    assert service.refused == 0
+    assert most_in_any_window(service.arrivals, 60) <= RPM
+    assert pacer_a._catch_up_span is None and pacer_b._catch_up_span is None  # no start went faster than the pace
