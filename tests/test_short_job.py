@@ -77,7 +77,7 @@ class Service:
         if self.state_room is None:
             return {}
         remaining, reset = self.limit.room(now)
-        seconds = max(1, math.ceil(reset))
+        seconds = max(1, math.ceil(reset - 1e-6))
         if self.state_room == "RateLimit":  # the IETF draft's one field
             return {"RateLimit": f"limit={self.rpm}, remaining={remaining}, reset={seconds}"}
         prefix = self.state_room  # "RateLimit-" or "X-RateLimit-"

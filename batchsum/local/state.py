@@ -287,7 +287,7 @@ class ServiceState:
         if self.room_headers is None:
             return {}
         prefix = "X-RateLimit-" if self.room_headers == "x-ratelimit" else "RateLimit-"
-        seconds = max(1, math.ceil(reset))  # whole seconds, rounded up: never earlier than it is
+        seconds = max(1, math.ceil(reset - 1e-6))  # whole seconds, rounded up (not a float sum's last bit)
         return {
             f"{prefix}Limit": str(self.rpm),
             f"{prefix}Remaining": str(max(0, remaining)),
