@@ -13,6 +13,19 @@ plan's own spacing, so no burst at the start or after a pause, and in any w seco
 ceil(rpm*w/60)+1 starts. A user may pass a limiter of their own as the floor (anything with
 ``async acquire()``, e.g. one ``AsyncLimiter`` shared by several batches in one process).
 
+Two exceptions, each passing our own floor (never a user's). The first minute's catch-up: the
+engine's first request goes alone, and the slots the pace had for its answer's latency go unused;
+within the run's first minute, starts go up to ``MAX_CATCH_UP`` (1.5) times the pace, evenly spaced,
+until they are back on the even pace from the first start, never ahead of it (so the first minute
+holds at most the pace's count: a per-minute window opened by the first request, or a full token
+bucket, admits it all). A 429 for an attempt it started lowers nothing and ends it; it is only for a
+run alone on its budget (no other user's starts in the last minute, no reservation later than our
+own schedule), and a share scales it. Stated room: after an answer whose headers state the room left
+(remaining and reset), that many starts, less ours the service may not have counted yet (those since
+a little before the stating request's start, and ours on the wire from before it), go at once,
+within the in-flight cap; when it is used up nothing starts before the reset. Only for a run alone
+on its budget with a share of 1 (two runs would spend one statement twice).
+
 Pause. A 429 pauses every sender until its Retry-After (a jittered backoff when the value is absent
 or unusable); the restart is gentle: spacing starts doubled and shrinks back (the ramp).
 
@@ -29,7 +42,8 @@ or pause before a 429 (nothing remaining until the reset).
 
 In flight. Little's law: rate x latency. The latency is the larger of the recent answers' longest
 and the age of the oldest attempt still on the wire (so the limit grows before any answer is back),
-with headroom; within a small start and a cap.
+with headroom; within a small start and a cap; during the catch-up at its rate, and with stated
+room, up to what is on the wire plus the room. A retry waits at the front of the queue.
 """
 
 from __future__ import annotations
@@ -37,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import math
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,6 +91,9 @@ PROBE_SECONDS = 6000.0  # ... and above it, probing whether the limit rose, by a
 FORGET_SHARE = 1.05  # a minute that admitted this share of a shown limit proves it wrong
 WINDOW = 60.0  # the plan's limit is per minute
 MIN_RPM = 1.0
+MAX_CATCH_UP = 1.5  # the first minute's catch-up starts at most this many times as fast as the pace
+ROOM_SLACK = 0.25  # our starts this long before a stating request may have reached the service after it
+ALONE_AFTER = WINDOW  # another user of the budget seen this recently: no catch-up, no stated room
 
 DEFAULT_MAX_IN_FLIGHT = 512  # the safety ceiling of automatic in-flight sizing
 UNPACED_IN_FLIGHT = 16  # without a pace there is no rate to size from
@@ -165,6 +183,18 @@ class _Owed:
         )
         self.pause, self.pace, self.started, self.refused = False, None, 0, 0
         return report
+
+
+@dataclass
+class _Room:
+    """Room the service stated: ``left`` more starts before ``until`` (our clock: the stating
+    attempt's start plus the reset, the earliest the window can have moved); when it is used up,
+    nothing starts before ``reset_at`` (the answer's arrival plus the reset, the latest)."""
+
+    since: float  # when the stating attempt started
+    left: int
+    until: float
+    reset_at: float
 
 
 class _Evidence:
@@ -289,6 +319,14 @@ class Pacer:
         "_share",
         "in_flight",
         "timeline",
+        "_own_floor",
+        "_first_start",
+        "_catch_up",
+        "_catch_up_span",
+        "_next_due",
+        "_others_at",
+        "_room",
+        "_minute_starts",
     )
 
     def __init__(
@@ -309,6 +347,9 @@ class Pacer:
         self.changes: list[PaceChange] = []
         self._clock = clock
         self._wake: asyncio.Event | None = None  # set when our own 429 pauses us: a sleeping turn rechecks
+        self._own_floor = limiter is None and bool(
+            self.rpm
+        )  # the floor below is ours: the catch-up and stated room pass it
         if limiter is None and self.rpm:
             # The floor: never two starts closer than the plan's own spacing (with half the margin).
             limiter = AsyncLimiter(1, 60.0 / self.rpm * (1 + JITTER_MARGIN / 2))
@@ -325,6 +366,16 @@ class Pacer:
         self._share = share if share is not None and share.fraction < 1 else None
         self.in_flight = InFlight(self, max_in_flight)
         self.timeline = Timeline(self.rpm)
+        self._first_start: float | None = None  # the run's first start: its first minute is [this, this + 60)
+        # The first minute's catch-up: None until the first reservation decides it (only for a run
+        # alone on its budget, with no limiter of the user's); then on until the minute ends or anything
+        # (a pause, a 429, another user of the budget) ends it.
+        self._catch_up: bool | None = None if self.rpm and self._own_floor else False
+        self._catch_up_span: tuple[float, float] | None = None  # (first quick start, end) of the catch-up
+        self._next_due = -math.inf  # when our schedule puts the next start (our clock), if we are alone
+        self._others_at = -math.inf  # when the budget last showed another user's starts
+        self._room: _Room | None = None  # the room the service's headers last stated
+        self._minute_starts = 0  # starts in the run's first minute
 
     # -- spacing -------------------------------------------------------------------------------
 
@@ -339,7 +390,8 @@ class Pacer:
             self._turn = asyncio.Lock()
         async with self._turn:  # one caller at a time takes a turn: FIFO order, one reservation
             while True:
-                slot = await self._reserve()
+                await self._wait_for_reset()
+                slot, quick = await self._reserve()
                 # Within a microsecond is on time: a float sum can land an ulp short, and a sleep
                 # of an ulp does not move the clock.
                 if slot.wait > 1e-6:
@@ -348,12 +400,19 @@ class Pacer:
                         continue  # this run's share: its own turn has come, now take the key's next slot
                     if self._budget.shared and not self._paused():
                         await self._reserve(start=False)  # did another process get a 429 meanwhile?
-                if self._limiter is not None:
-                    await self._limiter.acquire()
+                if self._limiter is not None and not (quick and self._own_floor):
+                    await self._limiter.acquire()  # the catch-up and stated room pass our own floor, not yours
                 if not self._paused():
                     break  # else a 429 arrived while we waited: reserve again, sharing its pause
         now = self._clock()
+        if quick and self._catch_up and self._catch_up_span is None:
+            self._catch_up_span = (now, math.inf)  # the catch-up's first start faster than the pace
+        first = self._first_start is None
         self._started(now)
+        if first and self._budget.shared:
+            # Tell the budget of the run's first start at once, not with the next reservation (after
+            # the first answer): a run starting beside this one sees it, and neither catches up.
+            await self._reserve(start=False)
         return now
 
     def _paused(self) -> bool:
@@ -369,18 +428,112 @@ class Pacer:
         finally:
             self._wake = None
 
-    async def _reserve(self, *, start: bool = True) -> Slot:
+    async def _reserve(self, *, start: bool = True) -> tuple[Slot, bool]:
         """Reserve the next start on the budget, telling it what it must share; adopt what others
         told it. The schedule is drift-free: a start is due an interval after the one before was
-        due; after an idle spell or a pause it starts afresh from now."""
-        pause_for = max(0.0, self._paused_until - self._clock())
+        due; after an idle spell or a pause it starts afresh from now. Also whether the reservation
+        goes faster than the pace (the first minute's catch-up, or room the service stated)."""
+        before = self._clock()
+        pause_for = max(0.0, self._paused_until - before)
         report = self._owed.take(pause_for, self._pause_reason, self.pace if self.rpm else None)
+        interval, quick = self._spacing(before) if start else (self.interval * self._ramp, False)
         if self._share is None:
-            slot = await self._budget.reserve(self.interval * self._ramp, report, start=start)
+            slot = await self._budget.reserve(interval, report, start=start)
         else:
-            slot = await self._budget.reserve(self.interval * self._ramp, report, start=start, share=self._share)
+            slot = await self._budget.reserve(interval, report, start=start, share=self._share)
+        self._look_for_others(slot, before, start)
+        if start and not slot.deferred:
+            # When our next start is due, if we are alone on the budget (a late estimate: the
+            # budget's clock read the time somewhere between before and now).
+            fraction = 1.0 if self._share is None else self._share.fraction
+            self._next_due = self._clock() + slot.wait + interval / fraction
+            if self._catch_up is None:  # the run's first reservation decides the catch-up
+                self._catch_up = self._alone(before)
         self._adopt(slot, report)
-        return slot
+        return slot, quick
+
+    def _spacing(self, now: float) -> tuple[float, bool]:
+        """The interval to reserve with (the key's spacing after this start), and whether it is
+        faster than the pace: room the service stated (no spacing), or the first minute's catch-up;
+        else the pace in force (with the ramp after a pause). The catch-up: the lone first request
+        left the pace's slots unused while it was on the wire; within the run's first minute, starts
+        go up to ``MAX_CATCH_UP`` times the pace, evenly spaced, until they are back on the even pace
+        from the first start, and never ahead of it: the first minute holds no more than the pace's
+        count of starts."""
+        normal = self.interval * self._ramp
+        if not self.pace or self._paused():
+            return normal, False
+        if self.room_left(now) > 0:
+            return 0.0, True
+        first = self._first_start
+        if not self._catch_up or first is None:
+            return normal, False
+        fraction = 1.0 if self._share is None else self._share.fraction
+        own = normal / fraction  # this run's own spacing at the pace
+        at = max(now, self._next_due)
+        following = first + (self._minute_starts + 1) * own  # when the even pace from the first start puts the next
+        if following >= first + WINDOW or not self._alone(now):
+            self._end_catch_up(now)
+            return normal, False
+        spacing = min(own, max(own / MAX_CATCH_UP, following - at))
+        return spacing * fraction, spacing < own * (1 - 1e-9)
+
+    def _look_for_others(self, slot: Slot, before: float, start: bool) -> None:
+        """Note when the budget shows another user: starts of the last minute that are not ours, or
+        a reserved start later than our own schedule puts it."""
+        if not self._budget.shared:
+            return
+        starts = self._evidence.starts
+        ours = len(starts) - bisect.bisect_left(starts, before - WINDOW - 1)  # at least what it counted of ours
+        later = start and not slot.deferred  # our own turn had come: a later slot is someone else's
+        due = max(before, self._next_due, self._paused_until)
+        if slot.starts > ours or (later and before + slot.wait > due + 0.002):
+            self._others_at = before
+            self._end_catch_up(before)
+
+    def _alone(self, now: float) -> bool:
+        """No other user of the budget seen in the last minute (a private budget: always)."""
+        return not self._budget.shared or now - self._others_at > ALONE_AFTER
+
+    def _end_catch_up(self, now: float) -> None:
+        if self._catch_up and self._catch_up_span is not None:
+            self._catch_up_span = (self._catch_up_span[0], now)
+        self._catch_up = False
+
+    def _during_catch_up(self, started_at: float) -> bool:
+        """Did the attempt that started at ``started_at`` start while the catch-up went faster than
+        the pace (from its first quick start to its end)?"""
+        span = self._catch_up_span
+        return span is not None and span[0] <= started_at < span[1]
+
+    def room_left(self, now: float) -> int:
+        """Starts the service's headers still allow before their reset, beyond the pace (0: none
+        stated, used up, expired, or not ours to use: another user on the budget, a share)."""
+        room = self._room
+        if room is None or room.left <= 0 or now >= room.until or self._share is not None or not self._alone(now):
+            return 0
+        return room.left
+
+    async def _wait_for_reset(self) -> None:
+        """The room the service stated is used up: nothing more starts before its reset, unless a
+        newer answer states more (our count of what it may not have counted yet is conservative)."""
+        while True:
+            room, now = self._room, self._clock()
+            if room is None or room.left > 0 or now >= room.reset_at:
+                return
+            await self._nap(min(room.reset_at - now, 1.0))
+
+    @property
+    def rate(self) -> float:
+        """Starts per second at the pace in force, or faster while the first minute's catch-up is
+        behind the even pace from the first start."""
+        rate = self.pace / WINDOW
+        first = self._first_start
+        if self._catch_up and first is not None and rate:
+            own = self.interval / (1.0 if self._share is None else self._share.fraction)
+            if first + self._minute_starts * own < self._clock():
+                rate *= MAX_CATCH_UP
+        return rate
 
     async def flush(self) -> None:
         """Tell the budget what it has not heard yet (the last starts, a pause, a pace): at the end
@@ -416,6 +569,12 @@ class Pacer:
         return self._clock()
 
     def _started(self, now: float) -> None:
+        if self._first_start is None:
+            self._first_start = now
+        if now < self._first_start + WINDOW:
+            self._minute_starts += 1
+        if self._room is not None and now < self._room.until:
+            self._room.left -= 1
         self.timeline.started(now)
         self._owed.started += 1
         self._evidence.started(now)
@@ -439,11 +598,14 @@ class Pacer:
         now = self._clock()
         if headers is not None:
             self._obey_headers(headers, now)
+            self._note_room(headers, started_at, now)
         if rate_limited:
             self._on_429(started_at, retry_after, now)
         elif answered:
             self._episodes = 0
             self._climb(now)
+        if self.room_left(now):
+            self.in_flight._wake()  # room to use at once: waiters for a slot in flight may go
 
     def _pause(self, until: float, reason: str, *, publish: bool = True) -> None:
         if until > self._paused_until:
@@ -454,10 +616,16 @@ class Pacer:
             if publish and self._wake is not None:
                 self._wake.set()
         self._evidence.unpaused_since = None
+        self._end_catch_up(self._clock())
         if self.pace:
             self._ramp = RAMP_START
 
     def _on_429(self, started_at: float, retry_after: float | None, now: float) -> None:
+        # Sent during the first minute's catch-up: the service refused slots the pace had left unused
+        # (a sliding window, a small bucket), which says nothing of the pace. The catch-up ends (the
+        # pause ends it) and the pace stays; any room stated before is no longer trusted.
+        catching_up = self._during_catch_up(started_at)
+        self._room = None
         self.rate_limited += 1
         self.timeline.refused(now)
         self._owed.refused += 1
@@ -471,7 +639,7 @@ class Pacer:
             wait = backoff(min(self._episodes, 8))
             why = "the service answered 429 without a usable Retry-After; backing off"
         self._pause(now + min(wait, MAX_RETRY_AFTER), why)
-        if new_episode and stretch is not None and self.pace:
+        if new_episode and stretch is not None and self.pace and not catching_up:
             lowered = self._evidence.lowered_pace(started_at, stretch, self.pace)
             if lowered is not None:
                 self._set_pace(*lowered, now)
@@ -493,6 +661,27 @@ class Pacer:
                 f"the service's rate-limit headers say none left until the reset in {headers.reset:g} s",
             )
 
+    def _note_room(self, headers: RateLimitHeaders, started_at: float, now: float) -> None:
+        """The room the headers of the attempt that started at ``started_at`` state: ``remaining``
+        until ``reset``, less what of ours the service may not have counted yet (our starts since a
+        little before that attempt's, and what of ours was on the wire from before it). Each such
+        figure is at most the room there is; the largest one still valid is kept (answers to
+        requests sent together arrive in any order, and the one that counted the most of them
+        leaves the most room once they are taken off)."""
+        if headers.remaining is None or headers.reset is None or not self.pace:
+            return
+        since = started_at - ROOM_SLACK
+        starts = self._evidence.starts
+        later = len(starts) - bisect.bisect_left(starts, since) - 1  # less the stating attempt itself
+        on_wire = sum(1 for t in self.in_flight._wire.values() if t < since)
+        left = headers.remaining - max(0, later) - on_wire
+        held = self._room
+        if held is not None and now < held.until and held.left >= left:
+            return
+        self._room = _Room(started_at, left, started_at + headers.reset, now + min(headers.reset, MAX_RETRY_AFTER))
+        if self._wake is not None and left > 0:
+            self._wake.set()  # a turn waiting for the reset may go now
+
     def _set_pace(self, pace: float, reason: str | None, now: float, *, publish: bool = True) -> None:
         """Change the pace; a ``reason`` makes it a reported change (climbing steps are not)."""
         if pace == self.pace:
@@ -511,11 +700,15 @@ class Pacer:
 
     def state(self) -> PacerState:
         now = self._clock()
+        paused_for, reason = max(0.0, self._paused_until - now), self._pause_reason
+        room = self._room
+        if room is not None and room.left <= 0 and now < room.reset_at and room.reset_at - now > paused_for:
+            paused_for, reason = room.reset_at - now, "the room the service stated is used up until its reset"
         return PacerState(
             rpm=self.rpm,
             pace=self.pace,
-            paused_for=max(0.0, self._paused_until - now),
-            pause_reason=self._pause_reason,
+            paused_for=paused_for,
+            pause_reason=reason,
             in_flight=self.in_flight.on_wire,
             in_flight_limit=self.in_flight.limit(now),
             rate_limited=self.rate_limited,
@@ -524,9 +717,10 @@ class Pacer:
 
 class InFlight:
     """How many attempts may hold a slot (queued for their turn or on the wire): the pacer's rate x
-    the latency (Little's law) x headroom, at least ``START_IN_FLIGHT``, at most ``cap``. FIFO."""
+    the latency (Little's law) x headroom, at least ``START_IN_FLIGHT``, at most ``cap``. FIFO, but
+    a retry goes before first attempts (the rows after it wait in order behind it)."""
 
-    __slots__ = ("cap", "held", "_pacer", "_wire", "_latencies", "_waiters", "_timer")
+    __slots__ = ("cap", "held", "_pacer", "_wire", "_latencies", "_waiters", "_timer", "_tried")
 
     def __init__(self, pacer: Pacer, cap: int | None) -> None:
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
@@ -539,6 +733,9 @@ class InFlight:
         self._wire: dict[int, float] = {}  # attempt id -> start time
         self._latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self._waiters: deque[asyncio.Future[None]] = deque()
+        # Tasks that already made an attempt: a retry waits at the front, not behind every row not
+        # yet sent (the rows after it wait in order behind it).
+        self._tried: weakref.WeakSet[asyncio.Task[object]] = weakref.WeakSet()
         self._timer: asyncio.TimerHandle | None = None
 
     @property
@@ -552,10 +749,13 @@ class InFlight:
         return max(recent, oldest)
 
     def limit(self, now: float) -> int:
-        rate = self._pacer.pace / WINDOW
+        rate = self._pacer.rate
         if not rate:
             return self.cap
         wanted = math.ceil(rate * self.latency(now) * HEADROOM) + SPARE
+        room = self._pacer.room_left(now)
+        if room:  # the room the service stated is used at once, within the cap
+            wanted = max(wanted, len(self._wire) + room)
         return max(1, min(self.cap, max(START_IN_FLIGHT, wanted)))
 
     async def acquire(self) -> None:
@@ -563,7 +763,11 @@ class InFlight:
             self.held += 1
             return
         future = asyncio.get_running_loop().create_future()
-        self._waiters.append(future)
+        task = asyncio.current_task()
+        if task is not None and task in self._tried:
+            self._waiters.appendleft(future)
+        else:
+            self._waiters.append(future)
         self._arm()
         try:
             await future
@@ -578,6 +782,9 @@ class InFlight:
 
     def started(self, attempt: int, at: float) -> None:
         self._wire[attempt] = at
+        task = asyncio.current_task()
+        if task is not None:
+            self._tried.add(task)
 
     def finished(self, attempt: int, answered: bool) -> None:
         start = self._wire.pop(attempt, None)

@@ -269,7 +269,8 @@ def test_rate_limit_headers_set_the_pace_before_any_429():
 
 
 def test_headers_saying_none_remain_pause_until_the_reset():
-    headers = lambda t: RateLimitHeaders(remaining=0 if 5 <= t < 5.1 else 50, reset=7)  # noqa: E731
+    # Only the answer at 5 s names a reset: the others state no room to use at once (test_short_job.py).
+    headers = lambda t: RateLimitHeaders(remaining=0, reset=7) if 5 <= t < 5.1 else RateLimitHeaders(remaining=50)  # noqa: E731
     sim = Sim(latency=lambda t: 0.05, headers=headers)
     simulate(600, sim, texts=100)
     told = min(s for s in sim.starts if s >= 5) + 0.05  # the answer saying "none left" arrives

@@ -3,7 +3,9 @@ interface says, its OpenAPI document at ``/openapi.json``, plus ``/_local/*`` fo
 benchmarks (stats, faults, reset), off unless an admin key is set.
 
 Order of checks on the summarize route: injected fault, key, expired plan, rate limit (every
-request with a valid key counts, valid body or not), body, plan vs mode, word limits, summary.
+request with a valid key counts, valid body or not), body, plan vs mode, word limits, summary. The
+fault, key, plan and limit are decided when the request arrives; the answer then takes the injected
+latency. ``ServiceState.room_headers`` adds headers stating the room left in the key's limit.
 """
 
 from __future__ import annotations
@@ -157,9 +159,11 @@ def create_app(state: ServiceState) -> Starlette:
 
     async def _answer(request: Request) -> tuple[Response, dict[str, Any] | None]:
         faults = state.faults
-        if faults.latency:
-            await asyncio.sleep(faults.latency)
         fault = faults.next()
+        # The key, the plan and the limit decide at arrival (the answer then takes its latency).
+        admission = _admission(request) if fault is None else None
+        if faults.latency or faults.latency_spread:
+            await asyncio.sleep(faults.delay())
         if fault == "429":
             headers = {} if faults.retry_after is None else {"Retry-After": f"{faults.retry_after:g}"}
             return _shape_a(429, Messages.RATE_LIMITED, headers), None
@@ -175,17 +179,28 @@ def create_app(state: ServiceState) -> Starlette:
             return Response(b'{"result": "The summ', media_type="application/json"), None
         if fault == "hang":
             await asyncio.sleep(faults.hang_seconds)
+        refusal, plan, room = admission if admission is not None else _admission(request)
+        if refusal is not None or plan is None:
+            return refusal or _shape_b(401, Messages.INVALID_KEY), None
+        response, fields = await _admitted(request, plan)
+        response.headers.update(room)
+        return response, fields
 
+    def _admission(request: Request) -> tuple[Response | None, Plan | None, dict[str, str]]:
+        """(the refusal or None, the key's plan, the headers stating the room left): key, plan, limit."""
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
         plan = state.plans.get(key.strip()) if scheme.lower() == "bearer" else None
         if plan is None:
-            return _shape_b(401, Messages.INVALID_KEY), None
+            return _shape_b(401, Messages.INVALID_KEY), None, {}
         if plan is Plan.EXPIRED:
-            return _shape_b(401, Messages.NOT_PREMIUM), None
-        wait = state.admit(key.strip())
+            return _shape_b(401, Messages.NOT_PREMIUM), plan, {}
+        wait, room = state.admit(key.strip())
         if wait is not None:
-            return _shape_a(429, Messages.RATE_LIMITED, {"Retry-After": str(wait)}), None
+            return _shape_a(429, Messages.RATE_LIMITED, {"Retry-After": str(wait), **room}), plan, room
+        return None, plan, room
 
+    async def _admitted(request: Request, plan: Plan) -> tuple[Response, dict[str, Any] | None]:
+        """The answer to a request the key, plan and limit admitted."""
         fields = await _read_fields(request)
         if isinstance(fields, Response):
             return fields, None

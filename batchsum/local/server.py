@@ -24,6 +24,11 @@ class LocalService:
     when none is given. ``rpm``: per-key limit over a sliding ``window`` of 60 seconds (0 = none;
     tests shrink the window to see several of them in seconds). ``faults``: see ``Faults``.
     ``test_controls``: serve ``/_local/*`` (stats, faults, reset), behind ``state.admin_key``.
+    ``limit_kind``: how the limit counts: ``"sliding"`` (any ``window`` seconds), ``"fixed"``
+    (windows of ``window`` seconds, the first opening at the key's first request) or ``"bucket"`` (a
+    token bucket of ``rpm`` that starts full). ``room_headers``: state the room left in every answer,
+    ``"ratelimit"`` (``RateLimit-Limit/-Remaining/-Reset``) or ``"x-ratelimit"`` (``X-RateLimit-*``);
+    None (the default, as the live service): no such headers.
     """
 
     def __init__(
@@ -36,9 +41,19 @@ class LocalService:
         port: int = 0,
         window: float = 60.0,
         test_controls: bool = True,
+        limit_kind: str = "sliding",
+        room_headers: str | None = None,
     ) -> None:
         admin_key = new_key() if test_controls else None
-        self.state = ServiceState(keys, rpm=rpm, faults=faults, window=window, admin_key=admin_key)
+        self.state = ServiceState(
+            keys,
+            rpm=rpm,
+            faults=faults,
+            window=window,
+            admin_key=admin_key,
+            limit_kind=limit_kind,
+            room_headers=room_headers,
+        )
         self.host = host
         self.port = port
         self._server: uvicorn.Server | None = None

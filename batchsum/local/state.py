@@ -1,5 +1,7 @@
-"""What the local service remembers: keys and their plans, per-key sliding-window limits, faults to
-inject, and counts of what it was asked (so tests and benchmarks can check what was sent)."""
+"""What the local service remembers: keys and their plans, per-key limits (a sliding window by
+default; a fixed window from the key's first request, or a token bucket that starts full, behind
+``limit_kind``), faults to inject, and counts of what it was asked (so tests and benchmarks can check
+what was sent)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Plan", "ServiceState", "Faults", "FAULT_KINDS", "parse_key_spec"]
+__all__ = [
+    "Plan",
+    "ServiceState",
+    "Faults",
+    "FAULT_KINDS",
+    "LIMIT_KINDS",
+    "ROOM_HEADERS",
+    "SlidingWindow",
+    "FixedWindow",
+    "TokenBucket",
+    "parse_key_spec",
+]
 
 
 class Plan(str, enum.Enum):
@@ -56,6 +69,7 @@ class Faults:
     kind in ``rates`` strikes with its probability (seeded, so runs repeat)."""
 
     latency: float = 0.0
+    latency_spread: float = 0.0  # each answer takes latency + up to this much more, uniformly (seeded)
     rates: dict[str, float] = field(default_factory=dict)
     script: deque[str] = field(default_factory=deque)
     retry_after: float | None = 1.0  # seconds on injected 429s; None sends no Retry-After
@@ -64,7 +78,7 @@ class Faults:
 
     def __post_init__(self) -> None:
         self.script = deque(self.script)
-        for name in ("latency", "hang_seconds"):
+        for name in ("latency", "latency_spread", "hang_seconds"):
             if not 0 <= getattr(self, name) <= 600:
                 raise ValueError(f"invalid {name} {getattr(self, name)!r}: use 0 to 600 seconds")
         if self.retry_after is not None and not 0 <= self.retry_after <= 3600:
@@ -76,6 +90,13 @@ class Faults:
             if kind not in FAULT_KINDS and kind != "ok":
                 raise ValueError(f"unknown fault {kind!r}: use one of {', '.join(FAULT_KINDS)}")
         self._random = random.Random(self.seed)
+        self._latency_random = random.Random(self.seed + 1)
+
+    def delay(self) -> float:
+        """Seconds this answer takes: ``latency``, plus up to ``latency_spread`` at random."""
+        if not self.latency_spread:
+            return self.latency
+        return self.latency + self.latency_spread * self._latency_random.random()
 
     def next(self) -> str | None:
         if self.script:
@@ -91,6 +112,7 @@ class Faults:
     def from_json(cls, data: dict[str, Any]) -> Faults:
         return cls(
             latency=float(data.get("latency", 0.0)),
+            latency_spread=float(data.get("latency_spread", 0.0)),
             rates={str(k): float(v) for k, v in dict(data.get("rates", {})).items()},
             script=deque(str(k) for k in data.get("script", [])),
             retry_after=data.get("retry_after", 1.0),
@@ -113,14 +135,88 @@ class SlidingWindow:
         self.window = window
         self._times: deque[float] = deque()
 
-    def admit(self, now: float) -> float | None:
-        """Record the request and return None, or return the seconds until it would be admitted."""
+    def _forget(self, now: float) -> None:
         while self._times and self._times[0] <= now - self.window:
             self._times.popleft()
+
+    def admit(self, now: float) -> float | None:
+        """Record the request and return None, or return the seconds until it would be admitted."""
+        self._forget(now)
         if len(self._times) < self.limit:
             self._times.append(now)
             return None
         return self._times[0] + self.window - now
+
+    def room(self, now: float) -> tuple[int, float]:
+        """(requests it would admit now, seconds until the oldest one counted leaves the window)."""
+        self._forget(now)
+        return self.limit - len(self._times), (self._times[0] + self.window - now) if self._times else self.window
+
+
+class FixedWindow:
+    """At most ``limit`` accepted requests per window of ``window`` seconds, the first opening at the
+    first request (a counter that expires ``window`` seconds after its first increment, as a Redis
+    ``INCR`` + ``EXPIRE`` limiter does); the next opens at the first request after it ends. Only
+    accepted requests count."""
+
+    __slots__ = ("limit", "window", "_opened", "_count")
+
+    def __init__(self, limit: int, window: float = 60.0) -> None:
+        self.limit = limit
+        self.window = window
+        self._opened: float | None = None
+        self._count = 0
+
+    def admit(self, now: float) -> float | None:
+        if self._opened is None or now >= self._opened + self.window:
+            self._opened, self._count = now, 0
+        if self._count < self.limit:
+            self._count += 1
+            return None
+        return self._opened + self.window - now
+
+    def room(self, now: float) -> tuple[int, float]:
+        """(requests it would admit now, seconds until the window resets)."""
+        if self._opened is None or now >= self._opened + self.window:
+            return self.limit, self.window
+        return self.limit - self._count, self._opened + self.window - now
+
+
+class TokenBucket:
+    """A bucket of ``limit`` tokens that starts full and refills at ``limit`` per ``window`` seconds;
+    each accepted request takes one."""
+
+    __slots__ = ("limit", "window", "_tokens", "_at")
+
+    def __init__(self, limit: int, window: float = 60.0) -> None:
+        self.limit = limit
+        self.window = window
+        self._tokens = float(limit)
+        self._at: float | None = None
+
+    def _refill(self, now: float) -> None:
+        if self._at is not None:
+            self._tokens = min(float(self.limit), self._tokens + (now - self._at) * self.limit / self.window)
+        self._at = now
+
+    def admit(self, now: float) -> float | None:
+        self._refill(now)
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return None
+        return (1 - self._tokens) * self.window / self.limit
+
+    def room(self, now: float) -> tuple[int, float]:
+        """(requests it would admit now, seconds until it is full again)."""
+        self._refill(now)
+        return math.floor(self._tokens), (self.limit - self._tokens) * self.window / self.limit
+
+
+Limit = SlidingWindow | FixedWindow | TokenBucket
+LIMIT_KINDS: dict[str, type[Limit]] = {"sliding": SlidingWindow, "fixed": FixedWindow, "bucket": TokenBucket}
+# Which headers state the room left (None: none, as the live service): IETF draft names, or the
+# X- names most services use.
+ROOM_HEADERS = ("ratelimit", "x-ratelimit")
 
 
 class ServiceState:
@@ -134,7 +230,13 @@ class ServiceState:
         clock: Callable[[], float] = time.monotonic,
         window: float = 60.0,
         admin_key: str | None = None,
+        limit_kind: str = "sliding",
+        room_headers: str | None = None,
     ) -> None:
+        if limit_kind not in LIMIT_KINDS:
+            raise ValueError(f"invalid limit_kind {limit_kind!r}: use {', '.join(LIMIT_KINDS)}")
+        if room_headers is not None and room_headers not in ROOM_HEADERS:
+            raise ValueError(f"invalid room_headers {room_headers!r}: use {', '.join(ROOM_HEADERS)}, or None")
         if keys is None:
             keys = {new_key(): Plan.PREMIUM}
         elif not isinstance(keys, dict):
@@ -143,10 +245,12 @@ class ServiceState:
         self.admin_key = admin_key  # the test controls (/_local/*) need it; None: they are off
         self.rpm = rpm  # requests allowed per key in any `window` seconds (0 = no limit)
         self.window = window
+        self.limit_kind = limit_kind  # how the per-key limit counts: sliding, fixed, bucket
+        self.room_headers = room_headers  # state the room left in every answer's headers (None: never)
         self.faults = faults or Faults()
         self.clock = clock
         self._lock = threading.Lock()
-        self._windows: dict[str, SlidingWindow] = {}
+        self._windows: dict[str, Limit] = {}
         self.in_progress = 0  # requests being answered now
         self.reset_stats()
 
@@ -164,17 +268,31 @@ class ServiceState:
             self.answered: Counter[str] = Counter()
             self.most_in_progress = self.in_progress
 
-    def admit(self, key: str) -> float | None:
-        """None when the key may send now; else the seconds to wait (the per-key sliding window)."""
+    def admit(self, key: str) -> tuple[float | None, dict[str, str]]:
+        """(None when the key may send now, else the seconds to wait; the headers that state the
+        room left, when ``room_headers`` asks for them), by the per-key limit."""
         if self.rpm <= 0:
-            return None
+            return None, {}
         with self._lock:
-            window = self._windows.setdefault(key, SlidingWindow(self.rpm, self.window))
+            window = self._windows.get(key) or LIMIT_KINDS[self.limit_kind](self.rpm, self.window)
+            self._windows[key] = window
             now = self.clock()
             wait = window.admit(now)
             if wait is None:
                 self.admitted.append(now)
-        return None if wait is None else max(1, math.ceil(wait))
+            headers = self._room_headers(*window.room(now))
+        return (None if wait is None else max(1, math.ceil(wait))), headers
+
+    def _room_headers(self, remaining: int, reset: float) -> dict[str, str]:
+        if self.room_headers is None:
+            return {}
+        prefix = "X-RateLimit-" if self.room_headers == "x-ratelimit" else "RateLimit-"
+        seconds = max(1, math.ceil(reset - 1e-6))  # whole seconds, rounded up (not a float sum's last bit)
+        return {
+            f"{prefix}Limit": str(self.rpm),
+            f"{prefix}Remaining": str(max(0, remaining)),
+            f"{prefix}Reset": str(seconds),
+        }
 
     def begin(self) -> None:
         """A request arrived: count what is in progress at once (how much a client keeps in flight)."""
