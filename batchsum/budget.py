@@ -156,7 +156,7 @@ class _State:
         return Slot(
             wait=0.0 if at is None else at - now,
             at=at,
-            paused_for=max(0.0, self.paused_until - now),
+            paused_for=min(MAX_PAUSE, max(0.0, self.paused_until - now)),  # (now + x) - now may be x plus an ulp
             pause_mark=self.paused_until,
             pause_reason=self.reason,
             pace=self.pace,
@@ -514,7 +514,7 @@ class RedisBudget(Budget):
             wait=float(deferred) if deferred else float(wait),
             deferred=bool(deferred),
             at=float(at) if at else None,
-            paused_for=max(0.0, float(paused_for)),
+            paused_for=min(MAX_PAUSE, max(0.0, float(paused_for))),
             pause_mark=float(mark),
             pause_reason=reason or None,
             pace=float(pace) if pace else None,

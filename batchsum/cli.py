@@ -254,7 +254,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--rpm",
         type=int,
         default=60,
-        help="per-key limit over a sliding minute, answered with 429 and Retry-After (default 60; 0 = none)",
+        help="per-key limit per minute, answered with 429 and Retry-After (default 60; 0 = none)",
+    )
+    serve.add_argument(
+        "--limit-kind",
+        choices=("sliding", "fixed", "bucket"),
+        default="sliding",
+        help="how the limit counts: sliding (any 60 s), fixed (a minute opened by the key's first "
+        "request, then the next), bucket (a token bucket of --rpm that starts full) (default sliding)",
+    )
+    serve.add_argument(
+        "--room-headers",
+        choices=("ratelimit", "x-ratelimit"),
+        default=None,
+        help="state the room left in the key's limit in every answer: RateLimit-Limit/-Remaining/-Reset "
+        "or X-RateLimit-*; the live service states none (default: none)",
     )
     serve.add_argument("--latency", type=_number(0), default=0.0, help="seconds added to every answer")
     serve.add_argument(
@@ -612,11 +626,20 @@ def _serve(args: argparse.Namespace) -> int:
             raise _Stop(EXIT_USAGE, f"invalid --fault {spec!r}: use KIND=RATE, e.g. 500=0.05") from None
     try:
         faults = Faults(latency=args.latency, rates=rates, seed=args.seed)
-        state = ServiceState(args.key, rpm=args.rpm, faults=faults, admin_key=new_key() if args.test_controls else None)
+        state = ServiceState(
+            args.key,
+            rpm=args.rpm,
+            faults=faults,
+            admin_key=new_key() if args.test_controls else None,
+            limit_kind=args.limit_kind,
+            room_headers=args.room_headers,
+        )
     except ValueError as exc:
         raise _Stop(EXIT_USAGE, str(exc)) from None
     shown = f"{args.host}:{args.port}" if ":" not in args.host else f"[{args.host}]:{args.port}"
-    print(f"batchsum local service on http://{shown} (limit {args.rpm or 'none'} requests/min per key)", flush=True)
+    limit = f"{args.rpm} requests/min per key, {args.limit_kind}" if args.rpm else "no limit"
+    stated = f"; answers state the room left ({args.room_headers})" if args.room_headers and args.rpm else ""
+    print(f"batchsum local service on http://{shown} ({limit}{stated})", flush=True)
     for key, plan in state.plans.items():
         print(f"  key ({plan.value}): {key}" if args.key is None else f"  key ({plan.value}) accepted", flush=True)
     if args.key is None:

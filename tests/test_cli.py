@@ -322,13 +322,15 @@ def test_serve_starts_and_answers(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "batchsum.cli", "serve", "--port", str(port), "--key", "k1"],
+        [sys.executable, "-m", "batchsum.cli", "serve", "--port", str(port), "--key", "k1"]
+        + ["--rpm", "5", "--limit-kind", "fixed", "--room-headers", "x-ratelimit"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
     try:
-        assert "batchsum local service on http://127.0.0.1:" in proc.stdout.readline()
+        line = proc.stdout.readline()
+        assert "batchsum local service on http://127.0.0.1:" in line and "5 requests/min per key, fixed" in line
         for _ in range(200):
             try:
                 response = httpx.post(
@@ -342,6 +344,7 @@ def test_serve_starts_and_answers(tmp_path):
 
                 time.sleep(0.05)
         assert response.status_code == 200 and response.json()["result"]
+        assert response.headers["X-RateLimit-Limit"] == "5" and response.headers["X-RateLimit-Remaining"] == "4"
     finally:
         proc.terminate()
         proc.wait(10)
