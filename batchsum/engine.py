@@ -1046,7 +1046,7 @@ def plan_batch(
 
     def count(text: str, request_params: contract.Params) -> bool:
         """True when this request is new: neither an earlier row's nor in the store."""
-        key = fingerprint(PreparedRequest(text, request_params))
+        key = text_fingerprint(request_params)(text)
         digest = bytes.fromhex(key)
         if digest in seen:
             return False
@@ -1074,7 +1074,7 @@ def plan_batch(
                 parts, reduce = long_texts.estimate_requests(contract.count_words(text))
                 plan.skipped_long_cost = (plan.skipped_long_cost[0] + parts, plan.skipped_long_cost[1] + reduce)
             continue
-        key = fingerprint(PreparedRequest(text, params))
+        key = text_fingerprint(params)(text)
         if bytes.fromhex(key) in seen:
             plan.duplicates += 1
         elif store is not None and store.get(key) is not None:
