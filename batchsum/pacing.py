@@ -53,7 +53,7 @@ import bisect
 import math
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -185,18 +185,6 @@ class _Owed:
         return report
 
 
-@dataclass
-class _Room:
-    """Room the service stated: ``left`` more starts before ``until`` (our clock: the stating
-    attempt's start plus the reset, the earliest the window can have moved); when it is used up,
-    nothing starts before ``reset_at`` (the answer's arrival plus the reset, the latest)."""
-
-    since: float  # when the stating attempt started
-    left: int
-    until: float
-    reset_at: float
-
-
 class _Evidence:
     """What the service has shown of its limit, and what AIMD concludes from it: this process's
     starts and 429s of the last two minutes, how long it has been sending unpaused, and the limit
@@ -287,6 +275,145 @@ def _count(times: list[float], since: float, before: float) -> int:
     return bisect.bisect_left(times, before) - bisect.bisect_left(times, since)
 
 
+class _FirstMinute:
+    """The run's first minute and its catch-up, and whether the run is alone on its budget. The
+    catch-up is undecided until the run's first reservation (on only for a run alone, with no limiter
+    of the user's); then on until the minute ends or anything (a pause, a 429, another user of the
+    budget) ends it. ``fraction``: the run's share of the key's rate (1 without a share)."""
+
+    __slots__ = ("start", "starts", "catch_up", "span", "next_due", "others_at", "_shared", "_fraction")
+
+    def __init__(self, possible: bool, shared: bool, fraction: float) -> None:
+        self.start: float | None = None  # the run's first start: its first minute is [this, this + 60)
+        self.starts = 0  # starts in the run's first minute
+        self.catch_up: bool | None = None if possible else False
+        self.span: tuple[float, float] | None = None  # (first quick start, end) of the catch-up
+        self.next_due = -math.inf  # when our schedule puts the next start (our clock), if we are alone
+        self.others_at = -math.inf  # when the budget last showed another user's starts
+        self._shared = shared
+        self._fraction = fraction
+
+    def started(self, now: float, quick: bool) -> bool:
+        """Note a start (``quick``: faster than the pace); whether it is the run's first."""
+        if quick and self.catch_up and self.span is None:
+            self.span = (now, math.inf)  # the catch-up's first start faster than the pace
+        first = self.start is None
+        if self.start is None:
+            self.start = now
+        if now < self.start + WINDOW:
+            self.starts += 1
+        return first
+
+    def spacing(self, now: float, normal: float) -> tuple[float, bool]:
+        """The interval to reserve with (``normal``: the key's at the pace) and whether it is faster
+        than the pace. The lone first request left the pace's slots unused while it was on the wire;
+        within the run's first minute, starts go up to ``MAX_CATCH_UP`` times the pace, evenly spaced,
+        until they are back on the even pace from the first start, and never ahead of it: the first
+        minute holds no more than the pace's count of starts."""
+        first = self.start
+        if not self.catch_up or first is None:
+            return normal, False
+        own = normal / self._fraction  # this run's own spacing at the pace
+        at = max(now, self.next_due)
+        following = first + (self.starts + 1) * own  # when the even pace from the first start puts the next
+        if following >= first + WINDOW or not self.alone(now):
+            self.end(now)
+            return normal, False
+        spacing = min(own, max(own / MAX_CATCH_UP, following - at))
+        return spacing * self._fraction, spacing < own * (1 - 1e-9)
+
+    def reserved(self, due: float, interval: float, before: float) -> None:
+        """Our own start was reserved; the next is due ``interval`` (the key's) after ``due``. The
+        run's first reservation decides the catch-up."""
+        self.next_due = due + interval / self._fraction
+        if self.catch_up is None:
+            self.catch_up = self.alone(before)
+
+    def look_for_others(self, slot: Slot, before: float, start: bool, starts: list[float], paused_until: float) -> None:
+        """Note when the budget shows another user: starts of the last minute that are not ours (of
+        our own ``starts``), or a reserved start later than our own schedule puts it."""
+        if not self._shared:
+            return
+        ours = len(starts) - bisect.bisect_left(starts, before - WINDOW - 1)  # at least what it counted of ours
+        later = start and not slot.deferred  # our own turn had come: a later slot is someone else's
+        due = max(before, self.next_due, paused_until)
+        if slot.starts > ours or (later and before + slot.wait > due + 0.002):
+            self.others_at = before
+            self.end(before)
+
+    def alone(self, now: float) -> bool:
+        """No other user of the budget seen in the last minute (a private budget: always)."""
+        return not self._shared or now - self.others_at > ALONE_AFTER
+
+    def behind(self, interval: float, now: float) -> bool:
+        """Is the catch-up behind the even pace from the first start (``interval``: the key's)?"""
+        first = self.start
+        return bool(self.catch_up) and first is not None and first + self.starts * (interval / self._fraction) < now
+
+    def end(self, now: float) -> None:
+        if self.catch_up and self.span is not None:
+            self.span = (self.span[0], now)
+        self.catch_up = False
+
+    def during(self, started_at: float) -> bool:
+        """Did the attempt that started at ``started_at`` start while the catch-up went faster than
+        the pace (from its first quick start to its end)?"""
+        span = self.span
+        return span is not None and span[0] <= started_at < span[1]
+
+
+class _StatedRoom:
+    """Room the service's headers last stated: ``count`` more starts before ``until`` (our clock: the
+    stating attempt's start plus the reset, the earliest the window can have moved); when it is used
+    up, nothing starts before ``reset_at`` (the answer's arrival plus the reset, the latest)."""
+
+    __slots__ = ("count", "until", "reset_at")
+
+    def __init__(self) -> None:
+        self.forget()
+
+    def forget(self) -> None:
+        """No room stated (or none trusted any more)."""
+        self.count = 0
+        self.until = -math.inf
+        self.reset_at = -math.inf
+
+    def note(
+        self, headers: RateLimitHeaders, started_at: float, now: float, starts: list[float], wire: Iterable[float]
+    ) -> bool:
+        """The room the headers of the attempt that started at ``started_at`` state: ``remaining``
+        until ``reset``, less what of ours the service may not have counted yet (of our ``starts``,
+        those since a little before that attempt's, and what of ours was on the wire from before it,
+        started at ``wire``). Each such figure is at most the room there is; the largest one still
+        valid is kept (answers to requests sent together arrive in any order, and the one that
+        counted the most of them leaves the most room once they are taken off). Whether it is newly
+        kept with room left (a turn waiting for the reset may go now)."""
+        if headers.remaining is None or headers.reset is None:
+            return False
+        since = started_at - ROOM_SLACK
+        later = len(starts) - bisect.bisect_left(starts, since) - 1  # less the stating attempt itself
+        on_wire = sum(1 for t in wire if t < since)
+        left = headers.remaining - max(0, later) - on_wire
+        if now < self.until and self.count >= left:
+            return False
+        self.count, self.until = left, started_at + headers.reset
+        self.reset_at = now + min(headers.reset, MAX_RETRY_AFTER)
+        return left > 0
+
+    def left(self, now: float) -> int:
+        """Starts still stated before the reset (0: none stated, used up or expired)."""
+        return self.count if self.count > 0 and now < self.until else 0
+
+    def used(self, now: float) -> None:
+        if now < self.until:
+            self.count -= 1
+
+    def reset_wait(self, now: float) -> float:
+        """How long nothing more starts: until the reset, once the room is used up (0: it is not, or
+        the reset is past). A newer statement of room ends the wait (our count is conservative)."""
+        return max(0.0, self.reset_at - now) if self.count <= 0 else 0.0
+
+
 class Pacer:
     """Shared by every sender of a batch: ``start = await before_attempt()`` before each attempt,
     ``after_attempt(start, ...)`` after it. ``rpm=0``: no pacing, but 429 pauses are still shared.
@@ -320,13 +447,8 @@ class Pacer:
         "in_flight",
         "timeline",
         "_own_floor",
-        "_first_start",
-        "_catch_up",
-        "_catch_up_span",
-        "_next_due",
-        "_others_at",
+        "_first_minute",
         "_room",
-        "_minute_starts",
     )
 
     def __init__(
@@ -366,16 +488,9 @@ class Pacer:
         self._share = share if share is not None and share.fraction < 1 else None
         self.in_flight = InFlight(self, max_in_flight)
         self.timeline = Timeline(self.rpm)
-        self._first_start: float | None = None  # the run's first start: its first minute is [this, this + 60)
-        # The first minute's catch-up: None until the first reservation decides it (only for a run
-        # alone on its budget, with no limiter of the user's); then on until the minute ends or anything
-        # (a pause, a 429, another user of the budget) ends it.
-        self._catch_up: bool | None = None if self.rpm and self._own_floor else False
-        self._catch_up_span: tuple[float, float] | None = None  # (first quick start, end) of the catch-up
-        self._next_due = -math.inf  # when our schedule puts the next start (our clock), if we are alone
-        self._others_at = -math.inf  # when the budget last showed another user's starts
-        self._room: _Room | None = None  # the room the service's headers last stated
-        self._minute_starts = 0  # starts in the run's first minute
+        fraction = 1.0 if self._share is None else self._share.fraction
+        self._first_minute = _FirstMinute(bool(self.rpm and self._own_floor), self._budget.shared, fraction)
+        self._room = _StatedRoom()
 
     # -- spacing -------------------------------------------------------------------------------
 
@@ -390,7 +505,8 @@ class Pacer:
             self._turn = asyncio.Lock()
         async with self._turn:  # one caller at a time takes a turn: FIFO order, one reservation
             while True:
-                await self._wait_for_reset()
+                while (wait := self._room.reset_wait(self._clock())) > 0:
+                    await self._nap(min(wait, 1.0))  # used up: wait for the reset, or a newer statement
                 slot, quick = await self._reserve()
                 # Within a microsecond is on time: a float sum can land an ulp short, and a sleep
                 # of an ulp does not move the clock.
@@ -405,11 +521,7 @@ class Pacer:
                 if not self._paused():
                     break  # else a 429 arrived while we waited: reserve again, sharing its pause
         now = self._clock()
-        if quick and self._catch_up and self._catch_up_span is None:
-            self._catch_up_span = (now, math.inf)  # the catch-up's first start faster than the pace
-        first = self._first_start is None
-        self._started(now)
-        if first and self._budget.shared:
+        if self._started(now, quick) and self._budget.shared:
             # Tell the budget of the run's first start at once, not with the next reservation (after
             # the first answer): a run starting beside this one sees it, and neither catches up.
             await self._reserve(start=False)
@@ -441,98 +553,39 @@ class Pacer:
             slot = await self._budget.reserve(interval, report, start=start)
         else:
             slot = await self._budget.reserve(interval, report, start=start, share=self._share)
-        self._look_for_others(slot, before, start)
+        self._first_minute.look_for_others(slot, before, start, self._evidence.starts, self._paused_until)
         if start and not slot.deferred:
             # When our next start is due, if we are alone on the budget (a late estimate: the
             # budget's clock read the time somewhere between before and now).
-            fraction = 1.0 if self._share is None else self._share.fraction
-            self._next_due = self._clock() + slot.wait + interval / fraction
-            if self._catch_up is None:  # the run's first reservation decides the catch-up
-                self._catch_up = self._alone(before)
+            self._first_minute.reserved(self._clock() + slot.wait, interval, before)
         self._adopt(slot, report)
         return slot, quick
 
     def _spacing(self, now: float) -> tuple[float, bool]:
         """The interval to reserve with (the key's spacing after this start), and whether it is
         faster than the pace: room the service stated (no spacing), or the first minute's catch-up;
-        else the pace in force (with the ramp after a pause). The catch-up: the lone first request
-        left the pace's slots unused while it was on the wire; within the run's first minute, starts
-        go up to ``MAX_CATCH_UP`` times the pace, evenly spaced, until they are back on the even pace
-        from the first start, and never ahead of it: the first minute holds no more than the pace's
-        count of starts."""
+        else the pace in force (with the ramp after a pause)."""
         normal = self.interval * self._ramp
         if not self.pace or self._paused():
             return normal, False
         if self.room_left(now) > 0:
             return 0.0, True
-        first = self._first_start
-        if not self._catch_up or first is None:
-            return normal, False
-        fraction = 1.0 if self._share is None else self._share.fraction
-        own = normal / fraction  # this run's own spacing at the pace
-        at = max(now, self._next_due)
-        following = first + (self._minute_starts + 1) * own  # when the even pace from the first start puts the next
-        if following >= first + WINDOW or not self._alone(now):
-            self._end_catch_up(now)
-            return normal, False
-        spacing = min(own, max(own / MAX_CATCH_UP, following - at))
-        return spacing * fraction, spacing < own * (1 - 1e-9)
-
-    def _look_for_others(self, slot: Slot, before: float, start: bool) -> None:
-        """Note when the budget shows another user: starts of the last minute that are not ours, or
-        a reserved start later than our own schedule puts it."""
-        if not self._budget.shared:
-            return
-        starts = self._evidence.starts
-        ours = len(starts) - bisect.bisect_left(starts, before - WINDOW - 1)  # at least what it counted of ours
-        later = start and not slot.deferred  # our own turn had come: a later slot is someone else's
-        due = max(before, self._next_due, self._paused_until)
-        if slot.starts > ours or (later and before + slot.wait > due + 0.002):
-            self._others_at = before
-            self._end_catch_up(before)
-
-    def _alone(self, now: float) -> bool:
-        """No other user of the budget seen in the last minute (a private budget: always)."""
-        return not self._budget.shared or now - self._others_at > ALONE_AFTER
-
-    def _end_catch_up(self, now: float) -> None:
-        if self._catch_up and self._catch_up_span is not None:
-            self._catch_up_span = (self._catch_up_span[0], now)
-        self._catch_up = False
-
-    def _during_catch_up(self, started_at: float) -> bool:
-        """Did the attempt that started at ``started_at`` start while the catch-up went faster than
-        the pace (from its first quick start to its end)?"""
-        span = self._catch_up_span
-        return span is not None and span[0] <= started_at < span[1]
+        return self._first_minute.spacing(now, normal)
 
     def room_left(self, now: float) -> int:
         """Starts the service's headers still allow before their reset, beyond the pace (0: none
         stated, used up, expired, or not ours to use: another user on the budget, a share)."""
-        room = self._room
-        if room is None or room.left <= 0 or now >= room.until or self._share is not None or not self._alone(now):
+        if self._share is not None or not self._first_minute.alone(now):
             return 0
-        return room.left
-
-    async def _wait_for_reset(self) -> None:
-        """The room the service stated is used up: nothing more starts before its reset, unless a
-        newer answer states more (our count of what it may not have counted yet is conservative)."""
-        while True:
-            room, now = self._room, self._clock()
-            if room is None or room.left > 0 or now >= room.reset_at:
-                return
-            await self._nap(min(room.reset_at - now, 1.0))
+        return self._room.left(now)
 
     @property
     def rate(self) -> float:
         """Starts per second at the pace in force, or faster while the first minute's catch-up is
         behind the even pace from the first start."""
         rate = self.pace / WINDOW
-        first = self._first_start
-        if self._catch_up and first is not None and rate:
-            own = self.interval / (1.0 if self._share is None else self._share.fraction)
-            if first + self._minute_starts * own < self._clock():
-                rate *= MAX_CATCH_UP
+        if rate and self._first_minute.behind(self.interval, self._clock()):
+            rate *= MAX_CATCH_UP
         return rate
 
     async def flush(self) -> None:
@@ -568,18 +621,16 @@ class Pacer:
     def now(self) -> float:
         return self._clock()
 
-    def _started(self, now: float) -> None:
-        if self._first_start is None:
-            self._first_start = now
-        if now < self._first_start + WINDOW:
-            self._minute_starts += 1
-        if self._room is not None and now < self._room.until:
-            self._room.left -= 1
+    def _started(self, now: float, quick: bool) -> bool:
+        """Note a start (``quick``: faster than the pace); whether it is the run's first."""
+        first = self._first_minute.started(now, quick)
+        self._room.used(now)
         self.timeline.started(now)
         self._owed.started += 1
         self._evidence.started(now)
         if self.pace:
             self._ramp = max(1.0, self._ramp * RAMP_DECAY)
+        return first
 
     # -- outcomes ------------------------------------------------------------------------------
 
@@ -598,7 +649,9 @@ class Pacer:
         now = self._clock()
         if headers is not None:
             self._obey_headers(headers, now)
-            self._note_room(headers, started_at, now)
+            wire = self.in_flight._wire.values()
+            if self.pace and self._room.note(headers, started_at, now, self._evidence.starts, wire) and self._wake:
+                self._wake.set()  # a turn waiting for the reset may go now
         if rate_limited:
             self._on_429(started_at, retry_after, now)
         elif answered:
@@ -616,7 +669,7 @@ class Pacer:
             if publish and self._wake is not None:
                 self._wake.set()
         self._evidence.unpaused_since = None
-        self._end_catch_up(self._clock())
+        self._first_minute.end(self._clock())
         if self.pace:
             self._ramp = RAMP_START
 
@@ -624,8 +677,8 @@ class Pacer:
         # Sent during the first minute's catch-up: the service refused slots the pace had left unused
         # (a sliding window, a small bucket), which says nothing of the pace. The catch-up ends (the
         # pause ends it) and the pace stays; any room stated before is no longer trusted.
-        catching_up = self._during_catch_up(started_at)
-        self._room = None
+        catching_up = self._first_minute.during(started_at)
+        self._room.forget()
         self.rate_limited += 1
         self.timeline.refused(now)
         self._owed.refused += 1
@@ -661,27 +714,6 @@ class Pacer:
                 f"the service's rate-limit headers say none left until the reset in {headers.reset:g} s",
             )
 
-    def _note_room(self, headers: RateLimitHeaders, started_at: float, now: float) -> None:
-        """The room the headers of the attempt that started at ``started_at`` state: ``remaining``
-        until ``reset``, less what of ours the service may not have counted yet (our starts since a
-        little before that attempt's, and what of ours was on the wire from before it). Each such
-        figure is at most the room there is; the largest one still valid is kept (answers to
-        requests sent together arrive in any order, and the one that counted the most of them
-        leaves the most room once they are taken off)."""
-        if headers.remaining is None or headers.reset is None or not self.pace:
-            return
-        since = started_at - ROOM_SLACK
-        starts = self._evidence.starts
-        later = len(starts) - bisect.bisect_left(starts, since) - 1  # less the stating attempt itself
-        on_wire = sum(1 for t in self.in_flight._wire.values() if t < since)
-        left = headers.remaining - max(0, later) - on_wire
-        held = self._room
-        if held is not None and now < held.until and held.left >= left:
-            return
-        self._room = _Room(started_at, left, started_at + headers.reset, now + min(headers.reset, MAX_RETRY_AFTER))
-        if self._wake is not None and left > 0:
-            self._wake.set()  # a turn waiting for the reset may go now
-
     def _set_pace(self, pace: float, reason: str | None, now: float, *, publish: bool = True) -> None:
         """Change the pace; a ``reason`` makes it a reported change (climbing steps are not)."""
         if pace == self.pace:
@@ -701,9 +733,8 @@ class Pacer:
     def state(self) -> PacerState:
         now = self._clock()
         paused_for, reason = max(0.0, self._paused_until - now), self._pause_reason
-        room = self._room
-        if room is not None and room.left <= 0 and now < room.reset_at and room.reset_at - now > paused_for:
-            paused_for, reason = room.reset_at - now, "the room the service stated is used up until its reset"
+        if (wait := self._room.reset_wait(now)) > paused_for:
+            paused_for, reason = wait, "the room the service stated is used up until its reset"
         return PacerState(
             rpm=self.rpm,
             pace=self.pace,

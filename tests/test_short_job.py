@@ -266,4 +266,5 @@ def test_two_runs_starting_together_on_one_budget_do_not_catch_up():
     assert [r.status for r in rows_a + rows_b] == ["ok"] * 800
     assert service.refused == 0
     assert most_in_any_window(service.arrivals, 60) <= RPM
-    assert pacer_a._catch_up_span is None and pacer_b._catch_up_span is None  # no start went faster than the pace
+    # no start went faster than the pace
+    assert pacer_a._first_minute.span is None and pacer_b._first_minute.span is None
