@@ -431,9 +431,25 @@ class AsyncClient:
         self._core = _ClientCore(api_key, base_url, timeout, max_retries, encoding, environ)
         # As many connections as the batch engine may keep in flight: a smaller pool would cap the
         # rate at pool / latency (100 connections at 20 s a request is 300/min, whatever the pace).
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=min(max_connections, 100))
-        self._http = httpx.AsyncClient(transport=transport, limits=limits, **self._core.http_options())
+        self._limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=min(max_connections, 100)
+        )
+        self._transport = transport
+        # Made at the first request: a run the journal answers whole sends none, and spares the TLS
+        # context and the connection pool (about a tenth of a second to make and to close).
+        self._connections: httpx.AsyncClient | None = None
+        self._closed = False
         self._sleep = sleep
+
+    @property
+    def _http(self) -> httpx.AsyncClient:
+        if self._closed:
+            raise RuntimeError("Cannot send a request, as the client has been closed.")  # as httpx says
+        if self._connections is None:
+            self._connections = httpx.AsyncClient(
+                transport=self._transport, limits=self._limits, **self._core.http_options()
+            )
+        return self._connections
 
     @property
     def base_url(self) -> str:
@@ -517,7 +533,9 @@ class AsyncClient:
         return body.decode()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        self._closed = True
+        if self._connections is not None:
+            await self._connections.aclose()
 
     async def __aenter__(self) -> AsyncClient:
         return self
