@@ -443,6 +443,10 @@ class AsyncClient:
 
     @property
     def _http(self) -> httpx.AsyncClient:
+        return self._open()
+
+    def _open(self) -> httpx.AsyncClient:
+        """The connection pool, made at the first call."""
         if self._closed:
             raise RuntimeError("Cannot send a request, as the client has been closed.")  # as httpx says
         if self._connections is None:
@@ -482,6 +486,7 @@ class AsyncClient:
         """
         attempt = 0  # attempts the service answered other than "later" (429 under hooks): what was paid
         first_429: float | None = None
+        self._open()  # the pool made now if not yet: not between the pacer's turn and the request
         while True:
             attempt += 1
             ticket = await hooks.before_attempt() if hooks is not None else None

@@ -151,8 +151,15 @@ class RunOptions:
         if self.budget is not None and not isinstance(self.budget, Budget):
             raise InvalidParameterError(f"invalid budget {self.budget!r}: open one with batchsum.budget.open_budget")
 
-    def pacer(self, on_pace_change: Callable[[PaceChange], None] | None = None, share: Share | None = None) -> Pacer:
-        """The pacer these options describe; ``share``: this run's share of the key's rate."""
+    def pacer(
+        self,
+        on_pace_change: Callable[[PaceChange], None] | None = None,
+        share: Share | None = None,
+        *,
+        alone: bool = True,
+    ) -> Pacer:
+        """The pacer these options describe; ``share``: this run's share of the key's rate;
+        ``alone``: False for one of several runs of one job at once (``Pacer``)."""
         return Pacer(
             self.rpm,
             limiter=self.limiter,
@@ -160,6 +167,7 @@ class RunOptions:
             max_in_flight=self.concurrency,
             on_pace_change=on_pace_change,
             share=share,
+            alone=alone,
         )
 
 

@@ -24,7 +24,8 @@ own schedule), and a share scales it. Stated room: after an answer whose headers
 (remaining and reset), that many starts, less ours the service may not have counted yet (those since
 a little before the stating request's start, and ours on the wire from before it), go at once,
 within the in-flight cap; when it is used up nothing starts before the reset. Only for a run alone
-on its budget with a share of 1 (two runs would spend one statement twice).
+on its budget with a share of 1 (two runs would spend one statement twice). Neither is for a run
+that is one of several of one job (``alone=False``: Dask partitions, Spark tasks).
 
 Pause. A 429 pauses every sender until its Retry-After (a jittered backoff when the value is absent
 or unusable); the restart is gentle: spacing starts doubled and shrinks back (the ramp).
@@ -448,6 +449,7 @@ class Pacer:
         "timeline",
         "_own_floor",
         "_first_minute",
+        "_alone",
         "_room",
     )
 
@@ -461,8 +463,12 @@ class Pacer:
         clock: Callable[[], float] = _loop_time,
         on_pace_change: Callable[[PaceChange], None] | None = None,
         share: Share | None = None,
+        alone: bool = True,
     ) -> None:
         self.rpm = check_rpm(rpm)
+        # False: one of several runs of one job at once (Dask partitions, Spark tasks), which start
+        # together on one budget: none catches up or spends stated room (each would take it as its own).
+        self._alone = alone
         self.pace = float(rpm)  # the pace in force
         self.ceiling = float(rpm)  # rpm, or lower when the service's headers state a lower limit
         self.rate_limited = 0  # 429s seen
@@ -489,7 +495,7 @@ class Pacer:
         self.in_flight = InFlight(self, max_in_flight)
         self.timeline = Timeline(self.rpm)
         fraction = 1.0 if self._share is None else self._share.fraction
-        self._first_minute = _FirstMinute(bool(self.rpm and self._own_floor), self._budget.shared, fraction)
+        self._first_minute = _FirstMinute(bool(self.rpm and self._own_floor and alone), self._budget.shared, fraction)
         self._room = _StatedRoom()
 
     # -- spacing -------------------------------------------------------------------------------
@@ -521,9 +527,11 @@ class Pacer:
                 if not self._paused():
                     break  # else a 429 arrived while we waited: reserve again, sharing its pause
         now = self._clock()
-        if self._started(now, quick) and self._budget.shared:
+        if self._started(now, quick) and self._budget.shared and self._alone and self._own_floor:
             # Tell the budget of the run's first start at once, not with the next reservation (after
-            # the first answer): a run starting beside this one sees it, and neither catches up.
+            # the first answer): a run starting beside this one sees it, and neither catches up. (Not
+            # for one of several runs of a job: none of them catches up, and the report would hold
+            # its first request back from the slot the budget gave it.)
             await self._reserve(start=False)
         return now
 
@@ -575,7 +583,7 @@ class Pacer:
     def room_left(self, now: float) -> int:
         """Starts the service's headers still allow before their reset, beyond the pace (0: none
         stated, used up, expired, or not ours to use: another user on the budget, a share)."""
-        if self._share is not None or not self._first_minute.alone(now):
+        if self._share is not None or not self._alone or not self._first_minute.alone(now):
             return 0
         return self._room.left(now)
 

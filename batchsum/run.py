@@ -222,7 +222,9 @@ class Run:
             sample_rows=sample,
         )
         self.pacer = self.options.pacer(
-            self._pace_changed, share=Share(self.run_id, spec.share) if spec.share < 1 else None
+            self._pace_changed,
+            share=Share(self.run_id, spec.share) if spec.share < 1 else None,
+            alone=not self.shared,
         )
         self.stats.pacer = self.pacer
         pacer = self.pacer
