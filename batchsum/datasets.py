@@ -238,8 +238,6 @@ class _ParquetFiles:
         self.where = source.spec  # the file being read
         self.files: list[pq.ParquetFile] = []
         for path in source.files:
-            if os.path.getsize(path) == 0:
-                raise _fail(f"{path} is empty (0 bytes), not a Parquet file", source.spec)
             try:
                 self.files.append(pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20))
             except (pa.ArrowException, OSError, ValueError) as exc:
@@ -276,10 +274,6 @@ class _Scanned:
 
     def __init__(self, source: _Source, column: str) -> None:
         ds = _dataset_module()
-        if source.format == "parquet" and not source.remote:
-            for path in source.files:
-                if os.path.getsize(path) == 0:
-                    raise _fail(f"{path} is empty (0 bytes), not a Parquet file", source.spec)
         try:
             self.dataset = ds.dataset(
                 source.files,
@@ -363,6 +357,10 @@ class DatasetInput:
             raise _fail(f"{', '.join(self.uris)}: no rows to summarize", *self.uris)
 
     def _open(self, source: _Source) -> _ParquetFiles | _Scanned:
+        if source.format == "parquet" and not source.remote:
+            for path in source.files:
+                if os.path.getsize(path) == 0:
+                    raise _fail(f"{path} is empty (0 bytes), not a Parquet file", source.spec)
         if source.format == "parquet" and not source.remote and not _partitioned(source):
             return _ParquetFiles(source)
         return _Scanned(source, self.column)

@@ -70,6 +70,7 @@ __all__ = [
     "fingerprint",
     "summarize_stream",
     "stream_results",
+    "rows_of",
     "BatchPlan",
     "plan_batch",
 ]
@@ -872,6 +873,12 @@ async def summarize_stream(
     results = stream_results(
         texts, client, params, options, store=store, stats=stats, pacer=pacer, on_result=on_result, **settings
     )
+    async for result in rows_of(results):
+        yield result
+
+
+async def rows_of(results: AsyncGenerator[RowResult | Known, None]) -> AsyncIterator[RowResult]:
+    """``stream_results``' items one row at a time (a run of known rows taken apart); closes it."""
     async with aclosing(results):
         async for item in results:
             if isinstance(item, list):

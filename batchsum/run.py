@@ -25,7 +25,7 @@ import time
 import uuid
 import warnings
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence, Sized
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator, Sequence, Sized
 from contextlib import AsyncExitStack, ExitStack
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +33,7 @@ from . import contract
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .budget import Budget, RedisBudget, Share, SQLiteBudget, check_budget, open_budget
 from .client import AsyncClient
-from .engine import RunOptions, plan_batch, stream_results, summarize_stream
+from .engine import RunOptions, plan_batch, rows_of, stream_results
 from .errors import (
     BrokenInputError,
     BudgetError,
@@ -376,7 +376,11 @@ class Run:
 
     def stream(self, rows: Iterable[Any] | AsyncIterator[Any]) -> AsyncIterator[RowResult]:
         """One ``RowResult`` per row, in order (see ``engine.summarize_stream`` for what it raises)."""
-        return summarize_stream(
+        return rows_of(self._results(rows))
+
+    def _results(self, rows: Iterable[Any] | AsyncIterator[Any]) -> AsyncGenerator[RowResult | list[RowResult], None]:
+        """The engine's results for ``rows`` in this run: rows, and runs of rows needing no request."""
+        return stream_results(
             rows,
             self.client,
             self.spec.params,
@@ -410,16 +414,7 @@ class Run:
             read_all = True
 
         finished: list[RowResult] = []
-        results = stream_results(
-            blocks(),
-            self.client,
-            self.spec.params,
-            self.options,
-            store=self.store,
-            stats=self.stats,
-            pacer=self.pacer,
-            on_result=self._result,
-        )
+        results = self._results(blocks())
         try:
             async for result in results:
                 if isinstance(result, list):

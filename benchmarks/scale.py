@@ -364,28 +364,25 @@ def one_size(rows: int, args: argparse.Namespace, scratch: Path) -> dict[str, An
     server = Server(folder)
     try:
         env = child_env(BATCHSUM_BASE_URL=server.url, BATCHSUM_API_KEY="bench")
-        note(f"{rows} rows: first run ...")
-        before = server.requests()
-        out = folder / "first.parquet"
-        first = run_measured(summarize_cli(inp, out, journal, server, args), env, folder / "first.log")
-        first["requests"] = server.requests() - before
-        first["rows_per_s"] = rows / first["wall_s"]
-        check_output(first, out, rows)
-        first["journal_rows"] = journal_rows(journal) if journal.exists() else 0
-        out.unlink(missing_ok=True)
-        result["first"] = first
 
+        def summarize(name: str) -> dict[str, Any]:
+            """One measured `batchsum summarize` into NAME.parquet, with the journal shared by both runs."""
+            before = server.requests()
+            out = folder / f"{name}.parquet"
+            done = run_measured(summarize_cli(inp, out, journal, server, args), env, folder / f"{name}.log")
+            done["requests"] = server.requests() - before
+            done["rows_per_s"] = rows / done["wall_s"]
+            check_output(done, out, rows)
+            done["journal_rows"] = journal_rows(journal) if journal.exists() else 0
+            out.unlink(missing_ok=True)
+            return done
+
+        note(f"{rows} rows: first run ...")
+        first = result["first"] = summarize("first")
         note(f"{rows} rows: rerun, every answer in the journal ...")
-        before = server.requests()
-        out = folder / "rerun.parquet"
-        rerun = run_measured(summarize_cli(inp, out, journal, server, args), env, folder / "rerun.log")
-        rerun["requests"] = server.requests() - before
-        rerun["rows_per_s"] = rows / rerun["wall_s"]
-        check_output(rerun, out, rows)
+        rerun = result["rerun"] = summarize("rerun")
         rerun["journal_rows_before"] = first["journal_rows"]
-        rerun["journal_rows_after"] = journal_rows(journal) if journal.exists() else 0
-        out.unlink(missing_ok=True)
-        result["rerun"] = rerun
+        rerun["journal_rows_after"] = rerun.pop("journal_rows")
 
         note(f"{rows} rows: pyarrow baselines ...")
         result["baseline_whole"] = baseline(inp, folder, "whole")

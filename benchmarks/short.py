@@ -35,7 +35,7 @@ from aiolimiter import AsyncLimiter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rate import FullBucket, texts  # noqa: E402  (the benchmark next door)
+from rate import FullBucket, post_until_answered, texts  # noqa: E402  (the benchmark next door)
 
 import batchsum  # noqa: E402
 from batchsum.local import Faults, LocalService  # noqa: E402
@@ -49,18 +49,6 @@ KINDS = {  # name: (limit kind, headers, rows, latency from, latency to)
     "stated": ("fixed", "ratelimit", 300, 0.4, 0.6),
 }
 SEMAPHORE = 100
-
-
-async def post_until_answered(http: httpx.AsyncClient, text: str, acquire) -> None:
-    while True:
-        await acquire()
-        try:
-            response = await http.post("/api/user/summarize", json={"text": text, "mode": 1})
-        except httpx.HTTPError:
-            continue
-        if response.status_code != 429:
-            return
-        await asyncio.sleep(float(response.headers.get("retry-after", 1)))
 
 
 async def run_plain(service: LocalService, rows: list[str], acquire, in_flight: int | None) -> None:
