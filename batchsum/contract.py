@@ -10,6 +10,7 @@ import enum
 import math
 import numbers
 from typing import Any, NamedTuple
+from urllib.parse import urlsplit
 
 __all__ = [
     "SUMMARIZE_PATH",
@@ -28,6 +29,8 @@ __all__ = [
     "parse_params",
     "text_problem",
     "SkipReason",
+    "LOCAL_SERVICE",
+    "service_identity",
 ]
 
 SUMMARIZE_PATH = "/api/user/summarize"
@@ -47,6 +50,26 @@ PERCENTAGE_MAX = 6
 PERCENTAGE_DEFAULT = 4
 
 ERROR_TYPE_INVALID_REQUEST = "invalid_request"
+
+LOCAL_SERVICE = "batchsum-local"  # the embedded local reference service, whatever port it is given
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def service_identity(base_url: str) -> str:
+    """The one name of the service at ``base_url``: scheme, host (lower case), port (the scheme's
+    default left out) and path (no trailing slash). User info, query and fragment are dropped, so a
+    name never holds a credential and two spellings of one service are one name."""
+    parts = urlsplit(base_url.strip())
+    scheme = parts.scheme.lower()
+    host = (parts.hostname or "").lower()
+    if ":" in host:  # an IPv6 address keeps its brackets
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    netloc = host if port is None or port == _DEFAULT_PORTS.get(scheme) else f"{host}:{port}"
+    return f"{scheme}://{netloc}{parts.path.rstrip('/')}"
 
 
 class Mode(enum.IntEnum):

@@ -13,6 +13,7 @@ pickled to Dask workers, printed and logged without showing it.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import ipaddress
 import math
 import os
@@ -30,6 +31,7 @@ __all__ = [
     "ClientSettings",
     "Secret",
     "Option",
+    "key_hash",
     "OPTIONS",
     "EXCEPTIONS",
     "ENV_API_KEY",
@@ -60,6 +62,12 @@ LONG_TEXT_POLICIES = ("skip", "split", "truncate")
 DEFAULT_WINDOW = 1024  # rows held between reading and yielding ...
 DEFAULT_WINDOW_BYTES = 16 << 20  # ... and their input's bytes (the rows behind a slow one wait, not the reading)
 DEFAULT_DRAIN_SECONDS = 15.0  # how long a stop waits for answers on the wire
+
+
+def key_hash(key: str) -> str:
+    """A key's short name where one must be shown or stored (12 hex digits of a salted SHA-256):
+    never a piece of the key, and not reversible."""
+    return hashlib.sha256(f"batchsum key hash\n{key}".encode()).hexdigest()[:12]
 
 
 class Secret:
@@ -215,6 +223,17 @@ class ClientSettings:
     timeout: float = DEFAULT_TIMEOUT
     max_retries: int = DEFAULT_MAX_RETRIES
     encoding: str = "json"
+
+    @property
+    def service(self) -> str:
+        """The service's one name (``contract.service_identity``; the local reference service as
+        ``contract.LOCAL_SERVICE``, not its port): what answers and remembered limits are kept by."""
+        return contract.LOCAL_SERVICE if self.local else contract.service_identity(self.base_url)
+
+    @property
+    def key_hash(self) -> str | None:
+        """The key's short hash (``key_hash``), None before the local service fills it in."""
+        return None if self.api_key is None else key_hash(self.api_key.reveal())
 
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``Client`` / ``AsyncClient``."""

@@ -75,3 +75,30 @@ def test_unicode_text_is_counted_and_accepted():
 def test_the_service_error_texts_are_the_interfaces():
     assert contract.Messages.INVALID_KEY == "incorrect API key provided"
     assert contract.Messages.TOO_SHORT == "Text must be greater then 10 words"
+
+
+@pytest.mark.parametrize(
+    ("url", "name"),
+    [
+        ("https://www.summarizer.org", "https://www.summarizer.org"),
+        ("https://WWW.Summarizer.org:443/", "https://www.summarizer.org"),
+        ("https://user:secret@www.summarizer.org/?key=abc#frag", "https://www.summarizer.org"),
+        ("https://api.example.com:8443/v2/", "https://api.example.com:8443/v2"),
+        ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
+        ("http://[::1]:9000/x", "http://[::1]:9000/x"),
+    ],
+)
+def test_a_service_has_one_name_without_credentials_query_or_default_port(url, name):
+    assert contract.service_identity(url) == name
+
+
+def test_the_local_service_is_named_as_itself_not_by_its_port():
+    from batchsum.options import ClientSettings, Secret, key_hash
+
+    local = ClientSettings(Secret("k" * 20), "http://127.0.0.1:43117", local=True)
+    other = ClientSettings(Secret("k" * 20), "http://127.0.0.1:51002", local=True)
+    assert local.service == other.service == contract.LOCAL_SERVICE
+    live = ClientSettings(Secret("sk-live-1234567890"), "https://www.summarizer.org")
+    assert live.service == "https://www.summarizer.org"
+    assert live.key_hash == key_hash("sk-live-1234567890")
+    assert len(live.key_hash) == 12 and int(live.key_hash, 16) >= 0
