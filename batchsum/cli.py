@@ -679,6 +679,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signum, signal.SIG_IGN if argv is None and finished else handler)
 
 
+def _as_flags(message: str) -> str:
+    """An option's error as the command line says it: ``invalid share ...`` as ``invalid --share ...``."""
+    name, _, rest = message.removeprefix("invalid ").partition(" ")
+    flags = {option.name: option.flag for option in OPTIONS}
+    return f"invalid {flags[name]} {rest}" if message.startswith("invalid ") and name in flags else message
+
+
 def _dispatch(handler: Any, args: argparse.Namespace) -> int:
     """The command's exit code; its errors said in one line (as JSON with --log-format json)."""
     try:
@@ -687,7 +694,10 @@ def _dispatch(handler: Any, args: argparse.Namespace) -> int:
     except _Stop as stop:
         _say(str(stop))
         return stop.code
-    except (InputError, InvalidParameterError, ConfigurationError, BudgetError) as exc:
+    except InvalidParameterError as exc:
+        _say(f"error: {_as_flags(str(exc))}")
+        return EXIT_USAGE
+    except (InputError, ConfigurationError, BudgetError) as exc:
         _say(f"error: {exc}")
         return EXIT_USAGE
     except BatchsumError as exc:

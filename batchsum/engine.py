@@ -54,8 +54,8 @@ from .options import (
     check_seconds,
     check_whole,
 )
-from .pacing import Limiter, PaceChange, Pacer
-from .report import BatchStats
+from .pacing import KeyRecord, Limiter, PaceChange, PaceLog, Pacer
+from .report import BatchStats, Timeline
 from .results import BLOCK_ROWS, FAILED, OK, SKIPPED, Answer, RowBlock, RowResult
 from .stores import CLAIM_POLL_SECONDS, AnswerStore, MemoryStore, SharedAnswerStore
 
@@ -123,7 +123,10 @@ class RunOptions:
     or "truncate" (its first words).
     ``max_requests``: the cap on paid requests (a 429 is not paid); reached, the batch stops with
     ``RequestCapReached`` after giving every row a record. ``sample_rows``: the input positions
-    (0-based) to send; the other rows are ``failed`` with ``not_sent``.
+    (0-based) to send; the other rows are ``failed`` with ``not_sent``. ``record``: what the key's
+    budget remembers of the key at its service (``pacing.KeyRecord``): a key it proved answered in
+    this mode within a day starts at the pace with the rest, any other sends its first request
+    alone (a wrong key costs one request); the run adds what it sees (answered, refused).
     """
 
     rpm: float = 0.0
@@ -137,6 +140,7 @@ class RunOptions:
     long_texts: str = SKIP
     max_requests: int | None = None
     sample_rows: frozenset[int] | None = None
+    record: KeyRecord | None = None
 
     def __post_init__(self) -> None:
         check_whole("max_requests", self.max_requests, minimum=0, allow_none=True)  # 0: a partition's part
@@ -158,9 +162,11 @@ class RunOptions:
         share: Share | None = None,
         *,
         alone: bool = True,
+        log: PaceLog | None = None,
     ) -> Pacer:
         """The pacer these options describe; ``share``: this run's share of the key's rate;
-        ``alone``: False for one of several runs of one job at once (``Pacer``)."""
+        ``alone``: False for one of several runs of one job at once; ``log``: told what it does
+        (``report.Timeline``); see ``Pacer``."""
         return Pacer(
             self.rpm,
             limiter=self.limiter,
@@ -169,7 +175,13 @@ class RunOptions:
             on_pace_change=on_pace_change,
             share=share,
             alone=alone,
+            log=log,
+            record=self.record,
         )
+
+    def first_alone(self, mode: int) -> bool:
+        """Does the run's first request go alone? Yes, unless the key's record proves the key."""
+        return self.record is None or self.record.proven(mode) is None
 
 
 class _Gate:
@@ -505,9 +517,14 @@ class _Batch:
         self.stopped = asyncio.Event()
         self.fatal: BatchsumError | None = None
         self.unsent_rows = False
-        # The first request goes alone: a wrong key or an expired plan costs one request, not dozens.
+        # The first request goes alone: a wrong key or an expired plan costs one request, not dozens;
+        # unless the key's record proves it answered by this service in this mode within a day.
         self.first_answered = asyncio.Event()
         self.first_sent = False
+        self.record = options.record
+        self.proven = False  # this run saw the key answered (the record is told once)
+        if not options.first_alone(params.mode):
+            self.first_answered.set()
         self.drain_deadline: float | None = None
         self.long_rows = _LongRows(self)
         self.known = _KnownTexts()
@@ -679,8 +696,13 @@ class _Batch:
             try:
                 summary, attempts = await self.client.send(request, hooks=self.gate)
                 answer, permanent = Answer(summary, OK, None, None, 200, attempts), True
+                if self.record is not None and not self.proven:
+                    self.proven = True
+                    self.record.answered(self.params.mode)
             except (AuthenticationError, NotPremiumError) as exc:
                 self.stats.sent += 1
+                if self.record is not None:
+                    self.record.refused(self.params.mode if isinstance(exc, NotPremiumError) else None)
                 self.stop(exc)
                 raise
             except BudgetError as exc:  # the shared budget is gone: nothing more may start
@@ -916,7 +938,9 @@ async def stream_results(
     elif settings:
         raise TypeError(f"pass either options or {', '.join(settings)}, not both")
     stats = stats if stats is not None else BatchStats()
-    pacer = pacer if pacer is not None else options.pacer()
+    if pacer is None:
+        stats.timeline = stats.timeline or Timeline(options.rpm)
+        pacer = options.pacer(log=stats.timeline)
     stats.pacer = pacer
     batch = _Batch(client, params, options, store if store is not None else MemoryStore(), stats, pacer)
     window = _Window(options.window, options.window_bytes)

@@ -179,10 +179,21 @@ def check_whole(name: str, value: Any, *, minimum: int = 1, allow_none: bool = F
     return value
 
 
-def check_share(value: object) -> float:
-    """A share of the key's rate: a number in (0, 1]."""
+MIN_SHARE_PER_HOUR = 1.0  # a share slower than one start an hour is refused: it would look like a stall
+
+
+def check_share(value: object, rpm: float = 0.0) -> float:
+    """A share of the key's rate: a number in (0, 1]; at ``rpm`` (0: no pacing), at least one start
+    an hour."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise InvalidParameterError(f"invalid share {value!r}: use a number above 0 and at most 1 (e.g. 0.8)")
+    per_hour = rpm * value * 60
+    if rpm and per_hour < MIN_SHARE_PER_HOUR:
+        least = MIN_SHARE_PER_HOUR / (rpm * 60)
+        raise InvalidParameterError(
+            f"invalid share {value!r}: at rpm {rpm:g} it leaves {per_hour:.3g} requests an hour; "
+            f"use a share of at least {least:.3g} (one request an hour)"
+        )
     return float(value)
 
 
@@ -532,7 +543,7 @@ class RunSpec:
             long_texts=check_choice("long_texts", long_texts, LONG_TEXT_POLICIES),
             max_requests=check_whole("max_requests", max_requests, allow_none=True),
             sample=check_whole("sample", sample, allow_none=True),
-            share=check_share(share),
+            share=check_share(share, check_rpm(rpm)),
             report=None if report is None else _path("report", report),
         )
 

@@ -122,6 +122,8 @@ class BatchStats:
     long_work: LongWork = field(default_factory=lambda: LongWork())
     started: float = field(default_factory=time.monotonic)
     pacer: Pacer | None = None
+    timeline: Timeline | None = None  # told by the pacer (``PaceLog``) and by the counts here
+    first_request: str | None = None  # whether the run's first request went alone, and why
     requests: int = 0  # attempts that went to the service, 429s and retries included
     outcomes: Counter[str] = field(default_factory=Counter)  # attempts by outcome: ok, rate_limited, error codes
     latencies: array[float] = field(default_factory=lambda: array("d"))  # of answered attempts, seconds
@@ -134,8 +136,8 @@ class BatchStats:
 
     def attempt_started(self, on_wire: int) -> None:
         self.requests += 1
-        if self.pacer is not None:
-            self.pacer.timeline.in_flight(self.pacer.now(), on_wire)
+        if self.pacer is not None and self.timeline is not None:
+            self.timeline.in_flight(self.pacer.now(), on_wire)
         if self.telemetry is not None:
             self.telemetry.attempt_started()
 
@@ -143,8 +145,8 @@ class BatchStats:
         self.outcomes[outcome] += 1
         if latency is not None:
             self.latencies.append(latency)
-        if self.pacer is not None:
-            self.pacer.timeline.in_flight(self.pacer.now(), on_wire)
+        if self.pacer is not None and self.timeline is not None:
+            self.timeline.in_flight(self.pacer.now(), on_wire)
         if self.telemetry is not None:
             self.telemetry.attempt_ended(outcome, latency)
 
@@ -197,7 +199,7 @@ class BatchStats:
 
     def record(self) -> dict[str, Any]:
         """The run's account and timeline as plain data (``out.attrs["batchsum"]``, ``plot_run``)."""
-        timeline = self.pacer.timeline.to_dict() if self.pacer is not None else None
+        timeline = self.timeline.to_dict() if self.timeline is not None else None
         if timeline is not None:
             timeline["total"] = self.total
         return {
@@ -218,8 +220,8 @@ class BatchStats:
         }
 
     def count(self, result: RowResult) -> None:
-        if self.pacer is not None:
-            self.pacer.timeline.done(self.pacer.now())
+        if self.pacer is not None and self.timeline is not None:
+            self.timeline.done(self.pacer.now())
         self.done += 1
         if self.telemetry is not None:
             self.telemetry.row_done(result.status)
@@ -234,8 +236,8 @@ class BatchStats:
 
     def count_many(self, results: Sequence[RowResult]) -> None:
         """``count`` for rows whose results came together (a block the store answered)."""
-        if self.pacer is not None:
-            self.pacer.timeline.done(self.pacer.now(), len(results))
+        if self.pacer is not None and self.timeline is not None:
+            self.timeline.done(self.pacer.now(), len(results))
         self.done += len(results)
         statuses = list(map(_STATUS, results))
         ok = statuses.count(OK)
@@ -334,7 +336,7 @@ def run_report(
         outcome = "stopped"
     else:
         outcome = "failed"
-    timeline = stats.pacer.timeline.to_dict() if stats.pacer is not None else None
+    timeline = stats.timeline.to_dict() if stats.timeline is not None else None
     if timeline is not None:
         timeline["total"] = stats.total
     rpm = float(options.get("rpm") or 0.0)
@@ -386,6 +388,10 @@ def run_report(
             "of_share": round(per_minute / (rpm * share), 4) if rpm else None,
         },
         "latency": _latency(stats.latencies),
+        "pace": {
+            "first_request": stats.first_request,
+            "changes": [str(change) for change in stats.pacer.changes] if stats.pacer is not None else [],
+        },
         "timeline": timeline,
     }
 
@@ -436,6 +442,11 @@ def merge_reports(reports: Sequence[dict[str, Any]], *, run_id: str) -> dict[str
     merged["latency"] = {"count": sum(r["latency"]["count"] for r in reports)} | {
         name: max((r["latency"][name] for r in reports if r["latency"][name] is not None), default=None)
         for name in ("p50", "p90", "p99", "max")
+    }
+    paces = [r.get("pace") or {} for r in reports]
+    merged["pace"] = {
+        "first_request": next((p["first_request"] for p in paces if p.get("first_request")), None),
+        "changes": list(dict.fromkeys(change for p in paces for change in p.get("changes", []))),
     }
     merged["timeline"] = None
     merged["partitions"] = len(reports)

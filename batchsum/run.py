@@ -46,9 +46,9 @@ from .errors import (
 from .journal import Journal, RedisStore, RunLock, SharedJournal
 from .logs import event
 from .options import DEFAULT_MAX_WAIT, RunSpec, Secret, document_options
-from .pacing import PaceChange
+from .pacing import KeyRecord, PaceChange
 from .progress import ProgressBar
-from .report import BatchStats, merge_reports, run_report
+from .report import BatchStats, Timeline, merge_reports, run_report
 from .results import RowBlock, RowResult
 from .stores import AnswerStore, process_cache, shared_memory
 from .telemetry import Metrics
@@ -99,6 +99,12 @@ def bind(spec: RunSpec) -> RunSpec:
     service = local_service(spec.rpm)
     client = dataclasses.replace(spec.client, api_key=Secret(service.key), base_url=service.url)
     return spec.replace(client=client)
+
+
+def _key_hash(spec: RunSpec) -> str:
+    key_hash = spec.client.key_hash
+    assert key_hash is not None, "bind() fills in the local service's key"
+    return key_hash
 
 
 def _identity(spec: RunSpec) -> str:
@@ -202,6 +208,7 @@ class Run:
             if self._make_output is not None:
                 self.output = self._make_output()
                 stack.push(self._abort_output)
+            self.record = await KeyRecord.recall(self.budget, _key_hash(spec), spec.client.service)
             self.store = self._open_store(self.client.identity)
             self._kept = _size(self.store)
             self.bar = stack.enter_context(ProgressBar(self.stats.total, enabled=spec.progress))
@@ -220,13 +227,17 @@ class Run:
             long_texts=spec.long_texts,
             max_requests=spec.max_requests,
             sample_rows=sample,
+            record=self.record,
         )
+        self.stats.timeline = Timeline(spec.rpm)
         self.pacer = self.options.pacer(
             self._pace_changed,
             share=Share(self.run_id, spec.share) if spec.share < 1 else None,
             alone=not self.shared,
+            log=self.stats.timeline,
         )
         self.stats.pacer = self.pacer
+        self.stats.first_request = self.record.describe(spec.params.mode)
         pacer = self.pacer
         self.stats.telemetry = Metrics.open(self.run_id, lambda: pacer.pace, _version())
         if spec.progress:
@@ -560,19 +571,25 @@ async def summarize_texts(
 
 
 async def _budget_line(spec: RunSpec) -> str:
-    """Which budget a run would join, and how many starts it had in the last minute (others' runs)."""
+    """Which budget a run would join, how many starts it had in the last minute (others' runs), and
+    whether the run's first request would go alone (the key's record at its service)."""
     if spec.client.local:
-        return "budget:           the local service's own fresh key: no other run uses it"
+        return (
+            "budget:           the local service's own fresh key: no other run uses it\n"
+            "first request:    alone: the local service's key is new"
+        )
     async with AsyncClient(**spec.client.client_kwargs()) as client:
         budget = open_budget(spec.budget, client.identity)
         try:
             seen = await budget.look()
+            record = await KeyRecord.recall(budget, _key_hash(spec), spec.client.service)
         finally:
             await budget.aclose()
     pause = f"; paused {seen.paused_for:.0f} s more: {seen.pause_reason}" if seen.paused_for > 0 else ""
     return (
         f"budget:           {budget.where}; {seen.starts} requests started on it in the last minute "
-        f"by other runs with this key{pause}"
+        f"by other runs with this key{pause}\n"
+        f"first request:    {record.describe(spec.params.mode)}"
     )
 
 

@@ -608,9 +608,9 @@ class FrameApp(_App):
         self.status.value = html.escape(line, quote=False) + "".join(
             f"<br><span class='batchsum-help'>{html.escape(str(change))}</span>" for change in changes
         )
-        if stats.pacer is not None and (force or now - self._last_chart >= 1.0 or stats.done == stats.total):
+        if stats.timeline is not None and (force or now - self._last_chart >= 1.0 or stats.done == stats.total):
             self._last_chart = now
-            self.chart.update(stats.pacer.timeline.to_dict(), stats.total)
+            self.chart.update(stats.timeline.to_dict(), stats.total)
             self.table.show(self._rows, self._kind)
 
 

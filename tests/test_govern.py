@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import batchsum
-from batchsum.budget import NO_REPORT, ProcessBudget, Report, Share, Slot, SQLiteBudget
+from batchsum.budget import RESERVE, RESERVE_ONLY, ProcessBudget, Report, Share, Slot, SQLiteBudget
 from batchsum.cli import main
 from batchsum.local import LocalService
 from batchsum.options import RunSpec
@@ -159,18 +159,21 @@ def test_a_sample_is_spread_seeded_and_its_answers_are_reused_by_the_full_run(
 
 
 class Recording(SQLiteBudget):
-    """The machine budget, noting every start it reserved (on its own clock) and each wait it gave."""
+    """The machine budget, noting every start it committed (on its own clock) with the wait its
+    reservation gave."""
 
     def __init__(self, path: Path, key_id: str, log: list[tuple[str, float, float]], name: str) -> None:
         super().__init__(path, key_id)
         self.log, self.name = log, name
+        self.waited = 0.0
 
-    async def reserve(
-        self, interval: float, report: Report = NO_REPORT, *, start: bool = True, share: Share | None = None
-    ) -> Slot:
-        slot = await super().reserve(interval, report, start=start, share=share)
-        if slot.at is not None:
-            self.log.append((self.name, slot.at, slot.wait))
+    async def _call(self, what: int, interval: float, report: Report, share: Share | None) -> Slot:
+        slot = await super()._call(what, interval, report, share)
+        if what in (RESERVE, RESERVE_ONLY) and slot.at is not None:
+            self.waited = slot.wait
+        if slot.committed:
+            assert slot.at is not None
+            self.log.append((self.name, slot.at, self.waited))
         return slot
 
 

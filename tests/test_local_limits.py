@@ -70,8 +70,9 @@ def test_batchsum_uses_the_room_a_service_states_at_once_and_no_more():
         stats = service.stats()
     assert [r.status for r in rows] == ["ok"] * 40
     assert stats["by_status"] == {"200": 40}
-    # After the first answer (alone), the other 39 went at once: the even pace keeps ~2 on the wire.
-    assert stats["most_in_progress"] >= 30
+    # After the first answer (alone), the other 39 went on the stated room, at up to ten times the plan
+    # (about 20 on the wire with 0.2 s answers); the even pace keeps ~2 on the wire.
+    assert stats["most_in_progress"] >= 12
 
 
 def test_a_bad_key_costs_one_request_against_a_stating_service():

@@ -106,7 +106,7 @@ def simulate(rpm, sim, *, texts, concurrency=None, limiter=None, stop_at=None, p
 
 
 @pytest.mark.parametrize("rpm", [1, 7, 60, 250, 3000])
-def test_no_window_ever_holds_more_than_its_share_plus_one(rpm):
+def test_no_window_ever_holds_more_than_its_share(rpm):
     rng = random.Random(rpm)
     sim = Sim(latency=lambda t: 0.3, storm=lambda t, first: (rng.random() < 0.05) and 2.0)
     simulate(rpm, sim, texts=300)
@@ -179,6 +179,65 @@ def test_a_429_without_a_usable_retry_after_backs_off_and_never_waits_zero(retry
 def test_an_invalid_rpm_is_refused(rpm):
     with pytest.raises(ValueError, match="invalid rpm"):
         Pacer(rpm)
+
+
+def test_a_start_that_goes_out_late_does_not_shorten_the_gap_to_the_next():
+    """A busy event loop (here: work that holds it 30 ms, now and then) makes some starts go out
+    after their slot; the next start still waits a whole interval after the late one."""
+    rng = random.Random(7)
+    sim = Sim(latency=lambda t: 0.3)
+
+    async def busy():
+        loop = asyncio.get_running_loop()
+        for _ in range(200):
+            await asyncio.sleep(rng.uniform(0.01, 0.2))
+            loop.now += 0.03  # the loop is held: nothing else runs meanwhile
+
+    pacer = Pacer(600)
+    gate = _Gate(pacer)
+
+    async def main():
+        worker = asyncio.ensure_future(busy())
+        await asyncio.gather(*(send_one(gate, sim) for _ in range(300)))
+        worker.cancel()
+
+    virtual_clock.run(main())
+    gaps = [b - a for a, b in zip(sim.starts, sim.starts[1:])]
+    assert min(gaps) >= pacer.interval - 1e-9
+    assert sum(1 for g in gaps if g > pacer.interval + 0.001) > 20  # the loop did hold some back
+
+
+@pytest.mark.parametrize("share", [1e-5, 0.0002])
+def test_a_share_below_one_start_an_hour_is_refused_naming_the_share(share):
+    from batchsum.errors import InvalidParameterError
+    from batchsum.options import RunSpec
+
+    with pytest.raises(InvalidParameterError, match=r"invalid share .* \(one request an hour\)"):
+        RunSpec.from_kwargs(api_key="k" * 20, rpm=60, share=share)
+    assert RunSpec.from_kwargs(api_key="k" * 20, rpm=60, share=0.0003).share == 0.0003  # 1.08 an hour
+
+
+def test_the_command_line_names_the_flag_of_a_refused_share(tmp_path, capsys, monkeypatch):
+    from batchsum.cli import main
+
+    monkeypatch.setenv("BATCHSUM_API_KEY", "k" * 20)
+    (tmp_path / "in.csv").write_text("text\nhello\n")
+    code = main(
+        [
+            "summarize",
+            str(tmp_path / "in.csv"),
+            "-o",
+            str(tmp_path / "out.csv"),
+            "--column",
+            "text",
+            "--rpm",
+            "60",
+            "--share",
+            "0.00001",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "invalid --share 1e-05" in err
 
 
 # -- in flight follows rate x latency --------------------------------------------------------------
@@ -261,8 +320,9 @@ def test_a_limit_truly_half_of_rpm_is_found_and_held_with_few_429s(latency):
 
 
 def test_rate_limit_headers_set_the_pace_before_any_429():
-    headers = lambda t: RateLimitHeaders(per_minute=240, remaining=100, reset=30)  # noqa: E731
-    sim = Sim(limit=240, latency=lambda t: 0.05, headers=headers)
+    # The service states its limit and, truthfully, the room its window leaves at each request.
+    sim = Sim(limit=240, latency=lambda t: 0.05)
+    sim.headers = lambda t: RateLimitHeaders(240, *sim.window.room(t))
     pacer = simulate(600, sim, texts=400)
     assert pacer.pace == 240 and len(sim.refused) == 0
     assert "headers" in pacer.changes[0].reason
