@@ -36,7 +36,7 @@ from .errors import (
     explain,
     redact_location,
 )
-from .options import ENCODINGS, ENV_API_KEY, LONG_TEXT_POLICIES, OPTIONS, RunSpec
+from .options import ENCODINGS, ENV_API_KEY, LONG_TEXT_POLICIES, OPTIONS, RunSpec, check_rate
 
 __all__ = ["main"]
 
@@ -76,6 +76,15 @@ def _number(minimum: float, *, whole: bool = False, above: bool = False) -> Any:
     return parse
 
 
+def _rate(text: str) -> float | str:
+    """``--rpm``: a number of requests a minute, ``auto`` or ``auto:N``."""
+    try:
+        rpm, auto = check_rate(text)
+    except InvalidParameterError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("invalid rpm ")) from None
+    return text.strip().lower() if auto else rpm
+
+
 def _share(text: str) -> float:
     try:
         value = float(text)
@@ -103,7 +112,7 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "timeout": {"type": _number(0, above=True), "metavar": "SECONDS"},
     "max_retries": {"type": _number(0, whole=True), "metavar": "N"},
     "encoding": {"choices": ENCODINGS},
-    "rpm": {"type": _number(0), "metavar": "N"},
+    "rpm": {"type": _rate, "metavar": "N|auto[:N]"},
     "concurrency": {"type": _number(1, whole=True), "metavar": "N"},
     "budget": {"metavar": "WHERE"},
     "journal": {"metavar": "PATH"},
@@ -230,6 +239,25 @@ def build_parser() -> argparse.ArgumentParser:
         "requests sent, paid, 429s and retries, utilization of the plan, latency.",
     )
     report.add_argument("path", metavar="PATH", help="the run report (a JSON file)")
+
+    limits = commands.add_parser(
+        "limits",
+        help="list the rate limits --rpm auto found, and forget them",
+        description="List what the rate budget remembers of each key's limit at each service (found by "
+        "--rpm auto, or stated by the service): the service, the limit, how and when it was known, and "
+        "the key as a short hash (never a piece of it; 'this key' marks the one in "
+        f"${ENV_API_KEY}). A remembered limit is where --rpm auto starts for a week; --forget removes it.",
+    )
+    limits.add_argument(
+        "--budget",
+        default=None,
+        metavar="WHERE",
+        help="the budget that remembers: machine (default, or $BATCHSUM_BUDGET), sqlite:///PATH or "
+        "redis://HOST:PORT/DB; none remembers nothing",
+    )
+    limits.add_argument("--service", default=None, metavar="URL", help="only the limits at this service (base URL)")
+    limits.add_argument("--this-key", action="store_true", help=f"only the limits of the key in ${ENV_API_KEY}")
+    limits.add_argument("--forget", action="store_true", help="forget the limits listed (all, or those chosen)")
 
     one = commands.add_parser("text", help="summarize one text (an argument or standard input) and print it")
     one.add_argument("text", nargs="?", default="-", help="the text; '-' or nothing reads standard input")
@@ -583,6 +611,62 @@ def _report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _limits(args: argparse.Namespace) -> int:
+    """``batchsum limits``: what the budget remembers of keys' limits; ``--forget`` removes them."""
+    import datetime
+
+    from .budget import ProcessBudget, open_budget
+    from .options import budget_spec, check_base_url, key_hash
+    from .pacing.limit import Found
+    from .pacing.record import LIMIT
+
+    budget = open_budget(budget_spec(args.budget), "")
+    if isinstance(budget, ProcessBudget):
+        print("the budget 'none' remembers nothing: there are no limits to list")
+        return EXIT_OK
+    key = os.environ.get(ENV_API_KEY, "").strip()
+    mine = key_hash(key) if key else None
+    if args.this_key and mine is None:
+        raise _Stop(EXIT_USAGE, f"error: --this-key needs ${ENV_API_KEY}")
+    service = contract.service_identity(check_base_url(args.service)) if args.service else None
+
+    async def entries() -> list[Any]:
+        try:
+            return [
+                e
+                for e in await budget.remembered()
+                if e.name == LIMIT
+                and (service is None or e.service == service)
+                and (not args.this_key or e.key_hash == mine)
+            ]
+        finally:
+            await budget.aclose()
+
+    found = asyncio.run(entries())
+    for entry in found:
+        limit = Found.from_json(entry.value, entry.at)
+        when = datetime.datetime.fromtimestamp(entry.at).astimezone().strftime("%Y-%m-%d %H:%M %Z")
+        this = " (this key)" if entry.key_hash == mine else ""
+        shown = f"{limit.rpm:g}/min, {limit.how} {when}" if limit is not None else "unreadable"
+        print(f"{entry.service}  {shown}  key {entry.key_hash}{this}")
+    if not found:
+        print(f"no limits remembered in {budget.where}" + (" for that choice" if service or args.this_key else ""))
+        return EXIT_OK
+    if args.forget:
+
+        async def forget() -> int:
+            try:
+                gone = 0
+                for entry in found:
+                    gone += await budget.forget(entry.key_hash, entry.service, LIMIT)
+                return gone
+            finally:
+                await budget.aclose()
+
+        print(f"forgot {asyncio.run(forget())} remembered limits; --rpm auto searches again for those keys")
+    return EXIT_OK
+
+
 def _journal(args: argparse.Namespace) -> int:
     import datetime
 
@@ -657,7 +741,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # --help, --version, or a usage error already said in one line
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
-    handlers = {"summarize": _summarize, "text": _text, "serve": _serve, "journal": _journal, "report": _report}
+    handlers = {
+        "summarize": _summarize,
+        "text": _text,
+        "serve": _serve,
+        "journal": _journal,
+        "report": _report,
+        "limits": _limits,
+    }
     args.argv = list(argv) if argv is not None else sys.argv[1:]
     args.own_process = argv is None
     in_main_thread = threading.current_thread() is threading.main_thread()

@@ -109,7 +109,8 @@ def text_fingerprint(params: contract.Params) -> Callable[[str], str]:
 class RunOptions:
     """How a batch runs, validated once where it is built (CLI, accessor, widget) and passed down.
 
-    ``rpm``: the plan's requests per minute (0 = no pacing). ``concurrency``: a cap on requests in
+    ``rpm``: the plan's requests per minute (0 = no pacing; with ``auto``, only a cap on the limit
+    found, stated or remembered: ``pacing.limit``). ``concurrency``: a cap on requests in
     flight; None sizes it from the pace and the measured latency. ``limiter``: your own floor
     under the pace (``async acquire()``) instead of ``AsyncLimiter(1, 60/rpm)``. ``budget``: the
     key's rate budget shared with other batches, processes or machines (``budget.open_budget``;
@@ -130,6 +131,7 @@ class RunOptions:
     """
 
     rpm: float = 0.0
+    auto: bool = False
     concurrency: int | None = None
     limiter: Limiter | None = None
     budget: Budget | None = None
@@ -177,6 +179,7 @@ class RunOptions:
             alone=alone,
             log=log,
             record=self.record,
+            auto=self.auto,
         )
 
     def first_alone(self, mode: int) -> bool:
@@ -1034,13 +1037,15 @@ class BatchPlan:
         """The least time the requests can take at ``rpm`` (starts evenly spaced, the first at once)."""
         return max(0, self.to_send - 1) * 60.0 / rpm if rpm else 0.0
 
-    def describe(self, rpm: float) -> str:
+    def describe(self, rpm: float | None) -> str:
+        """The plan in lines; ``rpm`` None: the limit is not known yet (``rpm="auto"``)."""
         skipped = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped_by_reason.items())) or "none"
-        pace = (
-            f"at {rpm:g} requests/min that takes at least {_duration(self.minimum_seconds(rpm))}"
-            if rpm
-            else "unpaced (rpm 0)"
-        )
+        if rpm is None:
+            pace = "how long that takes depends on the limit, not known yet"
+        elif rpm:
+            pace = f"at {rpm:g} requests/min that takes at least {_duration(self.minimum_seconds(rpm))}"
+        else:
+            pace = "unpaced (rpm 0)"
         lines = [
             f"rows:             {self.rows}",
             f"would send:       {self.to_send} requests; {pace}",

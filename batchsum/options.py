@@ -43,6 +43,7 @@ __all__ = [
     "LONG_TEXT_POLICIES",
     "check_key",
     "check_rpm",
+    "check_rate",
     "check_share",
     "is_loopback",
     "client_settings",
@@ -159,6 +160,44 @@ def check_base_url(url: str) -> str:
             "use https, or http only to a loopback address (127.0.0.1, localhost)"
         )
     return url
+
+
+AUTO = "auto"
+AUTO_MAX_RPM = 1_000_000.0  # the cap of a plain "auto": what no plan is (the header parser's bound too)
+
+
+def check_rate(rpm: object, name: str = "rpm") -> tuple[float, bool]:
+    """``rpm`` as (requests a minute, auto): a number >= 0, or ``"auto"`` / ``"auto:N"`` (find the
+    limit, at most N a minute). ``InvalidParameterError`` naming ``name`` for anything else."""
+    if isinstance(rpm, str):
+        text = rpm.strip().lower()
+        if text == AUTO:
+            return AUTO_MAX_RPM, True
+        if text.startswith(AUTO + ":"):
+            try:
+                cap = float(text[len(AUTO) + 1 :])
+            except ValueError:
+                cap = math.nan
+            if not 1 <= cap <= AUTO_MAX_RPM:
+                raise InvalidParameterError(
+                    f"invalid {name} {rpm!r}: use auto:N with N from 1 to {AUTO_MAX_RPM:,.0f} requests a minute"
+                )
+            return cap, True
+        try:
+            return check_rpm(float(text), name), False
+        except ValueError:
+            pass
+        raise InvalidParameterError(
+            f"invalid {name} {rpm!r}: use a number of requests per minute >= 0 (0 = no pacing), auto, or auto:N"
+        )
+    return check_rpm(rpm, name), False
+
+
+def describe_rate(rpm: float, auto: bool) -> str | float:
+    """How a rate is written: the number, ``auto`` or ``auto:N``."""
+    if not auto:
+        return rpm
+    return AUTO if rpm >= AUTO_MAX_RPM else f"{AUTO}:{rpm:g}"
 
 
 def check_rpm(rpm: object, name: str = "rpm") -> float:
@@ -334,7 +373,9 @@ OPTIONS: tuple[Option, ...] = (
         "rpm",
         None,
         f"requests per minute your plan allows; starts are evenly spaced under it "
-        f"(default ${ENV_RPM} or {DEFAULT_RPM:g}; with the local service, no limit; 0 = no pacing)",
+        f"(default ${ENV_RPM} or {DEFAULT_RPM:g}; with the local service, no limit; 0 = no pacing); "
+        f"auto finds the limit (stated by the service, remembered for the key, or searched for with a few "
+        f"429s the first time), auto:N finds it up to N",
     ),
     Option(
         "concurrency",
@@ -460,7 +501,8 @@ class RunSpec:
 
     params: contract.Params
     client: ClientSettings
-    rpm: float = DEFAULT_RPM
+    rpm: float = DEFAULT_RPM  # under ``auto``, the cap
+    auto: bool = False  # rpm="auto" / "auto:N": the limit is found, stated or remembered (pacing.limit)
     concurrency: int | None = None
     limiter: Any = None
     budget: Any = DEFAULT_BUDGET  # a spec string, or a budget.Budget object (in-process only)
@@ -494,7 +536,7 @@ class RunSpec:
         timeout: float = DEFAULT_TIMEOUT,
         max_retries: int = DEFAULT_MAX_RETRIES,
         encoding: str = "json",
-        rpm: float | None = None,
+        rpm: float | str | None = None,
         concurrency: int | None = None,
         limiter: Any = None,
         budget: Any = None,
@@ -523,6 +565,9 @@ class RunSpec:
         )
         if rpm is None:
             rpm = 0.0 if local else _rpm_from(env)
+        rate, auto = check_rate(rpm)
+        if local and auto:  # the local service has no limit to find: no pacing, as with no rpm
+            rate, auto = 0.0, False
         if limiter is not None and not callable(getattr(limiter, "acquire", None)):
             raise InvalidParameterError("invalid limiter: it needs an async acquire() method, as AsyncLimiter has")
         if not isinstance(output_column, str) or not output_column:
@@ -532,7 +577,8 @@ class RunSpec:
         return cls(
             params=params,
             client=client,
-            rpm=check_rpm(rpm),
+            rpm=rate,
+            auto=auto,
             concurrency=check_whole("concurrency", concurrency, allow_none=True),
             limiter=limiter,
             budget=budget_spec(budget, env),
@@ -543,7 +589,7 @@ class RunSpec:
             long_texts=check_choice("long_texts", long_texts, LONG_TEXT_POLICIES),
             max_requests=check_whole("max_requests", max_requests, allow_none=True),
             sample=check_whole("sample", sample, allow_none=True),
-            share=check_share(share, check_rpm(rpm)),
+            share=check_share(share, 0.0 if auto else rate),
             report=None if report is None else _path("report", report),
         )
 
@@ -589,7 +635,7 @@ class RunSpec:
             "timeout": self.client.timeout,
             "max_retries": self.client.max_retries,
             "encoding": self.client.encoding,
-            "rpm": self.rpm,
+            "rpm": describe_rate(self.rpm, self.auto),
             "concurrency": self.concurrency,
             "budget": redact_location(self.budget) if isinstance(self.budget, str) else repr(self.budget),
             "journal": self.journal,
@@ -602,16 +648,12 @@ class RunSpec:
         }
 
 
-def _rpm_from(env: Mapping[str, str]) -> float:
+def _rpm_from(env: Mapping[str, str]) -> float | str:
     raw = env.get(ENV_RPM, "").strip()
     if not raw:
         return DEFAULT_RPM
-    try:
-        return check_rpm(float(raw), f"${ENV_RPM}")
-    except ValueError:
-        raise InvalidParameterError(
-            f"invalid ${ENV_RPM} {raw!r}: use a finite number of requests per minute >= 0"
-        ) from None
+    check_rate(raw, f"${ENV_RPM}")
+    return raw
 
 
 def budget_spec(budget: Any, environ: Mapping[str, str] | None = None) -> Any:

@@ -339,7 +339,8 @@ def run_report(
     timeline = stats.timeline.to_dict() if stats.timeline is not None else None
     if timeline is not None:
         timeline["total"] = stats.total
-    rpm = float(options.get("rpm") or 0.0)
+    auto = stats.pacer.auto if stats.pacer is not None else None
+    rpm = auto.limit() if auto is not None else float(options.get("rpm") or 0.0)  # under auto: the limit in force
     share = float(options.get("share") or 1.0)
     minutes = max(ended_at - started_at, 1e-9) / 60
     per_minute = stats.paid / minutes
@@ -388,11 +389,23 @@ def run_report(
             "of_share": round(per_minute / (rpm * share), 4) if rpm else None,
         },
         "latency": _latency(stats.latencies),
-        "pace": {
-            "first_request": stats.first_request,
-            "changes": [str(change) for change in stats.pacer.changes] if stats.pacer is not None else [],
-        },
+        "pace": _pace(stats),
         "timeline": timeline,
+    }
+
+
+def _pace(stats: BatchStats) -> dict[str, Any]:
+    """The report's pace section: the first request, the changes, and under auto the limit in force
+    (where it came from, and the 429s its upward probes cost)."""
+    pacer = stats.pacer
+    auto = pacer.auto if pacer is not None else None
+    configured = pacer is not None and auto is None and bool(pacer.rpm)
+    return {
+        "first_request": stats.first_request,
+        "changes": [str(change) for change in pacer.changes] if pacer is not None else [],
+        "limit": auto.value if auto is not None else pacer.rpm if configured and pacer is not None else None,
+        "limit_source": auto.source if auto is not None else "configured" if configured else None,
+        "probe_rate_limited": 0 if auto is None else auto.probe_refused,
     }
 
 
@@ -447,6 +460,9 @@ def merge_reports(reports: Sequence[dict[str, Any]], *, run_id: str) -> dict[str
     merged["pace"] = {
         "first_request": next((p["first_request"] for p in paces if p.get("first_request")), None),
         "changes": list(dict.fromkeys(change for p in paces for change in p.get("changes", []))),
+        "limit": min((p["limit"] for p in paces if p.get("limit") is not None), default=None),
+        "limit_source": next((p["limit_source"] for p in paces if p.get("limit_source")), None),
+        "probe_rate_limited": sum(p.get("probe_rate_limited", 0) for p in paces),
     }
     merged["timeline"] = None
     merged["partitions"] = len(reports)

@@ -45,7 +45,7 @@ from .errors import (
 )
 from .journal import Journal, RedisStore, RunLock, SharedJournal
 from .logs import event
-from .options import DEFAULT_MAX_WAIT, RunSpec, Secret, document_options
+from .options import AUTO_MAX_RPM, DEFAULT_MAX_WAIT, RunSpec, Secret, document_options
 from .pacing import KeyRecord, PaceChange
 from .progress import ProgressBar
 from .report import BatchStats, Timeline, merge_reports, run_report
@@ -217,6 +217,7 @@ class Run:
             raise
         self.options = RunOptions(
             rpm=spec.rpm,
+            auto=spec.auto,
             concurrency=spec.concurrency,
             limiter=spec.limiter,
             budget=self.budget,
@@ -236,6 +237,8 @@ class Run:
             alone=not self.shared,
             log=self.stats.timeline,
         )
+        if spec.auto:  # the plan the chart draws: the limit in force as the run starts
+            self.stats.timeline.rpm = self.pacer.ceiling
         self.stats.pacer = self.pacer
         self.stats.first_request = self.record.describe(spec.params.mode)
         pacer = self.pacer
@@ -570,14 +573,14 @@ async def summarize_texts(
     return await run_texts(spec, texts, stats=stats, on_result=on_result, results=results)
 
 
-async def _budget_line(spec: RunSpec) -> str:
+async def _budget_lines(spec: RunSpec) -> tuple[str, KeyRecord | None]:
     """Which budget a run would join, how many starts it had in the last minute (others' runs), and
-    whether the run's first request would go alone (the key's record at its service)."""
+    whether the run's first request would go alone; and the key's record at its service."""
     if spec.client.local:
         return (
             "budget:           the local service's own fresh key: no other run uses it\n"
             "first request:    alone: the local service's key is new"
-        )
+        ), None
     async with AsyncClient(**spec.client.client_kwargs()) as client:
         budget = open_budget(spec.budget, client.identity)
         try:
@@ -590,7 +593,21 @@ async def _budget_line(spec: RunSpec) -> str:
         f"budget:           {budget.where}; {seen.starts} requests started on it in the last minute "
         f"by other runs with this key{pause}\n"
         f"first request:    {record.describe(spec.params.mode)}"
-    )
+    ), record
+
+
+def _limit_line(spec: RunSpec, record: KeyRecord | None) -> tuple[str, float | None]:
+    """Under ``rpm="auto"``: the limit a run would start from (remembered for the key, or unknown),
+    and the rate to estimate with (None: unknown)."""
+    found = record.limit() if record is not None else None
+    if found is None:
+        cap = "" if spec.rpm >= AUTO_MAX_RPM else f" (at most {spec.rpm:g}/min)"
+        return (
+            f"limit:            not known yet for this key at this service{cap}: the run searches for it "
+            "(a few 429s the first time, none failing a row) and remembers it for a week"
+        ), None
+    rpm = min(found.rpm, spec.rpm)
+    return f"limit:            {rpm:g}/min, remembered ({found.describe()}) for this key at this service", rpm
 
 
 def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
@@ -601,7 +618,15 @@ def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
         if spec.journal is not None and os.path.exists(spec.journal):
             store = stack.enter_context(Journal(spec.journal, readonly=True))
         batch = plan_batch(texts, params=spec.params, store=store, long_texts_policy=spec.long_texts)
-        plan = batch.describe(spec.rpm)
+    record: KeyRecord | None = None
+    try:
+        budget, record = asyncio.run(_budget_lines(spec))
+    except BudgetError as exc:
+        budget = f"budget:           not usable ({exc})"
+    except ConfigurationError as exc:
+        budget = f"budget:           not known ({exc})"
+    limit, rate = _limit_line(spec, record) if spec.auto else ("", spec.rpm)
+    plan = batch.describe(rate)
     most = batch.to_send + batch.reduce_max
     bound = " (at most; long texts' reduce requests are a bound)" if batch.reduce_max else ""
     needed = f"requests needed:  {most} paid requests for the whole job{bound} (more only for retries)"
@@ -611,10 +636,6 @@ def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
     if spec.sample is not None:
         needed += f"; a sample sends at most {min(spec.sample, batch.rows)}"
     plan = f"{plan}\n{needed}"
-    try:
-        budget = asyncio.run(_budget_line(spec))
-    except BudgetError as exc:
-        budget = f"budget:           not usable ({exc})"
-    except ConfigurationError as exc:
-        budget = f"budget:           not known ({exc})"
+    if limit:
+        plan = f"{plan}\n{limit}"
     return f"{plan}\n{budget}"

@@ -31,7 +31,7 @@ from .errors import (
     BatchsumError,
 )
 from .errors import explain as explain_error
-from .options import DEFAULT_MAX_WAIT, RunSpec, check_params, document_options
+from .options import DEFAULT_MAX_WAIT, RunSpec, check_params, describe_rate, document_options
 from .report import BatchStats
 from .results import RowResult, check_columns, join_results
 from .run import Run, bind
@@ -472,7 +472,8 @@ class FrameApp(_App):
             "report": report,
         }
         self._output_column = spec.output_column
-        self._default_rpm = spec.rpm
+        rate = describe_rate(spec.rpm, spec.auto)
+        self._default_rpm = f"{rate:g}" if isinstance(rate, float) else rate
         super().__init__(
             mode=mode,
             percentage=percentage,
@@ -491,7 +492,7 @@ class FrameApp(_App):
         frame = self.frame
         text_columns = _text_columns(frame)
         self.column = w.Dropdown(options=text_columns or list(frame.columns))
-        self.rpm = w.BoundedFloatText(value=self._default_rpm, min=0, max=100_000)
+        self.rpm = w.Text(value=self._default_rpm, layout=w.Layout(width="12em"))
         self.run_button = w.Button(description="Run", button_style="primary", icon="play")
         self.cancel_button = w.Button(description="Cancel", icon="stop", disabled=True)
         self.progress = w.IntProgress(value=0, min=0, max=max(1, len(frame)), layout=w.Layout(width="100%"))
@@ -512,7 +513,11 @@ class FrameApp(_App):
                 _grid(
                     _field("Column", self.column, "The column holding the texts."),
                     *self._request_fields(),
-                    _field("Per minute", self.rpm, "Requests per minute your plan allows, 0 = no limit."),
+                    _field(
+                        "Per minute",
+                        self.rpm,
+                        "Requests per minute your plan allows (0 = no limit), or auto to find it (auto:N: at most N).",
+                    ),
                     [w.HTML(""), w.HBox([self.run_button, self.cancel_button])],
                     _field("Progress", self.progress),
                 ),
@@ -530,7 +535,7 @@ class FrameApp(_App):
         self.result, self.error, self._rows = None, None, []
         try:
             check_columns(self.frame.columns, self.column.value, self._output_column)
-            spec = self._spec(rpm=self.rpm.value, **self._run_options)
+            spec = self._spec(rpm=self.rpm.value.strip(), **self._run_options)
         except BatchsumError as exc:
             self.error = exc
             self.status.value = f"<span class='batchsum-error'>{html.escape(str(exc))}</span>"

@@ -61,7 +61,7 @@ def test_a_pause_only_ever_ends_later_and_the_ramp_only_widens(holds):
         latest = max(latest, until)
         assert pause.until == latest
         if started:
-            pause.started()
+            pause.started(0.0)
         assert 1.0 <= pause.ramp <= RAMP_START
 
 

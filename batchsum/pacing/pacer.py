@@ -20,8 +20,9 @@ from typing import Protocol
 
 from ..budget import COMMIT, LOOK, RESERVE, Budget, ProcessBudget, Report, Share, Slot
 from ..options import check_rpm
-from .evidence import Evidence
+from .evidence import Evidence, count_between
 from .in_flight import InFlight
+from .limit import AutoLimit
 from .pause import ON_TIME, Pause
 from .record import KeyRecord
 from .room import Company, StatedRoom, Statement
@@ -89,11 +90,14 @@ class PacerState:
     in_flight: int
     in_flight_limit: int
     rate_limited: int
+    limit: str | None = None  # under ``rpm="auto"``: the limit in force and where it came from
 
     def describe(self) -> str:
         parts = []
         if self.paused_for > 0:
             parts.append(f"waiting {math.ceil(self.paused_for)} s: {self.pause_reason}")
+        if self.limit is not None:
+            parts.append(f"limit {self.limit}")
         parts.append(f"pace {self.pace:.0f}/min" if self.pace else "no pacing")
         parts.append(f"in flight {self.in_flight}")
         return " · ".join(parts)
@@ -145,7 +149,9 @@ class Pacer:
     of the key's rate (``budget.Share``). ``alone``: False for one of several runs of one job at once
     (Dask partitions, Spark tasks), which never spend stated room (each would take it as its own).
     ``log``: told of starts, 429s, pauses and pace changes (``report.Timeline``). ``record``: the
-    key's record at its service (room it stated and a 429 contradicted is not trusted again).
+    key's record at its service (room it stated and a 429 contradicted is not trusted again; the
+    limit last found). ``auto``: ``rpm`` is only a cap; the limit is stated by the service,
+    remembered, or found (``limit.AutoLimit``), and stands for the plan in every rule here.
     """
 
     __slots__ = (
@@ -172,6 +178,8 @@ class Pacer:
         "_on_pace_change",
         "_last_start",
         "_room_starts",
+        "auto",
+        "_paces",
     )
 
     def __init__(
@@ -187,10 +195,13 @@ class Pacer:
         alone: bool = True,
         log: PaceLog | None = None,
         record: KeyRecord | None = None,
+        auto: bool = False,
     ) -> None:
         self.rpm = check_rpm(rpm)
-        self.pace = self.rpm  # the pace in force
-        self.ceiling = self.rpm  # rpm, or lower when the service's headers state a lower limit
+        self.auto = AutoLimit(self.rpm, record.limit() if record is not None else None) if auto and rpm else None
+        self.pace = self.rpm if self.auto is None else self.auto.pace()  # the pace in force
+        # rpm, or lower when the service's headers state a lower limit; under auto the limit in force
+        self.ceiling = self.rpm if self.auto is None else self.auto.limit()
         self.rate_limited = 0  # 429s seen
         self.changes: list[PaceChange] = []
         self._clock = clock
@@ -210,6 +221,7 @@ class Pacer:
         self._on_pace_change = on_pace_change
         self._last_start = -math.inf
         self._room_starts: deque[float] = deque()  # start times of the last minutes' starts on stated room
+        self._paces: deque[tuple[float, float]] = deque([(-math.inf, self.pace)])  # (since, pace), two minutes
         self.in_flight = InFlight(self, max_in_flight)
 
     # -- the turn ------------------------------------------------------------------------------
@@ -242,7 +254,7 @@ class Pacer:
         spacing against every process's last start); the interval it was committed with, and
         whether it is on stated room. A pause that begins meanwhile sends it back to reserve."""
         while True:
-            while (wait := self._room.reset_wait(self._clock())) > 0:
+            while (wait := max(self._room.reset_wait(self._clock()), self._minute_full())) > ON_TIME:
                 await self._nap(min(wait, 1.0))  # used up: wait for the reset, or a newer statement
             interval, on_room = self._spacing(self._clock())
             # With a limiter of the user's, no start is committed before it has been asked.
@@ -263,6 +275,17 @@ class Pacer:
                 if slot.committed:
                     return interval, on_room
                 await self._nap(slot.wait)  # another start went out meanwhile, or a pause began
+
+    def _minute_full(self) -> float:
+        """Under auto, how long until our starts of the trailing minute are under the limit in force
+        (0: they are). After a search's burst, a per-minute window is full of it: the next starts
+        wait for what leaves it, not for a 429 to say so."""
+        if self.auto is None or not self.pace:
+            return 0.0
+        now, starts = self._clock(), self._evidence.starts
+        allowed = max(1, math.floor(self.auto.limit() * 0.99))
+        recent = len(starts) - count_between(starts, -math.inf, now - WINDOW)
+        return starts[-allowed] + WINDOW - now if recent >= allowed else 0.0
 
     def _spacing(self, now: float) -> tuple[float, bool]:
         """The interval to start with, and whether it is on stated room: the pace's (wider during
@@ -342,6 +365,8 @@ class Pacer:
                 self._evidence.last_climb = now  # climb from here, not again over what they climbed
 
     def _started(self, now: float, interval: float, on_room: bool) -> None:
+        if self.auto is not None:
+            self.auto.start(now)
         self._last_start = now
         self._room.used(now)
         if on_room:
@@ -353,7 +378,7 @@ class Pacer:
         self._owed.started += 1
         self._evidence.started(now)
         if self.pace:
-            self._pause.started()
+            self._pause.started(now)
 
     # -- outcomes ------------------------------------------------------------------------------
 
@@ -375,8 +400,9 @@ class Pacer:
         if headers is not None:
             self._read(headers, started_at, now)
         if not rate_limited and answered:
+            self._evidence.answered_at(started_at, now)
             self._pause.clean_answer()
-            self._climb(now)
+            self._climb(now, started_at)
         if self.room_left(now):
             self.in_flight._wake()  # room to use at once: waiters for a slot in flight may go
 
@@ -384,7 +410,10 @@ class Pacer:
         """What the service's headers state: a limit below ours lowers the ceiling (said once); and,
         while its statements are trusted, the room left, or a pause when none is left."""
         stated = statement.per_minute
-        if stated is not None and stated < self.ceiling:
+        if self.auto is not None:
+            if stated is not None and self._room.trusted and self.auto.stated(stated, now):
+                self._follow_limit(now, f"the service's rate-limit headers state {stated:g}/min")
+        elif stated is not None and stated < self.ceiling:
             self.ceiling = max(MIN_RPM, stated)
             if self.pace > self.ceiling or not self.pace:
                 self._set_pace(self.ceiling, f"the service's rate-limit headers state {stated:g}/min", now)
@@ -405,6 +434,8 @@ class Pacer:
             self._note("the service refused while its headers stated room left; its room is not used again", now)
             if self._record is not None:
                 self._record.room_contradicted()
+            if self.auto is not None and self.auto.distrusted(now):
+                self._follow_limit(now, "the limit its headers stated is searched for again")
         self.rate_limited += 1
         self._log.refused(now)
         self._owed.refused += 1
@@ -413,7 +444,16 @@ class Pacer:
         wait, why = self._pause.after_429(retry_after, new_episode)
         self._hold(now + wait, why)
         # A 429 for a start on stated room says the room was not there, not that the pace is too high.
-        if new_episode and stretch is not None and self.pace and not on_room:
+        if on_room or not self.pace:
+            return
+        if self.auto is not None:
+            level, admitted = self._pace_at(started_at), self._evidence.admitted_surely(started_at)
+            stretched = bool(stretch) and new_episode
+            if self.auto.refused(started_at, level, now, stretched, admitted, self._admitted_since(now)):
+                self._follow_limit(
+                    now, f"the service refused at {level:.0f}/min after admitting {admitted} in a minute"
+                )
+        elif new_episode and stretch is not None:
             lowered = self._evidence.lowered_pace(started_at, stretch, self.pace)
             if lowered is not None:
                 self._set_pace(*lowered, now)
@@ -428,17 +468,57 @@ class Pacer:
                 self._wake.set()
         self._evidence.paused()
 
-    def _climb(self, now: float) -> None:
-        """Additive increase toward the ceiling while answers come back clean."""
+    def _climb(self, now: float, started_at: float) -> None:
+        """Additive increase toward the ceiling while answers come back clean (under auto, the
+        search's next step; the answer's start tells how long the level held)."""
+        if self.auto is not None:
+            quiet = self._evidence.unpaused_since
+            if quiet is not None:
+                quiet = max(quiet, self._pause.steady_since)  # a level holds once the ramp is done
+            if quiet is not None and self.auto.clean(now, quiet, self._evidence.admitted_surely(now), started_at):
+                self._follow_limit(now, "answers came back clean")
+            return
         pace = self._evidence.climbed_pace(now, self._pause.until, self.pace, self.rpm, self.ceiling)
         if pace is not None:
             self._set_pace(pace, "answers came back clean" if pace >= self.ceiling else None, now)
+
+    def _follow_limit(self, now: float, why: str) -> None:
+        """Under auto: the limit in force or the level tried moved; the pace follows, and a limit
+        found (or stated) goes to the key's record."""
+        assert self.auto is not None
+        self.ceiling = self.auto.limit()
+        found, self.auto.found = self.auto.found, None
+        if found is not None and self._record is not None:
+            self._record.limit_found(found)
+        reason = f"limit {self.auto.describe()}: {why}" if found is not None else None
+        self._set_pace(self.auto.pace(), reason, now)
+
+    def _pace_at(self, when: float) -> float:
+        """The pace that was in force at ``when`` (of the last two minutes)."""
+        for since, pace in reversed(self._paces):
+            if since <= when:
+                return pace
+        return self._paces[0][1]
+
+    def _admitted_since(self, now: float) -> float | None:
+        """Under auto, what the service admitted a minute since the last contradicting refusal
+        (None: none, or too long ago to count)."""
+        assert self.auto is not None
+        since = self.auto.contradicted_at
+        starts = self._evidence.starts
+        if since is None or not starts or since < starts[0] or now - since < 1.0:
+            return None
+        admitted = count_between(self._evidence.answered, since, now)
+        return admitted * WINDOW / (now - since)
 
     def _set_pace(self, pace: float, reason: str | None, now: float, *, publish: bool = True) -> None:
         """Change the pace; a ``reason`` makes it a reported change (climbing steps are not)."""
         if pace == self.pace:
             return
         previous, self.pace = self.pace, pace
+        self._paces.append((now, pace))
+        while len(self._paces) > 1 and self._paces[1][0] < now - 2 * WINDOW:
+            self._paces.popleft()
         self._log.pace_changed(now, pace)
         if publish:  # a lowering is told as such even when a climb follows before the next report
             self._owed.pace = "lowered" if pace < previous or self._owed.pace == "lowered" else "climbed"
@@ -469,4 +549,5 @@ class Pacer:
             in_flight=self.in_flight.on_wire,
             in_flight_limit=self.in_flight.limit(now),
             rate_limited=self.rate_limited,
+            limit=self.auto.describe() if self.auto is not None else None,
         )

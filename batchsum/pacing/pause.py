@@ -22,19 +22,20 @@ class Pause:
     """Until when nothing starts and why; the ramp; 429 episodes since the last clean answer (the
     backoff's exponent when the service names no wait)."""
 
-    __slots__ = ("until", "reason", "ramp", "episodes")
+    __slots__ = ("until", "reason", "ramp", "episodes", "steady_since")
 
     def __init__(self) -> None:
         self.until = -math.inf
         self.reason: str | None = None
         self.ramp = 1.0
         self.episodes = 0
+        self.steady_since = -math.inf  # when the last ramp ended (the pace in force since)
 
     def hold(self, until: float, reason: str, *, ramp: bool = True) -> bool:
         """Pause until ``until`` (if that is later than the pause in force); whether it is longer now.
         ``ramp``: the restart is gentle (the pace's first starts doubled apart)."""
         if ramp:
-            self.ramp = RAMP_START
+            self.ramp, self.steady_since = RAMP_START, math.inf
         if until <= self.until:
             return False
         self.until, self.reason = until, reason
@@ -46,9 +47,11 @@ class Pause:
     def left(self, now: float) -> float:
         return max(0.0, self.until - now)
 
-    def started(self) -> None:
-        """A start went out: the ramp comes a step closer to the pace."""
+    def started(self, now: float) -> None:
+        """A start went out at ``now``: the ramp comes a step closer to the pace."""
         self.ramp = max(1.0, self.ramp * RAMP_DECAY)
+        if self.ramp == 1.0 and self.steady_since == math.inf:
+            self.steady_since = now
 
     def after_429(self, retry_after: float | None, new_episode: bool) -> tuple[float, str]:
         """How long a 429 pauses everyone, and why: the service's Retry-After, or a jittered backoff

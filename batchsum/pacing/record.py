@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 
 from ..budget import Budget, Remembered
 from ..errors import BudgetError
+from .limit import LIMIT_SECONDS, Found
 
 __all__ = ["KeyRecord", "PROOF_SECONDS"]
 
@@ -21,6 +22,7 @@ log = logging.getLogger("batchsum")
 
 PROOF_SECONDS = 86400.0  # a key answered this recently, by this service, in this mode, is proven
 REFUSED = "refused"  # the key itself refused (a 401 for the key): every mode
+LIMIT = "limit"  # the limit last found (or stated) for the key at the service: ``Found`` as JSON
 ROOM_CONTRADICTED = "room_contradicted"  # a 429 came while the service stated room
 
 
@@ -75,6 +77,12 @@ class KeyRecord:
         refused = max(self.written(REFUSED) or 0.0, self.written(_refused(mode)) or 0.0)
         return answered if answered is not None and answered > refused else None
 
+    def limit(self) -> Found | None:
+        """The limit last found for this key at this service, if within a week (a starting point)."""
+        at = self.written(LIMIT, LIMIT_SECONDS)
+        text = self.value(LIMIT, LIMIT_SECONDS)
+        return None if at is None or text is None else Found.from_json(text, at)
+
     @property
     def room_distrusted(self) -> bool:
         """Did a 429 contradict the room this service stated for this key, within a day?"""
@@ -101,6 +109,9 @@ class KeyRecord:
 
     def room_contradicted(self) -> None:
         self.pending[ROOM_CONTRADICTED] = ""
+
+    def limit_found(self, found: Found) -> None:
+        self.pending[LIMIT] = found.to_json()
 
     async def flush(self) -> None:
         """Write what this run has to add. A budget that fails now loses only these notes (the run
