@@ -8,10 +8,8 @@ from __future__ import annotations
 import email.utils
 import math
 import random
-import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from .errors import (
     APIConnectionError,
@@ -78,54 +76,6 @@ def parse_retry_after(headers: Mapping[str, str], now: Callable[[], float] = tim
         if value is not None and value > 0:
             return min(value, MAX_RETRY_AFTER)
     return None
-
-
-@dataclass(frozen=True)
-class RateLimitHeaders:
-    """What standard rate-limit headers say: the limit per minute, requests remaining, seconds to reset."""
-
-    per_minute: float | None = None
-    remaining: int | None = None
-    reset: float | None = None
-
-
-_POLICY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:;.*?\bw\s*=\s*(\d+(?:\.\d+)?))?", re.ASCII)
-_FIELD = re.compile(r"\b(limit|remaining|reset|r|t)\s*=\s*(\d+(?:\.\d+)?)", re.ASCII)
-
-
-def parse_rate_limit_headers(
-    headers: Mapping[str, str], now: Callable[[], float] = time.time
-) -> RateLimitHeaders | None:
-    """``X-RateLimit-Limit/Remaining/Reset``, ``RateLimit-Limit/Remaining/Reset``, ``RateLimit-Policy``
-    (``600;w=60``) and ``RateLimit`` (``limit=600, remaining=5, reset=30`` or ``"x";r=5;t=30``).
-    A limit with no window is taken as per minute, as the plan's limit is. None without any."""
-    per_minute: float | None = None
-    remaining: int | None = None
-    reset: float | None = None
-    for name in ("ratelimit-policy", "x-ratelimit-limit", "ratelimit-limit"):
-        match = _POLICY.match(headers.get(name, ""))
-        if match:
-            window = float(match.group(2)) if match.group(2) else 60.0
-            if window > 0:
-                per_minute = float(match.group(1)) * 60.0 / window
-            break
-    fields = {k: float(v) for k, v in _FIELD.findall(headers.get("ratelimit", ""))}
-    if per_minute is None and "limit" in fields:
-        per_minute = fields["limit"]
-    left = fields.get("remaining", fields.get("r"))
-    for name in ("x-ratelimit-remaining", "ratelimit-remaining"):
-        if left is None and (raw := headers.get(name, "").strip()).isdigit():
-            left = float(raw)
-    remaining = None if left is None else int(left)
-    reset = fields.get("reset", fields.get("t"))
-    for name in ("x-ratelimit-reset", "ratelimit-reset"):
-        if reset is None:
-            reset = _seconds(headers.get(name), now, unix_above=1e9)
-    if reset is not None and reset <= 0:
-        reset = None
-    if per_minute is None and remaining is None:
-        return None
-    return RateLimitHeaders(per_minute if per_minute and per_minute > 0 else None, remaining, reset)
 
 
 def backoff(attempt: int, rand: Callable[[], float] = random.random) -> float:

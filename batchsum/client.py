@@ -24,8 +24,6 @@ from ._retry import (
     DEFAULT_TIMEOUT,
     MAX_ANSWER_BYTES,
     MAX_ERROR_BYTES,
-    RateLimitHeaders,
-    parse_rate_limit_headers,
     parse_retry_after,
     retry_delay,
 )
@@ -42,6 +40,7 @@ from .errors import (
     redact_value,
 )
 from .options import ENV_API_KEY, ENV_BASE_URL, check_params, client_settings, is_loopback
+from .rate_headers import RateStatement, parse_rate_headers
 
 __all__ = ["Client", "AsyncClient", "Encoding", "ENV_API_KEY", "ENV_BASE_URL", "REDACTED"]
 
@@ -96,7 +95,7 @@ class AttemptHooks(Protocol):
 
     async def before_attempt(self) -> Any: ...
 
-    def after_attempt(self, ticket: Any, error: BaseException | None, limits: RateLimitHeaders | None) -> None: ...
+    def after_attempt(self, ticket: Any, error: BaseException | None, limits: RateStatement | None) -> None: ...
 
 
 class _ClientCore:
@@ -164,9 +163,9 @@ class _ClientCore:
         Authorization header."""
         return redact(text, self.secrets)
 
-    def decode(self, status: int, headers: httpx.Headers, content: bytes) -> tuple[str, RateLimitHeaders | None]:
+    def decode(self, status: int, headers: httpx.Headers, content: bytes) -> tuple[str, RateStatement | None]:
         """The summary from a 200, or the typed error any other answer means; with the rate-limit headers."""
-        limits = parse_rate_limit_headers(headers)
+        limits = parse_rate_headers(headers)
         try:
             return self._decode(status, headers, content), limits
         except APIError as error:
@@ -311,7 +310,7 @@ class _Body:
             return True
         return False
 
-    def decode(self) -> tuple[str, RateLimitHeaders | None]:
+    def decode(self) -> tuple[str, RateStatement | None]:
         response = self._response
         return self._core.decode(response.status_code, response.headers, bytes(self._content[: self._limit]))
 
@@ -518,14 +517,14 @@ class AsyncClient:
             self._core.note_retry(error, attempt, delay)
             await self._sleep(delay)
 
-    async def _attempt(self, request: PreparedRequest) -> tuple[str, RateLimitHeaders | None]:
+    async def _attempt(self, request: PreparedRequest) -> tuple[str, RateStatement | None]:
         """One attempt within the timeout as a whole (a dripping answer cannot stretch it)."""
         try:
             return await asyncio.wait_for(self._exchange(request), self._core.timeout)
         except asyncio.TimeoutError:
             raise self._core.out_of_time() from None
 
-    async def _exchange(self, request: PreparedRequest) -> tuple[str, RateLimitHeaders | None]:
+    async def _exchange(self, request: PreparedRequest) -> tuple[str, RateStatement | None]:
         try:
             async with self._http.stream("POST", **self._core.request_options(request)) as response:
                 body = _Body(self._core, response)

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import contract, long_texts
-from ._retry import RateLimitHeaders
 from .budget import Budget, Share
 from .client import AsyncClient, PreparedRequest, validate_params
 from .errors import (
@@ -55,6 +54,7 @@ from .options import (
     check_whole,
 )
 from .pacing import KeyRecord, Limiter, PaceChange, PaceLog, Pacer
+from .rate_headers import RateStatement
 from .report import BatchStats, Timeline
 from .results import BLOCK_ROWS, FAILED, OK, SKIPPED, Answer, RowBlock, RowResult
 from .stores import CLAIM_POLL_SECONDS, AnswerStore, MemoryStore, SharedAnswerStore
@@ -287,7 +287,7 @@ class _Gate:
         self,
         ticket: tuple[int, float, asyncio.Task[Any] | None],
         error: BaseException | None,
-        limits: RateLimitHeaders | None,
+        limits: RateStatement | None,
     ) -> None:
         attempt, started, task = ticket
         if task is not None:

@@ -44,6 +44,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from .contract import SkipReason
+from .rate_headers import RateStatement
 
 __all__ = [
     "BatchsumError",
@@ -149,7 +150,7 @@ class APIError(BatchsumError):
         super().__init__(message)
         self.message = message
         self.attempts = 1
-        self.rate_limit: Any = None  # the answer's rate-limit headers (_retry.RateLimitHeaders), if any
+        self.rate_limit: RateStatement | None = None  # what the answer's rate-limit headers state, if anything
 
 
 class APIConnectionError(APIError):

@@ -16,11 +16,11 @@ import random
 import pytest
 from aiolimiter import AsyncLimiter
 
-from batchsum._retry import RateLimitHeaders
 from batchsum.engine import _Gate
 from batchsum.errors import RateLimitError, ServerError
 from batchsum.local.state import SlidingWindow
 from batchsum.pacing import JITTER_MARGIN, START_IN_FLIGHT, Pacer, max_starts
+from batchsum.rate_headers import RateStatement
 from tests import virtual_clock
 
 
@@ -322,7 +322,7 @@ def test_a_limit_truly_half_of_rpm_is_found_and_held_with_few_429s(latency):
 def test_rate_limit_headers_set_the_pace_before_any_429():
     # The service states its limit and, truthfully, the room its window leaves at each request.
     sim = Sim(limit=240, latency=lambda t: 0.05)
-    sim.headers = lambda t: RateLimitHeaders(240, *sim.window.room(t))
+    sim.headers = lambda t: RateStatement(240, None, *sim.window.room(t))
     pacer = simulate(600, sim, texts=400)
     assert pacer.pace == 240 and len(sim.refused) == 0
     assert "headers" in pacer.changes[0].reason
@@ -330,7 +330,7 @@ def test_rate_limit_headers_set_the_pace_before_any_429():
 
 def test_headers_saying_none_remain_pause_until_the_reset():
     # Only the answer at 5 s names a reset: the others state no room to use at once (test_short_job.py).
-    headers = lambda t: RateLimitHeaders(remaining=0, reset=7) if 5 <= t < 5.1 else RateLimitHeaders(remaining=50)  # noqa: E731
+    headers = lambda t: RateStatement(remaining=0, reset=7) if 5 <= t < 5.1 else RateStatement(remaining=50)  # noqa: E731
     sim = Sim(latency=lambda t: 0.05, headers=headers)
     simulate(600, sim, texts=100)
     told = min(s for s in sim.starts if s >= 5) + 0.05  # the answer saying "none left" arrives

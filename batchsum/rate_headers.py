@@ -1,0 +1,483 @@
+"""What a service's rate-limit headers state (``RateStatement``: its quota and the room left), read by
+the specifications and by what services send; what is not fully understood is ignored, never guessed.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+__all__ = ["RateStatement", "parse_rate_headers", "FORMS", "MAX_PER_MINUTE", "MAX_RESET"]
+
+MAX_PER_MINUTE = 1_000_000  # a stated rate above this is garbage, not a plan
+MAX_RESET = 86_400.0  # seconds; a reset (or a quota's window) beyond a day says nothing about a pace
+UNIX_AFTER = 1e9  # an X-RateLimit-Reset this large is a Unix time (2001 on), not a delay
+KONG_WINDOWS = {"second": 1, "minute": 60, "hour": 3600, "day": 86_400}
+
+#: The forms read, by the name ``RateStatement.form`` gives them.
+FORMS = ("draft-06", "list", "draft-07", "structured", "x-ratelimit", "openai", "kong")
+
+
+@dataclass(frozen=True)
+class RateStatement:
+    """What one answer's rate-limit headers state.
+
+    ``limit`` requests per ``window`` seconds (the quota; ``window`` None: not stated, and read per
+    minute, the plan's unit); ``remaining`` requests left before ``reset`` seconds from the answer;
+    ``form``: the form read (one of ``FORMS``), or two joined by ``+`` when the quota and the room
+    came from different forms (Kong's windows with its ``RateLimit-Reset``: ``kong+draft-06``).
+    """
+
+    limit: float | None = None
+    window: float | None = None
+    remaining: int | None = None
+    reset: float | None = None
+    form: str = ""
+
+    @property
+    def per_minute(self) -> float | None:
+        """The quota in requests a minute; a limit with no stated window is per minute."""
+        if self.limit is None:
+            return None
+        return self.limit * 60.0 / self.window if self.window else float(self.limit)
+
+    @property
+    def room(self) -> bool:
+        """True when the answer states the room left: ``remaining`` requests before ``reset``."""
+        return self.remaining is not None and self.reset is not None
+
+
+def parse_rate_headers(headers: Mapping[str, str], now: Callable[[], float] = time.time) -> RateStatement | None:
+    """The statement of an answer's rate-limit ``headers``, or None when they state nothing readable.
+    Never raises. ``now`` (Unix seconds) dates a reset given as a Unix time or a date.
+
+    Each form by its own text; names are case-insensitive, and a field sent twice arrives joined
+    with ", " (as httpx joins repeated fields) and reads as a list:
+
+    - ``draft-06``: ``RateLimit-Limit: 100``, ``RateLimit-Remaining: 50``, ``RateLimit-Reset: 30``
+      (seconds), with ``RateLimit-Policy: 100;w=60`` (quotas of L per W seconds): IETF drafts 00-06.
+    - ``list``: ``RateLimit-Limit: 10, 10;w=1, 1000;w=3600``: the expiring limit, then quotas (drafts 00-03).
+    - ``draft-07``: ``RateLimit: limit=100, remaining=50, reset=30`` (a dictionary) with
+      ``RateLimit-Policy: 100;w=60``.
+    - ``structured``: ``RateLimit-Policy: "p";q=100;w=60`` and ``RateLimit: "p";r=50;t=30`` (drafts
+      08-11; Cloudflare's API). A policy counting other units than requests (``qu``) is skipped, and
+      so is the room stated for it.
+    - ``x-ratelimit``: ``X-RateLimit-Limit/-Remaining/-Reset`` (GitHub, Cloudflare, Envoy's
+      ``10, 10;w=60``) and the ``X-Rate-Limit-*`` spelling; the reset in seconds, as a Unix time
+      (10^9 and over), or as an HTTP date (RFC 1123) or an RFC 3339 date-time.
+    - ``openai``: ``x-ratelimit-limit-requests``, ``-remaining-requests``, ``-reset-requests`` (a Go
+      duration: ``1s``, ``6m0s``, ``20ms``, ``1m30.5s``); the tokens fields count no requests.
+    - ``kong``: ``X-RateLimit-Limit-Second``/``-Minute``/``-Hour``/``-Day`` and
+      ``X-RateLimit-Remaining-*``: the window is in the name; the reset comes in Kong's ``RateLimit-*``.
+
+    Numbers are structured-field Integers (at most 15 digits; no sign, exponent or separator) and,
+    for a reset, Decimals; ``6e2``, ``-5``, ``NaN``, ``inf``, ``1,000`` and words are ignored. A
+    quota is dropped when its rate is not positive or over ``MAX_PER_MINUTE`` or its window is over
+    a day; a reset when it is not positive or over a day (``MAX_RESET``), or a Unix time or date in
+    the past. Several quotas (a list, several policies, several forms): the most restrictive rate
+    among those with a stated window; a limit with no window (per minute) only when none states
+    one. Several statements of room: the fewest requests left (the latest reset among equals), a
+    whole statement (remaining and reset) before a partial one.
+    """
+    fields: dict[str, str] = {}
+    for name, value in headers.items():
+        if isinstance(name, str) and isinstance(value, str):
+            key = name.lower()
+            fields[key] = f"{fields[key]}, {value}" if key in fields else value
+    reading = _Reading(now)
+    _read_ietf(fields, reading)
+    _read_x_ratelimit(fields, reading)
+    _read_openai(fields, reading)
+    _read_kong(fields, reading)
+    return reading.statement()
+
+
+# -- the forms -----------------------------------------------------------------------------------------
+
+
+def _read_ietf(fields: dict[str, str], reading: _Reading) -> None:
+    """``RateLimit-Limit/-Remaining/-Reset`` (drafts 00-06), ``RateLimit`` as a dictionary (draft-07)
+    or as a list of service limits (08 on), and ``RateLimit-Policy`` in either shape."""
+    dictionary = _dictionary(fields.get("ratelimit"))
+    if dictionary is not None and not {"limit", "remaining", "reset"} & dictionary.keys():
+        dictionary = None  # a list of service limits named by tokens also parses as a dictionary
+    units: dict[str, object] = {}  # the structured policies by name: the unit each counts
+    for value, params in _list(fields.get("ratelimit-policy")) or []:
+        if isinstance(value, str):  # drafts 08 on: "name";q=100;w=60
+            units[value] = params.get("qu", "requests")
+            if units[value] == "requests":
+                reading.quota("structured", params.get("q"), params)
+        elif "w" in params:  # drafts 04-07: 100;w=60 (the window is required)
+            reading.quota("draft-06" if dictionary is None else "draft-07", value, params)
+    for value, params in _list(fields.get("ratelimit-limit")) or []:
+        reading.quota("list" if "w" in params else "draft-06", value, params)
+    remaining, reset = _list(fields.get("ratelimit-remaining")), _list(fields.get("ratelimit-reset"))
+    if remaining is not None or reset is not None:
+        reading.room("draft-06", _fewest(remaining), _latest(reset))
+    if dictionary is not None:
+        reading.quota("draft-07", _member(dictionary, "limit"), {})
+        reading.room("draft-07", _count(_member(dictionary, "remaining")), _delay(_member(dictionary, "reset")))
+        return
+    for value, params in _list(fields.get("ratelimit")) or []:
+        if isinstance(value, str) and units.get(value, "requests") == "requests" and "r" in params:
+            reading.room("structured", _count(params["r"]), _delay(params["t"]) if "t" in params else None)
+
+
+def _read_x_ratelimit(fields: dict[str, str], reading: _Reading) -> None:
+    """``X-RateLimit-Limit/-Remaining/-Reset`` and the ``X-Rate-Limit-*`` spelling."""
+    for prefix in ("x-ratelimit-", "x-rate-limit-"):
+        for value, params in _list(fields.get(prefix + "limit")) or []:
+            reading.quota("x-ratelimit", value, params)
+        remaining, reset = _list(fields.get(prefix + "remaining")), fields.get(prefix + "reset")
+        if remaining is not None or reset is not None:
+            reading.room("x-ratelimit", _fewest(remaining), None if reset is None else reading.until(reset))
+
+
+def _read_openai(fields: dict[str, str], reading: _Reading) -> None:
+    """``x-ratelimit-limit-requests`` / ``-remaining-requests`` / ``-reset-requests`` (a Go duration)."""
+    for value, _ in _list(fields.get("x-ratelimit-limit-requests")) or []:
+        reading.quota("openai", value, {})
+    remaining, reset = _list(fields.get("x-ratelimit-remaining-requests")), fields.get("x-ratelimit-reset-requests")
+    if remaining is not None or reset is not None:
+        durations = [_go_duration(part) for part in (reset or "").split(",")]
+        longest = None if None in durations else max(d for d in durations if d is not None)
+        reading.room("openai", _fewest(remaining), longest)
+
+
+def _read_kong(fields: dict[str, str], reading: _Reading) -> None:
+    """Kong's ``X-RateLimit-Limit-<Window>`` and ``X-RateLimit-Remaining-<Window>``."""
+    for name, window in KONG_WINDOWS.items():
+        for value, _ in _list(fields.get(f"x-ratelimit-limit-{name}")) or []:
+            reading.quota("kong", value, {"w": window})
+        if (remaining := _list(fields.get(f"x-ratelimit-remaining-{name}"))) is not None:
+            reading.room("kong", _fewest(remaining), None)
+
+
+# -- what was read, checked as it comes; the most restrictive of it ---------------------------------------
+
+
+@dataclass(frozen=True)
+class _Quota:
+    form: str
+    limit: int
+    window: int | None
+
+    @property
+    def per_minute(self) -> float:
+        return self.limit * 60.0 / self.window if self.window else float(self.limit)
+
+
+@dataclass(frozen=True)
+class _Room:
+    form: str
+    remaining: int | None
+    reset: float | None
+
+
+class _Reading:
+    """Quotas and statements of room gathered from every form present, each checked as it comes."""
+
+    __slots__ = ("quotas", "rooms", "_clock", "_now")
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.quotas: list[_Quota] = []
+        self.rooms: list[_Room] = []
+        self._clock = clock
+        self._now: float | None = None
+
+    def quota(self, form: str, limit: object, params: Mapping[str, object]) -> None:
+        """``limit`` per ``params["w"]`` seconds (absent: not stated); dropped unless both are
+        counts, the window at most a day and the rate positive and at most ``MAX_PER_MINUTE``."""
+        count, window = _count(limit), _count(params["w"]) if "w" in params else None
+        if count is None or count == 0 or ("w" in params and (window is None or not 0 < window <= MAX_RESET)):
+            return
+        quota = _Quota(form, count, window)
+        if quota.per_minute <= MAX_PER_MINUTE:
+            self.quotas.append(quota)
+
+    def room(self, form: str, remaining: int | None, reset: float | None) -> None:
+        if reset is not None and not (math.isfinite(reset) and 0 < reset <= MAX_RESET):
+            reset = None
+        if remaining is not None or reset is not None:
+            self.rooms.append(_Room(form, remaining, reset))
+
+    def until(self, text: str) -> float | None:
+        """Seconds to an ``X-RateLimit-Reset``: a delay, a Unix time, or a date (the latest of several)."""
+        dates = [_unix_date(part) for part in _DATES.split(text.strip(" \t"))]
+        if None not in dates:
+            return max(d for d in dates if d is not None) - self.now()
+        values = [_delay(value) for value, _ in _list(text) or [(None, {})]]
+        if None in values:
+            return None
+        return max(v - self.now() if v >= UNIX_AFTER else v for v in values if v is not None)
+
+    def now(self) -> float:
+        """Unix seconds, read once: every date in one answer is measured from the same instant."""
+        if self._now is None:
+            self._now = float(self._clock())
+        return self._now
+
+    def statement(self) -> RateStatement | None:
+        stated = [q for q in self.quotas if q.window is not None]
+        quota = min(stated or self.quotas, key=lambda q: q.per_minute, default=None)
+        whole = [r for r in self.rooms if r.remaining is not None and r.reset is not None]
+        room = min(
+            whole or self.rooms,
+            key=lambda r: (math.inf if r.remaining is None else r.remaining, -(r.reset or 0.0)),
+            default=None,
+        )
+        if quota is None and room is None:
+            return None
+        return RateStatement(
+            limit=None if quota is None else quota.limit,
+            window=None if quota is None else quota.window,
+            remaining=None if room is None else room.remaining,
+            reset=None if room is None else room.reset,
+            form="+".join(dict.fromkeys(x.form for x in (quota, room) if x is not None)),
+        )
+
+
+def _count(value: object) -> int | None:
+    """A non-negative Integer (never a Boolean, whose Python type is a subclass of int)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _delay(value: object) -> float | None:
+    """A non-negative Integer or Decimal, as seconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    return None
+
+
+def _member(dictionary: dict[str, _Item], key: str) -> object:
+    return dictionary[key][0] if key in dictionary else None
+
+
+def _fewest(items: list[_Item] | None) -> int | None:
+    """The fewest of a count's values (a field sent twice); None if any value is not a count."""
+    counts = [_count(value) for value, _ in items or []]
+    return None if not counts or None in counts else min(c for c in counts if c is not None)
+
+
+def _latest(items: list[_Item] | None) -> float | None:
+    """The longest of a delay's values; None if any value is not a delay."""
+    delays = [_delay(value) for value, _ in items or []]
+    return None if not delays or None in delays else max(d for d in delays if d is not None)
+
+
+_GO_DURATION = re.compile(r"(?:[0-9]{1,12}(?:\.[0-9]{1,9})?(?:h|m|s|ms|us|µs|μs|ns))+|0")
+_GO_PART = re.compile(r"([0-9]{1,12}(?:\.[0-9]{1,9})?)(h|ms|m|s|us|µs|μs|ns)")
+_GO_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ns": 1e-9}
+
+
+def _go_duration(text: str) -> float | None:
+    """Seconds in a Go duration as OpenAI sends it (``1s``, ``6m0s``, ``20ms``, ``1m30.5s``); no sign."""
+    text = text.strip(" \t")
+    if not _GO_DURATION.fullmatch(text):
+        return None
+    return sum(float(number) * _GO_UNITS[unit] for number, unit in _GO_PART.findall(text))
+
+
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_WEEKDAY = "(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
+_HTTP_DATE = re.compile(_WEEKDAY + r", ([0-9]{1,2}) ([A-Z][a-z]{2}) ([0-9]{4}) ([0-9]{2}):([0-9]{2}):([0-9]{2}) GMT")
+_RFC3339 = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt ]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,9})?([Zz]|[+-][0-9]{2}:[0-9]{2})"
+)
+_DATES = re.compile(r",[ \t]*(?=" + _WEEKDAY + r",|[0-9]{4}-)")  # between dates a field sent twice joins
+
+
+def _unix_date(text: str) -> float | None:
+    """Unix seconds of an HTTP date (IMF-fixdate, the RFC 1123 form) or an RFC 3339 date-time; else None."""
+    try:
+        if (match := _HTTP_DATE.fullmatch(text)) and match.group(2) in _MONTHS:
+            day, month, year, hour, minute, second = match.groups()
+            utc = _dt.timezone.utc
+            moment = _dt.datetime(
+                int(year), _MONTHS.index(month) + 1, int(day), int(hour), int(minute), int(second), 0, utc
+            )
+            return moment.timestamp()
+        if match := _RFC3339.fullmatch(text):
+            year, month, day, hour, minute, second, fraction, zone = match.groups()
+            offset = _dt.timedelta(0)
+            if zone not in ("Z", "z"):
+                offset = _dt.timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6])) * (-1 if zone[0] == "-" else 1)
+            zone_info = _dt.timezone(offset)
+            moment = _dt.datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), 0, zone_info)
+            return moment.timestamp() + (float(fraction) if fraction else 0.0)
+    except (ValueError, OverflowError):  # a 31st of February, an hour 25, an offset of a day
+        return None
+    return None
+
+
+# -- structured fields (RFC 8941): the Lists and Dictionaries these headers use ------------------------------
+
+_Item = tuple[object, dict[str, object]]  # a bare item and its parameters
+
+
+class _Malformed(Exception):
+    """Not a structured field: the whole field is ignored (RFC 8941, section 4.2)."""
+
+
+class _Token(str):
+    """A Token, as distinct from a String (either names a policy)."""
+
+
+def _list(text: str | None) -> list[_Item] | None:
+    """``text`` as a List of Items, or None when absent or malformed."""
+    if text is None:
+        return None
+    try:
+        return _StructuredField(text).list()
+    except _Malformed:
+        return None
+
+
+def _dictionary(text: str | None) -> dict[str, _Item] | None:
+    """``text`` as a Dictionary of Items, or None when absent or malformed."""
+    if text is None:
+        return None
+    try:
+        return _StructuredField(text).dictionary()
+    except _Malformed:
+        return None
+
+
+_TCHAR = frozenset("!#$%&'*+-.^_`|~:/0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_KEY_FIRST = frozenset("abcdefghijklmnopqrstuvwxyz*")
+_KEY_CHAR = _KEY_FIRST | frozenset("0123456789_-.")
+_BASE64 = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
+_NUMBER = re.compile(r"-?([0-9]{1,15})(?:\.([0-9]{1,3}))?")
+
+
+class _StructuredField:
+    """One field value read left to right. Inner lists, Dates and Display Strings are used by none
+    of the forms and make a field malformed."""
+
+    __slots__ = ("text", "at")
+
+    def __init__(self, text: str) -> None:
+        self.text = text.strip(" \t")
+        self.at = 0
+
+    def list(self) -> list[_Item]:
+        members: list[_Item] = []
+        while self.at < len(self.text):
+            members.append((self.bare_item(), self.parameters()))
+            if not self._next_member():
+                break
+        return members
+
+    def dictionary(self) -> dict[str, _Item]:
+        members: dict[str, _Item] = {}
+        while self.at < len(self.text):
+            key = self.key()
+            if self._peek() == "=":
+                self.at += 1
+                members[key] = (self.bare_item(), self.parameters())
+            else:
+                members[key] = (True, self.parameters())
+            if not self._next_member():
+                break
+        return members
+
+    def parameters(self) -> dict[str, object]:
+        params: dict[str, object] = {}
+        while True:
+            mark = self.at
+            self._skip(" \t")  # lenient: the first drafts' grammar allowed spaces before ";"
+            if self._peek() != ";":
+                self.at = mark
+                return params
+            self.at += 1
+            self._skip(" ")
+            key = self.key()
+            if self._peek() == "=":
+                self.at += 1
+                params[key] = self.bare_item()
+            else:
+                params[key] = True
+
+    def key(self) -> str:
+        start = self.at
+        if self._peek() not in _KEY_FIRST:
+            raise _Malformed
+        while self._peek() in _KEY_CHAR:
+            self.at += 1
+        return self.text[start : self.at]
+
+    def bare_item(self) -> object:
+        char = self._peek()
+        if char == "-" or "0" <= char <= "9":
+            return self._number()
+        if char == '"':
+            return self._string()
+        if char == "*" or ("a" <= char.lower() <= "z" and char.isascii()):
+            start = self.at
+            self.at += 1
+            while self._peek() in _TCHAR:
+                self.at += 1
+            return _Token(self.text[start : self.at])
+        if char == ":":
+            end = self.text.find(":", self.at + 1)
+            content = self.text[self.at + 1 : end]
+            if end < 0 or not set(content) <= _BASE64:
+                raise _Malformed
+            self.at = end + 1
+            return content.encode()
+        if char == "?" and self.text[self.at + 1 : self.at + 2] in ("0", "1"):
+            self.at += 2
+            return self.text[self.at - 1] == "1"
+        raise _Malformed
+
+    def _number(self) -> int | float:
+        match = _NUMBER.match(self.text, self.at)
+        if match is None:
+            raise _Malformed
+        whole, fraction = match.groups()
+        self.at = match.end()
+        if (fraction is not None and len(whole) > 12) or "0" <= self._peek() <= "9" or self._peek() == ".":
+            raise _Malformed  # 16 digits or more, 13 before a point, 4 after it, or a second point
+        return float(match.group()) if fraction is not None else int(match.group())
+
+    def _string(self) -> str:
+        chars: list[str] = []
+        self.at += 1
+        while self.at < len(self.text):
+            char = self.text[self.at]
+            self.at += 1
+            if char == '"':
+                return "".join(chars)
+            if char == "\\":
+                char = self._peek()
+                if char not in ('"', "\\"):
+                    raise _Malformed
+                self.at += 1
+            elif not " " <= char <= "~":
+                raise _Malformed
+            chars.append(char)
+        raise _Malformed  # no closing quote
+
+    def _next_member(self) -> bool:
+        """Past the comma to the next member; False at the end; malformed on anything else."""
+        self._skip(" \t")
+        if self.at == len(self.text):
+            return False
+        if self._peek() != ",":
+            raise _Malformed
+        self.at += 1
+        self._skip(" \t")
+        if self.at == len(self.text):
+            raise _Malformed  # a trailing comma
+        return True
+
+    def _peek(self) -> str:
+        return self.text[self.at] if self.at < len(self.text) else ""
+
+    def _skip(self, chars: str) -> None:
+        while self.at < len(self.text) and self.text[self.at] in chars:
+            self.at += 1
