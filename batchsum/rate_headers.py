@@ -352,6 +352,7 @@ _KEY_FIRST = frozenset("abcdefghijklmnopqrstuvwxyz*")
 _KEY_CHAR = _KEY_FIRST | frozenset("0123456789_-.")
 _BASE64 = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
 _NUMBER = re.compile(r"-?([0-9]{1,15})(?:\.([0-9]{1,3}))?")
+_DIGIT_GROUP = re.compile(r"[0-9]{3}")
 
 
 class _StructuredField:
@@ -367,7 +368,11 @@ class _StructuredField:
     def list(self) -> list[_Item]:
         members: list[_Item] = []
         while self.at < len(self.text):
+            glued = self.at > 0 and self.text[self.at - 1] == ","
+            start = self.at
             members.append((self.bare_item(), self.parameters()))
+            if glued and _DIGIT_GROUP.fullmatch(self.text, start, self.at):
+                raise _Malformed  # "1,000": a thousands separator, not a list of 1 and 0
             if not self._next_member():
                 break
         return members
