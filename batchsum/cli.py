@@ -286,10 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--limit-kind",
-        choices=("sliding", "fixed", "bucket"),
+        choices=("sliding", "fixed", "bucket", "clock", "clock-10s", "clock-1s"),
         default="sliding",
         help="how the limit counts: sliding (any 60 s), fixed (a minute opened by the key's first "
-        "request, then the next), bucket (a token bucket of --rpm that starts full) (default sliding)",
+        "request, then the next), bucket (a token bucket of --rpm that starts full), clock (minutes on "
+        "the clock), clock-10s / clock-1s (the minute's share in each 10 s / 1 s window on the clock) "
+        "(default sliding)",
     )
     serve.add_argument(
         "--room-headers",

@@ -9,7 +9,6 @@ and the run is judged by what it found, what the service refused, and that every
 from __future__ import annotations
 
 import asyncio
-import math
 
 import httpx
 import pytest
@@ -18,7 +17,7 @@ import batchsum
 from batchsum.budget import ProcessBudget
 from batchsum.engine import summarize_stream
 from batchsum.errors import InvalidParameterError
-from batchsum.local.state import FixedWindow, SlidingWindow, TokenBucket
+from batchsum.local.state import ClockWindow, FixedWindow, SlidingWindow, TokenBucket
 from batchsum.options import AUTO_MAX_RPM, RunSpec, check_rate
 from batchsum.pacing import KeyRecord, Pacer
 from batchsum.pacing.limit import SETTLE, Found
@@ -28,36 +27,14 @@ from tests.test_short_job import KEY, Remembering, Service, gaps, told, uniform
 MINUTE = 60.0
 
 
-class Aligned:
-    """At most ``limit`` admitted per fixed window of ``window`` seconds aligned to the clock (a minute
-    on the wall clock, 10 s windows, 1 s windows: a quantized limit)."""
-
-    def __init__(self, limit: int, window: float) -> None:
-        self.limit, self.window, self.current, self.count = limit, window, None, 0
-
-    def admit(self, now: float) -> float | None:
-        current = math.floor(now / self.window)
-        if current != self.current:
-            self.current, self.count = current, 0
-        if self.count < self.limit:
-            self.count += 1
-            return None
-        return (current + 1) * self.window - now
-
-    def room(self, now: float) -> tuple[int, float]:
-        current = math.floor(now / self.window)
-        used = self.count if current == self.current else 0
-        return self.limit - used, (current + 1) * self.window - now
-
-
 def kinds(rpm: int) -> dict[str, object]:
     """Every window kind of the pace issue's suite, each at ``rpm`` a minute."""
     return {
         "sliding minute": SlidingWindow(rpm, MINUTE),
         "fixed minute from the first request": FixedWindow(rpm, MINUTE),
-        "fixed minute on the clock": Aligned(rpm, MINUTE),
-        "fixed 10 s windows": Aligned(max(1, rpm // 6), 10.0),
-        "fixed 1 s windows": Aligned(max(1, rpm // 60), 1.0),
+        "fixed minute on the clock": ClockWindow(rpm, MINUTE),
+        "fixed 10 s windows": ClockWindow(max(1, rpm // 6), 10.0),
+        "fixed 1 s windows": ClockWindow(max(1, rpm // 60), 1.0),
         "token bucket": bucket(rpm),
     }
 

@@ -25,8 +25,10 @@ class LocalService:
     tests shrink the window to see several of them in seconds). ``faults``: see ``Faults``.
     ``test_controls``: serve ``/_local/*`` (stats, faults, reset), behind ``state.admin_key``.
     ``limit_kind``: how the limit counts: ``"sliding"`` (any ``window`` seconds), ``"fixed"``
-    (windows of ``window`` seconds, the first opening at the key's first request) or ``"bucket"`` (a
-    token bucket of ``rpm`` that starts full). ``room_headers``: state the room left in every answer,
+    (windows of ``window`` seconds, the first opening at the key's first request), ``"bucket"`` (a
+    token bucket of ``rpm`` that starts full), ``"clock"`` (windows of ``window`` seconds aligned to
+    the service's clock), ``"clock-10s"`` / ``"clock-1s"`` (the window's share of ``rpm`` in each
+    clock-aligned 10 s / 1 s window: the strictest judges of an even pace). ``room_headers``: state the room left in every answer,
     ``"ratelimit"`` (``RateLimit-Limit/-Remaining/-Reset``) or ``"x-ratelimit"`` (``X-RateLimit-*``);
     None (the default, as the live service): no such headers.
     """
