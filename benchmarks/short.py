@@ -9,8 +9,9 @@ with each of three ways of counting the limit: (a) a fixed window of 60 s opened
 request (a Redis INCR + EXPIRE counter), (b) a token bucket of 600 that starts full, (c) a sliding
 window of 60 s. Then a service that states its room (``RateLimit-Remaining``/``-Reset`` on a fixed
 window): 300 texts at 600/min, answers in 0.4-0.6 s. Clients: batchsum (``summarize_texts``, its
-defaults: the machine's budget, automatic in flight), batchsum with the first minute's catch-up
-off (``batchsum-even``: the even pace alone, as before it), an ``AsyncLimiter(rpm, 60)`` + semaphore loop
+defaults: the machine's budget, automatic in flight; a new key, so its first request goes alone),
+batchsum with a proven key (``batchsum-proven``: the same key answered by the same service a
+moment before, by a one-row run that is not timed, so no lone first request), an ``AsyncLimiter(rpm, 60)`` + semaphore loop
 (100 in flight, retrying a 429 after its Retry-After), and a token bucket of 600 that starts full
 (no cap in flight). The ideal beside them: rows / rpm + one mean answer (a silent service), or two
 answers (a stating one: the first alone, then the rest at once).
@@ -41,7 +42,7 @@ import batchsum  # noqa: E402
 from batchsum.local import Faults, LocalService  # noqa: E402
 from batchsum.report import BatchStats  # noqa: E402
 
-CLIENTS = ("batchsum", "batchsum-even", "aiolimiter+semaphore", "full-bucket")
+CLIENTS = ("batchsum", "batchsum-proven", "aiolimiter+semaphore", "full-bucket")
 KINDS = {  # name: (limit kind, headers, rows, latency from, latency to)
     "fixed": ("fixed", None, 1200, 4.0, 6.0),
     "bucket": ("bucket", None, 1200, 4.0, 6.0),
@@ -88,11 +89,10 @@ def one(client: str, kind: str, rpm: float, rows_n: int | None) -> dict:
     with LocalService(rpm=int(rpm), faults=faults, limit_kind=limit_kind, room_headers=headers) as service:
         started = time.monotonic()
         stats = None
-        if client in ("batchsum", "batchsum-even"):
-            if client == "batchsum-even":  # the even pace alone, as before the first minute's catch-up
-                import batchsum.pacing
-
-                batchsum.pacing.MAX_CATCH_UP = 1.0
+        if client in ("batchsum", "batchsum-proven"):
+            if client == "batchsum-proven":  # proven a moment before: the key's record in the budget
+                asyncio.run(run_batchsum(service, ["A text that proves the key is answered by this service."], rpm))
+                started = time.monotonic()
             stats = asyncio.run(run_batchsum(service, rows, rpm))
         elif client == "aiolimiter+semaphore":
             asyncio.run(run_plain(service, rows, AsyncLimiter(rpm, 60).acquire, SEMAPHORE))
