@@ -40,6 +40,9 @@ FORMAT = "batchsum-journal-1"
 LOOKUP_CHUNK = 500  # keys per query of a look-up in bulk (SQLite allows 999 parameters at the least)
 CACHE_KIB = 4096  # SQLite's page cache per connection: a bound, whatever the journal's size
 
+_COLUMNS = "fingerprint, summary, status, error, message, http_status, attempts, finished_at, service"
+_INSERT = f"INSERT OR REPLACE INTO answers ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+
 _SCHEMA = f"""
 CREATE TABLE answers (
     fingerprint TEXT PRIMARY KEY,
@@ -49,7 +52,8 @@ CREATE TABLE answers (
     message TEXT,
     http_status INTEGER,
     attempts INTEGER NOT NULL,
-    finished_at REAL NOT NULL
+    finished_at REAL NOT NULL,
+    service TEXT
 );
 CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 INSERT INTO meta VALUES ('format', '{FORMAT}');
@@ -300,6 +304,9 @@ class Journal:
 
     def __init__(self, path: str | os.PathLike[str], *, create: bool = True, readonly: bool = False) -> None:
         self.path = Path(path)
+        self.service: str | None = None  # whose answers are kept and reused (``serve``); None: any
+        self._readonly = readonly
+        self._unstamped = False
         if not self.path.parent.is_dir():
             raise InputError(f"cannot create the journal {self.path}: folder {self.path.parent} does not exist")
         if self.path.is_dir():
@@ -328,7 +335,7 @@ class Journal:
         """Keep ``answers`` the journal could not take (a full disk, a read-only remount, a quota) in a
         side file that the next run's journal imports first: beside the journal, else in the user's
         cache folder. Where they went, or None when nowhere could take them either."""
-        lines = "".join(json.dumps([key, *answer]) + "\n" for key, answer in answers).encode()
+        lines = "".join(json.dumps([self._key(key), *answer]) + "\n" for key, answer in answers).encode()
         for target in _spill_files(self.path):
             try:
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -355,13 +362,13 @@ class Journal:
             for line in text.splitlines():
                 try:
                     key, *fields = json.loads(line)
-                    rows.append((str(key), *Answer(*fields), time.time()))
+                    rows.append((str(key), *Answer(*fields), time.time(), _service_of(str(key))))
                 except (ValueError, TypeError):
                     continue  # a line cut short by the fault that made it: its answer is paid again
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
-                    self._db.executemany("INSERT OR REPLACE INTO answers VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                    self._db.executemany(_INSERT, rows)
                     self._db.execute("COMMIT")
                 except BaseException:
                     self._db.execute("ROLLBACK")
@@ -392,33 +399,77 @@ class Journal:
             self.path.unlink(missing_ok=True)
             raise InputError(f"cannot create the journal {self.path}: {exc}") from None
 
+    def serve(self, service: str) -> str | None:
+        """Keep and reuse answers as ``service``'s (``contract.service_identity``): an answer is reused
+        only for the same service and the same request. A journal written before answers carried
+        their service is adopted by the first service that resumes it (stamped, so it is said once):
+        what the adoption means, or None. A read-only journal is not stamped; its unstamped answers
+        count as this service's."""
+        self.service = service
+        columns = [row[1] for row in self._query("PRAGMA table_info(answers)").fetchall()]
+        if (
+            "service" in columns
+            and self._query("SELECT 1 FROM answers WHERE service IS NULL LIMIT 1").fetchone() is None
+        ):
+            return None
+        if self._readonly:
+            self._unstamped = True
+            return None
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                if "service" not in columns:
+                    self._db.execute("ALTER TABLE answers ADD COLUMN service TEXT")
+                adopted = self._db.execute(
+                    "UPDATE answers SET fingerprint = ? || ' ' || fingerprint, service = ? WHERE service IS NULL",
+                    (service, service),
+                ).rowcount
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('adopted_by', ?)", (service,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise JournalError(f"the journal {self.path}: {exc}") from None
+        if not adopted:
+            return None
+        return (
+            f"the journal {self.path} was written before answers carried their service: its {adopted} "
+            f"answers are taken as {service}'s"
+        )
+
+    def _key(self, key: str) -> str:
+        """A request's fingerprint as stored: with the service that answered it."""
+        return key if self.service is None else f"{self.service} {key}"
+
     def get(self, key: str) -> Answer | None:
-        row = self._query(
-            "SELECT summary, status, error, message, http_status, attempts FROM answers WHERE fingerprint=?", (key,)
-        ).fetchone()
-        return Answer(*row) if row else None
+        return self.get_many([key]).get(key)
 
     def get_many(self, keys: list[str]) -> dict[str, Answer]:
         """The answers known for ``keys``, by key: one query per ``LOOKUP_CHUNK`` keys (a batch's
         look-up in bulk, not a query per row)."""
         found: dict[str, Answer] = {}
-        for start in range(0, len(keys), LOOKUP_CHUNK):
-            chunk = keys[start : start + LOOKUP_CHUNK]
+        stored = {self._key(key): key for key in keys}
+        if self._unstamped:
+            stored.update({key: key for key in keys})  # a read-only look at a journal not yet adopted
+        names = list(stored)
+        for start in range(0, len(names), LOOKUP_CHUNK):
+            chunk = names[start : start + LOOKUP_CHUNK]
             rows = self._query(
                 "SELECT fingerprint, summary, status, error, message, http_status, attempts FROM answers "
                 f"WHERE fingerprint IN ({','.join('?' * len(chunk))})",
                 tuple(chunk),
             ).fetchall()
             for key, *fields in rows:
-                found[key] = Answer(*fields)
+                found[stored[key]] = Answer(*fields)
         return found
 
     def __contains__(self, key: str) -> bool:
-        return self._query("SELECT 1 FROM answers WHERE fingerprint=?", (key,)).fetchone() is not None
+        return key in self.get_many([key])
 
     def put(self, key: str, answer: Answer) -> None:
         """Keep ``answer``; committed at once (autocommit). ``JournalError`` when it cannot be written."""
-        self._query("INSERT OR REPLACE INTO answers VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (key, *answer, time.time()))
+        self._query(_INSERT, (self._key(key), *answer, time.time(), self.service))
 
     def note_output(self, output: str) -> None:
         """Remember which output this journal served (``batchsum journal`` shows it), without the
@@ -456,6 +507,12 @@ class Journal:
 
     def __repr__(self) -> str:
         return f"Journal({str(self.path)!r})"
+
+
+def _service_of(stored: str) -> str | None:
+    """The service of a stored fingerprint (``Journal._key``), None for one written before services."""
+    service, space, _ = stored.rpartition(" ")
+    return service if space else None
 
 
 def _owner() -> str:

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import random
+import sys
 import threading
 import time
 import uuid
@@ -187,6 +188,7 @@ class Run:
         self.budget: Budget
         self.store: AnswerStore
         self.bar: ProgressBar
+        self._adopted: str | None = None  # what adopting a journal from before services meant
 
     async def __aenter__(self) -> Run:
         spec = self.spec = bind(self.spec)
@@ -212,6 +214,11 @@ class Run:
             self.store = self._open_store(self.client.identity)
             self._kept = _size(self.store)
             self.bar = stack.enter_context(ProgressBar(self.stats.total, enabled=spec.progress))
+            if self._adopted is not None:  # said even without a bar: once per journal
+                if spec.progress:
+                    self.bar.write(f"batchsum: {self._adopted}")
+                else:
+                    print(f"batchsum: {self._adopted}", file=sys.stderr)
         except BaseException:
             await stack.aclose()
             raise
@@ -358,6 +365,10 @@ class Run:
         if spec.journal is not None:
             journal = SharedJournal(spec.journal) if self.shared else Journal(spec.journal)
             stack.callback(journal.close)
+            adopted = journal.serve(spec.client.service)
+            if adopted is not None:  # said once: the journal is stamped now
+                event("journal", adopted, run_id=self.run_id)
+                self._adopted = adopted
             if self.output is not None:
                 journal.note_output(self.output.path)
             return journal
@@ -617,6 +628,7 @@ def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
         store = None
         if spec.journal is not None and os.path.exists(spec.journal):
             store = stack.enter_context(Journal(spec.journal, readonly=True))
+            store.serve(spec.client.service)
         batch = plan_batch(texts, params=spec.params, store=store, long_texts_policy=spec.long_texts)
     record: KeyRecord | None = None
     try:

@@ -1,0 +1,88 @@
+"""A journal knows its service: an answer is reused only for the same service and the same request;
+one journal may hold several services' answers; a journal written before answers carried their
+service is adopted by the first service that resumes it (said once), so nothing is paid again."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pandas as pd
+
+from batchsum.cli import main
+from batchsum.contract import LOCAL_SERVICE, service_identity
+from batchsum.journal import Journal
+from batchsum.results import Answer
+from tests.conftest import KEY, article
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def source(tmp_path: Path, n: int = 6) -> Path:
+    path = tmp_path / "in.parquet"
+    pd.DataFrame({"text": [article(40, seed=i) for i in range(n)]}).to_parquet(path)
+    return path
+
+
+def summarize(*argv: str) -> int:
+    return main(["summarize", *argv, "--column", "text", "--quiet", "--rpm", "0"])
+
+
+def test_answers_of_the_local_service_are_not_reused_for_another_service(svc, tmp_path, monkeypatch):
+    src, out = source(tmp_path), tmp_path / "out.parquet"
+    assert summarize(str(src), "-o", str(out), "--local") == 0
+    monkeypatch.setenv("BATCHSUM_API_KEY", KEY)
+    monkeypatch.setenv("BATCHSUM_BASE_URL", svc.url)
+    assert summarize(str(src), "-o", str(out)) == 0
+    assert svc.stats()["by_status"].get("200", 0) == 6  # every text sent to this service, none reused
+    assert summarize(str(src), "-o", str(out)) == 0
+    assert svc.stats()["by_status"].get("200", 0) == 6  # the same service again: all reused
+    journal = next(tmp_path.glob("*.journal*"))
+    services = {row[0] for row in sqlite3.connect(journal).execute("SELECT service FROM answers")}
+    assert services == {LOCAL_SERVICE, service_identity(svc.url)}  # one journal, two services' answers
+
+
+def test_a_journal_names_services_without_credentials_or_query(tmp_path):
+    with Journal(tmp_path / "j.sqlite") as journal:
+        journal.serve(service_identity("https://user:secret@api.example.test:443/v1/?token=abc"))
+        journal.put("f" * 64, Answer("A summary.", "ok", None, None, 200, 1))
+    text = (tmp_path / "j.sqlite").read_bytes()
+    assert b"secret" not in text and b"token" not in text and b"https://api.example.test/v1" in text
+
+
+def test_a_journal_from_before_services_is_adopted_once_and_pays_nothing_again(svc, tmp_path, monkeypatch, capsys):
+    """The fixture was written by the code of commit 0b11be0 (no service per answer)."""
+    journal = tmp_path / "old.sqlite"
+    shutil.copy(FIXTURES / "journal-0b11be0.sqlite", journal)
+    texts = json.loads((FIXTURES / "journal-0b11be0.texts.json").read_text(encoding="utf-8"))
+    src, out = tmp_path / "in.parquet", tmp_path / "out.parquet"
+    pd.DataFrame({"text": texts}).to_parquet(src)
+    monkeypatch.setenv("BATCHSUM_API_KEY", KEY)
+    monkeypatch.setenv("BATCHSUM_BASE_URL", svc.url)
+    args = [str(src), "-o", str(out), "--journal", str(journal)]
+    assert main(["summarize", *args, "--column", "text", "--rpm", "0", "--quiet"]) in (0, 1)
+    assert svc.stats()["answered_unique"] == 0  # every answer reused
+    said = capsys.readouterr().err
+    assert "written before answers carried their service" in said and service_identity(svc.url) in said
+    meta = dict(sqlite3.connect(journal).execute("SELECT name, value FROM meta").fetchall())
+    assert meta["adopted_by"] == service_identity(svc.url)
+    assert main(["summarize", *args, "--column", "text", "--rpm", "0", "--quiet"]) in (0, 1)
+    assert "carried their service" not in capsys.readouterr().err  # said once
+
+
+def test_the_dry_run_counts_an_unadopted_journals_answers_and_leaves_it_as_it_was(svc, tmp_path, monkeypatch, capsys):
+    journal = tmp_path / "old.sqlite"
+    shutil.copy(FIXTURES / "journal-0b11be0.sqlite", journal)
+    before = journal.read_bytes()
+    texts = json.loads((FIXTURES / "journal-0b11be0.texts.json").read_text(encoding="utf-8"))
+    src = tmp_path / "in.parquet"
+    pd.DataFrame({"text": texts}).to_parquet(src)
+    monkeypatch.setenv("BATCHSUM_API_KEY", KEY)
+    monkeypatch.setenv("BATCHSUM_BASE_URL", svc.url)
+    argv = [str(src), "-o", str(tmp_path / "out.parquet"), "--journal", str(journal), "--dry-run"]
+    assert summarize(*argv) == 0
+    assert re.search(r"would send:\s+0 requests", capsys.readouterr().out)
+    assert journal.read_bytes() == before
