@@ -81,7 +81,7 @@ def _rate(text: str) -> float | str:
     try:
         rpm, auto = check_rate(text)
     except InvalidParameterError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("invalid rpm ")) from None
+        raise argparse.ArgumentTypeError("invalid " + str(exc).removeprefix("invalid rpm ")) from None
     return text.strip().lower() if auto else rpm
 
 
@@ -259,7 +259,14 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--this-key", action="store_true", help=f"only the limits of the key in ${ENV_API_KEY}")
     limits.add_argument("--forget", action="store_true", help="forget the limits listed (all, or those chosen)")
 
-    one = commands.add_parser("text", help="summarize one text (an argument or standard input) and print it")
+    one = commands.add_parser(
+        "text",
+        help="summarize one text (an argument or standard input) and print it",
+        description="Summarize one text and print the summary: the text as an argument, or '-' (or "
+        "nothing) to read it from standard input. The same request options as summarize; --local uses "
+        "the local reference service.",
+        epilog='e.g. batchsum text --local "$(cat article.txt)"   or   cat article.txt | batchsum text --local',
+    )
     one.add_argument("text", nargs="?", default="-", help="the text; '-' or nothing reads standard input")
     _add_options(one, _REQUEST)
 
@@ -423,7 +430,7 @@ class _StopOnSignal:
     def note_late(self, signum: int) -> None:
         if self.late is None:
             self.late = signum
-            self._say(f"batchsum: {signal.Signals(signum).name}: the output is already complete; finishing")
+            self._say(f"{signal.Signals(signum).name}: the output is already complete; finishing")
 
     def _on_signal(self, signum: int) -> None:
         if self.finished:
@@ -433,8 +440,7 @@ class _StopOnSignal:
             raise KeyboardInterrupt  # the second signal: leave now
         self.received = signum
         self._say(
-            f"batchsum: {signal.Signals(signum).name}: stopping; waiting for answers on the wire "
-            "(signal again to abort at once)"
+            f"{signal.Signals(signum).name}: stopping; waiting for answers on the wire (signal again to abort at once)"
         )
         if self._task is not None:
             self._task.cancel()
@@ -448,6 +454,20 @@ class _Late:
 
     def __call__(self, signum: int, frame: Any) -> None:
         self._stop.note_late(signum)
+
+
+def _remove_empty_journal(path: Path) -> None:
+    """A journal this run created and that holds no answer (the key was refused at once)."""
+    from .journal import Journal
+
+    try:
+        with Journal(path, create=False) as journal:
+            empty = len(journal) == 0
+    except (InputError, JournalError):
+        return
+    if empty:
+        for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            name.unlink(missing_ok=True)
 
 
 def _journal_path(args: argparse.Namespace, target: Any, source: Any) -> Path:
@@ -490,6 +510,7 @@ def _summarize(args: argparse.Namespace) -> int:
         print(dry_run(spec, source.texts()))
         return EXIT_OK
     journal_path.parent.mkdir(parents=True, exist_ok=True)  # the cache folder, for a remote output's journal
+    journal_existed = journal_path.exists()
     if spec.client.local:
         _say("using the local reference service (extractive summaries made on this machine)")
     schema = source.schema
@@ -525,7 +546,11 @@ def _summarize(args: argparse.Namespace) -> int:
         with stop:
             asyncio.run(main())
     except (AuthenticationError, NotPremiumError) as exc:
-        _say(f"stopped after {stats.done} rows: {explain(exc)}; {run.new_answers} new answers kept; {resume}")
+        if run.new_answers == 0 and not journal_existed:
+            _remove_empty_journal(journal_path)  # nothing to resume: leave nothing behind
+            _say(f"stopped: {explain(exc)}; nothing was kept, so fix the key or the plan and run the command again")
+        else:
+            _say(f"stopped after {stats.done} rows: {explain(exc)}; {run.new_answers} new answers kept; {resume}")
         return EXIT_FATAL
     except RequestCapReached as exc:
         command = shlex.join(["batchsum", *getattr(args, "argv", [])])
@@ -569,9 +594,13 @@ def _summarize(args: argparse.Namespace) -> int:
             f"{unreachable} rows could not reach the service at {run.base_url} after {spec.client.max_retries} "
             "retries each: check --base-url and the network, then run the same command again"
         )
-    if stats.failed:
+    not_sent = stats.failed_by_code["not_sent"]
+    if not_sent:
+        why = "not in the sample: the same command without --sample sends them" if spec.sample else "see its message"
+        _say(f"{not_sent} rows were not sent ({spec.output_column}_error not_sent; {why})")
+    if stats.failed - not_sent:
         _say(
-            f"{stats.failed} rows failed (see the {spec.output_column}_error column); "
+            f"{stats.failed - not_sent} rows failed (see the {spec.output_column}_error column); "
             f"running the same command again retries the transient ones"
         )
     return EXIT_OK
@@ -618,7 +647,7 @@ def _limits(args: argparse.Namespace) -> int:
     import datetime
 
     from .budget import ProcessBudget, open_budget
-    from .options import budget_spec, check_base_url, key_hash
+    from .options import budget_spec, check_base_url, key_hash_from_environment
     from .pacing.limit import Found
     from .pacing.record import LIMIT
 
@@ -626,8 +655,7 @@ def _limits(args: argparse.Namespace) -> int:
     if isinstance(budget, ProcessBudget):
         print("the budget 'none' remembers nothing: there are no limits to list")
         return EXIT_OK
-    key = os.environ.get(ENV_API_KEY, "").strip()
-    mine = key_hash(key) if key else None
+    mine = key_hash_from_environment()
     if args.this_key and mine is None:
         raise _Stop(EXIT_USAGE, f"error: --this-key needs ${ENV_API_KEY}")
     service = contract.service_identity(check_base_url(args.service)) if args.service else None

@@ -314,7 +314,9 @@ class Journal:
         if os.path.lexists(self.path):
             problem = _is_journal(self.path)
             if problem is not None:
-                raise InputError(f"the journal {self.path} {problem}; it was left as it is: pass another --journal")
+                raise InputError(
+                    f"the journal {self.path} {problem}; it was left as it is (a run can take another with --journal)"
+                )
         elif not create or readonly:
             raise InputError(f"no journal at {self.path}")
         else:

@@ -102,6 +102,12 @@ class Secret:
         return (Secret, (self._value,))
 
 
+def key_hash_from_environment(environ: Mapping[str, str] | None = None) -> str | None:
+    """The short hash of the key in ``$BATCHSUM_API_KEY`` (``batchsum limits``' "this key"), or None."""
+    key = (os.environ if environ is None else environ).get(ENV_API_KEY, "").strip()
+    return key_hash(key) if key else None
+
+
 def is_loopback(host: str) -> bool:
     """True for ``localhost`` and literal addresses in 127.0.0.0/8 or ::1. Not ``*.localhost``:
     a resolver may send such a name anywhere, and the key would go with it over plain http."""

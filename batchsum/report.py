@@ -328,7 +328,7 @@ def run_report(
     ``started_at`` / ``ended_at``: wall-clock times. ``error``: what ended the run, if not its end:
     a stop (a signal, the request cap, a refused key, a broken input, a journal: ``stopped``) or
     anything else (``failed``)."""
-    from .errors import BatchsumError, one_line
+    from .errors import BatchsumError
 
     if error is None:
         outcome = "finished"
@@ -354,9 +354,7 @@ def run_report(
         "ended_at": _iso(ended_at),
         "seconds": round(ended_at - started_at, 3),
         "outcome": outcome,
-        "error": None
-        if error is None
-        else {"type": type(error).__name__, "message": one_line(str(error) or repr(error))},
+        "error": None if error is None else {"type": type(error).__name__, "message": _stop_message(error)},
         "rows": {
             "total": stats.total,
             "done": stats.done,
@@ -392,6 +390,15 @@ def run_report(
         "pace": _pace(stats),
         "timeline": timeline,
     }
+
+
+def _stop_message(error: BaseException) -> str:
+    """What ended a run, in one line: a signal or a cancel says so (not ``CancelledError()``)."""
+    if isinstance(error, KeyboardInterrupt) or type(error).__name__ == "CancelledError":
+        return "stopped by a signal (Ctrl-C, SIGTERM) or a cancel; answers on the wire were awaited and kept"
+    from .errors import one_line
+
+    return one_line(str(error) or repr(error))
 
 
 def _pace(stats: BatchStats) -> dict[str, Any]:

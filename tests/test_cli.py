@@ -132,15 +132,15 @@ def test_local_runs_without_a_key(tmp_path, capsys):
         (EXPIRED_KEY, "you are not premium for this request", "Check your plan"),
     ],
 )
-def test_a_fatal_401_exits_1_after_one_request_and_says_how_to_resume(
+def test_a_fatal_401_exits_1_after_one_request_and_says_to_fix_the_key_or_plan(
     env, tmp_path, capsys, monkeypatch, key, code, words
 ):
     monkeypatch.setenv("BATCHSUM_API_KEY", key)
     src = write(frame(), tmp_path / "in.parquet")
     assert run(src, "-o", str(tmp_path / "out.parquet"), "--column", "text", "--concurrency", "8") == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert code in err and words in err and "run the same command again" in err
-    assert env.stats()["requests"] == 1
+    assert code in err and words in err and "run the command again" in err and "resume" not in err
+    assert env.stats()["requests"] == 1 and not list(tmp_path.glob("*journal*"))  # nothing left to resume
     assert not (tmp_path / "out.parquet").exists() and not list(tmp_path.glob(".*.partial"))
 
 

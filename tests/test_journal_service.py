@@ -86,3 +86,29 @@ def test_the_dry_run_counts_an_unadopted_journals_answers_and_leaves_it_as_it_wa
     assert summarize(*argv) == 0
     assert re.search(r"would send:\s+0 requests", capsys.readouterr().out)
     assert journal.read_bytes() == before
+
+
+def test_a_refused_key_leaves_no_journal_and_does_not_advise_resuming(svc, tmp_path, monkeypatch, capsys):
+    src, out = source(tmp_path), tmp_path / "out.parquet"
+    monkeypatch.setenv("BATCHSUM_API_KEY", "wrong-key-0123456789abcdef")
+    monkeypatch.setenv("BATCHSUM_BASE_URL", svc.url)
+    assert summarize(str(src), "-o", str(out)) == 1
+    said = capsys.readouterr().err
+    assert "resume" not in said and "nothing was kept" in said
+    assert not list(tmp_path.glob("*journal*")) and not out.exists()
+
+
+def test_messages_say_what_is_true(svc, tmp_path, monkeypatch, capsys):
+    import subprocess
+    import sys
+
+    src, out = source(tmp_path, 10), tmp_path / "out.parquet"
+    assert summarize(str(src), "-o", str(out), "--local", "--sample", "3") == 0
+    said = capsys.readouterr().err
+    assert "7 rows were not sent" in said and "without --sample" in said and "transient" not in said
+    not_a_journal = tmp_path / "notes.sqlite"
+    not_a_journal.write_text("hello")
+    assert main(["journal", str(not_a_journal)]) == 2
+    assert "--journal" not in capsys.readouterr().err.replace("with --journal", "")
+    ran = subprocess.run([sys.executable, "-m", "batchsum", "text", "--help"], capture_output=True, text=True)
+    assert ran.returncode == 0 and "standard input" in ran.stdout and "usage: batchsum text" in ran.stdout

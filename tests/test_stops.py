@@ -158,6 +158,7 @@ def test_a_signal_while_rows_come_from_the_journal_stops_at_once(service, tmp_pa
     err = progress.read_text()
     assert proc.returncode == 143, err
     assert "terminated (SIGTERM)" in err and "rows were done" in err
+    assert "batchsum: batchsum:" not in err and "batchsum: SIGTERM: stopping" in err  # one prefix
     done = int(err.split("terminated (SIGTERM): ")[1].split(" rows")[0])
     assert done < 100_000  # acted on before the end
     assert not out.exists() and service.stats()["requests"] == 0
