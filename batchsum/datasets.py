@@ -16,6 +16,7 @@ locally and put as one object at the end (an object store PUT is atomic).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -637,7 +638,14 @@ class DatasetOutput:
         self._writer.close()
         self._file.close()
         if not self.target.remote:
-            os.replace(self.partial, self.target.local)
+            try:
+                os.replace(self.partial, self.target.local)
+            except OSError as exc:  # the folder turned read-only, a quota, a vanished mount
+                raise _fail(
+                    f"cannot write {self.target.spec} ({exc.strerror or one_line(exc)}); every answer is in "
+                    "the journal: run the same command again once it can be written, and nothing is paid twice",
+                    self.target.spec,
+                ) from None
             return
         try:
             with (
@@ -658,4 +666,5 @@ class DatasetOutput:
         if not self._file.closed:
             self._writer.close()
             self._file.close()
-        self.partial.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a folder made read-only keeps it: nothing more to do
+            self.partial.unlink(missing_ok=True)

@@ -1046,17 +1046,20 @@ class BatchPlan:
             pace = f"at {rpm:g} requests/min that takes at least {_duration(self.minimum_seconds(rpm))}"
         else:
             pace = "unpaced (rpm 0)"
+        sends = f"{_count(self.to_send, 'request')}"
+        if self.reduce_max:  # a long text's reduce requests depend on how long its parts' summaries are
+            sends = f"{self.to_send} to {_count(self.to_send + self.reduce_max, 'request')}"
         lines = [
             f"rows:             {self.rows}",
-            f"would send:       {self.to_send} requests; {pace}",
-            f"already answered: {self.known} rows (journal)",
-            f"duplicates:       {self.duplicates} rows share a request with an earlier row",
-            f"would skip:       {sum(self.skipped_by_reason.values())} rows ({skipped})",
+            f"would send:       {sends}; {pace}",
+            f"already answered: {_count(self.known, 'row')} (journal)",
+            f"duplicates:       {_count(self.duplicates, 'row')} share a request with an earlier row",
+            f"would skip:       {_count(sum(self.skipped_by_reason.values()), 'row')} ({skipped})",
         ]
         if self.long_rows:
             lines.append(
-                f"long texts:       {self.long_rows} rows over the limit: {self.parts} part requests (in the "
-                f"requests above) and at most {self.reduce_max} reduce requests"
+                f"long texts:       {_count(self.long_rows, 'row')} over the limit: {self.parts} part requests "
+                f"and at most {self.reduce_max} reduce requests (in the requests above)"
             )
         if self.skipped_long_cost[0]:
             parts, reduce = self.skipped_long_cost
@@ -1065,6 +1068,11 @@ class BatchPlan:
                 f"part requests and at most {reduce} reduce requests with --long-texts split"
             )
         return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 row``, ``3 rows``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _duration(seconds: float) -> str:

@@ -573,7 +573,8 @@ def explain(error: BaseException, base_url: str | None = None) -> str:
             return "the text is too short: the service needs at least 10 words"
         if isinstance(error, TextTooLongError) or reason is SkipReason.TOO_LONG:
             return (
-                "the text is too long: the service takes at most 5000 words (long_texts='split' summarizes it in parts)"
+                "the text is too long: the service takes at most 5000 words "
+                "(--long-texts split, long_texts='split' in Python, summarizes it in parts)"
             )
         return "there is no text to summarize"
     if isinstance(error, UnprocessableEntityError):

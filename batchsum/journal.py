@@ -18,6 +18,7 @@ already sending is awaited, not paid for again.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -246,7 +247,8 @@ class RunLock:
 
     def release(self) -> None:
         if self._fd is not None:
-            self._lock_path.unlink(missing_ok=True)  # before unlocking: a waiter then sees it is gone
+            with contextlib.suppress(OSError):  # a folder made read-only: the lock file stays, unlocked
+                self._lock_path.unlink(missing_ok=True)  # before unlocking: a waiter then sees it is gone
             os.close(self._fd)  # closing releases the flock
             self._fd = None
         self._drop_file()

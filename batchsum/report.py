@@ -275,7 +275,7 @@ class BatchStats:
         if work.skipped_parts:
             line += (
                 f". The {self.skipped_by_reason['too_long']} too_long rows would take {work.skipped_parts} "
-                f"part requests and at most {work.skipped_reduce} reduce requests with long_texts='split'"
+                f"part requests and at most {work.skipped_reduce} reduce requests with --long-texts split (long_texts='split')"
             )
         return line
 

@@ -213,6 +213,13 @@ def test_a_dry_run_plan_counts_without_sending():
     assert "would send:       3 requests" in plan.describe(60)
 
 
+def test_a_dry_run_counts_a_long_texts_reduce_requests_and_says_row_once():
+    plan = plan_batch([article(12_000)], long_texts_policy="split")
+    text = plan.describe(60)
+    assert f"would send:       {plan.to_send} to {plan.to_send + plan.reduce_max} requests" in text
+    assert plan.reduce_max >= 1 and "1 row over the limit" in text and "1 rows" not in text
+
+
 async def test_in_flight_follows_rate_times_latency_instead_of_a_constant(svc):
     svc.faults = Faults(latency=0.5)
     stats = BatchStats()

@@ -112,3 +112,27 @@ def test_messages_say_what_is_true(svc, tmp_path, monkeypatch, capsys):
     assert "--journal" not in capsys.readouterr().err.replace("with --journal", "")
     ran = subprocess.run([sys.executable, "-m", "batchsum", "text", "--help"], capture_output=True, text=True)
     assert ran.returncode == 0 and "standard input" in ran.stdout and "usage: batchsum text" in ran.stdout
+
+
+def test_a_folder_that_refuses_the_output_ends_in_one_line_naming_it(tmp_path, monkeypatch, capsys):
+    """The final rename refused (the folder made read-only at the end): one line naming the output,
+    no traceback; the journal keeps every answer, so the rerun pays nothing."""
+    import os
+
+    # The rename itself refused, as a folder made read-only refuses it (root, who runs CI here,
+    # writes to read-only folders, so chmod cannot produce it).
+    real = os.replace
+
+    def refuse(src, dst, *args, **kwargs):
+        if str(dst).endswith("out.parquet"):
+            raise PermissionError(13, "Permission denied")
+        return real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", refuse)
+    src, out = source(tmp_path), tmp_path / "out.parquet"
+    assert summarize(str(src), "-o", str(out), "--local") != 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "cannot write" in err and str(out) in err and "Permission denied" in err
+    monkeypatch.undo()
+    assert summarize(str(src), "-o", str(out), "--local") == 0
+    assert "0 sent, 6 reused" in capsys.readouterr().err
