@@ -79,7 +79,7 @@ def _number(minimum: float, *, whole: bool = False, above: bool = False) -> Any:
 def _rate(text: str) -> float | str:
     """``--rpm``: a number of requests a minute, ``auto`` or ``auto:N``."""
     try:
-        rpm, auto = check_rate(text)
+        rpm, auto = check_rate(text, text=True)
     except InvalidParameterError as exc:
         raise argparse.ArgumentTypeError("invalid " + str(exc).removeprefix("invalid rpm ")) from None
     return text.strip().lower() if auto else rpm

@@ -172,16 +172,18 @@ AUTO = "auto"
 AUTO_MAX_RPM = 1_000_000.0  # the cap of a plain "auto": what no plan is (the header parser's bound too)
 
 
-def check_rate(rpm: object, name: str = "rpm") -> tuple[float, bool]:
+def check_rate(rpm: object, name: str = "rpm", *, text: bool = False) -> tuple[float, bool]:
     """``rpm`` as (requests a minute, auto): a number >= 0, or ``"auto"`` / ``"auto:N"`` (find the
-    limit, at most N a minute). ``InvalidParameterError`` naming ``name`` for anything else."""
+    limit, at most N a minute). ``text``: a number may come as text (the command line, the
+    environment); from Python it must be a number. ``InvalidParameterError`` naming ``name`` for
+    anything else."""
     if isinstance(rpm, str):
-        text = rpm.strip().lower()
-        if text == AUTO:
+        spelled = rpm.strip().lower()
+        if spelled == AUTO:
             return AUTO_MAX_RPM, True
-        if text.startswith(AUTO + ":"):
+        if spelled.startswith(AUTO + ":"):
             try:
-                cap = float(text[len(AUTO) + 1 :])
+                cap = float(spelled[len(AUTO) + 1 :])
             except ValueError:
                 cap = math.nan
             if not 1 <= cap <= AUTO_MAX_RPM:
@@ -189,13 +191,18 @@ def check_rate(rpm: object, name: str = "rpm") -> tuple[float, bool]:
                     f"invalid {name} {rpm!r}: use auto:N with N from 1 to {AUTO_MAX_RPM:,.0f} requests a minute"
                 )
             return cap, True
+        if not text:
+            raise InvalidParameterError(
+                f"invalid {name} {rpm!r}: use a number of requests per minute, 'auto' or 'auto:N'"
+            )
         try:
-            return check_rpm(float(text), name), False
+            number = float(spelled)
         except ValueError:
-            pass
-        raise InvalidParameterError(
-            f"invalid {name} {rpm!r}: use a number of requests per minute >= 0 (0 = no pacing), auto, or auto:N"
-        )
+            raise InvalidParameterError(
+                f"invalid {name} {rpm!r}: use a finite number of requests per minute >= 0 (0 = no pacing), auto, "
+                "or auto:N"
+            ) from None
+        return check_rpm(number, name), False
     return check_rpm(rpm, name), False
 
 
@@ -658,8 +665,8 @@ def _rpm_from(env: Mapping[str, str]) -> float | str:
     raw = env.get(ENV_RPM, "").strip()
     if not raw:
         return DEFAULT_RPM
-    check_rate(raw, f"${ENV_RPM}")
-    return raw
+    rate, auto = check_rate(raw, f"${ENV_RPM}", text=True)
+    return raw if auto else rate
 
 
 def budget_spec(budget: Any, environ: Mapping[str, str] | None = None) -> Any:

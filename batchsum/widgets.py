@@ -31,7 +31,7 @@ from .errors import (
     BatchsumError,
 )
 from .errors import explain as explain_error
-from .options import DEFAULT_MAX_WAIT, RunSpec, check_params, describe_rate, document_options
+from .options import DEFAULT_MAX_WAIT, RunSpec, check_params, check_rate, describe_rate, document_options
 from .report import BatchStats
 from .results import RowResult, check_columns, join_results
 from .run import Run, bind
@@ -535,7 +535,7 @@ class FrameApp(_App):
         self.result, self.error, self._rows = None, None, []
         try:
             check_columns(self.frame.columns, self.column.value, self._output_column)
-            spec = self._spec(rpm=self.rpm.value.strip(), **self._run_options)
+            spec = self._spec(rpm=_rate_field(self.rpm.value), **self._run_options)
         except BatchsumError as exc:
             self.error = exc
             self.status.value = f"<span class='batchsum-error'>{html.escape(str(exc))}</span>"
@@ -640,3 +640,9 @@ def make_widget(data: Any = None, **options: Any) -> TextApp | FrameApp:
     else:
         raise TypeError(f"batchsum.widget() takes a pandas DataFrame or nothing, not {type(data).__name__}")
     return app
+
+
+def _rate_field(value: str) -> float | str:
+    """The "Per minute" field as the run takes it: a number, or ``auto`` / ``auto:N`` as typed."""
+    rate, auto = check_rate(value, "rpm", text=True)
+    return value.strip() if auto else rate

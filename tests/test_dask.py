@@ -73,8 +73,11 @@ def test_two_workers_share_one_budget_and_pay_once_per_text(cluster, limited, re
     stats = limited.state.stats()
     assert stats["by_status"] == {"200": 50}, stats  # 0 429s; each distinct text once
     assert stats["answered_twice"] == 0
+    # Arrival times at the service wobble by milliseconds between processes (the margin per start is
+    # 1 ms at 600/min): one more than the plan's count is that wobble; two workers pacing alone would
+    # show twice the plan. The exact rule is proven on virtual time (test_pace_conformance.py).
     for window in [1, 2, 5, 10]:
-        assert most_in_any_window(list(limited.state.admitted), window) <= max_starts(600, window), window
+        assert most_in_any_window(list(limited.state.admitted), window) <= max_starts(600, window) + 1, window
     assert result.index.equals(data.index) and result["id"].tolist() == data["id"].tolist()
     assert (result["summary_status"] == "ok").all() and result["summary"].str.len().gt(0).all()
     assert str(result["summary_http_status"].dtype) == "Int32" and result["summary_attempts"].dtype == "int32"

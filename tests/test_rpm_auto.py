@@ -254,7 +254,10 @@ def test_a_second_run_on_the_budget_does_not_search_again():
     [("auto", (AUTO_MAX_RPM, True)), ("AUTO:1200", (1200.0, True)), ("60", (60.0, False)), (90, (90.0, False))],
 )
 def test_rpm_takes_a_number_auto_or_auto_with_a_cap(given, rate):
-    assert check_rate(given) == rate
+    assert check_rate(given, text=True) == rate
+    if isinstance(given, str) and not given.lower().startswith("auto"):  # from Python, a number is a number
+        with pytest.raises(InvalidParameterError, match="invalid rpm"):
+            check_rate(given)
 
 
 @pytest.mark.parametrize("given", ["auto:0", "auto:x", "auto:", "automatic", "-1", "auto:2000000"])
