@@ -36,6 +36,9 @@ class ProgressBar:
             if stats.work_total is not None and self._bar.total != stats.work_total:
                 self._bar.total = stats.work_total  # a long text's parts are work too
             self._bar.n = stats.work_done
+            # Rows answered from the journal arrive at once: the rate (and so the ETA) counts only
+            # the rest (tqdm's rate is (n - initial) / elapsed when n is set, not updated).
+            self._bar.initial = min(stats.reused, stats.work_done)
             self._bar.set_postfix_str(self.describe(stats), refresh=False)
             self._bar.refresh()
 

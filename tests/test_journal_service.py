@@ -136,3 +136,23 @@ def test_a_folder_that_refuses_the_output_ends_in_one_line_naming_it(tmp_path, m
     monkeypatch.undo()
     assert summarize(str(src), "-o", str(out), "--local") == 0
     assert "0 sent, 6 reused" in capsys.readouterr().err
+
+
+def test_after_a_resume_the_eta_counts_only_the_rows_sent():
+    """900 of 1000 rows came from the journal at once, 50 were sent in the last 50 s: the ETA is the
+    50 left at one a second, not the journal's speed."""
+    import io
+    import types
+
+    from batchsum.progress import ProgressBar
+
+    stats = types.SimpleNamespace(
+        work_total=1000, work_done=950, total=1000, done=950, reused=900, ok=950, skipped=0, failed=0,
+        rate_limited=0, pacer_state=lambda: None,
+    )  # fmt: skip
+    bar = ProgressBar(1000, file=io.StringIO())
+    bar._bar.start_t -= 50  # the run began 50 s ago
+    bar(stats)
+    line = bar._bar.format_meter(**bar._bar.format_dict)
+    assert "<00:5" in line or "<00:4" in line, line  # about 50 s left (not a fraction of a second)
+    bar.close()
