@@ -59,8 +59,13 @@ class _Namespace:
     def _texts_of(series: pl.Series) -> RowBlocks:
         # Through Arrow, a block at a time; a value that is not text is skipped per row by the run,
         # as on every front-end.
+        # A pl.Object column holds Python objects, which Arrow would turn into bytes: its values are
+        # taken as they are (strings read as text; anything else is failed per row).
+        as_objects = series.dtype == pl.Object
+
         def take(start: int, stop: int) -> list[Any]:
-            values: list[Any] = series.slice(start, stop - start).to_arrow().to_pylist()
+            block = series.slice(start, stop - start)
+            values: list[Any] = block.to_list() if as_objects else block.to_arrow().to_pylist()
             return values
 
         return RowBlocks(len(series), take)

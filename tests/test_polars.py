@@ -80,3 +80,18 @@ def test_a_column_that_is_not_text_is_skipped_per_row_as_on_pandas(svc, opts):
         "empty",
         "empty",
     ]
+
+
+def test_an_object_column_of_strings_reads_as_text_and_other_objects_fail_per_row(svc, opts):
+    values = [article(30, seed=1), {"not": "text"}, b"bytes", article(30, seed=2)]
+    out = pl.DataFrame({"text": pl.Series(values, dtype=pl.Object)}).batchsum.summarize("text", **opts)
+    assert out["summary_status"].to_list() == ["ok", "skipped", "skipped", "ok"]
+    assert "not a text" in (out["summary_message"][1] or "")
+
+
+@pytest.mark.parametrize("dtype", ["categorical", "enum"])
+def test_categorical_and_enum_columns_read_as_text(svc, opts, dtype):
+    texts = [article(30, seed=3), article(30, seed=4)]
+    kind = pl.Categorical if dtype == "categorical" else pl.Enum(texts)
+    out = pl.DataFrame({"text": pl.Series(texts, dtype=kind)}).batchsum.summarize("text", **opts)
+    assert out["summary_status"].to_list() == ["ok", "ok"]
