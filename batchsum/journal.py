@@ -410,9 +410,8 @@ class Journal:
         what the adoption means, or None. A read-only journal is not stamped; its unstamped answers
         count as this service's."""
         self.service = service
-        columns = [row[1] for row in self._query("PRAGMA table_info(answers)").fetchall()]
         if (
-            "service" in columns
+            "service" in self._columns()
             and self._query("SELECT 1 FROM answers WHERE service IS NULL LIMIT 1").fetchone() is None
         ):
             return None
@@ -420,9 +419,9 @@ class Journal:
             self._unstamped = True
             return None
         try:
-            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("BEGIN IMMEDIATE")  # the workers of one job may adopt it at once: one does
             try:
-                if "service" not in columns:
+                if "service" not in self._columns():  # looked at again, inside the transaction
                     self._db.execute("ALTER TABLE answers ADD COLUMN service TEXT")
                 adopted = self._db.execute(
                     "UPDATE answers SET fingerprint = ? || ' ' || fingerprint, service = ? WHERE service IS NULL",
@@ -441,6 +440,9 @@ class Journal:
             f"the journal {self.path} was written before answers carried their service: its {adopted} "
             f"answers are taken as {service}'s"
         )
+
+    def _columns(self) -> list[str]:
+        return [row[1] for row in self._query("PRAGMA table_info(answers)").fetchall()]
 
     def _key(self, key: str) -> str:
         """A request's fingerprint as stored: with the service that answered it."""

@@ -156,3 +156,32 @@ def test_after_a_resume_the_eta_counts_only_the_rows_sent():
     line = bar._bar.format_meter(**bar._bar.format_dict)
     assert "<00:5" in line or "<00:4" in line, line  # about 50 s left (not a fraction of a second)
     bar.close()
+
+
+def test_two_workers_adopting_one_old_journal_at_once_both_open_it(tmp_path):
+    """The workers of a Dask or Spark job open one shared journal together: both adopt it, one stamps."""
+    import threading
+
+    from batchsum.journal import SharedJournal
+
+    journal = tmp_path / "old.sqlite"
+    shutil.copy(FIXTURES / "journal-0b11be0.sqlite", journal)
+    opened = [SharedJournal(journal), SharedJournal(journal)]
+    errors: list[BaseException] = []
+
+    def adopt(store):
+        try:
+            store.serve("https://api.example.test")
+        except BaseException as exc:  # noqa: BLE001 - any failure is the test's
+            errors.append(exc)
+
+    threads = [threading.Thread(target=adopt, args=(store,)) for store in opened]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    services = {row[0] for row in sqlite3.connect(journal).execute("SELECT service FROM answers")}
+    assert services == {"https://api.example.test"}
+    for store in opened:
+        store.close()
