@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import random
-import sys
 import threading
 import time
 import uuid
@@ -214,11 +213,8 @@ class Run:
             self.store = self._open_store(self.client.identity)
             self._kept = _size(self.store)
             self.bar = stack.enter_context(ProgressBar(self.stats.total, enabled=spec.progress))
-            if self._adopted is not None:  # said even without a bar: once per journal
-                if spec.progress:
-                    self.bar.write(f"batchsum: {self._adopted}")
-                else:
-                    print(f"batchsum: {self._adopted}", file=sys.stderr)
+            if self._adopted is not None:  # said once per journal (on stderr when the bar is off)
+                self.bar.write(f"batchsum: {self._adopted}")
         except BaseException:
             await stack.aclose()
             raise
