@@ -660,19 +660,24 @@ def _limits(args: argparse.Namespace) -> int:
         raise _Stop(EXIT_USAGE, f"error: --this-key needs ${ENV_API_KEY}")
     service = contract.service_identity(check_base_url(args.service)) if args.service else None
 
-    async def entries() -> list[Any]:
+    async def look() -> tuple[list[Any], int]:
+        """The entries chosen, and how many of them were forgotten (with --forget): one connection."""
         try:
-            return [
+            chosen = [
                 e
                 for e in await budget.remembered()
                 if e.name == LIMIT
                 and (service is None or e.service == service)
                 and (not args.this_key or e.key_hash == mine)
             ]
+            gone = 0
+            for entry in chosen if args.forget else ():
+                gone += await budget.forget(entry.key_hash, entry.service, LIMIT)
+            return chosen, gone
         finally:
             await budget.aclose()
 
-    found = asyncio.run(entries())
+    found, gone = asyncio.run(look())
     for entry in found:
         limit = Found.from_json(entry.value, entry.at)
         when = datetime.datetime.fromtimestamp(entry.at).astimezone().strftime("%Y-%m-%d %H:%M %Z")
@@ -681,19 +686,8 @@ def _limits(args: argparse.Namespace) -> int:
         print(f"{entry.service}  {shown}  key {entry.key_hash}{this}")
     if not found:
         print(f"no limits remembered in {budget.where}" + (" for that choice" if service or args.this_key else ""))
-        return EXIT_OK
-    if args.forget:
-
-        async def forget() -> int:
-            try:
-                gone = 0
-                for entry in found:
-                    gone += await budget.forget(entry.key_hash, entry.service, LIMIT)
-                return gone
-            finally:
-                await budget.aclose()
-
-        print(f"forgot {asyncio.run(forget())} remembered limits; --rpm auto searches again for those keys")
+    elif args.forget:
+        print(f"forgot {gone} remembered limits; --rpm auto searches again for those keys")
     return EXIT_OK
 
 
