@@ -57,7 +57,7 @@ from .pacing import KeyRecord, Limiter, PaceChange, PaceLog, Pacer
 from .rate_headers import RateStatement
 from .report import BatchStats, Timeline
 from .results import BLOCK_ROWS, FAILED, OK, SKIPPED, Answer, RowBlock, RowResult
-from .stores import CLAIM_POLL_SECONDS, AnswerStore, MemoryStore, SharedAnswerStore
+from .stores import CLAIM_POLL_SECONDS, AnswerStore, Leases, MemoryStore, SharedAnswerStore
 
 # A row in the window: its result, a known answer, or the task that gives either.
 Pending = RowResult | Answer | asyncio.Task[Answer] | asyncio.Task[RowResult]
@@ -364,6 +364,7 @@ class _Answers:
         self.unsaved = MemoryStore()
         self.refusing = False  # the store refused a write: keep the rest here
         self.shared = callable(getattr(store, "claim", None))
+        self.leases = Leases(store) if self.shared else None  # type: ignore[arg-type]
 
     def get(self, key: str) -> Answer | None:
         known = self.unsaved.get(key)
@@ -418,10 +419,14 @@ class _Answers:
                     self.release(key)
                 return known
             if claimed:
+                assert self.leases is not None
+                self.leases.hold(key)
                 return None
             await asyncio.sleep(CLAIM_POLL_SECONDS)
 
     def release(self, key: str) -> None:
+        if self.leases is not None:
+            self.leases.drop(key)
         try:
             self.store.release(key)  # type: ignore[attr-defined]
         except Exception:  # noqa: BLE001 - an unreleased claim expires on its own
@@ -430,6 +435,8 @@ class _Answers:
     def close(self) -> str | None:
         """One more try to keep what the store refused (space may have been freed); what it still
         refuses goes to the store's side file (``spill``). Where it went, or None."""
+        if self.leases is not None:
+            self.leases.close()
         for key, answer in self.unsaved.items():
             try:
                 self.store.put(key, answer)

@@ -28,12 +28,13 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 from .errors import BudgetError, InputError, JournalError, redact_location
 from .results import Answer
-from .stores import CLAIM_SECONDS
+from .stores import CLAIM_SECONDS, claim_owner, holder_is_gone
 
 __all__ = ["Journal", "SharedJournal", "RedisStore", "RunLock", "FORMAT"]
 
@@ -521,17 +522,14 @@ def _service_of(stored: str) -> str | None:
     return service if space else None
 
 
-def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(6).hex()}"
-
-
 class SharedJournal(Journal):
     """A journal several runs use at once, with claims (``engine.SharedAnswerStore``): a request
-    is sent by the run that claims it; a claim left by a run that died expires after ``CLAIM_SECONDS``."""
+    is sent by the run that claims it; a claim is a lease (``stores.Leases``) that lapses within
+    ``CLAIM_SECONDS`` of its holder's death, at once when the holder was a process of this machine."""
 
     def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
         super().__init__(path, create=create)
-        self._owner = _owner()
+        self._owner = claim_owner()
         self._query(
             "CREATE TABLE IF NOT EXISTS claims (fingerprint TEXT PRIMARY KEY, owner TEXT NOT NULL, "
             "expires REAL NOT NULL)"
@@ -544,13 +542,34 @@ class SharedJournal(Journal):
             "expires=excluded.expires WHERE claims.expires < ?",
             (key, self._owner, now + CLAIM_SECONDS, now),
         )
+        if cursor.rowcount == 1:
+            return True
+        row = self._query("SELECT owner FROM claims WHERE fingerprint=?", (key,)).fetchone()
+        if row is None or not holder_is_gone(row[0]):
+            return False
+        cursor = self._query(  # its holder died on this machine: take it over (one taker wins)
+            "UPDATE claims SET owner=?, expires=? WHERE fingerprint=? AND owner=?",
+            (self._owner, now + CLAIM_SECONDS, key, row[0]),
+        )
         return cursor.rowcount == 1
 
     def release(self, key: str) -> None:
         self._query("DELETE FROM claims WHERE fingerprint=? AND owner=?", (key, self._owner))
 
+    def renew(self, keys: Collection[str]) -> None:
+        """Extend every claim this run still holds (one statement; ``keys`` are all of them)."""
+        self._query("UPDATE claims SET expires=? WHERE owner=?", (time.time() + CLAIM_SECONDS, self._owner))
+
 
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+_TAKE_OVER = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) end "
+    "return false"
+)
+_RENEW = (
+    "for _, key in ipairs(KEYS) do if redis.call('GET', key) == ARGV[1] then redis.call('PEXPIRE', key, ARGV[2]) end "
+    "end return 0"
+)
 
 
 class RedisStore:
@@ -566,8 +585,10 @@ class RedisStore:
         self._redis = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
         self._prefix = f"batchsum:answers:{{{identity}}}:"
         self._ttl = ttl
-        self._owner = _owner()
+        self._owner = claim_owner()
         self._release = self._redis.register_script(_RELEASE)
+        self._take_over = self._redis.register_script(_TAKE_OVER)
+        self._renew = self._redis.register_script(_RENEW)
 
     def get(self, key: str) -> Answer | None:
         raw = self._redis.get(self._prefix + key)
@@ -587,10 +608,23 @@ class RedisStore:
         self._redis.set(self._prefix + key, json.dumps(list(answer)), ex=self._ttl)
 
     def claim(self, key: str) -> bool:
-        return bool(self._redis.set(f"{self._prefix}claim:{key}", self._owner, nx=True, ex=int(CLAIM_SECONDS)))
+        name = f"{self._prefix}claim:{key}"
+        lease = int(CLAIM_SECONDS * 1000)
+        if self._redis.set(name, self._owner, nx=True, px=lease):
+            return True
+        holder = self._redis.get(name)
+        if holder is None or not holder_is_gone(holder if isinstance(holder, str) else holder.decode()):
+            return False
+        return bool(self._take_over(keys=[name], args=[holder, self._owner, lease]))
 
     def release(self, key: str) -> None:
         self._release(keys=[f"{self._prefix}claim:{key}"], args=[self._owner])
+
+    def renew(self, keys: Collection[str]) -> None:
+        """Extend this run's claims on ``keys`` (one script call per ``LOOKUP_CHUNK`` keys)."""
+        names = [f"{self._prefix}claim:{key}" for key in keys]
+        for start in range(0, len(names), LOOKUP_CHUNK):
+            self._renew(keys=names[start : start + LOOKUP_CHUNK], args=[self._owner, int(CLAIM_SECONDS * 1000)])
 
     def close(self) -> None:
         self._redis.close()

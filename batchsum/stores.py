@@ -3,13 +3,23 @@
 ``MemoryStore`` keeps them in this process (``process_cache`` gives the one every notebook call
 with the same service shares). A ``SharedAnswerStore`` is used by several runs at once (Dask
 partitions on many workers): before sending, a run claims the request; the others wait for its
-answer instead of paying for it again; a claim expires on its own (``CLAIM_SECONDS``), so a run that
-died holds nothing for long. The SQLite journal and the Redis store are in ``journal.py``.
+answer instead of paying for it again.
+
+A claim is a lease: it lasts ``CLAIM_SECONDS`` and the run holding it renews it every
+``CLAIM_RENEW_SECONDS`` while it waits for the answer (``Leases``), so a run that died (a killed
+worker, a lost executor) holds nothing for more than ``CLAIM_SECONDS``, and on its own machine a
+holder whose process is gone is passed over at once (``holder_is_gone``). An answer that arrives
+after its claim lapsed is still kept. The SQLite journal and the Redis store are in ``journal.py``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import socket
 import threading
+from collections.abc import Collection
 from typing import Protocol
 
 from .results import Answer
@@ -22,11 +32,18 @@ __all__ = [
     "process_cache",
     "shared_memory",
     "clear_process_caches",
+    "Leases",
+    "claim_owner",
+    "holder_is_gone",
     "CLAIM_SECONDS",
+    "CLAIM_RENEW_SECONDS",
     "CLAIM_POLL_SECONDS",
 ]
 
-CLAIM_SECONDS = 600.0  # longer than any request with its retries and pauses
+log = logging.getLogger("batchsum")
+
+CLAIM_SECONDS = 20.0  # a lease: renewed while its holder lives, lapsed within this long of its death
+CLAIM_RENEW_SECONDS = 5.0  # four renewals per lease: a stalled loop or a slow store does not lose it
 CLAIM_POLL_SECONDS = 0.5
 
 
@@ -44,6 +61,65 @@ class SharedAnswerStore(AnswerStore, Protocol):
     def claim(self, key: str) -> bool: ...
 
     def release(self, key: str) -> None: ...
+
+    def renew(self, keys: Collection[str]) -> None:
+        """Extend this run's claims on ``keys`` by ``CLAIM_SECONDS`` (claims it no longer holds stay
+        lapsed)."""
+
+
+def claim_owner() -> str:
+    """Who holds a claim: ``host:pid:random`` (the random part tells two runs of one process apart)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(6).hex()}"
+
+
+def holder_is_gone(owner: str) -> bool:
+    """Is ``owner`` (``claim_owner``) a process of this machine that no longer runs? A holder on
+    another machine is never judged here: its lease lapses on its own."""
+    host, _, rest = owner.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit() or int(pid_text) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # PermissionError: alive, another user's
+        return False
+    return False
+
+
+class Leases:
+    """The claims one run holds, renewed every ``CLAIM_RENEW_SECONDS`` while any is held (one
+    renewal call for all of them). ``hold`` after a claim is won, ``drop`` after its release,
+    ``close`` at the run's end."""
+
+    def __init__(self, store: SharedAnswerStore) -> None:
+        self._store = store
+        self.held: set[str] = set()
+        self._keeper: asyncio.Task[None] | None = None
+
+    def hold(self, key: str) -> None:
+        self.held.add(key)
+        if self._keeper is None or self._keeper.done():
+            self._keeper = asyncio.ensure_future(self._keep())
+
+    def drop(self, key: str) -> None:
+        self.held.discard(key)
+
+    async def _keep(self) -> None:
+        while self.held:
+            await asyncio.sleep(CLAIM_RENEW_SECONDS)
+            if not self.held:
+                return
+            try:
+                self._store.renew(list(self.held))
+            except Exception:  # noqa: BLE001 - a lease not renewed lapses: at worst paid twice
+                log.warning("could not renew claims in the shared answer store", exc_info=True)
+
+    def close(self) -> None:
+        if self._keeper is not None:
+            self._keeper.cancel()
+        self.held.clear()
 
 
 class MemoryStore:
@@ -103,6 +179,9 @@ class MemoryClaims(MemoryStore):
     def release(self, key: str) -> None:
         with self._lock:
             self._claims.discard(key)
+
+    def renew(self, keys: Collection[str]) -> None:
+        """Nothing to renew: claims in memory die with their process."""
 
 
 _lock = threading.Lock()
