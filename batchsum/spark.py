@@ -22,7 +22,7 @@ interpreter: set it to the one batchsum is installed in (its pyarrow is needed t
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 try:
@@ -40,9 +40,11 @@ import pyarrow as pa
 from . import contract
 from ._background import run_in_worker
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from .errors import BudgetError, InputError, InvalidParameterError
+from .batches import BatchStream
+from .budget import Budget, ProcessBudget, SQLiteBudget
+from .errors import BudgetError, ConfigurationError, InputError, InvalidParameterError
 from .options import DEFAULT_MAX_WAIT, RunSpec, document_options
-from .results import RowResult, arrow_columns, check_output_columns, result_columns, results_frame
+from .results import RowResult, check_output_columns, result_columns, results_frame
 from .run import prepare_shared, run_texts
 
 __all__ = ["summarize", "register", "result_schema"]
@@ -55,8 +57,9 @@ def result_schema(output_column: str = "summary") -> T.StructType:
     return T.StructType([T.StructField(name, t, True) for name, t in zip(result_columns(output_column), _TYPES)])
 
 
-def _worker_spec(spec: RunSpec) -> RunSpec:
-    """The spec every task opens, checked and prepared once, on the driver."""
+def _worker_spec(spec: RunSpec, spark: SparkSession) -> RunSpec:
+    """The spec every task opens, checked and prepared once, on the driver (the executors' Python
+    too: it must import batchsum)."""
     if spec.limiter is not None:
         raise InvalidParameterError(
             "invalid limiter on Spark: an object in this process cannot travel to the executors; "
@@ -64,7 +67,8 @@ def _worker_spec(spec: RunSpec) -> RunSpec:
         )
     if not isinstance(spec.budget, str):
         raise BudgetError(f"invalid budget {spec.budget!r}: on Spark, pass a string: 'machine', 'redis://HOST:PORT/DB'")
-    return prepare_shared(spec)
+    _check_executors(spark)
+    return prepare_shared(spec, check=_check_cluster(spark))
 
 
 def _results(spec: RunSpec, texts: list[Any]) -> list[RowResult]:
@@ -72,8 +76,10 @@ def _results(spec: RunSpec, texts: list[Any]) -> list[RowResult]:
 
 
 class _Partition:
-    """What runs on an executor for one partition (``mapInArrow``): its batches, one shared run over
-    their texts, the batches again with the result columns. Its repr (in query plans) is its name."""
+    """What runs on an executor for one partition (``mapInArrow``): one shared run over the texts of
+    its batches, each batch handed back with the result columns as soon as its rows are done
+    (``batches.BatchStream``: a Python worker's memory is bounded however large the partition).
+    Its repr (query plans, the SQL tab, stage descriptions) names the run, never the key."""
 
     __name__ = "batchsum_summarize"
 
@@ -83,23 +89,81 @@ class _Partition:
         self.partitions = partitions
 
     def __repr__(self) -> str:
-        return self.__name__
+        return f"{self.__name__}({self.column}, {_pace(self.spec)})"
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
-        held = list(batches)
-        texts = [text for batch in held for text in batch.column(self.column).to_pylist()]
         context = TaskContext.get()
         number = context.partitionId() if context is not None else 0
-        results = _results(self.spec.portion(self.partitions, number), texts)
-        names = result_columns(self.spec.output_column)
-        start = 0
-        for batch in held:
-            mine = results[start : start + batch.num_rows]
-            start += batch.num_rows
-            arrays = batch.columns + arrow_columns(mine)
-            yield pa.RecordBatch.from_arrays(arrays, names=batch.schema.names + names)
+        yield from BatchStream(self.spec.portion(self.partitions, number), batches, self.column)
+
+
+def _pace(spec: RunSpec) -> str:
+    if spec.auto:
+        return f"rpm auto up to {spec.rpm:g}/min"
+    return f"{spec.rpm:g}/min" if spec.rpm else "no pacing"
+
+
+_IMPORT_CHECKED: set[str] = set()
+
+
+def _check_executors(spark: SparkSession) -> None:
+    """Can the executors' Python import batchsum? Asked once per Spark application, by a one-row job,
+    before anything is sent; refused in one line instead of a Py4J stack at the first action."""
+    context = spark.sparkContext
+    if context.applicationId in _IMPORT_CHECKED:
+        return
+    context.setJobDescription("batchsum: can the executors' Python import batchsum?")
+    try:
+        context.parallelize([0], 1).map(_import_batchsum).collect()
+    except Exception as exc:  # noqa: BLE001 - a Py4J error wrapping the worker's: said in one line
+        python = os.environ.get("PYSPARK_PYTHON") or context.pythonExec or "python3"
+        why = str(exc).strip().splitlines()
+        reason = next((line.strip() for line in reversed(why) if "Error" in line), why[-1] if why else repr(exc))
+        raise ConfigurationError(
+            f"the Spark executors' Python ({python}) cannot import batchsum ({reason[:200]}): install batchsum "
+            "there (pip install 'batchsum[spark]') or set PYSPARK_PYTHON to an interpreter that has it"
+        ) from None
+    finally:
+        context.setJobDescription(None)  # type: ignore[arg-type]
+    _IMPORT_CHECKED.add(context.applicationId)
+
+
+def _import_batchsum(_: Any) -> str:
+    import batchsum
+
+    return batchsum.__version__
+
+
+def _hosts(spark: SparkSession) -> int:
+    """How many hosts run tasks: one in local mode; else the executors' hosts (the driver's aside)."""
+    context = spark.sparkContext
+    if (context.master or "local").startswith("local"):
+        return 1
+    status = context._jsc.sc().getExecutorMemoryStatus()
+    driver = context.getConf().get("spark.driver.host")
+    hosts = {str(entry).rsplit(":", 1)[0] for entry in status.keySet().toArray()}
+    return max(1, len(hosts - {driver}) or len(hosts))
+
+
+def _check_cluster(spark: SparkSession) -> Callable[[Budget, str], None]:
+    def check(budget: Budget, spec: str) -> None:
+        """One rule for every distributed door: a budget the workers cannot share is refused."""
+        hosts = _hosts(spark)
+        if isinstance(budget, ProcessBudget) and (spark.sparkContext.defaultParallelism > 1 or hosts > 1):
+            raise BudgetError(
+                f"budget {spec!r} paces each process alone, and Spark runs tasks in "
+                f"{spark.sparkContext.defaultParallelism} Python workers at once: together they would send that many "
+                "times your plan's rate. Pass budget='machine' (Spark on this machine) or budget='redis://HOST:PORT/DB'"
+            )
+        if isinstance(budget, SQLiteBudget) and hosts > 1:
+            raise BudgetError(
+                f"budget {spec!r} is shared only by the processes of one machine, and this Spark application's "
+                f"executors are on {hosts} hosts: pass budget='redis://HOST:PORT/DB'"
+            )
+
+    return check
 
 
 @document_options
@@ -143,7 +207,7 @@ def summarize(
     if not isinstance(sdf.schema[column].dataType, T.StringType):
         raise InputError(f"column {column!r} holds {sdf.schema[column].dataType.simpleString()}, not text")
     check_output_columns(sdf.columns, spec.output_column)
-    spec = _worker_spec(spec)
+    spec = _worker_spec(spec, sdf.sparkSession)
     schema = T.StructType(sdf.schema.fields + result_schema(spec.output_column).fields)
     return sdf.mapInArrow(_Partition(spec, column, sdf.rdd.getNumPartitions()), schema)
 
@@ -183,7 +247,7 @@ def register(
     the DataFrame API too (``df.select(f("text"))``). ``max_requests`` and ``sample`` are refused
     here: the function sees the rows a batch at a time and cannot divide them; cap or sample with
     ``summarize``."""
-    spec = _worker_spec(RunSpec.from_options(locals()))
+    spec = _worker_spec(RunSpec.from_options(locals()), spark)
     for option, value in (("max_requests", spec.max_requests), ("sample", spec.sample)):
         if value is not None:
             raise InvalidParameterError(
