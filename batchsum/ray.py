@@ -1,0 +1,190 @@
+"""Ray Data: ``batchsum.ray.summarize(ds, "text", ...)`` (extra ``ray``).
+
+``summarize`` is a transformation like Ray Data's own: it returns a ``ray.data.Dataset`` (every input
+column, then the result columns) and sends nothing until the dataset is consumed. It is built on
+``map_batches`` over Arrow batches with a pool of long-lived workers (actors, ``workers`` of them):
+each batch is one run (``run.Run``, shared) in the actor that takes it, against the key's budget, so
+every worker together holds the plan's rate, not each worker alone as a per-worker ``qps`` would.
+The rows come back in input order (batchsum asks Ray Data to keep it, on this dataset only).
+
+What is shared where, and what a dead worker costs. Answers go to the budget's store: with the
+machine budget (the default; a Ray on one machine), a SQLite journal beside it in the user's cache
+folder; with ``budget="redis://HOST:PORT/DB"`` (a Ray cluster), Redis. Each request is claimed before
+it is sent, and a claim is a lease its run keeps alive: a worker that dies holds nothing for more
+than ``stores.CLAIM_SECONDS`` (on its own machine, nothing at all), and the batch Ray retries in a
+restarted actor reuses every answer that arrived, so a text is paid once across workers, batches,
+retries and a dataset consumed twice. batchsum sets the actors' restarts and their tasks' retries
+(``max_restarts``, ``max_task_retries``, unlimited) instead of relying on Ray's defaults.
+
+The spec is checked and prepared once, on the driver, before anything is sent (the column, the
+parameters, the budget: a machine or process budget is refused when the cluster has more than one
+node); it travels to the actors pickled, with the key inside it as a ``Secret``, so no actor repr,
+state-API record or log line holds the key. A row's failure is its record; a refused key or plan
+(401) fails the job with the service's message. The run report (``report=``) is one file merged from
+every batch's run, as on Dask: give a path every worker can write (on one machine, any local path).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+try:
+    import ray
+    import ray.data
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError("batchsum.ray needs Ray Data: pip install 'batchsum[ray]'") from exc
+
+import pyarrow as pa
+
+from . import contract
+from ._background import run_in_worker
+from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from .budget import Budget, ProcessBudget, SQLiteBudget
+from .errors import BudgetError, InputError, InvalidParameterError
+from .options import DEFAULT_MAX_WAIT, RunSpec, document_options
+from .results import arrow_columns, check_output_columns, result_columns
+from .run import prepare_shared, run_texts
+
+__all__ = ["summarize", "DEFAULT_WORKERS", "DEFAULT_BATCH_ROWS"]
+
+DEFAULT_WORKERS = 2
+DEFAULT_BATCH_ROWS = 256
+
+
+class _Summarize:
+    """One actor of the map stage: each Arrow batch it is handed is one shared run over the batch's
+    texts; the batch comes back with the result columns. Its repr (Ray's logs, the state API,
+    the dashboard) is its name."""
+
+    __name__ = "batchsum_summarize"
+
+    def __init__(self, spec: RunSpec, column: str) -> None:
+        self.spec = spec
+        self.column = column
+
+    def __repr__(self) -> str:
+        return self.__name__
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        texts = batch.column(self.column).to_pylist()
+        spec = self.spec
+        results = run_in_worker(lambda: run_texts(spec, texts, shared=True, warn_at_cap=True))
+        for name, values in zip(result_columns(spec.output_column), arrow_columns(results)):
+            batch = batch.append_column(name, values)
+        return batch
+
+
+def _nodes() -> int:
+    """How many live nodes the Ray cluster has (starting a local Ray, as Ray Data would, if none)."""
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=True)
+    nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+    return sum(1 for node in nodes if node.get("Alive"))
+
+
+def _check_cluster(workers: int) -> Any:
+    def check(budget: Budget, spec: str) -> None:
+        """One rule for every distributed door: a budget the workers cannot share is refused."""
+        nodes = _nodes()
+        if isinstance(budget, ProcessBudget) and (workers > 1 or nodes > 1):
+            raise BudgetError(
+                f"budget {spec!r} paces each process alone, and this map stage runs {workers} worker processes: "
+                "together they would send that many times your plan's rate. Pass budget='machine' (a Ray on "
+                "this machine) or budget='redis://HOST:PORT/DB' (a Ray cluster)"
+            )
+        if isinstance(budget, SQLiteBudget) and nodes > 1:
+            raise BudgetError(
+                f"budget {spec!r} is shared only by the processes of one machine, and this Ray cluster has "
+                f"{nodes} nodes: pass budget='redis://HOST:PORT/DB'"
+            )
+
+    return check
+
+
+def _text_column(ds: ray.data.Dataset, column: str, output_column: str) -> None:
+    schema = ds.schema()
+    if schema is None:
+        return  # an empty dataset: nothing to check, nothing will be sent
+    names = list(schema.names)
+    if column not in names:
+        raise InputError(f"no column {column!r} in the dataset; its columns are: {', '.join(names)}")
+    kind = schema.types[names.index(column)]
+    if isinstance(kind, pa.DataType) and not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise InputError(f"column {column!r} holds {kind}, not text")
+    check_output_columns(names, output_column)
+
+
+@document_options
+def summarize(
+    ds: ray.data.Dataset,
+    column: str,
+    mode: Any = 1,
+    percentage: Any = contract.PERCENTAGE_DEFAULT,
+    type: Any = None,
+    *,
+    output_column: str = "summary",
+    api_key: str | None = None,
+    base_url: str | None = None,
+    local: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    encoding: str = "json",
+    rpm: float | None = None,
+    concurrency: int | None = None,
+    limiter: Any = None,
+    budget: Any = None,
+    journal: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    long_texts: str = "skip",
+    max_wait: float = DEFAULT_MAX_WAIT,
+    max_requests: int | None = None,
+    sample: int | None = None,
+    share: float = 1.0,
+    report: str | os.PathLike[str] | None = None,
+    workers: int = DEFAULT_WORKERS,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+) -> ray.data.Dataset:
+    """A Ray Dataset: every column of ``ds``, then the result columns (``summary``,
+    ``summary_status``, ``summary_error``, ``summary_message``, ``summary_http_status``,
+    ``summary_attempts``, ``summary_requests``), rows in input order. Lazy: nothing is sent until the
+    dataset is consumed (``take_all``, ``write_parquet``, ``iter_batches``...). ``workers``: how many
+    actors send (all on the key's one budget); ``batch_rows``: rows per batch (one run each). Raises,
+    before anything is sent: ``InputError`` (the column), ``InvalidParameterError``,
+    ``ConfigurationError``, ``BudgetError``. ``limiter`` is refused (it cannot travel to a worker);
+    ``max_requests`` and ``sample`` are refused (Ray hands rows out a batch at a time as workers free
+    up, so a job's cap cannot be divided beforehand): cap or sample with the CLI or pandas.
+    ``progress``: a bar per batch, in the worker's log."""
+    spec = RunSpec.from_options(
+        {name: value for name, value in locals().items() if name not in ("workers", "batch_rows")}
+    )
+    for option, value in (("limiter", spec.limiter), ("max_requests", spec.max_requests), ("sample", spec.sample)):
+        if value is not None:
+            why = (
+                "an object in this process cannot travel to the workers; the key's budget paces them all"
+                if option == "limiter"
+                else "Ray hands rows to the workers a batch at a time, so it cannot divide a job's "
+                f"{option} beforehand; use the CLI or pandas for a capped or sampled run"
+            )
+            raise InvalidParameterError(f"invalid {option} on Ray: {why}")
+    if not isinstance(spec.budget, str):
+        raise BudgetError(f"invalid budget {spec.budget!r}: on Ray, pass a string: 'machine', 'redis://HOST:PORT/DB'")
+    for name, value in (("workers", workers), ("batch_rows", batch_rows)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidParameterError(f"invalid {name} {value!r}: a whole number of at least 1")
+    _text_column(ds, column, spec.output_column)
+    spec = prepare_shared(spec, check=_check_cluster(workers))
+    out = ds.map_batches(
+        _Summarize,
+        fn_constructor_args=(spec, column),
+        batch_format="pyarrow",
+        batch_size=batch_rows,
+        concurrency=workers,
+        zero_copy_batch=True,
+        max_restarts=-1,  # a worker that dies is restarted...
+        max_task_retries=-1,  # ...and its batch retried there: answers that arrived are reused
+    )
+    # Rows in input order. Ray Data keeps the setting in the dataset's context, which a transformed
+    # dataset shares with the one it came from: ``ds`` keeps its order from here on too.
+    out.context.execution_options.preserve_order = True
+    return out
