@@ -465,22 +465,22 @@ EXCEPTIONS: dict[str, Difference] = {
         f"the CLI reads the key from ${ENV_API_KEY} only: a key on the command line shows in ps and shell history",
     ),
     "limiter": Difference(
-        ("cli", "dask", "spark"),
+        ("cli", "dask", "spark", "ray"),
         "refused",
         "an object in this process's memory: it cannot be typed on a command line (no flag) or travel to a "
-        "worker (Dask and Spark refuse one, naming the budget that paces every worker instead)",
+        "worker (Dask, Spark and Ray refuse one, naming the budget that paces every worker instead)",
     ),
     "max_requests": Difference(
-        ("spark",),
+        ("spark", "ray"),
         "refused",
-        "Spark's SQL function sees rows a batch at a time and cannot hold a job's cap (its DataFrame "
-        "function divides the cap among the partitions, as Dask does)",
+        "Spark's SQL function and Ray see rows a batch at a time, handed out as workers free up, and cannot "
+        "divide a job's cap beforehand (Spark's DataFrame function divides it among the partitions, as Dask does)",
     ),
     "sample": Difference(
-        ("spark",),
+        ("spark", "ray"),
         "refused",
-        "Spark's SQL function sees rows a batch at a time and cannot spread a sample over the job (its "
-        "DataFrame function divides the sample among the partitions, as Dask does)",
+        "Spark's SQL function and Ray see rows a batch at a time and cannot spread a sample over the job "
+        "(Spark's DataFrame function divides the sample among the partitions, as Dask does)",
     ),
     "progress": Difference(
         ("cli", "widgets"),

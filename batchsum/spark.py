@@ -118,7 +118,7 @@ def _check_executors(spark: SparkSession) -> None:
     try:
         context.parallelize([0], 1).map(_import_batchsum).collect()
     except Exception as exc:  # noqa: BLE001 - a Py4J error wrapping the worker's: said in one line
-        python = os.environ.get("PYSPARK_PYTHON") or context.pythonExec or "python3"
+        python = context.pythonExec or "python3"  # PYSPARK_PYTHON, as the context read it
         why = str(exc).strip().splitlines()
         reason = next((line.strip() for line in reversed(why) if "Error" in line), why[-1] if why else repr(exc))
         raise ConfigurationError(

@@ -15,6 +15,7 @@ import pytest
 
 import batchsum
 import batchsum.dask  # noqa: F401  (registers ddf.batchsum)
+import batchsum.ray
 import batchsum.spark
 from batchsum import RunSpec
 from batchsum.cli import build_parser
@@ -44,6 +45,7 @@ FRONT_ENDS = {
     "dask": [DaskDataFrameAccessor.summarize, DaskSeriesAccessor.summarize],
     "widgets": [FrameApp.__init__],
     "spark": [batchsum.spark.summarize, batchsum.spark.register],
+    "ray": [batchsum.ray.summarize],
     "polars": [
         DataFrameNamespace.summarize,
         DataFrameNamespace.asummarize,
