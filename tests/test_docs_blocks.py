@@ -65,6 +65,7 @@ NOT_RUN = re.compile(r"^\*Not run:(.*)\*\s*$")
 PLACEHOLDER_KEY = re.compile(r"^\s*export BATCHSUM_API_KEY=(\.\.\.|<[^>]*>)\s*(#.*)?$")
 INSTALL = re.compile(r"^.*&&\s*\.venv/bin/(batchsum\b.*)$", re.DOTALL)
 # What cannot run here: a block that matches one of these must be marked *Not run: ...*.
+TOOLS = {"curl": "curl", "timeout": "coreutils"}  # programs blocks call, beyond bash and the venv
 CANNOT_RUN = {
     r"\b(s3|gs|abfs)://": "an object store",
     r"\b(redis|rediss|unix)://": "a Redis server",
@@ -172,6 +173,15 @@ def cannot_run(block: Block) -> list[str]:
     if install and "pip install" in code:
         code = install.group(1)
     return [why for pattern, why in CANNOT_RUN.items() if re.search(pattern, code, re.MULTILINE)]
+
+
+def missing_tool(block: Block) -> str | None:
+    """A program the block calls that this machine lacks (the venv provides the rest)."""
+    for tool, package in TOOLS.items():
+        if block.lang in SHELL and re.search(rf"(^|[|;&(]\s*){tool}\b", block.code, re.MULTILINE):
+            if shutil.which(tool) is None:
+                return f"{tool} (apt-get install {package})"
+    return None
 
 
 WORKER = r"""
@@ -283,8 +293,11 @@ class Workspace:
         for shipped in ("examples", "notebooks"):
             shutil.copytree(ROOT / shipped, folder / shipped)
         for block in page.blocks[: upto + 1]:
+            if block.not_run is not None or missing_tool(block):
+                self.done[block.id].set()  # its test skips
+                continue
             try:
-                self.results[block.id] = None if block.not_run is not None else self.execute(block, folder)
+                self.results[block.id] = self.execute(block, folder)
             except Exception as exc:  # the harness, not the block: still a result, never a hang
                 self.results[block.id] = f"the test could not run it: {exc!r}"
             self.done[block.id].set()
@@ -369,6 +382,8 @@ def workspace(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
 def test_block(block: Block, workspace: Workspace) -> None:
     if block.not_run is not None:
         pytest.skip(f"{block.id} not run: {block.not_run}")
+    if tool := missing_tool(block):
+        pytest.skip(f"{block.id} needs {tool}")
     workspace.check(block)
 
 
