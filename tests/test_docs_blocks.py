@@ -47,6 +47,7 @@ from typing import IO, Any
 import pytest
 
 from batchsum.local import LocalService
+from tests.conftest import need
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [
@@ -383,7 +384,7 @@ def test_block(block: Block, workspace: Workspace) -> None:
     if block.not_run is not None:
         pytest.skip(f"{block.id} not run: {block.not_run}")
     if tool := missing_tool(block):
-        pytest.skip(f"{block.id} needs {tool}")
+        need(f"{tool} for {block.id}", ".ci/run installs it")
     workspace.check(block)
 
 
