@@ -7,6 +7,10 @@ front-end (``run.Run``): the same options, budget, journal and answers; the sync
 worker thread's event loop, so they work inside a running loop (Jupyter) too. A Polars frame has no
 ``attrs``: the run's record (its account and timeline, what ``batchsum.plot_run`` draws) is
 ``batchsum.polars.last_run()``.
+
+A ``LazyFrame`` (``pl.scan_parquet(...)``) has the namespace too: ``lf.batchsum.summarize("text")`` is
+a LazyFrame whose collecting or sinking streams the input's batches through one run
+(``batches.BatchStream``) in bounded memory, with the eager frame's answers.
 """
 
 from __future__ import annotations
@@ -21,16 +25,20 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("batchsum.polars needs Polars: pip install 'batchsum[polars]'") from exc
 
 import pyarrow as pa
+from polars.io.plugins import register_io_source
 
 from ._background import run_in_worker
 from .accessors import ColumnSummarize, ColumnSummarizeAsync, ValuesSummarize, ValuesSummarizeAsync
+from .batches import BatchStream
 from .errors import InputError
 from .options import RunSpec
 from .report import BatchStats
-from .results import RowBlocks, RowResult, arrow_columns, check_columns, result_columns
+from .results import RowBlocks, RowResult, arrow_columns, arrow_types, check_columns, result_columns
 from .run import run_texts
 
-__all__ = ["DataFrameNamespace", "SeriesNamespace", "last_run"]
+__all__ = ["DataFrameNamespace", "LazyFrameNamespace", "SeriesNamespace", "last_run", "LAZY_BATCH_ROWS"]
+
+LAZY_BATCH_ROWS = 10_000  # rows a LazyFrame's input is read in, when Polars does not say
 
 _last = threading.local()
 
@@ -92,9 +100,50 @@ class _Namespace:
 @pl.api.register_dataframe_namespace("batchsum")
 class DataFrameNamespace(_Namespace, ColumnSummarize[pl.DataFrame], ColumnSummarizeAsync[pl.DataFrame]):
     """``df.batchsum.summarize("text", ...)``: a new Polars DataFrame, every column of ``df`` then the
-    result columns (``pl.String`` and ``pl.Int32``), rows in order. A LazyFrame: ``collect()`` it first."""
+    result columns (``pl.String`` and ``pl.Int32``), rows in order."""
 
 
 @pl.api.register_series_namespace("batchsum")
 class SeriesNamespace(_Namespace, ValuesSummarize[pl.DataFrame], ValuesSummarizeAsync[pl.DataFrame]):
     """``series.batchsum.summarize(...)``: the result columns as a Polars DataFrame, one row per value."""
+
+
+@pl.api.register_lazyframe_namespace("batchsum")
+class LazyFrameNamespace(ColumnSummarize[pl.LazyFrame]):
+    """``lf.batchsum.summarize("text", ...)``: a LazyFrame, every column of ``lf`` then the result
+    columns, rows in order. Nothing is sent until it is collected or sunk (``collect()``,
+    ``sink_parquet(...)``); then the input is read a batch at a time (``collect_batches``) and
+    streamed through one run, so memory stays bounded however large the input. A ``head(n)`` after
+    it reads (and pays for) only ``n`` rows; a filter after it is applied to the results."""
+
+    def __init__(self, data: pl.LazyFrame) -> None:
+        self._data = data
+
+    def _summarize(self, column: Hashable, spec: RunSpec) -> pl.LazyFrame:
+        data = self._data
+        schema = data.collect_schema()
+        check_columns(schema.names(), column, spec.output_column)
+        if not isinstance(column, str):
+            raise InputError(f"no column {column!r} in the LazyFrame: Polars columns are named by text")
+        text_column: str = column
+        kinds = pl.from_arrow(pa.schema(list(zip(result_columns(spec.output_column), arrow_types()))).empty_table())
+        assert isinstance(kinds, pl.DataFrame)
+        out_schema = {**dict(schema), **dict(kinds.schema)}
+
+        def source(
+            with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None, batch_size: int | None
+        ) -> Any:
+            frame = data if n_rows is None else data.head(n_rows)
+            batches = (
+                batch
+                for chunk in frame.collect_batches(chunk_size=batch_size or LAZY_BATCH_ROWS)
+                for batch in chunk.to_arrow().to_batches()
+            )
+            for done in BatchStream(spec, batches, text_column, shared=False):
+                out = pl.from_arrow(done)
+                assert isinstance(out, pl.DataFrame)
+                if predicate is not None:
+                    out = out.filter(predicate)
+                yield out.select(with_columns) if with_columns is not None else out
+
+        return register_io_source(source, schema=out_schema, explain_name="batchsum_summarize")

@@ -95,3 +95,42 @@ def test_categorical_and_enum_columns_read_as_text(svc, opts, dtype):
     kind = pl.Categorical if dtype == "categorical" else pl.Enum(texts)
     out = pl.DataFrame({"text": pl.Series(texts, dtype=kind)}).batchsum.summarize("text", **opts)
     assert out["summary_status"].to_list() == ["ok", "ok"]
+
+
+def test_a_lazy_frame_sunk_to_parquet_streams_through_one_run_with_the_eager_answers(svc, opts, tmp_path):
+    texts = [article(20, seed=4000 + i % 90) if i % 13 else None for i in range(300)]
+    pl.DataFrame({"id": range(300), "text": texts}).write_parquet(tmp_path / "in.parquet")
+    lazy = pl.scan_parquet(tmp_path / "in.parquet").batchsum.summarize("text", **opts)
+    assert isinstance(lazy, pl.LazyFrame)
+    assert svc.state.stats()["requests"] == 0  # lazy: nothing sent yet
+    assert lazy.collect_schema().names() == ["id", "text", *result_columns()]
+    batchsum.polars.LAZY_BATCH_ROWS, before = 32, batchsum.polars.LAZY_BATCH_ROWS  # many batches
+    try:
+        lazy.sink_parquet(tmp_path / "out.parquet")
+    finally:
+        batchsum.polars.LAZY_BATCH_ROWS = before
+    sunk = pl.read_parquet(tmp_path / "out.parquet")
+    assert svc.state.stats()["by_status"] == {"200": 90}  # each distinct text once
+    clear_cache()
+    eager = pl.read_parquet(tmp_path / "in.parquet").batchsum.summarize("text", **opts)
+    assert sunk.equals(eager)
+    assert sunk["id"].to_list() == list(range(300))
+    assert sunk.filter(pl.col("text").is_null())["summary_status"].unique().to_list() == ["skipped"]
+
+
+def test_a_lazy_head_pays_only_for_its_rows_and_a_filter_after_applies_to_the_results(svc, opts, tmp_path):
+    pl.DataFrame({"id": range(50), "text": [article(20, seed=5000 + i) for i in range(50)]}).write_parquet(
+        tmp_path / "in.parquet"
+    )
+    lazy = pl.scan_parquet(tmp_path / "in.parquet").batchsum.summarize("text", **opts)
+    assert lazy.head(5).collect()["id"].to_list() == list(range(5))
+    assert svc.state.stats()["requests"] == 5
+    picked = lazy.filter(pl.col("summary_status") == "ok").select("id", "summary").collect()
+    assert picked.columns == ["id", "summary"] and picked.height == 50
+
+
+def test_a_lazy_frame_refuses_a_missing_column_when_summarize_is_called(svc, opts, tmp_path):
+    lazy = pl.LazyFrame({"id": [1], "body": ["a text"]})
+    with pytest.raises(InputError, match="no column 'text'"):
+        lazy.batchsum.summarize("text", **opts)
+    assert svc.state.stats()["requests"] == 0
