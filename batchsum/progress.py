@@ -23,9 +23,27 @@ class ProgressBar:
     ) -> None:
         from tqdm.auto import tqdm
 
-        self._bar: Any = tqdm(
-            total=total, disable=not enabled, file=file, desc=desc, unit="row", dynamic_ncols=True, smoothing=0.05
+        # In Jupyter the bar is a widget, and its text (what a saved notebook shows) is taken when it is
+        # displayed, at 0%: displayed here under an id, so that close() can replace that text.
+        widget = enabled and any(kind.__module__ == "tqdm.notebook" for kind in tqdm.__mro__)
+        shown_later: dict[str, Any] = {"display": False} if widget else {}
+        bar: Any = tqdm(
+            total=total,
+            disable=not enabled,
+            file=file,
+            desc=desc,
+            unit="row",
+            dynamic_ncols=True,
+            smoothing=0.05,
+            **shown_later,
         )
+        self._bar = bar
+        self._shown: Any = None
+        if widget:
+            from IPython import display
+
+            show: Any = display.display
+            self._shown = show(bar.container, display_id=True)
         self._last_postfix = 0.0
 
     def __call__(self, stats: BatchStats) -> None:
@@ -66,6 +84,9 @@ class ProgressBar:
 
     def close(self) -> None:
         self._bar.close()
+        if self._shown is not None:  # the widget's text as the bar ended
+            self._shown.update(self._bar.container)
+            self._shown = None
 
     def __enter__(self) -> ProgressBar:
         return self
