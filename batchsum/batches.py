@@ -1,5 +1,6 @@
-"""Arrow batches through one run, for a synchronous caller that hands them over one at a time and
-wants them back as they finish (a Spark task, a Polars streaming sink): ``BatchStream``.
+"""Batches through one run, for a synchronous caller: ``BatchStream`` (a caller that hands Arrow
+batches over as an iterator and wants them back as they finish: a Spark task, a Polars sink) and
+``OpenRun`` (a caller that calls once per batch and keeps the run open between calls: a Ray actor).
 
 The run (``run.Run``) lives on its own event loop in a worker thread (``_background``); it reads the
 caller's batches as its window has room, and hands each batch back with its results as soon as its
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import threading
 import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
@@ -24,7 +26,7 @@ from .options import RunSpec
 from .results import RowResult, arrow_columns, result_columns
 from .run import Run
 
-__all__ = ["BatchStream", "AHEAD"]
+__all__ = ["BatchStream", "OpenRun", "AHEAD"]
 
 AHEAD = 2  # finished batches that may wait for the caller
 _END = object()
@@ -101,3 +103,52 @@ class BatchStream:
                         self._done.get_nowait()  # let a hand-back waiting for room return
                     except queue.Empty:
                         pass
+
+
+class OpenRun:
+    """One run kept open on its own event loop thread across calls: ``summarize(texts)`` streams a
+    batch through it and returns its results, in order; ``close()`` ends the run (its report, its
+    claims, its connections). The pace, the client's connections, the budget and the key's record
+    stay with the run from one batch to the next, as they would in one long run."""
+
+    def __init__(self, spec: RunSpec, *, shared: bool = True) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="batchsum-run", daemon=True)
+        self._thread.start()
+        self._run = Run(spec, shared=shared)
+        self._call(self._run.__aenter__())
+        self.closed = False
+
+    def _call(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    async def _stream(self, texts: list[Any]) -> list[RowResult]:
+        stats = self._run.stats
+        stats.total = (stats.total or 0) + len(texts)  # the rows handed over so far (the bar's length)
+        return [result async for result in self._run.stream(texts)]
+
+    def summarize(self, texts: list[Any]) -> list[RowResult]:
+        """One result per text, in order. What stops the run (a refused key, a full disk) ends it
+        (its report written, its bar closed) and is raised."""
+        try:
+            results: list[RowResult] = self._call(self._stream(texts))
+        except BaseException as exc:
+            self.close(exc)
+            raise
+        return results
+
+    def close(self, error: BaseException | None = None) -> None:
+        """End the run (``error``: what stopped it, for its report)."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._call(
+                self._run.__aexit__(type(error) if error else None, error, error.__traceback__ if error else None)
+            )
+        except Exception:  # noqa: BLE001 - the stop that ended it was raised already
+            pass
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(30)
+            self._loop.close()

@@ -35,6 +35,7 @@ from .options import RunSpec
 from .report import BatchStats
 from .results import RowBlocks, RowResult, arrow_columns, arrow_types, check_columns, result_columns
 from .run import run_texts
+from .stores import scratch_journal
 
 __all__ = ["DataFrameNamespace", "LazyFrameNamespace", "SeriesNamespace", "last_run", "LAZY_BATCH_ROWS"]
 
@@ -113,8 +114,10 @@ class LazyFrameNamespace(ColumnSummarize[pl.LazyFrame]):
     """``lf.batchsum.summarize("text", ...)``: a LazyFrame, every column of ``lf`` then the result
     columns, rows in order. Nothing is sent until it is collected or sunk (``collect()``,
     ``sink_parquet(...)``); then the input is read a batch at a time (``collect_batches``) and
-    streamed through one run, so memory stays bounded however large the input. A ``head(n)`` after
-    it reads (and pays for) only ``n`` rows; a filter after it is applied to the results."""
+    streamed through one run, so memory stays bounded however large the input: unless ``journal``
+    names one, its answers are kept in a journal on disk for this process (removed at exit), not in
+    memory, and collecting again pays for nothing. A ``head(n)`` after it reads (and pays for) only
+    ``n`` rows; a filter after it is applied to the results."""
 
     def __init__(self, data: pl.LazyFrame) -> None:
         self._data = data
@@ -126,6 +129,8 @@ class LazyFrameNamespace(ColumnSummarize[pl.LazyFrame]):
         if not isinstance(column, str):
             raise InputError(f"no column {column!r} in the LazyFrame: Polars columns are named by text")
         text_column: str = column
+        if spec.journal is None:  # answers on disk, not in memory: a LazyFrame may be larger than memory
+            spec = spec.replace(journal=scratch_journal())
         kinds = pl.from_arrow(pa.schema(list(zip(result_columns(spec.output_column), arrow_types()))).empty_table())
         assert isinstance(kinds, pl.DataFrame)
         out_schema = {**dict(schema), **dict(kinds.schema)}

@@ -3,8 +3,9 @@
 ``summarize`` is a transformation like Ray Data's own: it returns a ``ray.data.Dataset`` (every input
 column, then the result columns) and sends nothing until the dataset is consumed. It is built on
 ``map_batches`` over Arrow batches with a pool of long-lived workers (actors, ``workers`` of them):
-each batch is one run (``run.Run``, shared) in the actor that takes it, against the key's budget, so
-every worker together holds the plan's rate, not each worker alone as a per-worker ``qps`` would.
+each actor keeps one run (``run.Run``, shared) open across the batches it is handed, against the
+key's budget, so every worker together holds the plan's rate, not each worker alone as a per-worker
+``qps`` would.
 The rows come back in input order (batchsum asks Ray Data to keep it, on this dataset only).
 
 What is shared where, and what a dead worker costs. Answers go to the budget's store: with the
@@ -21,7 +22,8 @@ parameters, the budget: a machine or process budget is refused when the cluster 
 node); it travels to the actors pickled, with the key inside it as a ``Secret``, so no actor repr,
 state-API record or log line holds the key. A row's failure is its record; a refused key or plan
 (401) fails the job with the service's message. The run report (``report=``) is one file merged from
-every batch's run, as on Dask: give a path every worker can write (on one machine, any local path).
+every actor's run (written when Ray shuts the actors down at the dataset's end), as on Dask: give a
+path every worker can write (on one machine, any local path).
 """
 
 from __future__ import annotations
@@ -38,13 +40,13 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 import pyarrow as pa
 
 from . import contract
-from ._background import run_in_worker
 from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from .batches import OpenRun
 from .budget import Budget, ProcessBudget, SQLiteBudget
 from .errors import BudgetError, InputError, InvalidParameterError
 from .options import DEFAULT_MAX_WAIT, RunSpec, document_options
 from .results import arrow_columns, check_output_columns, result_columns
-from .run import prepare_shared, run_texts
+from .run import prepare_shared
 
 __all__ = ["summarize", "DEFAULT_WORKERS", "DEFAULT_BATCH_ROWS"]
 
@@ -53,26 +55,32 @@ DEFAULT_BATCH_ROWS = 256
 
 
 class _Summarize:
-    """One actor of the map stage: each Arrow batch it is handed is one shared run over the batch's
-    texts; the batch comes back with the result columns. Its repr (Ray's logs, the state API,
-    the dashboard) is its name."""
+    """One actor of the map stage, long-lived: it keeps one shared run open (``batches.OpenRun``)
+    and streams every Arrow batch it is handed through it; the batch comes back with the result
+    columns. The run ends (its report written) when Ray shuts the actor down. Its repr (Ray's logs,
+    the state API, the dashboard) is its name."""
 
     __name__ = "batchsum_summarize"
 
     def __init__(self, spec: RunSpec, column: str) -> None:
         self.spec = spec
         self.column = column
+        self._run: OpenRun | None = None
 
     def __repr__(self) -> str:
         return self.__name__
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        texts = batch.column(self.column).to_pylist()
-        spec = self.spec
-        results = run_in_worker(lambda: run_texts(spec, texts, shared=True, warn_at_cap=True))
-        for name, values in zip(result_columns(spec.output_column), arrow_columns(results)):
+        if self._run is None or self._run.closed:
+            self._run = OpenRun(self.spec)
+        results = self._run.summarize(batch.column(self.column).to_pylist())
+        for name, values in zip(result_columns(self.spec.output_column), arrow_columns(results)):
             batch = batch.append_column(name, values)
         return batch
+
+    def __del__(self) -> None:  # Ray Data deletes the UDF when it shuts the actor down gracefully
+        if self._run is not None:
+            self._run.close()
 
 
 def _nodes() -> int:
@@ -181,6 +189,7 @@ def summarize(
         batch_size=batch_rows,
         concurrency=workers,
         zero_copy_batch=True,
+        max_concurrency=2,  # two batches at once in an actor's run: no pause at a batch's last answers
         max_restarts=-1,  # a worker that dies is restarted...
         max_task_retries=-1,  # ...and its batch retried there: answers that arrived are reused
     )

@@ -15,9 +15,12 @@ after its claim lapsed is still kept. The SQLite journal and the Redis store are
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
+import shutil
 import socket
+import tempfile
 import threading
 from collections.abc import Collection
 from typing import Protocol
@@ -32,6 +35,7 @@ __all__ = [
     "process_cache",
     "shared_memory",
     "clear_process_caches",
+    "scratch_journal",
     "Leases",
     "claim_owner",
     "holder_is_gone",
@@ -200,6 +204,21 @@ def shared_memory(identity: str) -> MemoryClaims:
     """The answers and claims every run in this process with the key ``identity`` shares."""
     with _lock:
         return _shared.setdefault(identity, MemoryClaims())
+
+
+_scratch: list[str] = []
+
+
+def scratch_journal() -> str:
+    """A journal file for this process's answers on disk, removed when the process exits: what a
+    streamed front-end (a Polars LazyFrame) keeps its answers in when no journal is named, so that
+    memory stays bounded however many rows pass and a second collect pays for nothing again."""
+    with _lock:
+        if not _scratch:
+            folder = tempfile.mkdtemp(prefix="batchsum-answers-")
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            _scratch.append(os.path.join(folder, "answers.sqlite"))
+        return _scratch[0]
 
 
 def clear_process_caches() -> None:

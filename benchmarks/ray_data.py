@@ -101,7 +101,8 @@ def run_ray_llm(service: LocalService, ds: ray.data.Dataset, qps: int) -> list[d
 def cell(client: str, rows: list[str], rpm: float, kill_after: int | None) -> dict[str, Any]:
     faults = Faults(latency=0.3, latency_spread=0.4, seed=11)
     with LocalService(rpm=int(rpm), faults=faults) as service:
-        ds = ray.data.from_pandas(pd.DataFrame({"text": rows}))
+        frame = pd.DataFrame({"text": rows})  # in 12 blocks, as a Parquet read gives
+        ds = ray.data.from_pandas([frame.iloc[start : start + 50] for start in range(0, len(frame), 50)])
         killer = _Killer(service, kill_after)
         import threading
 
