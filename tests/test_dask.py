@@ -121,6 +121,7 @@ def test_bad_input_is_refused_when_summarize_is_called(cluster, limited):
     assert limited.state.stats()["requests"] == 0
 
 
+@pytest.mark.heavy
 def test_a_killed_worker_costs_seconds_and_pays_only_what_was_on_the_wire(cluster, tmp_path):
     """The machine budget, a strict 600/min window, 300 distinct texts, 0.3 s answers; one worker
     process SIGKILLed once 60 requests reached the service. Its nanny starts it again and Dask runs

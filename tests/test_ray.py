@@ -61,6 +61,7 @@ def _ray_workers() -> list[int]:
     return descendants(cmdline_has("MapWorker"))
 
 
+@pytest.mark.heavy
 def test_400_texts_across_workers_hold_the_plan_and_pay_once_also_when_consumed_twice(local_ray, redis_url, tmp_path):
     data = texts(400, 12_000)
     with LocalService([KEY], rpm=600, faults=Faults(latency=0.3, latency_spread=0.4)) as service:
@@ -95,6 +96,7 @@ def test_400_texts_across_workers_hold_the_plan_and_pay_once_also_when_consumed_
     assert report["rows"]["total"] == 800 and report["rows"]["ok"] == 800  # every actor's run, merged
 
 
+@pytest.mark.heavy
 def test_a_killed_worker_costs_seconds_and_pays_only_what_was_on_the_wire(local_ray, tmp_path):
     """The machine budget, a strict 600/min window, 300 distinct texts, 0.3 s answers; one worker
     process SIGKILLed once 60 requests reached the service: Ray restarts the actor and retries its

@@ -164,6 +164,7 @@ def _python_workers() -> list[int]:
     return descendants(lambda process: daemon(process) and daemon(psutil.Process(process.ppid())))
 
 
+@pytest.mark.heavy
 def test_killed_python_workers_cost_seconds_and_pay_only_what_was_on_the_wire(spark, tmp_path):
     """The machine budget, a strict 600/min window, 300 distinct texts, 0.3 s answers; every Python
     worker SIGKILLed once 60 requests reached the service. Spark runs the two tasks again; their
