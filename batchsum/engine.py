@@ -845,7 +845,8 @@ class _Tally:
     def __init__(self, stats: BatchStats, on_result: Callable[[BatchStats], None] | None) -> None:
         self.stats = stats
         self.on_result = on_result
-        self._settled: set[asyncio.Task[Any]] = set()  # rows a stop gave a record their task never had
+        # Rows a stop gave a record their task never had, by task (rows with the same text share one).
+        self._settled: Counter[asyncio.Task[Any]] = Counter()
 
     def add(self, item: Pending | Known) -> None:
         if isinstance(item, asyncio.Task):
@@ -860,13 +861,15 @@ class _Tally:
     def settle(self, item: Pending, result: RowResult) -> None:
         """``result`` is the row's record, given by a stop (``not_sent``) when its task gave none."""
         if isinstance(item, asyncio.Task) and not (item.done() and not item.cancelled() and item.exception() is None):
-            if item not in self._settled:
-                self._settled.add(item)
-                self._count(result)
+            if not item.done():  # its callback for this row is still to come: it must not count it again
+                self._settled[item] += 1
+            self._count(result)
 
     def _finished(self, task: asyncio.Task[Answer] | asyncio.Task[RowResult]) -> None:
-        if task in self._settled:
-            self._settled.discard(task)
+        if self._settled[task] > 0:
+            self._settled[task] -= 1
+            if not self._settled[task]:
+                del self._settled[task]
             return
         if not task.cancelled() and task.exception() is None:
             self._count(_row(task.result()))

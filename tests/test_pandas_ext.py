@@ -156,3 +156,17 @@ def test_progress_shows_a_text_bar_outside_notebooks(opts, capsys):
     pd.DataFrame({"text": texts(3)}).batchsum.summarize("text", **{**opts, "progress": True})
     err = capsys.readouterr().err
     assert "3/3" in err and "ok 3" in err
+
+
+def test_at_the_cap_the_account_counts_every_row_the_frame_holds_duplicates_included(svc, opts):
+    """Rows with the same text share one request; a cap that leaves it unsent gives each of them a
+    ``not_sent`` record, and the account counts each of them (it once counted only the first)."""
+    texts = [article(20, seed=7000 + i % 40) for i in range(120)]  # each text three times
+    with pytest.warns(RuntimeWarning, match="request cap of 15") as caught:
+        out = pd.DataFrame({"text": texts}).batchsum.summarize("text", max_requests=15, **opts)
+    account = out.attrs["batchsum"]["account"]
+    not_sent = int((out["summary_error"] == "not_sent").sum())
+    assert len(out) == 120 and not_sent > 0
+    assert account.startswith(f"120 rows: {int((out['summary_status'] == 'ok').sum())} ok")
+    assert f"not_sent {not_sent}" in account
+    assert f"{not_sent} rows remain" in str(caught[0].message)
