@@ -83,6 +83,12 @@ class _Summarize:
             self._run.close()
 
 
+def _restarts() -> dict[str, Any]:
+    """What batchsum relies on when a worker dies: the actor is restarted and its batch retried
+    there (the batch's answers that arrived are reused), however often that happens."""
+    return {"max_restarts": -1, "max_task_retries": -1}
+
+
 def _nodes() -> int:
     """How many live nodes the Ray cluster has (starting a local Ray, as Ray Data would, if none)."""
     if not ray.is_initialized():
@@ -187,11 +193,10 @@ def summarize(
         fn_constructor_args=(spec, column),
         batch_format="pyarrow",
         batch_size=batch_rows,
-        concurrency=workers,
         zero_copy_batch=True,
-        max_concurrency=2,  # two batches at once in an actor's run: no pause at a batch's last answers
-        max_restarts=-1,  # a worker that dies is restarted...
-        max_task_retries=-1,  # ...and its batch retried there: answers that arrived are reused
+        # Two batches at once in an actor's run: no pause while a batch's last answers arrive.
+        compute=ray.data.ActorPoolStrategy(size=workers, max_concurrent_calls_per_actor=2),
+        ray_remote_args_fn=_restarts,
     )
     # Rows in input order. Ray Data keeps the setting in the dataset's context, which a transformed
     # dataset shares with the one it came from: ``ds`` keeps its order from here on too.
