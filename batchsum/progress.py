@@ -53,6 +53,9 @@ class ProgressBar:
             self._last_postfix = now
             if stats.work_total is not None and self._bar.total != stats.work_total:
                 self._bar.total = stats.work_total  # a long text's parts are work too
+                container = getattr(self._bar, "container", None)
+                if container is not None:  # the notebook widget keeps its own length
+                    container.children[1].max = stats.work_total
             self._bar.n = stats.work_done
             # Rows answered from the journal arrive at once: the rate (and so the ETA) counts only
             # the rest (tqdm's rate is (n - initial) / elapsed when n is set, not updated).
