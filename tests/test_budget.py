@@ -18,11 +18,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from batchsum.budget import MAX_PAUSE, ProcessBudget, RedisBudget, Report, Share, SQLiteBudget, open_budget
-from batchsum.engine import _Gate
+from batchsum.engine.stream import _Gate
 from batchsum.errors import BudgetError
 from batchsum.local import LocalService
 from batchsum.pacing import Pacer, max_starts
+from batchsum.pacing.budget import MAX_PAUSE, ProcessBudget, RedisBudget, Report, Share, SQLiteBudget, open_budget
 from batchsum.pacing.pacer import _loop_time
 from tests import virtual_clock
 from tests.conftest import article, free_port
@@ -215,7 +215,7 @@ def test_two_processes_reserving_at_once_never_share_a_slot(kind, tmp_path, requ
     identity = uuid.uuid4().hex
     script = textwrap.dedent(f"""
         import asyncio, json
-        from batchsum.budget import open_budget
+        from batchsum.pacing.budget import open_budget
         async def main():
             budget = open_budget({spec!r}, {identity!r})
             starts = [(await budget.reserve(0.001)).at for _ in range(150)]

@@ -10,7 +10,7 @@ pytest.importorskip("bqplot")
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchsum.chart import MAX_TICKS, TICK_STEPS, RunChart, axis_unit, round_ticks, series
+from batchsum.app.chart import MAX_TICKS, TICK_STEPS, RunChart, axis_unit, round_ticks, series
 
 
 def timeline(started_per_second: list[int], *, refused: dict[int, int] | None = None, rpm: float = 600.0) -> dict:

@@ -14,7 +14,7 @@ import pytest
 
 import batchsum
 from batchsum.cli import build_parser, main
-from batchsum.journal import Journal
+from batchsum.data.journal import Journal
 from batchsum.local.summarizer import summarize as local_summary
 from tests.conftest import EXPIRED_KEY, KEY, article, free_port
 

@@ -3,8 +3,8 @@ import math
 import pandas as pd
 import pytest
 
-from batchsum import contract
-from batchsum.contract import Mode, SkipReason, SummaryType, count_words, parse_params, text_problem
+from batchsum.service import contract
+from batchsum.service.contract import Mode, SkipReason, SummaryType, count_words, parse_params, text_problem
 from tests.conftest import article
 
 

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchsum.csvsafe import neutralize, neutralize_frame
-from batchsum.datasets import DatasetOutput
-from batchsum.results import RowResult, result_columns
+from batchsum.data.csvsafe import neutralize, neutralize_frame
+from batchsum.data.datasets import DatasetOutput
+from batchsum.data.results import RowResult, result_columns
 
 # Twelve shapes of a formula as a spreadsheet takes it; each starts with one of = + - @ tab CR.
 FORMULAS = [

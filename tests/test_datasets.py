@@ -19,7 +19,7 @@ import pytest
 
 import batchsum
 from batchsum.cli import main
-from batchsum.datasets import DatasetInput
+from batchsum.data.datasets import DatasetInput
 from tests.conftest import KEY, article
 
 

@@ -22,9 +22,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import batchsum
-from batchsum._inflate import ACCEPT_ENCODING, STEP, BoundedDecoder, DecodeError
 from batchsum.engine import summarize_stream
 from batchsum.errors import APIResponseValidationError, ServerError
+from batchsum.service.inflate import ACCEPT_ENCODING, STEP, BoundedDecoder, DecodeError
 from tests.conftest import KEY, article
 
 INFLATED = 128 * 1024 * 1024  # what each bomb inflates to

@@ -3,13 +3,13 @@
 import pytest
 
 import batchsum
-from batchsum.client import PreparedRequest, validate_params
+from batchsum.data.stores import MemoryStore
 from batchsum.engine import fingerprint, plan_batch, summarize_stream
 from batchsum.local import Faults, LocalService
 from batchsum.local.summarizer import summarize as local_summary
 from batchsum.pacing import Pacer
-from batchsum.report import BatchStats
-from batchsum.stores import MemoryStore
+from batchsum.run.report import BatchStats
+from batchsum.service.client import PreparedRequest, validate_params
 from tests.conftest import EXPIRED_KEY, KEY, article
 
 

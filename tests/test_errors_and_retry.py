@@ -3,7 +3,14 @@ import email.utils
 import pytest
 
 from batchsum import errors
-from batchsum._retry import INITIAL_BACKOFF, MAX_RETRY_AFTER, backoff, is_retryable, parse_retry_after, retry_delay
+from batchsum.service.retry import (
+    INITIAL_BACKOFF,
+    MAX_RETRY_AFTER,
+    backoff,
+    is_retryable,
+    parse_retry_after,
+    retry_delay,
+)
 
 
 def make(status, body: bytes, content_type="application/json", retry_after=None):

@@ -22,11 +22,11 @@ import pytest
 
 import batchsum
 from batchsum.cli import main
+from batchsum.data.journal import Journal
+from batchsum.data.stores import MemoryStore
 from batchsum.engine import summarize_stream
 from batchsum.errors import APIResponseValidationError, APITimeoutError, ConfigurationError, InvalidParameterError
-from batchsum.journal import Journal
 from batchsum.local import Faults, LocalService
-from batchsum.stores import MemoryStore
 from tests.conftest import KEY, article
 
 SECRET = "sk-live-THE-SECRET-KEY-0123456789"

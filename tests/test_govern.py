@@ -15,11 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 
 import batchsum
-from batchsum.budget import RESERVE, RESERVE_ONLY, ProcessBudget, Report, Share, Slot, SQLiteBudget
 from batchsum.cli import main
 from batchsum.local import LocalService
 from batchsum.options import RunSpec
 from batchsum.pacing import JITTER_MARGIN
+from batchsum.pacing.budget import RESERVE, RESERVE_ONLY, ProcessBudget, Report, Share, Slot, SQLiteBudget
 from batchsum.run import run_texts
 from tests.conftest import EXPIRED_KEY, KEY, article
 
@@ -189,7 +189,7 @@ def most_in_window(times: list[float], window: float) -> int:
 
 def test_two_runs_on_one_key_one_at_half_share_the_budget_keeps_both_promises(strict: LocalService, tmp_path: Path):
     strict.state.reset_stats()
-    from batchsum.client import Client
+    from batchsum.service.client import Client
 
     with Client(api_key=KEY, base_url=strict.url) as client:
         identity = client.identity
@@ -232,7 +232,7 @@ def test_every_budget_kind_defers_a_shared_run_and_never_lets_it_hold_a_slot_ahe
     elif kind == "machine":
         budget_a, budget_b = (SQLiteBudget(tmp_path / "b.sqlite", "key") for _ in range(2))
     else:
-        from batchsum.budget import RedisBudget
+        from batchsum.pacing.budget import RedisBudget
 
         url = request.getfixturevalue("redis_url")
         budget_a = RedisBudget(url, f"share-{time.time_ns()}")
@@ -427,7 +427,7 @@ def test_without_the_otel_extra_nothing_is_recorded_and_the_run_goes_on(
 ) -> None:
     import sys
 
-    from batchsum.telemetry import Metrics, available
+    from batchsum.run.telemetry import Metrics, available
 
     monkeypatch.setitem(sys.modules, "opentelemetry", None)  # as if it were not installed
     assert not available() and Metrics.open("run", lambda: 0.0) is None

@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 
 from batchsum.cli import main
-from batchsum.contract import LOCAL_SERVICE, service_identity
-from batchsum.journal import Journal
-from batchsum.results import Answer
+from batchsum.data.journal import Journal
+from batchsum.data.results import Answer
+from batchsum.service.contract import LOCAL_SERVICE, service_identity
 from tests.conftest import KEY, article
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -144,7 +144,7 @@ def test_after_a_resume_the_eta_counts_only_the_rows_sent():
     import io
     import types
 
-    from batchsum.progress import ProgressBar
+    from batchsum.run.progress import ProgressBar
 
     stats = types.SimpleNamespace(
         work_total=1000, work_done=950, total=1000, done=950, reused=900, ok=950, skipped=0, failed=0,
@@ -162,7 +162,7 @@ def test_two_workers_adopting_one_old_journal_at_once_both_open_it(tmp_path):
     """The workers of a Dask or Spark job open one shared journal together: both adopt it, one stamps."""
     import threading
 
-    from batchsum.journal import SharedJournal
+    from batchsum.data.journal import SharedJournal
 
     journal = tmp_path / "old.sqlite"
     shutil.copy(FIXTURES / "journal-0b11be0.sqlite", journal)

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from virtual_clock import run as run_virtual
 
-from batchsum import journal as journal_module
-from batchsum import stores
-from batchsum.journal import RedisStore, SharedJournal
-from batchsum.results import OK, Answer
-from batchsum.stores import CLAIM_RENEW_SECONDS, CLAIM_SECONDS, Leases, claim_owner, holder_is_gone
+from batchsum.data import journal as journal_module
+from batchsum.data import stores
+from batchsum.data.journal import RedisStore, SharedJournal
+from batchsum.data.results import OK, Answer
+from batchsum.data.stores import CLAIM_RENEW_SECONDS, CLAIM_SECONDS, Leases, claim_owner, holder_is_gone
 
 ELSEWHERE = "another-host.example:4242:0123456789ab"
 ANSWER = Answer("a summary", OK, None, None, 200, 1)
@@ -95,7 +95,7 @@ def test_a_killed_holder_on_this_machine_is_passed_over_at_once(tmp_path: Path) 
     process = _claim_in_a_process(
         f"""
         import time
-        from batchsum.journal import SharedJournal
+        from batchsum.data.journal import SharedJournal
         journal = SharedJournal({str(path)!r})
         assert journal.claim("k")
         print("claimed", flush=True)

@@ -16,8 +16,8 @@ import time
 import pandas as pd
 import pytest
 
+from batchsum.data.journal import Journal, RunLock
 from batchsum.errors import InputError
-from batchsum.journal import Journal, RunLock
 from batchsum.local import Faults
 from tests.conftest import KEY, article
 
@@ -146,7 +146,7 @@ def test_a_run_that_creates_its_journal_locks_the_new_file_for_its_hard_links(tm
         Journal(journal).close()  # created under the lock: its inode is now held too
         os.link(journal, tmp_path / "hard.sqlite")
         probe = (
-            "import sys; from batchsum.journal import RunLock\n"
+            "import sys; from batchsum.data.journal import RunLock\n"
             "try:\n    RunLock(sys.argv[1], 'journal')\nexcept Exception as exc:\n    print(exc)"
         )
         done = subprocess.run(

@@ -12,12 +12,12 @@ import pandas as pd
 import pytest
 
 import batchsum
-from batchsum import contract, long_texts
-from batchsum.engine import plan_batch, summarize_stream
-from batchsum.journal import Journal
+from batchsum.data.journal import Journal
+from batchsum.data.stores import MemoryStore
+from batchsum.engine import long_texts, plan_batch, summarize_stream
 from batchsum.local import Faults
-from batchsum.report import BatchStats
-from batchsum.stores import MemoryStore
+from batchsum.run.report import BatchStats
+from batchsum.service import contract
 from tests.conftest import KEY, article
 
 LATE = (

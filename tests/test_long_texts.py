@@ -6,8 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchsum import contract
-from batchsum.long_texts import (
+from batchsum.engine.long_texts import (
     PART_WORDS,
     Reduced,
     count_parts,
@@ -21,6 +20,7 @@ from batchsum.long_texts import (
     split_text,
     truncate_text,
 )
+from batchsum.service import contract
 
 ROW = contract.parse_params(2, 2, "bullets")
 

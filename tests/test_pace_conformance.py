@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import batchsum
-from batchsum.budget import ProcessBudget
 from batchsum.engine import summarize_stream
 from batchsum.local.state import LIMIT_KINDS, SlidingWindow
 from batchsum.pacing import JITTER_MARGIN, ROOM_SPEEDUP, Pacer
+from batchsum.pacing.budget import ProcessBudget
 from tests import virtual_clock
 from tests.test_short_job import KEY, Service
 

@@ -11,8 +11,8 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchsum.budget import ProcessBudget, Remembered, Slot
 from batchsum.pacing import JITTER_MARGIN, KeyRecord, interval_of, max_starts
+from batchsum.pacing.budget import ProcessBudget, Remembered, Slot
 from batchsum.pacing.pause import RAMP_START, Pause
 from batchsum.pacing.room import ALONE_AFTER, Company, StatedRoom
 

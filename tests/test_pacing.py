@@ -16,11 +16,11 @@ import random
 import pytest
 from aiolimiter import AsyncLimiter
 
-from batchsum.engine import _Gate
+from batchsum.engine.stream import _Gate
 from batchsum.errors import RateLimitError, ServerError
 from batchsum.local.state import SlidingWindow
 from batchsum.pacing import JITTER_MARGIN, START_IN_FLIGHT, Pacer, max_starts
-from batchsum.rate_headers import RateStatement
+from batchsum.service.rate_headers import RateStatement
 from tests import virtual_clock
 
 
@@ -380,8 +380,8 @@ def test_5xx_answers_neither_lower_nor_pause():
 
 
 def test_the_progress_line_says_why_it_waits_the_pace_and_what_is_in_flight():
-    from batchsum.progress import ProgressBar
-    from batchsum.report import BatchStats
+    from batchsum.run.progress import ProgressBar
+    from batchsum.run.report import BatchStats
 
     async def main():
         pacer = Pacer(600)

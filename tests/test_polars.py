@@ -10,10 +10,10 @@ import pytest
 pl = pytest.importorskip("polars")
 
 import batchsum.polars  # noqa: E402  (registers df.batchsum for Polars)
+from batchsum.data.results import result_columns  # noqa: E402
 from batchsum.errors import InputError  # noqa: E402
 from batchsum.local import Faults  # noqa: E402
 from batchsum.pandas_ext import clear_cache  # noqa: E402
-from batchsum.results import result_columns  # noqa: E402
 from tests.conftest import KEY, article  # noqa: E402
 
 TEXTS = [article(30, seed=i) for i in range(5)] + [None, "too short", article(30, seed=0), "   "]

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import batchsum
-from batchsum.contract import count_words
 from batchsum.engine import summarize_stream
+from batchsum.service.contract import count_words
 from tests.conftest import KEY
 
 WORDY = st.lists(

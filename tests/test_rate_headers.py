@@ -1,6 +1,7 @@
-"""The rate-limit header parser (``batchsum.rate_headers``): every form from the specifications' own
-examples and the services' documentation, every kind of value it ignores, hypothesis over any header
-mapping, and each form end to end through the client, the engine and the pacer.
+"""The rate-limit header parser (``batchsum.service.rate_headers``): every form from the
+specifications' own examples and the services' documentation, every kind of value it ignores,
+hypothesis over any header mapping, and each form end to end through the client, the engine and the
+pacer.
 
 The end-to-end tests use an ``httpx.MockTransport`` on virtual time: the local service sends only
 ``RateLimit-*`` and ``X-RateLimit-*`` today (the other forms come with the local service's header
@@ -21,13 +22,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import batchsum
-from batchsum import contract
-from batchsum.client import prepare
-from batchsum.contract import Messages
 from batchsum.engine import summarize_stream
 from batchsum.local.state import SlidingWindow
 from batchsum.pacing import Pacer
-from batchsum.rate_headers import FORMS, MAX_PER_MINUTE, MAX_RESET, RateStatement, parse_rate_headers
+from batchsum.service import contract
+from batchsum.service.client import prepare
+from batchsum.service.contract import Messages
+from batchsum.service.rate_headers import FORMS, MAX_PER_MINUTE, MAX_RESET, RateStatement, parse_rate_headers
 from tests import virtual_clock
 
 NOW = 1_372_699_073.0  # Unix seconds: half an hour before GitHub's documented X-RateLimit-Reset

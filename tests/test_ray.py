@@ -20,9 +20,9 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
 
 import batchsum.ray  # noqa: E402
+from batchsum.data.results import result_columns  # noqa: E402
 from batchsum.errors import AuthenticationError, BudgetError, InputError, InvalidParameterError  # noqa: E402
 from batchsum.local import Faults, LocalService  # noqa: E402
-from batchsum.results import result_columns  # noqa: E402
 from tests.conftest import article  # noqa: E402
 from tests.killing import KillAfter, cmdline_has, descendants  # noqa: E402
 

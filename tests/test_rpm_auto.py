@@ -14,13 +14,13 @@ import httpx
 import pytest
 
 import batchsum
-from batchsum.budget import ProcessBudget
 from batchsum.engine import summarize_stream
 from batchsum.errors import InvalidParameterError
 from batchsum.local.state import ClockWindow, FixedWindow, SlidingWindow, TokenBucket
-from batchsum.options import AUTO_MAX_RPM, RunSpec, check_rate
 from batchsum.pacing import KeyRecord, Pacer
+from batchsum.pacing.budget import ProcessBudget
 from batchsum.pacing.limit import SETTLE, Found
+from batchsum.run.spec import AUTO_MAX_RPM, RunSpec, check_rate
 from tests import virtual_clock
 from tests.test_short_job import KEY, Remembering, Service, gaps, told, uniform
 
@@ -144,7 +144,7 @@ def test_a_limit_found_is_remembered_and_the_next_run_starts_at_it_with_no_429()
 
     import time
 
-    from batchsum.budget import Remembered
+    from batchsum.pacing.budget import Remembered
 
     entries = [
         Remembered("keyhash", "https://svc", name, value, time.time()) for name, value in record.budget.told.items()
@@ -171,7 +171,7 @@ def test_a_limit_the_service_states_is_used_from_the_first_answer():
 def test_a_storm_never_lowers_a_remembered_limit():
     import time
 
-    from batchsum.budget import Remembered
+    from batchsum.pacing.budget import Remembered
 
     entries = [Remembered("k", "s", "limit", Found(240, "found", 0).to_json(), time.time() - 60)]
     record = KeyRecord(Remembering(), "k", "s", entries)
@@ -196,7 +196,7 @@ def test_a_storm_never_lowers_a_remembered_limit():
 def test_a_found_limit_probes_upward_after_ten_minutes_and_finds_an_upgrade():
     import time
 
-    from batchsum.budget import Remembered
+    from batchsum.pacing.budget import Remembered
 
     entries = [Remembered("k", "s", "limit", Found(200, "found", 0).to_json(), time.time() - 60)]
     record = KeyRecord(Remembering(), "k", "s", entries)
@@ -210,7 +210,7 @@ def test_a_found_limit_probes_upward_after_ten_minutes_and_finds_an_upgrade():
 def test_a_share_takes_its_part_of_the_limit_found():
     import time
 
-    from batchsum.budget import Remembered, Share
+    from batchsum.pacing.budget import Remembered, Share
 
     entries = [Remembered("k", "s", "limit", Found(240, "found", 0).to_json(), time.time() - 60)]
     record = KeyRecord(Remembering(), "k", "s", entries)
@@ -240,7 +240,7 @@ def test_a_second_run_on_the_budget_does_not_search_again():
     told_entries = virtual_clock.run(both())
     import time
 
-    from batchsum.budget import Remembered
+    from batchsum.pacing.budget import Remembered
 
     second = KeyRecord(budget, "k", "s", [Remembered("k", "s", n, v, time.time()) for n, v in told_entries.items()])
     assert Pacer(AUTO_MAX_RPM, auto=True, record=second).auto.phase == "settled"
@@ -297,8 +297,8 @@ def test_the_cli_runs_auto_against_the_local_service_and_reports_where_the_limit
 def _remember(key: str, service: str, rpm: float) -> None:
     import asyncio
 
-    from batchsum.budget import open_budget
     from batchsum.options import key_hash
+    from batchsum.pacing.budget import open_budget
     from batchsum.pacing.record import LIMIT
 
     async def go():

@@ -18,15 +18,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import batchsum
-from batchsum import contract
-from batchsum.client import PreparedRequest, validate_params
-from batchsum.datasets import BATCH_ROWS, DatasetInput
+from batchsum.data.datasets import BATCH_ROWS, DatasetInput
+from batchsum.data.journal import Journal
+from batchsum.data.results import Answer
+from batchsum.data.stores import MemoryStore
 from batchsum.engine import RowBlock, fingerprint, summarize_stream, text_fingerprint
-from batchsum.journal import Journal
 from batchsum.local import Faults
-from batchsum.report import BatchStats
-from batchsum.results import Answer
-from batchsum.stores import MemoryStore
+from batchsum.run.report import BatchStats
+from batchsum.service import contract
+from batchsum.service.client import PreparedRequest, validate_params
 from tests.conftest import KEY, article
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -143,7 +143,7 @@ def test_the_journal_looks_up_many_answers_in_one_go(tmp_path):
 
 
 def test_the_redis_store_looks_up_many_answers_in_one_go(redis_url):
-    from batchsum.journal import RedisStore
+    from batchsum.data.journal import RedisStore
 
     store = RedisStore(redis_url, "scale-test")
     try:
@@ -196,8 +196,8 @@ def test_hand_written_pandas_metadata_reads_back_every_input_type(tmp_path):
 
     import pandas as pd
 
-    from batchsum.datasets import DatasetOutput
-    from batchsum.results import RowResult
+    from batchsum.data.datasets import DatasetOutput
+    from batchsum.data.results import RowResult
 
     table = pa.table(
         {

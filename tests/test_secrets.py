@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 import batchsum
 from batchsum.cli import main
+from batchsum.data.journal import Journal
 from batchsum.engine import summarize_stream
 from batchsum.errors import (
     FRAGMENT,
@@ -41,7 +42,6 @@ from batchsum.errors import (
     redact,
     redact_location,
 )
-from batchsum.journal import Journal
 from tests.conftest import article
 
 PIECE = 10  # the promise: no 10 consecutive characters of the key anywhere
@@ -367,7 +367,7 @@ def test_the_journal_stores_a_redacted_output_and_shows_old_ones_redacted(tmp_pa
 
 def test_a_budget_url_with_a_password_is_shown_without_it():
     pytest.importorskip("redis")
-    from batchsum.budget import open_budget
+    from batchsum.pacing.budget import open_budget
 
     budget = open_budget("redis://:redispassword1@127.0.0.1:9/0", "id")
     assert "redispassword1" not in budget.where and "***@127.0.0.1:9" in budget.where

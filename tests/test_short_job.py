@@ -21,13 +21,13 @@ import httpx
 import pytest
 
 import batchsum
-from batchsum import contract
-from batchsum.budget import ProcessBudget, Remembered, Report, Share
-from batchsum.contract import Messages
 from batchsum.engine import summarize_stream
 from batchsum.local.state import LIMIT_KINDS, TokenBucket
 from batchsum.pacing import JITTER_MARGIN, ROOM_SPEEDUP, KeyRecord, Pacer
-from batchsum.report import BatchStats
+from batchsum.pacing.budget import ProcessBudget, Remembered, Report, Share
+from batchsum.run.report import BatchStats
+from batchsum.service import contract
+from batchsum.service.contract import Messages
 from tests import virtual_clock
 
 KEY = "test-key-short-job-0123456789"

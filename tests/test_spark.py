@@ -15,10 +15,10 @@ import pytest
 
 pyspark = pytest.importorskip("pyspark")
 
+from batchsum.data.results import result_columns  # noqa: E402
 from batchsum.errors import InputError, InvalidParameterError  # noqa: E402
 from batchsum.local import LocalService  # noqa: E402
 from batchsum.pacing import max_starts  # noqa: E402
-from batchsum.results import result_columns  # noqa: E402
 from tests.conftest import article, need  # noqa: E402
 from tests.test_pacing import most_in_any_window  # noqa: E402
 

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchsum.journal import Journal
+from batchsum.data.journal import Journal
 from batchsum.local import Faults, LocalService
 from tests.conftest import KEY, article
 
@@ -189,7 +189,7 @@ def test_a_signal_after_the_output_is_complete_keeps_it_and_exits_0(service, tmp
 
 
 def test_the_journal_imports_a_side_file_left_by_an_earlier_run(tmp_path):
-    from batchsum.results import Answer
+    from batchsum.data.results import Answer
 
     path = tmp_path / "j.sqlite"
     with Journal(path) as journal:

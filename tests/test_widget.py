@@ -157,7 +157,7 @@ def test_the_result_table_pages_filters_names_rows_by_id_and_saves(svc, tmp_path
 
 
 def test_an_opened_summary_shows_the_whole_once_and_a_short_one_has_nothing_to_open():
-    from batchsum.results import RowResult
+    from batchsum.data.results import RowResult
     from batchsum.widgets import ResultTable
 
     long_summary = " ".join(f"Point {i} of the reply." for i in range(12))
@@ -187,7 +187,7 @@ def test_the_text_app_only_offers_summarize_for_a_text_the_service_takes(svc):
 
 
 def test_plot_run_draws_what_the_accessor_returned(svc):
-    from batchsum.chart import series
+    from batchsum.app.chart import series
 
     out = pd.DataFrame({"body": [article(25, seed=i) for i in range(6)]}).batchsum.summarize(
         "body", api_key=KEY, base_url=svc.url, rpm=6000, progress=False

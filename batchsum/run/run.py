@@ -29,12 +29,15 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, I
 from contextlib import AsyncExitStack, ExitStack
 from typing import TYPE_CHECKING, Any
 
-from . import contract
-from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from .budget import Budget, RedisBudget, Share, SQLiteBudget, check_budget, open_budget
-from .client import AsyncClient
-from .engine import RunOptions, plan_batch, rows_of, stream_results
-from .errors import (
+from ..data.journal import Journal, RedisStore, RunLock, SharedJournal
+from ..data.results import RowBlock, RowResult
+from ..data.stores import AnswerStore, process_cache, shared_memory
+from ..engine.stream import RunOptions, plan_batch, rows_of, stream_results
+from ..pacing import KeyRecord, PaceChange
+from ..pacing.budget import Budget, RedisBudget, Share, SQLiteBudget, check_budget, open_budget
+from ..service import contract
+from ..service.client import AsyncClient
+from ..service.errors import (
     BrokenInputError,
     BudgetError,
     ConfigurationError,
@@ -43,21 +46,18 @@ from .errors import (
     RequestCapReached,
     redact_location,
 )
-from .journal import Journal, RedisStore, RunLock, SharedJournal
+from ..service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .logs import event
-from .options import AUTO_MAX_RPM, DEFAULT_MAX_WAIT, RunSpec, Secret, document_options
-from .pacing import KeyRecord, PaceChange
 from .progress import ProgressBar
 from .report import BatchStats, Timeline, merge_reports, run_report
-from .results import RowBlock, RowResult
-from .stores import AnswerStore, process_cache, shared_memory
+from .spec import AUTO_MAX_RPM, DEFAULT_MAX_WAIT, RunSpec, Secret, document_options
 from .telemetry import Metrics
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from .datasets import DatasetInput, DatasetOutput
-    from .local import LocalService
+    from ..data.datasets import DatasetInput, DatasetOutput
+    from ..local import LocalService
 
 __all__ = ["Run", "bind", "prepare_shared", "summarize_texts", "run_texts", "dry_run", "local_service"]
 
@@ -85,7 +85,7 @@ def local_service(rpm: float = 0) -> LocalService:
         service = _services.get(limit)
         if service is None:
             try:
-                from .local import LocalService
+                from ..local import LocalService
             except ImportError as exc:
                 raise ConfigurationError(str(exc)) from None
             service = _services[limit] = LocalService(rpm=limit).start()
@@ -109,7 +109,7 @@ def _key_hash(spec: RunSpec) -> str:
 
 def _identity(spec: RunSpec) -> str:
     """The key's identity at its service (a hash), as ``AsyncClient.identity`` computes it."""
-    from .client import Client
+    from ..service.client import Client
 
     with Client(**spec.client.client_kwargs()) as client:
         return client.identity
@@ -120,7 +120,7 @@ def prepare_shared(spec: RunSpec, check: Callable[[Budget, str], None] | None = 
     before anything is sent: the local service started, the budget reachable (``check`` may refuse a
     budget the workers cannot share), the machine budget named by its file (the same on every
     worker, whatever their cache folder), and the shared journal created."""
-    from ._background import run_in_worker
+    from .background import run_in_worker
 
     spec = bind(spec)
     identity = _identity(spec)
@@ -465,7 +465,7 @@ class Run:
 
 
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
 
     return __version__
 

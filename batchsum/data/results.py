@@ -12,7 +12,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .errors import InputError
+from ..service.errors import InputError
 
 if TYPE_CHECKING:
     import pandas as pd

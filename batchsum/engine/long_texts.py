@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from itertools import islice
 
-from . import contract
+from ..service import contract
 
 __all__ = [
     "PART_WORDS",

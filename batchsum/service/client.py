@@ -17,16 +17,8 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
+from ..run.spec import ENV_API_KEY, ENV_BASE_URL, check_params, client_settings, is_loopback
 from . import contract
-from ._inflate import ACCEPT_ENCODING, BoundedDecoder, DecodeError, UnsupportedEncoding
-from ._retry import (
-    DEFAULT_MAX_RETRIES,
-    DEFAULT_TIMEOUT,
-    MAX_ANSWER_BYTES,
-    MAX_ERROR_BYTES,
-    parse_retry_after,
-    retry_delay,
-)
 from .errors import (
     REDACTED,
     APIConnectionError,
@@ -39,8 +31,16 @@ from .errors import (
     redact,
     redact_value,
 )
-from .options import ENV_API_KEY, ENV_BASE_URL, check_params, client_settings, is_loopback
+from .inflate import ACCEPT_ENCODING, BoundedDecoder, DecodeError, UnsupportedEncoding
 from .rate_headers import RateStatement, parse_rate_headers
+from .retry import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_TIMEOUT,
+    MAX_ANSWER_BYTES,
+    MAX_ERROR_BYTES,
+    parse_retry_after,
+    retry_delay,
+)
 
 __all__ = ["Client", "AsyncClient", "Encoding", "ENV_API_KEY", "ENV_BASE_URL", "REDACTED"]
 
@@ -261,7 +261,7 @@ class _ClientCore:
 
 
 class _Body:
-    """An answer's body as it streams in, decoded in bounded steps (``_inflate``) within its size
+    """An answer's body as it streams in, decoded in bounded steps (``inflate``) within its size
     cap: a 200 over the cap fails at once (no summary is that long), an error body is cut there (its
     message is near the start). The cap counts decoded bytes, so a small compressed answer that
     inflates hugely costs at most the cap and one step."""

@@ -2,7 +2,7 @@
 batches over as an iterator and wants them back as they finish: a Spark task, a Polars sink) and
 ``OpenRun`` (a caller that calls once per batch and keeps the run open between calls: a Ray actor).
 
-The run (``run.Run``) lives on its own event loop in a worker thread (``_background``); it reads the
+The run (``run.Run``) lives on its own event loop in a worker thread (``background``); it reads the
 caller's batches as its window has room, and hands each batch back with its results as soon as its
 last row is done. At most ``AHEAD`` finished batches wait for the caller, and the engine's window
 bounds the rows in between, so memory stays bounded however large the partition is.
@@ -20,11 +20,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from ._background import BackgroundRun
-from .errors import RequestCapReached
-from .options import RunSpec
-from .results import RowResult, arrow_columns, result_columns
+from ..data.results import RowResult, arrow_columns, result_columns
+from ..service.errors import RequestCapReached
+from .background import BackgroundRun
 from .run import Run
+from .spec import RunSpec
 
 __all__ = ["BatchStream", "OpenRun", "AHEAD"]
 

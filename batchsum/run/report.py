@@ -1,6 +1,6 @@
 """What a person or a scheduler sees of a run: its live counts (``BatchStats``), its one-line
 account, its timeline second by second (``Timeline``), as plain data that travels with a result
-(``out.attrs["batchsum"]``) and that the chart (``chart.py``) draws; and the run report
+(``out.attrs["batchsum"]``) and that the chart (``app/chart.py``) draws; and the run report
 (``run_report``: the JSON a scheduler reads, schema ``docs/run-report.schema.json``; ``merge_reports``
 for the partitions of a Dask job; ``describe_report`` for a person)."""
 
@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .results import OK, SKIPPED, RowResult
+from ..data.results import OK, SKIPPED, RowResult
 
 _STATUS = operator.attrgetter("status")
 
 if TYPE_CHECKING:
-    from .pacing import Pacer, PacerState
+    from ..pacing import Pacer, PacerState
     from .telemetry import Metrics
 
 __all__ = ["BatchStats", "LongWork", "Timeline", "run_report", "merge_reports", "describe_report", "REPORT_SCHEMA"]
@@ -162,7 +162,7 @@ class BatchStats:
 
     def long_skipped(self, words: int) -> None:
         """A text over the limit skipped (``long_texts="skip"``): what splitting it would cost."""
-        from .long_texts import estimate_requests
+        from ..engine.long_texts import estimate_requests
 
         parts, reduce = estimate_requests(words)
         self.long_work.skipped_parts += parts
@@ -328,7 +328,7 @@ def run_report(
     ``started_at`` / ``ended_at``: wall-clock times. ``error``: what ended the run, if not its end:
     a stop (a signal, the request cap, a refused key, a broken input, a journal: ``stopped``) or
     anything else (``failed``)."""
-    from .errors import BatchsumError
+    from ..service.errors import BatchsumError
 
     if error is None:
         outcome = "finished"
@@ -396,7 +396,7 @@ def _stop_message(error: BaseException) -> str:
     """What ended a run, in one line: a signal or a cancel says so (not ``CancelledError()``)."""
     if isinstance(error, KeyboardInterrupt) or type(error).__name__ == "CancelledError":
         return "stopped by a signal (Ctrl-C, SIGTERM) or a cancel; answers on the wire were awaited and kept"
-    from .errors import one_line
+    from ..service.errors import one_line
 
     return one_line(str(error) or repr(error))
 

@@ -32,7 +32,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from .errors import BudgetError, InputError, JournalError, redact_location
+from ..service.errors import BudgetError, InputError, JournalError, redact_location
 from .results import Answer
 from .stores import CLAIM_SECONDS, claim_owner, holder_is_gone
 

@@ -37,8 +37,8 @@ import pyarrow.parquet as pq
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
 
+from ..service.errors import BrokenInputError, InputError, location_secrets, one_line, redact, redact_location
 from .csvsafe import neutralize
-from .errors import BrokenInputError, InputError, location_secrets, one_line, redact, redact_location
 from .results import RESULT_DTYPES, RowResult, arrow_types, result_columns
 
 __all__ = [

@@ -24,10 +24,25 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import contract, long_texts
-from .budget import Budget, Share
-from .client import AsyncClient, PreparedRequest, validate_params
-from .errors import (
+from ..data.results import BLOCK_ROWS, FAILED, OK, SKIPPED, Answer, RowBlock, RowResult
+from ..data.stores import CLAIM_POLL_SECONDS, AnswerStore, Leases, MemoryStore, SharedAnswerStore
+from ..pacing import KeyRecord, Limiter, PaceChange, PaceLog, Pacer
+from ..pacing.budget import Budget, Share
+from ..run.report import BatchStats, Timeline
+from ..run.spec import (
+    DEFAULT_DRAIN_SECONDS,
+    DEFAULT_MAX_WAIT,
+    DEFAULT_WINDOW,
+    DEFAULT_WINDOW_BYTES,
+    LONG_TEXT_POLICIES,
+    check_choice,
+    check_rpm,
+    check_seconds,
+    check_whole,
+)
+from ..service import contract
+from ..service.client import AsyncClient, PreparedRequest, validate_params
+from ..service.errors import (
     APIError,
     APIResponseValidationError,
     APIStatusError,
@@ -42,22 +57,8 @@ from .errors import (
     RequestCapReached,
     UnprocessableEntityError,
 )
-from .options import (
-    DEFAULT_DRAIN_SECONDS,
-    DEFAULT_MAX_WAIT,
-    DEFAULT_WINDOW,
-    DEFAULT_WINDOW_BYTES,
-    LONG_TEXT_POLICIES,
-    check_choice,
-    check_rpm,
-    check_seconds,
-    check_whole,
-)
-from .pacing import KeyRecord, Limiter, PaceChange, PaceLog, Pacer
-from .rate_headers import RateStatement
-from .report import BatchStats, Timeline
-from .results import BLOCK_ROWS, FAILED, OK, SKIPPED, Answer, RowBlock, RowResult
-from .stores import CLAIM_POLL_SECONDS, AnswerStore, Leases, MemoryStore, SharedAnswerStore
+from ..service.rate_headers import RateStatement
+from . import long_texts
 
 # A row in the window: its result, a known answer, or the task that gives either.
 Pending = RowResult | Answer | asyncio.Task[Answer] | asyncio.Task[RowResult]
@@ -156,7 +157,9 @@ class RunOptions:
         if self.limiter is not None and not callable(getattr(self.limiter, "acquire", None)):
             raise InvalidParameterError("invalid limiter: it needs an async acquire() method, as AsyncLimiter has")
         if self.budget is not None and not isinstance(self.budget, Budget):
-            raise InvalidParameterError(f"invalid budget {self.budget!r}: open one with batchsum.budget.open_budget")
+            raise InvalidParameterError(
+                f"invalid budget {self.budget!r}: open one with batchsum.pacing.budget.open_budget"
+            )
 
     def pacer(
         self,
