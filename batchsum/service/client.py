@@ -1,7 +1,7 @@
 """``Client`` and ``AsyncClient``: one summary per call, every error of the interface typed.
 
 Request building, answer decoding and the retry decision live once, in ``_ClientCore``; the twins
-only send and sleep. ``tests/test_client_parity.py`` proves they agree.
+only send and sleep. ``tests/service/test_client_parity.py`` proves they agree.
 """
 
 from __future__ import annotations

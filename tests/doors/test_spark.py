@@ -20,7 +20,7 @@ from batchsum.errors import InputError, InvalidParameterError  # noqa: E402
 from batchsum.local import LocalService  # noqa: E402
 from batchsum.pacing import max_starts  # noqa: E402
 from tests.conftest import article, need  # noqa: E402
-from tests.test_pacing import most_in_any_window  # noqa: E402
+from tests.pacing.test_pacing import most_in_any_window  # noqa: E402
 
 pytestmark = pytest.mark.spark
 KEY = "bs-spark-test-key-0123456789"

@@ -18,7 +18,7 @@ from batchsum.data.results import Answer
 from batchsum.service.contract import LOCAL_SERVICE, service_identity
 from tests.conftest import KEY, article
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 def source(tmp_path: Path, n: int = 6) -> Path:

@@ -23,7 +23,7 @@ from batchsum.pacing.budget import RESERVE, RESERVE_ONLY, ProcessBudget, Report,
 from batchsum.run import run_texts
 from tests.conftest import EXPIRED_KEY, KEY, article
 
-SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "docs" / "run-report.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "run-report.schema.json").read_text())
 PLAN = 600  # the strict service's 60 per 6 seconds, per minute
 INTERVAL = 60 / PLAN * (1 + JITTER_MARGIN)  # the pacer's spacing at the plan's pace
 

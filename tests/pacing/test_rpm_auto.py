@@ -22,7 +22,7 @@ from batchsum.pacing.budget import ProcessBudget
 from batchsum.pacing.limit import SETTLE, Found
 from batchsum.run.spec import AUTO_MAX_RPM, RunSpec, check_rate
 from tests import virtual_clock
-from tests.test_short_job import KEY, Remembering, Service, gaps, told, uniform
+from tests.pacing.test_short_job import KEY, Remembering, Service, gaps, told, uniform
 
 MINUTE = 60.0
 

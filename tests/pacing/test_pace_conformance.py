@@ -27,7 +27,7 @@ from batchsum.local.state import LIMIT_KINDS, SlidingWindow
 from batchsum.pacing import JITTER_MARGIN, ROOM_SPEEDUP, Pacer
 from batchsum.pacing.budget import ProcessBudget
 from tests import virtual_clock
-from tests.test_short_job import KEY, Service
+from tests.pacing.test_short_job import KEY, Service
 
 SUITE = settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 WINDOWS = (1.0, 10.0, 60.0)

@@ -26,9 +26,9 @@ from batchsum.pacing.budget import MAX_PAUSE, ProcessBudget, RedisBudget, Report
 from batchsum.pacing.pacer import _loop_time
 from tests import virtual_clock
 from tests.conftest import article, free_port
-from tests.test_pacing import Sim, between, most_in_any_window, send_one
+from tests.pacing.test_pacing import Sim, between, most_in_any_window, send_one
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(coro):

@@ -13,7 +13,7 @@ import batchsum
 
 nbclient = pytest.importorskip("nbclient")
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 
 # The public API: the package's ``__all__``, and the modules the README has users import by name.
 PUBLIC_MODULES = {"batchsum.local", "batchsum.polars", "batchsum.dask", "batchsum.spark"}

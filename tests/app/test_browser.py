@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "widget.ipynb"
 FRAME_RUN = ROOT / "tests" / "apps" / "frame_run.ipynb"
 FLAGS = [

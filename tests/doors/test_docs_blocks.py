@@ -49,7 +49,7 @@ import pytest
 from batchsum.local import LocalService
 from tests.conftest import need
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [
     ROOT / "README.md",
     *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in ("architecture.md", "interface.md")),

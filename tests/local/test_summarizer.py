@@ -120,7 +120,7 @@ def test_a_text_without_sentence_punctuation_is_still_summarized():
 
 # -- reading well: coherence, headings, the best line, two modes -------------------------------------
 
-ARTICLES = sorted((__import__("pathlib").Path(__file__).parents[1] / "benchmarks" / "articles").glob("*.txt"))
+ARTICLES = sorted((__import__("pathlib").Path(__file__).parents[2] / "benchmarks" / "articles").glob("*.txt"))
 
 
 def _chosen(text, summary):

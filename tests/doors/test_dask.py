@@ -19,7 +19,7 @@ from batchsum.errors import BudgetError, InputError  # noqa: E402
 from batchsum.local import LocalService  # noqa: E402
 from batchsum.pacing import max_starts  # noqa: E402
 from tests.conftest import article  # noqa: E402
-from tests.test_pacing import most_in_any_window  # noqa: E402
+from tests.pacing.test_pacing import most_in_any_window  # noqa: E402
 
 KEY = "bs-dask-test-key"
 

@@ -83,7 +83,7 @@ def _claim_in_a_process(code: str) -> subprocess.Popen[str]:
         [sys.executable, "-c", textwrap.dedent(code)],
         stdout=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).parent.parent,
+        cwd=Path(__file__).parents[2],
     )
     assert process.stdout is not None
     assert process.stdout.readline().strip() == "claimed"

@@ -108,7 +108,7 @@ def test_the_frame_app_runs_with_progress_preview_and_result(svc, frame):
     clear_cache()
     app = batchsum.widget(frame, api_key=KEY, base_url=svc.url, rpm=0)
     assert isinstance(app, FrameApp) and app.column.options == ("body",)
-    tickets = pd.read_parquet(__import__("pathlib").Path(__file__).parents[1] / "examples" / "tickets.parquet")
+    tickets = pd.read_parquet(__import__("pathlib").Path(__file__).parents[2] / "examples" / "tickets.parquet")
     assert batchsum.widget(tickets, local=True).column.value == "text"  # the wordiest column first
     app.format.value = "best_line"
     app.run_button.click()

@@ -29,7 +29,7 @@ from batchsum.service import contract
 from batchsum.service.client import PreparedRequest, validate_params
 from tests.conftest import KEY, article
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 @pytest.mark.parametrize("blocks", [False, True], ids=["rows", "blocks"])
