@@ -142,7 +142,7 @@ def test_a_person_types_a_text_clicks_summarize_and_reads_the_summary(voila, tmp
             area.wait_for(timeout=120_000)
             button = page.locator(".batchsum-text-app button", has_text="Summarize")
             area.fill("too short to summarize")
-            page.get_by_text("needs at least 10").wait_for(timeout=30_000)
+            page.locator(".batchsum-count").get_by_text("needs at least 10").wait_for(timeout=30_000)
             assert button.is_disabled()
             area.fill(text)
             page.get_by_text("words: within 10..5000").wait_for(timeout=30_000)
