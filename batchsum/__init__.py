@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._imports import after_import
-from .contract import Mode, SummaryType
+from .data.results import RowResult, result_dtypes
 from .errors import (
     APIConnectionError,
     APIError,
@@ -32,14 +32,19 @@ from .errors import (
     UnprocessableEntityError,
 )
 from .options import RunSpec
-from .results import RowResult, result_dtypes
+from .service.contract import Mode, SummaryType
 
 if TYPE_CHECKING:
-    from .client import AsyncClient, Client
-    from .run import Run, summarize_texts
+    from .run.run import Run, summarize_texts
+    from .service.client import AsyncClient, Client
 
 # Loaded on first use, so that ``import batchsum`` (and the command line) stays light.
-_LAZY = {"Client": "client", "AsyncClient": "client", "Run": "run", "summarize_texts": "run"}
+_LAZY = {
+    "Client": "service.client",
+    "AsyncClient": "service.client",
+    "Run": "run.run",
+    "summarize_texts": "run.run",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -99,7 +104,7 @@ def plot_run(result: object) -> object:
     pauses, rows done): ``batchsum.plot_run(out)`` for what an accessor returned, or a run report
     (its dict, or the path of its file, ``report=`` / ``--report``). Needs the ``notebook`` extra
     (bqplot)."""
-    from .chart import plot_run as draw
+    from .app.chart import plot_run as draw
 
     return draw(result)
 
@@ -107,6 +112,6 @@ def plot_run(result: object) -> object:
 def widget(data: object = None, **options: object) -> object:
     """The notebook app: ``batchsum.widget()`` for one text, ``batchsum.widget(df)`` for a DataFrame.
     Needs the ``notebook`` extra (ipywidgets)."""
-    from .widgets import make_widget
+    from .app.widgets import make_widget
 
     return make_widget(data, **options)

@@ -4,7 +4,7 @@ its own: ``_summarize(column, spec)`` (and ``_asummarize`` for the async ones), 
 input into rows and the results back into its frame. ``column`` is None for a Series accessor.
 
 The keywords are the options of ``RunSpec.from_kwargs``, with its defaults (a test checks); their
-help is ``options.OPTIONS``, appended to each docstring.
+help is ``run.spec.OPTIONS``, appended to each docstring.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import os
 from collections.abc import Hashable
 from typing import Any, Generic, TypeVar
 
-from . import contract
-from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from .options import DEFAULT_MAX_WAIT, RunSpec, document_options
+from .run.spec import DEFAULT_MAX_WAIT, RunSpec, document_options
+from .service import contract
+from .service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 
 __all__ = ["ColumnSummarize", "ColumnSummarizeAsync", "ValuesSummarize", "ValuesSummarizeAsync"]
 

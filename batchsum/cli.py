@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import contract
-from .errors import (
+from .run.spec import ENCODINGS, ENV_API_KEY, LONG_TEXT_POLICIES, OPTIONS, RunSpec, check_rate
+from .service import contract
+from .service.errors import (
     APIError,
     AuthenticationError,
     BatchsumError,
@@ -36,7 +37,6 @@ from .errors import (
     explain,
     redact_location,
 )
-from .options import ENCODINGS, ENV_API_KEY, LONG_TEXT_POLICIES, OPTIONS, RunSpec, check_rate
 
 __all__ = ["main"]
 
@@ -354,7 +354,7 @@ class _JsonLogs:
     def __enter__(self) -> _JsonLogs:
         global _json_logs
         if self.enabled:
-            from .logs import json_handler
+            from .run.logs import json_handler
 
             logger = logging.getLogger("batchsum")
             self._saved = (logger.level, logger.propagate)
@@ -458,7 +458,7 @@ class _Late:
 
 def _remove_empty_journal(path: Path) -> None:
     """A journal this run created and that holds no answer (the key was refused at once)."""
-    from .journal import Journal
+    from .data.journal import Journal
 
     try:
         with Journal(path, create=False) as journal:
@@ -472,7 +472,7 @@ def _remove_empty_journal(path: Path) -> None:
 
 def _journal_path(args: argparse.Namespace, target: Any, source: Any) -> Path:
     """``--journal``, or ``OUTPUT.journal.sqlite``; never the output or an input."""
-    from .datasets import default_journal
+    from .data.datasets import default_journal
 
     path = Path(args.journal) if args.journal else default_journal(target)
     if not target.remote and os.path.realpath(path) == os.path.realpath(target.local):
@@ -494,8 +494,8 @@ def _own_process(args: argparse.Namespace) -> None:
 
 def _summarize(args: argparse.Namespace) -> int:
     _own_process(args)
-    from .datasets import DatasetInput, DatasetOutput, check_output
-    from .run import Run, dry_run
+    from .data.datasets import DatasetInput, DatasetOutput, check_output
+    from .run.run import Run, dry_run
 
     # Everything that can be refused is checked before any file is created or anything is sent.
     spec = RunSpec.from_args(args, key_required=not args.dry_run)
@@ -613,8 +613,8 @@ def _text(args: argparse.Namespace) -> int:
             'error: no text given: pass it as an argument (batchsum text "...") or on standard '
             "input (batchsum text < article.txt)",
         )
-    from .client import Client
-    from .run import bind
+    from .run.run import bind
+    from .service.client import Client
 
     spec = bind(RunSpec.from_args(args))
     text = sys.stdin.read() if args.text == "-" else args.text
@@ -629,7 +629,7 @@ def _text(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     import json
 
-    from .report import describe_report
+    from .run.report import describe_report
 
     try:
         with open(args.path, encoding="utf-8") as file:
@@ -646,10 +646,10 @@ def _limits(args: argparse.Namespace) -> int:
     """``batchsum limits``: what the budget remembers of keys' limits; ``--forget`` removes them."""
     import datetime
 
-    from .budget import ProcessBudget, open_budget
-    from .options import budget_spec, check_base_url, key_hash_from_environment
+    from .pacing.budget import ProcessBudget, open_budget
     from .pacing.limit import Found
     from .pacing.record import LIMIT
+    from .run.spec import budget_spec, check_base_url, key_hash_from_environment
 
     budget = open_budget(budget_spec(args.budget), "")
     if isinstance(budget, ProcessBudget):
@@ -694,7 +694,7 @@ def _limits(args: argparse.Namespace) -> int:
 def _journal(args: argparse.Namespace) -> int:
     import datetime
 
-    from .journal import Journal
+    from .data.journal import Journal
 
     path = Path(args.path)
     with Journal(path, readonly=True) as journal:

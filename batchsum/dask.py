@@ -27,13 +27,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 import pandas as pd
 
-from ._background import run_in_worker
 from .accessors import ColumnSummarize, ValuesSummarize
-from .budget import Budget, ProcessBudget, SQLiteBudget
-from .errors import BudgetError, InvalidParameterError
-from .options import RunSpec
-from .results import check_columns, column_blocks, join_results, results_frame
-from .run import prepare_shared, run_texts
+from .data.results import check_columns, column_blocks, join_results, results_frame
+from .pacing.budget import Budget, ProcessBudget, SQLiteBudget
+from .run.background import run_in_worker
+from .run.run import prepare_shared, run_texts
+from .run.spec import RunSpec
+from .service.errors import BudgetError, InvalidParameterError
 
 __all__ = ["DaskDataFrameAccessor", "DaskSeriesAccessor"]
 

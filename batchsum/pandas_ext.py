@@ -1,7 +1,7 @@
 """``df.batchsum`` and ``series.batchsum``: summarize a text column, registered with pandas'
 accessor API when ``batchsum`` is imported.
 
-The synchronous calls run on a worker thread with its own event loop (``_background``), so they
+The synchronous calls run on a worker thread with its own event loop (``run.background``), so they
 work unchanged inside a running loop (Jupyter, IPython, an async app). An interrupt (the stop button,
 Ctrl-C) stops sending at once; finished answers stay in an in-process cache (and in the journal when
 ``journal=`` is given), so calling the same thing again sends only what was not finished.
@@ -13,14 +13,14 @@ from collections.abc import Hashable
 
 import pandas as pd
 
-from ._background import run_in_worker
 from .accessors import ColumnSummarize, ColumnSummarizeAsync, ValuesSummarize, ValuesSummarizeAsync
-from .errors import InputError
-from .options import RunSpec
-from .report import BatchStats
-from .results import RowResult, check_columns, column_blocks, join_results, results_frame
-from .run import run_texts
-from .stores import clear_process_caches
+from .data.results import RowResult, check_columns, column_blocks, join_results, results_frame
+from .data.stores import clear_process_caches
+from .run.background import run_in_worker
+from .run.report import BatchStats
+from .run.run import run_texts
+from .run.spec import RunSpec
+from .service.errors import InputError
 
 __all__ = ["DataFrameAccessor", "SeriesAccessor", "clear_cache"]
 

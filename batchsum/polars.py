@@ -27,15 +27,15 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 import pyarrow as pa
 from polars.io.plugins import register_io_source
 
-from ._background import run_in_worker
 from .accessors import ColumnSummarize, ColumnSummarizeAsync, ValuesSummarize, ValuesSummarizeAsync
-from .batches import BatchStream
-from .errors import InputError
-from .options import RunSpec
-from .report import BatchStats
-from .results import RowBlocks, RowResult, arrow_columns, arrow_types, check_columns, result_columns
-from .run import run_texts
-from .stores import scratch_journal
+from .data.results import RowBlocks, RowResult, arrow_columns, arrow_types, check_columns, result_columns
+from .data.stores import scratch_journal
+from .run.background import run_in_worker
+from .run.batches import BatchStream
+from .run.report import BatchStats
+from .run.run import run_texts
+from .run.spec import RunSpec
+from .service.errors import InputError
 
 __all__ = ["DataFrameNamespace", "LazyFrameNamespace", "SeriesNamespace", "last_run", "LAZY_BATCH_ROWS"]
 

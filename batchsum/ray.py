@@ -39,14 +39,14 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 
 import pyarrow as pa
 
-from . import contract
-from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from .batches import OpenRun
-from .budget import Budget, ProcessBudget, SQLiteBudget
-from .errors import BudgetError, InputError, InvalidParameterError
-from .options import DEFAULT_MAX_WAIT, RunSpec, document_options
-from .results import arrow_columns, check_output_columns, result_columns
-from .run import prepare_shared
+from .data.results import arrow_columns, check_output_columns, result_columns
+from .pacing.budget import Budget, ProcessBudget, SQLiteBudget
+from .run.batches import OpenRun
+from .run.run import prepare_shared
+from .run.spec import DEFAULT_MAX_WAIT, RunSpec, document_options
+from .service import contract
+from .service.errors import BudgetError, InputError, InvalidParameterError
+from .service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 
 __all__ = ["summarize", "DEFAULT_WORKERS", "DEFAULT_BATCH_ROWS"]
 

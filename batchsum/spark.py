@@ -37,15 +37,15 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 import pandas as pd
 import pyarrow as pa
 
-from . import contract
-from ._background import run_in_worker
-from ._retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from .batches import BatchStream
-from .budget import Budget, ProcessBudget, SQLiteBudget
-from .errors import BudgetError, ConfigurationError, InputError, InvalidParameterError
-from .options import DEFAULT_MAX_WAIT, RunSpec, document_options
-from .results import RowResult, check_output_columns, result_columns, results_frame
-from .run import prepare_shared, run_texts
+from .data.results import RowResult, check_output_columns, result_columns, results_frame
+from .pacing.budget import Budget, ProcessBudget, SQLiteBudget
+from .run.background import run_in_worker
+from .run.batches import BatchStream
+from .run.run import prepare_shared, run_texts
+from .run.spec import DEFAULT_MAX_WAIT, RunSpec, document_options
+from .service import contract
+from .service.errors import BudgetError, ConfigurationError, InputError, InvalidParameterError
+from .service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 
 __all__ = ["summarize", "register", "result_schema"]
 

@@ -31,8 +31,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from batchsum.budget import ProcessBudget, RedisBudget, Report, SQLiteBudget
 from batchsum.local import LocalService
+from batchsum.pacing.budget import ProcessBudget, RedisBudget, Report, SQLiteBudget
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import batchsum
 from batchsum.engine import plan_batch, summarize_stream
 from batchsum.local import LocalService
-from batchsum.report import BatchStats
+from batchsum.run.report import BatchStats
 
 YEAR = (Path(__file__).resolve().parents[1] / "examples" / "support-year.txt").read_text(encoding="utf-8")
 

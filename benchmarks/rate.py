@@ -29,7 +29,7 @@ from aiolimiter import AsyncLimiter
 import batchsum
 from batchsum.engine import summarize_stream
 from batchsum.local import Faults, LocalService
-from batchsum.report import BatchStats
+from batchsum.run.report import BatchStats
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 CLIENTS = ("batchsum", "batchsum-c16", "aiolimiter", "full-bucket")

@@ -40,7 +40,7 @@ from rate import FullBucket, post_until_answered, texts  # noqa: E402  (the benc
 
 import batchsum  # noqa: E402
 from batchsum.local import Faults, LocalService  # noqa: E402
-from batchsum.report import BatchStats  # noqa: E402
+from batchsum.run.report import BatchStats  # noqa: E402
 
 CLIENTS = ("batchsum", "batchsum-proven", "aiolimiter+semaphore", "full-bucket")
 KINDS = {  # name: (limit kind, headers, rows, latency from, latency to)

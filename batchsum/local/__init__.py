@@ -1,6 +1,7 @@
 """The local reference service: the interface of ``shared/api/interface.md`` on this machine.
 
-Needs the ``local`` extra (``pip install 'batchsum[local]'``). Imports only ``batchsum.contract``.
+Needs the ``local`` extra (``pip install 'batchsum[local]'``). Imports only
+``batchsum.service.contract``.
 """
 
 from __future__ import annotations

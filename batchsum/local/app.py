@@ -22,8 +22,8 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from .. import contract
-from ..contract import Messages
+from ..service import contract
+from ..service.contract import Messages
 from .openapi import openapi_document
 from .state import Faults, Plan, ServiceState
 from .summarizer import summarize

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import contract
-from ..contract import Messages
+from ..service import contract
+from ..service.contract import Messages
 
 __all__ = ["openapi_document"]
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import contract
+from ..service import contract
 from .sentences import split_sentences
 
 __all__ = ["summarize", "rank_sentences", "sentence_budget", "Tuning", "dangles", "unresolved_share"]

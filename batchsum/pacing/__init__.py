@@ -16,7 +16,7 @@ The pieces, each with its invariant in its docstring:
 - ``pacer``: ``Pacer``, which composes them for a batch.
 """
 
-from ..options import check_rpm
+from ..run.spec import check_rpm
 from .in_flight import DEFAULT_MAX_IN_FLIGHT, START_IN_FLIGHT, UNPACED_IN_FLIGHT, InFlight
 from .pacer import Limiter, PaceChange, PaceLog, Pacer, PacerState
 from .record import PROOF_SECONDS, KeyRecord

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..budget import COMMIT, LOOK, RESERVE, Budget, ProcessBudget, Report, Share, Slot
-from ..options import check_rpm
+from ..run.spec import check_rpm
+from .budget import COMMIT, LOOK, RESERVE, Budget, ProcessBudget, Report, Share, Slot
 from .evidence import Evidence, count_between
 from .in_flight import InFlight
 from .limit import AutoLimit

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from .._retry import MAX_RETRY_AFTER, backoff
+from ..service.retry import MAX_RETRY_AFTER, backoff
 
 __all__ = ["Pause", "RAMP_START", "RAMP_DECAY"]
 

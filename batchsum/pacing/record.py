@@ -12,8 +12,8 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from ..budget import Budget, Remembered
-from ..errors import BudgetError
+from ..service.errors import BudgetError
+from .budget import Budget, Remembered
 from .limit import LIMIT_SECONDS, Found
 
 __all__ = ["KeyRecord", "PROOF_SECONDS"]

@@ -15,8 +15,8 @@ import math
 from collections.abc import Iterable
 from typing import Protocol
 
-from .._retry import MAX_RETRY_AFTER
-from ..budget import Slot
+from ..service.retry import MAX_RETRY_AFTER
+from .budget import Slot
 from .spacing import WINDOW
 
 __all__ = ["StatedRoom", "Company", "Statement"]

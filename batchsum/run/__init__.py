@@ -1,0 +1,27 @@
+"""The run: ``RunSpec``, every option checked once (``spec``; its stable path is
+``batchsum.options``), ``Run`` and what front-ends need around it (``run``), the report, the
+events, the metrics and the progress bar (``report``, ``logs``, ``telemetry``, ``progress``), a run
+on a worker thread (``background``) and batches through one run (``batches``).
+
+``from batchsum.run import Run`` names what ``run`` exports. They are loaded on first use: the
+layers below import ``batchsum.run.spec``, and loading ``run`` with it would be an import cycle.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .run import Run, bind, dry_run, local_service, prepare_shared, run_texts, summarize_texts, write_report
+
+__all__ = ["Run", "bind", "prepare_shared", "summarize_texts", "run_texts", "dry_run", "local_service", "write_report"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(".run", __name__), name)
+    globals()[name] = value
+    return value

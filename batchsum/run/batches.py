@@ -1,0 +1,154 @@
+"""Batches through one run, for a synchronous caller: ``BatchStream`` (a caller that hands Arrow
+batches over as an iterator and wants them back as they finish: a Spark task, a Polars sink) and
+``OpenRun`` (a caller that calls once per batch and keeps the run open between calls: a Ray actor).
+
+The run (``run.Run``) lives on its own event loop in a worker thread (``background``); it reads the
+caller's batches as its window has room, and hands each batch back with its results as soon as its
+last row is done. At most ``AHEAD`` finished batches wait for the caller, and the engine's window
+bounds the rows in between, so memory stays bounded however large the partition is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import warnings
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from ..data.results import RowResult, arrow_columns, result_columns
+from ..service.errors import RequestCapReached
+from .background import BackgroundRun
+from .run import Run
+from .spec import RunSpec
+
+__all__ = ["BatchStream", "OpenRun", "AHEAD"]
+
+AHEAD = 2  # finished batches that may wait for the caller
+_END = object()
+
+
+class BatchStream:
+    """``for batch in BatchStream(spec, batches, column): ...``: each of ``batches`` (Arrow record
+    batches) with the result columns appended, in order, from one shared run over their ``column``.
+    At the request cap every row still has its record and a ``RuntimeWarning`` says so (as the frame
+    front-ends do). Closing the stream early (the caller stopped) cancels the run, which lets
+    requests on the wire finish and keeps their answers."""
+
+    def __init__(self, spec: RunSpec, batches: Iterator[pa.RecordBatch], column: str, *, shared: bool = True) -> None:
+        self.spec = spec
+        self.column = column
+        self.shared = shared
+        self._batches = batches
+        self._done: queue.Queue[Any] = queue.Queue(maxsize=AHEAD)
+        self._waiting: deque[pa.RecordBatch] = deque()  # read, not yet handed back
+
+    async def _texts(self) -> AsyncIterator[Any]:
+        while True:
+            batch = await asyncio.to_thread(next, self._batches, None)
+            if batch is None:
+                return
+            self._waiting.append(batch)
+            for text in batch.column(self.column).to_pylist():
+                yield text
+
+    async def _hand_back(self, item: Any) -> None:
+        await asyncio.to_thread(self._done.put, item)
+
+    async def _run(self) -> None:
+        names = result_columns(self.spec.output_column)
+        mine: list[RowResult] = []
+        try:
+            async with Run(self.spec, shared=self.shared) as run:
+                async for result in run.stream(self._texts()):
+                    mine.append(result)
+                    while self._waiting and len(mine) >= self._waiting[0].num_rows:
+                        batch = self._waiting.popleft()
+                        done, mine = mine[: batch.num_rows], mine[batch.num_rows :]
+                        arrays = batch.columns + arrow_columns(done)
+                        await self._hand_back(pa.RecordBatch.from_arrays(arrays, names=batch.schema.names + names))
+                while self._waiting and self._waiting[0].num_rows == 0:  # empty batches keep their place
+                    batch = self._waiting.popleft()
+                    arrays = batch.columns + arrow_columns([])
+                    await self._hand_back(pa.RecordBatch.from_arrays(arrays, names=batch.schema.names + names))
+        except RequestCapReached as exc:
+            warnings.warn(f"{exc}; call it again to continue (answers are kept)", RuntimeWarning, stacklevel=2)
+        await self._hand_back(_END)
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        worker = BackgroundRun(self._run)
+        try:
+            while True:
+                try:
+                    item = self._done.get(timeout=0.1)
+                except queue.Empty:
+                    if worker.wait(0):
+                        worker.result()  # raises what ended the run
+                        return
+                    continue
+                if item is _END:
+                    worker.wait()
+                    worker.result()
+                    return
+                yield item
+        finally:
+            if not worker.wait(0):
+                worker.cancel()
+                while not worker.wait(0.1):  # requests on the wire finish and are kept
+                    try:
+                        self._done.get_nowait()  # let a hand-back waiting for room return
+                    except queue.Empty:
+                        pass
+
+
+class OpenRun:
+    """One run kept open on its own event loop thread across calls: ``summarize(texts)`` streams a
+    batch through it and returns its results, in order; ``close()`` ends the run (its report, its
+    claims, its connections). The pace, the client's connections, the budget and the key's record
+    stay with the run from one batch to the next, as they would in one long run."""
+
+    def __init__(self, spec: RunSpec, *, shared: bool = True) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="batchsum-run", daemon=True)
+        self._thread.start()
+        self._run = Run(spec, shared=shared)
+        self._call(self._run.__aenter__())
+        self.closed = False
+
+    def _call(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    async def _stream(self, texts: list[Any]) -> list[RowResult]:
+        stats = self._run.stats
+        stats.total = (stats.total or 0) + len(texts)  # the rows handed over so far (the bar's length)
+        return [result async for result in self._run.stream(texts)]
+
+    def summarize(self, texts: list[Any]) -> list[RowResult]:
+        """One result per text, in order. What stops the run (a refused key, a full disk) ends it
+        (its report written, its bar closed) and is raised."""
+        try:
+            results: list[RowResult] = self._call(self._stream(texts))
+        except BaseException as exc:
+            self.close(exc)
+            raise
+        return results
+
+    def close(self, error: BaseException | None = None) -> None:
+        """End the run (``error``: what stopped it, for its report)."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._call(
+                self._run.__aexit__(type(error) if error else None, error, error.__traceback__ if error else None)
+            )
+        except Exception:  # noqa: BLE001 - the stop that ended it was raised already
+            pass
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(30)
+            self._loop.close()

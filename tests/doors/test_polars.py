@@ -1,0 +1,136 @@
+"""``df.batchsum`` on Polars: every input column then the result columns as pl.String / pl.Int32,
+rows in order, the same answers and records as the pandas accessor on the same rows (skipped and
+failed ones too), inside a running event loop as well."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+pl = pytest.importorskip("polars")
+
+import batchsum.polars  # noqa: E402  (registers df.batchsum for Polars)
+from batchsum.data.results import result_columns  # noqa: E402
+from batchsum.errors import InputError  # noqa: E402
+from batchsum.local import Faults  # noqa: E402
+from batchsum.pandas_ext import clear_cache  # noqa: E402
+from tests.conftest import KEY, article  # noqa: E402
+
+TEXTS = [article(30, seed=i) for i in range(5)] + [None, "too short", article(30, seed=0), "   "]
+
+
+@pytest.fixture
+def opts(svc):
+    clear_cache()
+    return {"api_key": KEY, "base_url": svc.url, "rpm": 0, "progress": False, "budget": "none"}
+
+
+def test_types_order_and_answers_equal_the_pandas_accessor(svc, opts):
+    frame = pl.DataFrame({"id": list(range(len(TEXTS))), "text": TEXTS})
+    svc.faults = Faults(script=["ok", "ok", "422"])  # one row refused by the service: a failed row
+    out = frame.batchsum.summarize("text", type="bullets", **opts)
+    assert out.columns == ["id", "text", *result_columns()]
+    assert out.schema["summary"] == pl.String and out.schema["summary_status"] == pl.String
+    assert out.schema["summary_http_status"] == pl.Int32 and out.schema["summary_attempts"] == pl.Int32
+    assert out.schema["summary_requests"] == pl.Int32
+    assert out["id"].to_list() == list(range(len(TEXTS)))
+    statuses = out["summary_status"].to_list()
+    assert statuses.count("skipped") == 3 and statuses.count("failed") == 1
+
+    # The pandas accessor on the same rows, from the same answers (the failed row is not kept: a 422
+    # is permanent and answered again from the cache).
+    by_pandas = pd.DataFrame({"id": list(range(len(TEXTS))), "text": TEXTS}).batchsum.summarize(
+        "text", type="bullets", **opts
+    )
+    for name in result_columns():
+        assert out[name].to_list() == [None if pd.isna(v) else v for v in by_pandas[name].tolist()], name
+    assert batchsum.polars.last_run()["rows"] == len(TEXTS)
+
+
+def test_a_series_gives_the_result_columns_and_works_in_a_running_loop(svc, opts):
+    series = pl.Series("text", TEXTS[:3])
+    out = series.batchsum.summarize(**opts)
+    assert out.columns == result_columns() and out["summary_status"].to_list() == ["ok"] * 3
+
+    async def inside_a_loop() -> object:
+        return series.batchsum.summarize(percentage=2, **opts)  # the sync call, from a running loop
+
+    import asyncio
+
+    assert asyncio.run(inside_a_loop())["summary_status"].to_list() == ["ok"] * 3
+
+
+async def test_asummarize_awaits_in_the_running_loop(svc, opts):
+    out = await pl.DataFrame({"text": TEXTS[:2]}).batchsum.asummarize("text", output_column="digest", **opts)
+    assert out.columns == ["text", *result_columns("digest")]
+
+
+def test_bad_input_is_one_clear_error_before_anything_is_sent(svc, opts):
+    frame = pl.DataFrame({"text": TEXTS[:2], "summary": ["x", "y"]})
+    with pytest.raises(InputError, match="no column 'body'"):
+        frame.batchsum.summarize("body", **opts)
+    with pytest.raises(InputError, match="already has column 'summary'"):
+        frame.batchsum.summarize("text", **opts)
+    assert svc.stats()["requests"] == 0
+
+
+def test_a_column_that_is_not_text_is_skipped_per_row_as_on_pandas(svc, opts):
+    out = pl.DataFrame({"n": [1, 2]}).batchsum.summarize("n", **opts)
+    assert out["summary_status"].to_list() == ["skipped", "skipped"] and out["summary_error"].to_list() == [
+        "empty",
+        "empty",
+    ]
+
+
+def test_an_object_column_of_strings_reads_as_text_and_other_objects_fail_per_row(svc, opts):
+    values = [article(30, seed=1), {"not": "text"}, b"bytes", article(30, seed=2)]
+    out = pl.DataFrame({"text": pl.Series(values, dtype=pl.Object)}).batchsum.summarize("text", **opts)
+    assert out["summary_status"].to_list() == ["ok", "skipped", "skipped", "ok"]
+    assert "not a text" in (out["summary_message"][1] or "")
+
+
+@pytest.mark.parametrize("dtype", ["categorical", "enum"])
+def test_categorical_and_enum_columns_read_as_text(svc, opts, dtype):
+    texts = [article(30, seed=3), article(30, seed=4)]
+    kind = pl.Categorical if dtype == "categorical" else pl.Enum(texts)
+    out = pl.DataFrame({"text": pl.Series(texts, dtype=kind)}).batchsum.summarize("text", **opts)
+    assert out["summary_status"].to_list() == ["ok", "ok"]
+
+
+def test_a_lazy_frame_sunk_to_parquet_streams_through_one_run_with_the_eager_answers(svc, opts, tmp_path):
+    texts = [article(20, seed=4000 + i % 90) if i % 13 else None for i in range(300)]
+    pl.DataFrame({"id": range(300), "text": texts}).write_parquet(tmp_path / "in.parquet")
+    lazy = pl.scan_parquet(tmp_path / "in.parquet").batchsum.summarize("text", **opts)
+    assert isinstance(lazy, pl.LazyFrame)
+    assert svc.state.stats()["requests"] == 0  # lazy: nothing sent yet
+    assert lazy.collect_schema().names() == ["id", "text", *result_columns()]
+    batchsum.polars.LAZY_BATCH_ROWS, before = 32, batchsum.polars.LAZY_BATCH_ROWS  # many batches
+    try:
+        lazy.sink_parquet(tmp_path / "out.parquet")
+    finally:
+        batchsum.polars.LAZY_BATCH_ROWS = before
+    sunk = pl.read_parquet(tmp_path / "out.parquet")
+    assert svc.state.stats()["by_status"] == {"200": 90}  # each distinct text once
+    clear_cache()
+    eager = pl.read_parquet(tmp_path / "in.parquet").batchsum.summarize("text", **opts)
+    assert sunk.equals(eager)
+    assert sunk["id"].to_list() == list(range(300))
+    assert sunk.filter(pl.col("text").is_null())["summary_status"].unique().to_list() == ["skipped"]
+
+
+def test_a_lazy_head_pays_only_for_its_rows_and_a_filter_after_applies_to_the_results(svc, opts, tmp_path):
+    pl.DataFrame({"id": range(50), "text": [article(20, seed=5000 + i) for i in range(50)]}).write_parquet(
+        tmp_path / "in.parquet"
+    )
+    lazy = pl.scan_parquet(tmp_path / "in.parquet").batchsum.summarize("text", **opts)
+    assert lazy.head(5).collect()["id"].to_list() == list(range(5))
+    assert svc.state.stats()["requests"] == 5
+    picked = lazy.filter(pl.col("summary_status") == "ok").select("id", "summary").collect()
+    assert picked.columns == ["id", "summary"] and picked.height == 50
+
+
+def test_a_lazy_frame_refuses_a_missing_column_when_summarize_is_called(svc, opts, tmp_path):
+    lazy = pl.LazyFrame({"id": [1], "body": ["a text"]})
+    with pytest.raises(InputError, match="no column 'text'"):
+        lazy.batchsum.summarize("text", **opts)
+    assert svc.state.stats()["requests"] == 0
