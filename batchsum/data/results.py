@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ..service.errors import InputError
 
 if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
+
+ArrowT = TypeVar("ArrowT", "pa.RecordBatch", "pa.Table")
 
 __all__ = [
     "RowBlock",
@@ -32,6 +34,7 @@ __all__ = [
     "result_dtypes",
     "arrow_types",
     "arrow_columns",
+    "with_results",
     "check_columns",
     "check_output_columns",
     "results_frame",
@@ -128,6 +131,13 @@ def arrow_columns(results: Sequence[RowResult]) -> list[pa.Array]:
 
     columns: list[tuple[Any, ...]] = list(zip(*results)) if results else [() for _ in RowResult._fields]
     return [pa.array(values, type=t) for values, t in zip(columns, arrow_types())]
+
+
+def with_results(batch: ArrowT, results: Sequence[RowResult], output_column: str) -> ArrowT:
+    """``batch`` (an Arrow record batch or table) with the result columns of its rows appended."""
+    for name, values in zip(result_columns(output_column), arrow_columns(results)):
+        batch = batch.append_column(name, values)
+    return batch
 
 
 def check_output_columns(columns: Any, output_column: str, hint: str = "output_column='...'") -> None:

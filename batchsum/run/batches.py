@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..data.results import RowResult, arrow_columns, result_columns
+from ..data.results import RowResult, with_results
 from ..service.errors import RequestCapReached
 from .background import BackgroundRun
 from .run import Run
@@ -59,22 +59,23 @@ class BatchStream:
     async def _hand_back(self, item: Any) -> None:
         await asyncio.to_thread(self._done.put, item)
 
+    async def _hand_back_done(self, results: list[RowResult]) -> list[RowResult]:
+        """Hand back, in order, every batch read whose rows all have their results (an empty batch
+        keeps its place); the results not handed back yet."""
+        while self._waiting and len(results) >= self._waiting[0].num_rows:
+            batch = self._waiting.popleft()
+            done, results = results[: batch.num_rows], results[batch.num_rows :]
+            await self._hand_back(with_results(batch, done, self.spec.output_column))
+        return results
+
     async def _run(self) -> None:
-        names = result_columns(self.spec.output_column)
-        mine: list[RowResult] = []
+        results: list[RowResult] = []
         try:
             async with Run(self.spec, shared=self.shared) as run:
                 async for result in run.stream(self._texts()):
-                    mine.append(result)
-                    while self._waiting and len(mine) >= self._waiting[0].num_rows:
-                        batch = self._waiting.popleft()
-                        done, mine = mine[: batch.num_rows], mine[batch.num_rows :]
-                        arrays = batch.columns + arrow_columns(done)
-                        await self._hand_back(pa.RecordBatch.from_arrays(arrays, names=batch.schema.names + names))
-                while self._waiting and self._waiting[0].num_rows == 0:  # empty batches keep their place
-                    batch = self._waiting.popleft()
-                    arrays = batch.columns + arrow_columns([])
-                    await self._hand_back(pa.RecordBatch.from_arrays(arrays, names=batch.schema.names + names))
+                    results.append(result)
+                    results = await self._hand_back_done(results)
+                await self._hand_back_done(results)  # empty batches at the end
         except RequestCapReached as exc:
             warnings.warn(f"{exc}; call it again to continue (answers are kept)", RuntimeWarning, stacklevel=2)
         await self._hand_back(_END)
