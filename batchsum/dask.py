@@ -29,9 +29,8 @@ import pandas as pd
 
 from .accessors import ColumnSummarize, ValuesSummarize
 from .data.results import check_columns, column_blocks, join_results, results_frame
-from .pacing.budget import Budget, ProcessBudget, SQLiteBudget
 from .run.background import run_in_worker
-from .run.run import prepare_shared, run_texts
+from .run.run import Workers, prepare_shared, run_texts
 from .run.spec import RunSpec
 from .service.errors import BudgetError, InvalidParameterError
 
@@ -58,9 +57,9 @@ def _partition(
     return join_results(part, results, spec.output_column)
 
 
-def _workers() -> list[str] | None:
-    """The worker addresses of the distributed client in use; None without one (threads or
-    processes of the local scheduler: partitions then run on this machine)."""
+def _workers() -> Workers | None:
+    """The worker processes of the distributed client in use and their hosts; None without one
+    (threads or processes of the local scheduler: partitions then run on this machine)."""
     try:
         from distributed import get_client
     except ImportError:
@@ -69,26 +68,11 @@ def _workers() -> list[str] | None:
         client = get_client()
     except ValueError:
         return None
-    return list(client.scheduler_info(n_workers=-1)["workers"])
-
-
-def _check_cluster(budget: Budget, spec: str) -> None:
-    """Refuse a budget the workers cannot share, with what to pass instead."""
-    workers = _workers()
-    if workers is None:
-        return
-    if isinstance(budget, ProcessBudget) and len(workers) > 1:
-        raise BudgetError(
-            f"budget {spec!r} paces each process alone, and this Dask cluster runs partitions in {len(workers)} "
-            "worker processes: together they would send that many times your plan's rate. Pass budget='machine' "
-            "(workers on this machine) or budget='redis://HOST:PORT/DB' (workers on several machines)"
-        )
-    hosts = {urlsplit(address).hostname for address in workers}
-    if isinstance(budget, SQLiteBudget) and len(hosts) > 1:
-        raise BudgetError(
-            f"budget {spec!r} is shared only by the processes of one machine, and this Dask cluster's workers are on "
-            f"{len(hosts)} hosts: pass budget='redis://HOST:PORT/DB'"
-        )
+    addresses = list(client.scheduler_info(n_workers=-1)["workers"])
+    hosts = {urlsplit(address).hostname for address in addresses}
+    return Workers(
+        len(addresses), len(hosts), f"this Dask cluster runs partitions in {len(addresses)} worker processes"
+    )
 
 
 class _Accessor:
@@ -116,7 +100,7 @@ class _Accessor:
             raise BudgetError(
                 f"invalid budget {spec.budget!r}: on Dask, pass a string: 'machine', 'redis://HOST:PORT/DB'"
             )
-        spec = prepare_shared(spec, check=_check_cluster)
+        spec = prepare_shared(spec, _workers)
         if column is None:
             meta = results_frame([], data._meta.index, spec.output_column)
         else:

@@ -29,6 +29,7 @@ path every worker can write (on one machine, any local path).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 try:
@@ -39,10 +40,9 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 
 import pyarrow as pa
 
-from .data.results import arrow_columns, check_output_columns, result_columns
-from .pacing.budget import Budget, ProcessBudget, SQLiteBudget
+from .data.results import check_output_columns, with_results
 from .run.batches import OpenRun
-from .run.run import prepare_shared
+from .run.run import Workers, prepare_shared
 from .run.spec import DEFAULT_MAX_WAIT, RunSpec, document_options
 from .service import contract
 from .service.errors import BudgetError, InputError, InvalidParameterError
@@ -74,9 +74,7 @@ class _Summarize:
         if self._run is None or self._run.closed:
             self._run = OpenRun(self.spec)
         results = self._run.summarize(batch.column(self.column).to_pylist())
-        for name, values in zip(result_columns(self.spec.output_column), arrow_columns(results)):
-            batch = batch.append_column(name, values)
-        return batch
+        return with_results(batch, results, self.spec.output_column)
 
     def __del__(self) -> None:  # Ray Data deletes the UDF when it shuts the actor down gracefully
         if self._run is not None:
@@ -89,31 +87,18 @@ def _restarts() -> dict[str, Any]:
     return {"max_restarts": -1, "max_task_retries": -1}
 
 
-def _nodes() -> int:
-    """How many live nodes the Ray cluster has (starting a local Ray, as Ray Data would, if none)."""
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=True)
-    nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
-    return sum(1 for node in nodes if node.get("Alive"))
+def _workers(actors: int) -> Callable[[], Workers]:
+    """The actors that send, and the live nodes of the Ray cluster (starting a local Ray, as Ray
+    Data would, if none)."""
 
+    def workers() -> Workers:
+        if not ray.is_initialized():
+            ray.init(include_dashboard=False, log_to_driver=True)
+        nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+        alive = sum(1 for node in nodes if node.get("Alive"))
+        return Workers(actors, alive, f"this map stage runs {actors} worker processes")
 
-def _check_cluster(workers: int) -> Any:
-    def check(budget: Budget, spec: str) -> None:
-        """One rule for every distributed door: a budget the workers cannot share is refused."""
-        nodes = _nodes()
-        if isinstance(budget, ProcessBudget) and (workers > 1 or nodes > 1):
-            raise BudgetError(
-                f"budget {spec!r} paces each process alone, and this map stage runs {workers} worker processes: "
-                "together they would send that many times your plan's rate. Pass budget='machine' (a Ray on "
-                "this machine) or budget='redis://HOST:PORT/DB' (a Ray cluster)"
-            )
-        if isinstance(budget, SQLiteBudget) and nodes > 1:
-            raise BudgetError(
-                f"budget {spec!r} is shared only by the processes of one machine, and this Ray cluster has "
-                f"{nodes} nodes: pass budget='redis://HOST:PORT/DB'"
-            )
-
-    return check
+    return workers
 
 
 def _text_column(ds: ray.data.Dataset, column: str, output_column: str) -> None:
@@ -187,7 +172,7 @@ def summarize(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidParameterError(f"invalid {name} {value!r}: a whole number of at least 1")
     _text_column(ds, column, spec.output_column)
-    spec = prepare_shared(spec, check=_check_cluster(workers))
+    spec = prepare_shared(spec, _workers(workers))
     out = ds.map_batches(
         _Summarize,
         fn_constructor_args=(spec, column),

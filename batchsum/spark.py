@@ -38,10 +38,9 @@ import pandas as pd
 import pyarrow as pa
 
 from .data.results import RowResult, check_output_columns, result_columns, results_frame
-from .pacing.budget import Budget, ProcessBudget, SQLiteBudget
 from .run.background import run_in_worker
 from .run.batches import BatchStream
-from .run.run import prepare_shared, run_texts
+from .run.run import Workers, prepare_shared, run_texts
 from .run.spec import DEFAULT_MAX_WAIT, RunSpec, document_options
 from .service import contract
 from .service.errors import BudgetError, ConfigurationError, InputError, InvalidParameterError
@@ -68,7 +67,7 @@ def _worker_spec(spec: RunSpec, spark: SparkSession) -> RunSpec:
     if not isinstance(spec.budget, str):
         raise BudgetError(f"invalid budget {spec.budget!r}: on Spark, pass a string: 'machine', 'redis://HOST:PORT/DB'")
     _check_executors(spark)
-    return prepare_shared(spec, check=_check_cluster(spark))
+    return prepare_shared(spec, _workers(spark))
 
 
 def _results(spec: RunSpec, texts: list[Any]) -> list[RowResult]:
@@ -136,34 +135,22 @@ def _import_batchsum(_: Any) -> str:
     return batchsum.__version__
 
 
-def _hosts(spark: SparkSession) -> int:
-    """How many hosts run tasks: one in local mode; else the executors' hosts (the driver's aside)."""
-    context = spark.sparkContext
-    if (context.master or "local").startswith("local"):
-        return 1
-    status = context._jsc.sc().getExecutorMemoryStatus()
-    driver = context.getConf().get("spark.driver.host")
-    hosts = {str(entry).rsplit(":", 1)[0] for entry in status.keySet().toArray()}
-    return max(1, len(hosts - {driver}) or len(hosts))
+def _workers(spark: SparkSession) -> Callable[[], Workers]:
+    """The Python workers that run tasks at once, and their hosts: one host in local mode; else the
+    executors' hosts (the driver's aside)."""
 
+    def workers() -> Workers:
+        context = spark.sparkContext
+        hosts = 1
+        if not (context.master or "local").startswith("local"):
+            status = context._jsc.sc().getExecutorMemoryStatus()
+            driver = context.getConf().get("spark.driver.host")
+            names = {str(entry).rsplit(":", 1)[0] for entry in status.keySet().toArray()}
+            hosts = max(1, len(names - {driver}) or len(names))
+        parallel = context.defaultParallelism
+        return Workers(parallel, hosts, f"Spark runs tasks in {parallel} Python workers at once")
 
-def _check_cluster(spark: SparkSession) -> Callable[[Budget, str], None]:
-    def check(budget: Budget, spec: str) -> None:
-        """One rule for every distributed door: a budget the workers cannot share is refused."""
-        hosts = _hosts(spark)
-        if isinstance(budget, ProcessBudget) and (spark.sparkContext.defaultParallelism > 1 or hosts > 1):
-            raise BudgetError(
-                f"budget {spec!r} paces each process alone, and Spark runs tasks in "
-                f"{spark.sparkContext.defaultParallelism} Python workers at once: together they would send that many "
-                "times your plan's rate. Pass budget='machine' (Spark on this machine) or budget='redis://HOST:PORT/DB'"
-            )
-        if isinstance(budget, SQLiteBudget) and hosts > 1:
-            raise BudgetError(
-                f"budget {spec!r} is shared only by the processes of one machine, and this Spark application's "
-                f"executors are on {hosts} hosts: pass budget='redis://HOST:PORT/DB'"
-            )
-
-    return check
+    return workers
 
 
 @document_options
