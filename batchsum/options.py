@@ -2,52 +2,5 @@
 ``EXCEPTIONS``, ``Secret``, ``ClientSettings``, ...). The code lives in ``batchsum.run.spec``; these
 are the same objects, under the names it exports."""
 
-from .run.spec import (
-    DEFAULT_RPM,
-    ENCODINGS,
-    ENV_API_KEY,
-    ENV_BASE_URL,
-    ENV_BUDGET,
-    ENV_RPM,
-    EXCEPTIONS,
-    LONG_TEXT_POLICIES,
-    OPTIONS,
-    ClientSettings,
-    Option,
-    RunSpec,
-    Secret,
-    budget_spec,
-    check_key,
-    check_rate,
-    check_rpm,
-    check_share,
-    client_settings,
-    document_options,
-    is_loopback,
-    key_hash,
-)
-
-__all__ = [
-    "RunSpec",
-    "ClientSettings",
-    "Secret",
-    "Option",
-    "key_hash",
-    "OPTIONS",
-    "EXCEPTIONS",
-    "ENV_API_KEY",
-    "ENV_BASE_URL",
-    "ENV_RPM",
-    "ENV_BUDGET",
-    "DEFAULT_RPM",
-    "ENCODINGS",
-    "LONG_TEXT_POLICIES",
-    "check_key",
-    "check_rpm",
-    "check_rate",
-    "check_share",
-    "is_loopback",
-    "client_settings",
-    "document_options",
-    "budget_spec",
-]
+from .run.spec import *  # noqa: F403  (every name it exports, as the same objects)
+from .run.spec import __all__ as __all__

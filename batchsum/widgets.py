@@ -2,20 +2,5 @@
 ``batchsum.app.widgets``; these are the same objects, under the names it exports. Needs the
 ``notebook`` extra."""
 
-from .app.widgets import (
-    FrameApp,
-    ResultTable,
-    TextApp,
-    explain,
-    make_widget,
-    render_summary,
-)
-
-__all__ = [
-    "TextApp",
-    "FrameApp",
-    "ResultTable",
-    "make_widget",
-    "explain",
-    "render_summary",
-]
+from .app.widgets import *  # noqa: F403  (every name it exports, as the same objects)
+from .app.widgets import __all__ as __all__
