@@ -1,0 +1,175 @@
+"""The design of record is docs/architecture.md, and the code is held to it: its folder tree names
+every module once, its layer picture's arrows are exactly the imports between folders (module level,
+under ``TYPE_CHECKING`` and inside functions alike), a ``_``-module is imported only inside its
+package, and a module over 500 lines or a class over 150 stands there with the reason it is long."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import batchsum
+
+PACKAGE = Path(batchsum.__file__).resolve().parent
+PAGE = PACKAGE.parent / "docs" / "architecture.md"
+MODULE_LINES = 500
+CLASS_LINES = 150
+# The doors are the top package's own modules and the command line's folder: the front-ends a user
+# meets, and the stable paths they type.
+DOORS = "doors"
+DOOR_FOLDERS = {"cli"}
+
+
+def fenced(section: str) -> list[str]:
+    """The lines of the first fenced block under the page's ``## <section>`` heading."""
+    text = PAGE.read_text()
+    start = text.index(f"\n## {section}\n")
+    block = re.search(r"^```\n(.*?)^```$", text[start:], re.S | re.M)
+    assert block, f"no picture under '## {section}'"
+    return block[1].splitlines()
+
+
+def module_name(path: Path) -> str:
+    return "batchsum." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__")
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def folder(module: str) -> str:
+    """The layer a module lives in: its folder under ``batchsum/``, or the doors."""
+    parts = module.split(".")
+    if len(parts) > 2 and parts[1] not in DOOR_FOLDERS:
+        return parts[1]
+    if len(parts) == 2 and MODULES[module].name == "__init__.py" and parts[1] not in DOOR_FOLDERS:
+        return parts[1]  # a folder's own __init__
+    return DOORS
+
+
+def imports(path: Path) -> set[str]:
+    """The batchsum modules ``path`` imports anywhere in its text: ``ast.walk`` reaches imports under
+    ``TYPE_CHECKING`` and inside functions as well as at module level."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            candidates = [target, *(f"{target}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.Import):
+            candidates = [alias.name for alias in node.names]
+        else:
+            continue
+        found.update(candidate for candidate in candidates if candidate in MODULES)
+    return found - {name}
+
+
+EDGES = {(importer, imported) for importer, path in MODULES.items() for imported in imports(path)}
+
+
+def picture() -> dict[str, list[str]]:
+    """The layer picture, top floor first: each line ``layer -> the layers it imports``."""
+    arrows: dict[str, list[str]] = {}
+    for line in fenced("The layers"):
+        if not line.strip():
+            continue
+        source, _, targets = line.partition("->")
+        arrows[source.split()[0].rstrip("/")] = [target.rstrip("/") for target in targets.split()]
+    return arrows
+
+
+def test_the_layer_picture_is_drawn_top_down_and_every_arrow_points_down():
+    arrows = picture()
+    order = list(arrows)
+    for source, targets in arrows.items():
+        for target in targets:
+            assert target in arrows, f"the picture's {source} -> {target}: {target} has no line of its own"
+            assert order.index(target) > order.index(source), f"{source} -> {target} points up the picture"
+
+
+def test_the_pictures_arrows_are_the_codes_imports_between_folders():
+    arrows = picture()
+    layers = {folder(module) for module in MODULES}
+    assert layers == set(arrows), f"layers in the code {sorted(layers)}, in the picture {sorted(arrows)}"
+    drawn = {(source, target) for source, targets in arrows.items() for target in targets}
+    found = {(folder(a), folder(b)) for a, b in EDGES if folder(a) != folder(b)}
+    by_edge = {edge: sorted(f"{a} -> {b}" for a, b in EDGES if (folder(a), folder(b)) == edge) for edge in found}
+    undrawn = {edge: by_edge[edge] for edge in found - drawn}
+    assert not undrawn, f"imports up the floors or sideways (not in the picture): {undrawn}"
+    assert not drawn - found, f"arrows in the picture no import follows: {sorted(drawn - found)}"
+
+
+def test_the_doors_import_no_other_door():
+    """A front-end stands on the layers below, never on another front-end: the top package's
+    ``_``-modules (what the doors share) and its ``__init__`` are the only doors a door imports;
+    ``python -m batchsum`` (``__main__``) is the command line under its other name."""
+    crossing = sorted(
+        f"{a} -> {b}"
+        for a, b in EDGES
+        if folder(a) == folder(b) == DOORS
+        and a != "batchsum.__main__"
+        and b != "batchsum"
+        and not b.split(".")[-1].startswith("_")
+        and b.split(".")[:2] != a.split(".")[:2]  # inside one door's folder (cli/) is that door
+    )
+    assert not crossing, crossing
+
+
+def test_a_private_module_is_imported_only_inside_its_package():
+    for importer, imported in EDGES:
+        if imported.split(".")[-1].startswith("_") and not imported.endswith("__init__"):
+            package = imported.rsplit(".", 1)[0]
+            assert importer.startswith(package + ".") or importer == package, f"{importer} imports {imported}"
+
+
+def listed_modules() -> dict[str, str]:
+    """The folder tree's entries: ``relative path -> its sentence``."""
+    entries: dict[str, str] = {}
+    folders: list[str] = []
+    for line in fenced("The folders"):
+        if not line.strip() or line.lstrip().startswith("batchsum/"):
+            continue
+        depth = (len(line) - len(line.lstrip())) // 2
+        name, _, sentence = line.strip().partition(" ")
+        del folders[max(depth - 1, 0) :]
+        if name.endswith("/"):
+            folders.append(name.rstrip("/"))
+            continue
+        path = "/".join([*folders, name])
+        assert path not in entries, f"{path} listed twice"
+        entries[path] = sentence.strip()
+    return entries
+
+
+def test_the_folder_tree_lists_every_module_once_with_a_sentence():
+    entries = listed_modules()
+    on_disk = {path.relative_to(PACKAGE).as_posix() for path in MODULES.values()}
+    assert set(entries) == on_disk, f"missing {sorted(on_disk - set(entries))}, gone {sorted(set(entries) - on_disk)}"
+    for path, sentence in entries.items():
+        assert len(sentence.split()) >= 3, f"{path}: say what it holds"
+
+
+def long_things() -> set[str]:
+    """``path`` of each module over the module limit, ``path:Class`` of each class over the class limit."""
+    found: set[str] = set()
+    for path in MODULES.values():
+        relative = path.relative_to(PACKAGE).as_posix()
+        text = path.read_text()
+        if len(text.splitlines()) > MODULE_LINES:
+            found.add(relative)
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and (node.end_lineno or 0) - node.lineno + 1 > CLASS_LINES:
+                found.add(f"{relative}:{node.name}")
+    return found
+
+
+def test_a_long_module_or_class_says_why_on_the_page_and_no_reason_outlives_its_length():
+    reasons = set(re.findall(r"`([\w/.:]+)` is long because ", PAGE.read_text()))
+    long = long_things()
+    assert not long - reasons, f"over {MODULE_LINES} lines a module or {CLASS_LINES} a class, no reason: {sorted(long - reasons)}"
+    assert not reasons - long, f"a reason on the page for what is no longer long: {sorted(reasons - long)}"
