@@ -1,14 +1,14 @@
 """``Client`` and ``AsyncClient``: one summary per call, every error of the interface typed.
 
-Request building, answer decoding and the retry decision live once, in ``_ClientCore``; the twins
-only send and sleep. ``tests/service/test_client_parity.py`` proves they agree.
+Request building and the retry decision live once, in ``_ClientCore``, and reading and decoding an
+answer once, in ``answer``; the twins only send and sleep. ``tests/service/test_client_parity.py``
+proves they agree.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -19,6 +19,7 @@ import httpx
 
 from ..run.spec import ENV_API_KEY, ENV_BASE_URL, check_params, client_settings, is_loopback
 from . import contract
+from .answer import Answer, scrub
 from .errors import (
     REDACTED,
     APIConnectionError,
@@ -27,20 +28,10 @@ from .errors import (
     APITimeoutError,
     InvalidTextError,
     RateLimitError,
-    error_from_response,
-    redact,
-    redact_value,
 )
-from .inflate import ACCEPT_ENCODING, BoundedDecoder, DecodeError, UnsupportedEncoding
-from .rate_headers import RateStatement, parse_rate_headers
-from .retry import (
-    DEFAULT_MAX_RETRIES,
-    DEFAULT_TIMEOUT,
-    MAX_ANSWER_BYTES,
-    MAX_ERROR_BYTES,
-    parse_retry_after,
-    retry_delay,
-)
+from .inflate import ACCEPT_ENCODING
+from .rate_headers import RateStatement
+from .retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, retry_delay
 
 __all__ = ["Client", "AsyncClient", "Encoding", "ENV_API_KEY", "ENV_BASE_URL", "REDACTED"]
 
@@ -49,12 +40,6 @@ MAX_CONNECTIONS = 512  # = pacing.DEFAULT_MAX_IN_FLIGHT (the client sits above t
 Encoding = Literal["json", "form", "multipart"]
 
 log = logging.getLogger("batchsum")
-
-
-def _preview(content: bytes, secrets: tuple[str, ...]) -> str:
-    """The start of a body, for an error: redacted whole, then cut (a cut first could leave a piece
-    of a secret that no longer matches)."""
-    return redact(content.decode("utf-8", errors="replace"), secrets)[:200]
 
 
 @dataclass(frozen=True)
@@ -99,7 +84,7 @@ class AttemptHooks(Protocol):
 
 
 class _ClientCore:
-    """Everything the twins share: settings, request building, answer decoding, retry decisions."""
+    """Everything the twins share: settings, request building, transport errors, retry decisions."""
 
     __slots__ = ("api_key", "base_url", "timeout", "max_retries", "encoding")
 
@@ -158,64 +143,6 @@ class _ClientCore:
     def secrets(self) -> tuple[str, ...]:
         return (self.api_key,)
 
-    def redact(self, text: str) -> str:
-        """``text`` with the key taken out, whole or in part: a service or proxy may echo the
-        Authorization header."""
-        return redact(text, self.secrets)
-
-    def decode(self, status: int, headers: httpx.Headers, content: bytes) -> tuple[str, RateStatement | None]:
-        """The summary from a 200, or the typed error any other answer means; with the rate-limit headers."""
-        limits = parse_rate_headers(headers)
-        try:
-            return self._decode(status, headers, content), limits
-        except APIError as error:
-            error.rate_limit = limits
-            raise self.scrub(error) from None
-
-    def _decode(self, status: int, headers: httpx.Headers, content: bytes) -> str:
-        if status != 200:
-            raise error_from_response(
-                status, headers, content, retry_after=parse_retry_after(headers), secrets=self.secrets
-            )
-        try:
-            body = json.loads(content)
-        except ValueError:  # cut short or garbled on the way: asking again may succeed
-            raise APIResponseValidationError(
-                "the service answered 200 with a body that is not JSON", body=_preview(content, self.secrets)
-            ) from None
-        result = body.get(contract.FIELD_RESULT) if isinstance(body, dict) else None
-        if not isinstance(result, str):
-            raise APIResponseValidationError(
-                'the service answered 200 without a "result" text',
-                body=_preview(content, self.secrets),
-                transient=False,
-            )
-        return self.redact(result)
-
-    def scrub(self, error: APIError) -> APIError:
-        """The error with the key taken out of its message, arguments and body (whole or in part)."""
-        error.message = self.redact(error.message)
-        error.args = tuple(self.redact(a) if isinstance(a, str) else a for a in error.args)
-        if getattr(error, "body", None) is not None:
-            error.body = redact_value(error.body, self.secrets)  # type: ignore[attr-defined]
-        return error
-
-    def check_size(self, status: int, headers: httpx.Headers) -> int:
-        """How many bytes of this answer to read; a 200 announcing more than allowed fails at once."""
-        if status != 200:
-            return MAX_ERROR_BYTES
-        length = headers.get("content-length", "")
-        if length.isdigit() and int(length) > MAX_ANSWER_BYTES:
-            raise self.too_large()
-        return MAX_ANSWER_BYTES
-
-    @staticmethod
-    def too_large() -> APIResponseValidationError:
-        return APIResponseValidationError(
-            f"the service answered 200 with more than {MAX_ANSWER_BYTES // 1024 // 1024} MiB; no summary is that long",
-            transient=False,
-        )
-
     def transport_error(self, exc: httpx.HTTPError) -> APIError:
         if isinstance(exc, httpx.TimeoutException):
             error: APIError = APITimeoutError(f"no answer in time ({type(exc).__name__})")
@@ -223,7 +150,7 @@ class _ClientCore:
             error = APIResponseValidationError(f"the answer could not be decoded ({exc})")
         else:
             error = APIConnectionError(f"connection to {self.base_url} failed: {type(exc).__name__}: {exc}")
-        return self.scrub(error)
+        return scrub(error, self.secrets)
 
     @staticmethod
     def out_of_patience(error: RateLimitError, waited: float, max_wait: float, attempts: int) -> RateLimitError:
@@ -258,61 +185,6 @@ class _ClientCore:
             f"{cls}(base_url={self.base_url!r}, encoding={self.encoding!r}, "
             f"timeout={self.timeout}, max_retries={self.max_retries})"
         )
-
-
-class _Body:
-    """An answer's body as it streams in, decoded in bounded steps (``inflate``) within its size
-    cap: a 200 over the cap fails at once (no summary is that long), an error body is cut there (its
-    message is near the start). The cap counts decoded bytes, so a small compressed answer that
-    inflates hugely costs at most the cap and one step."""
-
-    __slots__ = ("_core", "_response", "_limit", "_content", "_decoder", "_done")
-
-    def __init__(self, core: _ClientCore, response: httpx.Response) -> None:
-        self._core = core
-        self._response = response
-        self._limit = core.check_size(response.status_code, response.headers)
-        self._content = bytearray()
-        self._done = False
-        self._decoder: BoundedDecoder | None = None
-        # A response built whole (a mock transport's) was decoded by httpx already: taken as it is.
-        encoding = "" if response.is_stream_consumed else response.headers.get("content-encoding", "")
-        try:
-            self._decoder = BoundedDecoder(encoding)
-        except UnsupportedEncoding as exc:
-            if response.status_code == 200:
-                raise APIResponseValidationError(f"the service answered 200 but {exc}", transient=False) from None
-            self._done = True  # an error answer whose words cannot be read: its status still says what it is
-
-    def built_whole(self) -> bool:
-        """True when the response was built whole (no raw stream to read): its content is taken."""
-        if not self._response.is_stream_consumed:
-            return False
-        self.full(self._response.content)
-        return True
-
-    def full(self, raw: bytes) -> bool:
-        """Take a chunk of the raw (still encoded) body; True once no more is wanted."""
-        if self._done or self._decoder is None:
-            return True
-        try:
-            for piece in self._decoder.feed(raw):
-                self._content += piece
-                if len(self._content) > self._limit:
-                    if self._response.status_code == 200:
-                        raise self._core.too_large()
-                    self._done = True
-                    return True
-        except DecodeError as exc:  # cut short or garbled on the way: asking again may succeed
-            if self._response.status_code == 200:
-                raise APIResponseValidationError(f"the answer could not be decoded ({exc})") from None
-            self._done = True  # an error answer: what was decoded is what it says
-            return True
-        return False
-
-    def decode(self) -> tuple[str, RateStatement | None]:
-        response = self._response
-        return self._core.decode(response.status_code, response.headers, bytes(self._content[: self._limit]))
 
 
 class Client:
@@ -384,7 +256,7 @@ class Client:
         deadline = time.monotonic() + self._core.timeout
         try:
             with self._http.stream("POST", **self._core.request_options(request)) as response:
-                body = _Body(self._core, response)
+                body = Answer(response, self._core.secrets)
                 for chunk in () if body.built_whole() else response.iter_raw():
                     if time.monotonic() > deadline:
                         raise self._core.out_of_time()
@@ -527,7 +399,7 @@ class AsyncClient:
     async def _exchange(self, request: PreparedRequest) -> tuple[str, RateStatement | None]:
         try:
             async with self._http.stream("POST", **self._core.request_options(request)) as response:
-                body = _Body(self._core, response)
+                body = Answer(response, self._core.secrets)
                 if not body.built_whole():
                     async for chunk in response.aiter_raw():
                         if body.full(chunk):
