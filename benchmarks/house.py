@@ -14,9 +14,10 @@ Measures (--parts, all by default):
   --requests (3000) distinct texts from a Parquet file, divided by the requests the service counted,
   against a local `batchsum serve --rpm 0` in its own process (its CPU is not counted); the whole
   command, start-up included, with a fresh journal each time;
-- scale: benchmarks/scale.py's first run (wall, peak RSS) and its rerun with every answer journaled
-  (wall, peak RSS) at --rows rows (200,000; --distinct distinct texts, rows / 10 by default: the
-  issue-24 shape), scale.py's input and command.
+- scale: benchmarks/scale.py's first run (wall, peak RSS) at --rows rows (200,000; --distinct distinct
+  texts, rows / 10 by default: the issue-24 shape), then --reruns (3) reruns with every answer
+  journaled (the median of their wall and peak RSS), scale.py's input and command; each output is
+  checked (every row ok) and every rerun must send nothing.
 
 Each tree is a checkout holding `batchsum/`. Every measured command runs in a process of its own, with
 this interpreter (the same dependencies for both trees), PYTHONPATH=<tree> only and a working folder
@@ -189,19 +190,19 @@ def scale_part(tree: Tree, inp: Path, service: Service, folder: Path, args: argp
     folder = Path(tempfile.mkdtemp(prefix="scale-", dir=folder))  # a fresh journal, shared by both runs
     journal = folder / "journal.sqlite"
     first = summarize_once(tree, inp, journal, service, folder, "first")
-    rerun = summarize_once(tree, inp, journal, service, folder, "rerun")
+    reruns = [summarize_once(tree, inp, journal, service, folder, "rerun") for _ in range(args.reruns)]
     journaled = scale.journal_rows(journal)
     shutil.rmtree(folder)
-    for name, run in (("first", first), ("rerun", rerun)):
+    for run in [first, *reruns]:
         if run["statuses"] != {"ok": args.rows}:
-            raise RuntimeError(f"scale {name}, {tree.label}: {run['statuses']}")
-    if rerun["requests"] != 0 or journaled != args.distinct:
-        raise RuntimeError(f"scale rerun, {tree.label}: {rerun['requests']} requests, {journaled} journaled")
+            raise RuntimeError(f"scale, {tree.label}: {run['statuses']}")
+    if any(run["requests"] for run in reruns) or journaled != args.distinct:
+        raise RuntimeError(f"scale rerun, {tree.label}: {[r['requests'] for r in reruns]} requests, {journaled} rows")
     return {
         "scale_first_wall_s": first["wall_s"],
         "scale_first_peak_rss_mb": first["peak_rss_mb"],
-        "scale_rerun_wall_s": rerun["wall_s"],
-        "scale_rerun_peak_rss_mb": rerun["peak_rss_mb"],
+        "scale_rerun_wall_s": statistics.median(r["wall_s"] for r in reruns),
+        "scale_rerun_peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in reruns),
     }
 
 
@@ -252,6 +253,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000, help="scale: rows")
     parser.add_argument("--distinct", type=int, default=None, help="scale: distinct texts (default rows / 10)")
     parser.add_argument("--requests", type=int, default=3000, help="cpu: distinct texts, one request each")
+    parser.add_argument("--reruns", type=int, default=3, help="scale: reruns after each first run (their median)")
     parser.add_argument("--version-runs", type=int, default=20, help="version: runs in each repetition")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "batchsum-scale")
