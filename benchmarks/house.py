@@ -242,6 +242,8 @@ def table(report: dict[str, Any]) -> str:
         lines.append(f"| {r['label']} | " + " | ".join(values + ratios) + " |")
         over += [f"{r['label']} ({x})" for x in later if (r["ratio"][x] or 0) > SLACK]
     lines += ["", f"over {SLACK:.2f}x: " + (", ".join(over) if over else "none")]
+    if max(report["load"]) > (os.cpu_count() or 1):
+        lines.append(f"load {max(report['load']):.1f} on {os.cpu_count()} cores: the wall times are not to be trusted")
     return "\n".join(lines)
 
 
@@ -303,6 +305,7 @@ def main() -> None:
         "machine": f"{os.cpu_count()} cores, load {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; "
         f"Python {platform.python_version()}; {time.strftime('%Y-%m-%d %H:%M', time.gmtime(wall))} UTC, "
         f"{time.time() - wall:.0f} s",
+        "load": [load, os.getloadavg()[0]],
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "trees": {t.label: {"path": str(t.path), "commit": t.commit()} for t in trees},
         "results": summary(runs, trees),
