@@ -9,7 +9,7 @@ the machine's noise falls on both, the median of the repetitions, and the ratio 
 Measures (--parts, all by default):
 
 - version: the wall time and peak RSS of `python -m batchsum --version`, the median of --version-runs
-  runs (20) in each repetition;
+  runs (20) in each repetition, the trees alternating run by run;
 - cpu: the CPU seconds (user + sys, from wait4) of one `batchsum summarize` process sending
   --requests (3000) distinct texts from a Parquet file, divided by the requests the service counted,
   against a local `batchsum serve --rpm 0` in its own process (its CPU is not counted); the whole
@@ -150,14 +150,20 @@ def summarize_command(inp: Path, out: Path, journal: Path, service: Service) -> 
     return command
 
 
-def version_part(tree: Tree, folder: Path, args: argparse.Namespace) -> dict[str, float]:
-    runs = [
-        measured([sys.executable, "-m", "batchsum", "--version"], tree.env, folder / f"version-{tree.label}.log")
-        for _ in range(args.version_runs)
-    ]
+def version_part(trees: list[Tree], folder: Path, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """One repetition: --version-runs runs of each tree, alternating run by run (a burst of other work
+    falls on both), the median of each tree's."""
+    runs: dict[str, list[dict[str, Any]]] = {t.label: [] for t in trees}
+    for _ in range(args.version_runs):
+        for tree in trees:
+            command = [sys.executable, "-m", "batchsum", "--version"]
+            runs[tree.label].append(measured(command, tree.env, folder / f"version-{tree.label}.log"))
     return {
-        "version_wall_s": statistics.median(r["wall_s"] for r in runs),
-        "version_peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in runs),
+        label: {
+            "version_wall_s": statistics.median(r["wall_s"] for r in done),
+            "version_peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in done),
+        }
+        for label, done in runs.items()
     }
 
 
@@ -285,16 +291,18 @@ def main() -> None:
         service = Service(scratch, trees[0]) if inputs else None
         for part in args.parts:
             for rep in range(args.repeat):
-                for tree in trees:
-                    scale.note(f"{part}, repetition {rep + 1}/{args.repeat}: {tree.label} ...")
-                    if part == "version":
-                        values = version_part(tree, scratch, args)
-                    else:
-                        assert service is not None
-                        measure = cpu_part if part == "cpu" else scale_part
-                        values = measure(tree, inputs[part], service, scratch, args)
+                if part == "version":
+                    scale.note(f"version, repetition {rep + 1}/{args.repeat}: the trees run by run ...")
+                    found = version_part(trees, scratch, args)
+                else:
+                    assert service is not None
+                    measure, found = (cpu_part if part == "cpu" else scale_part), {}
+                    for tree in trees:
+                        scale.note(f"{part}, repetition {rep + 1}/{args.repeat}: {tree.label} ...")
+                        found[tree.label] = measure(tree, inputs[part], service, scratch, args)
+                for label, values in found.items():
                     for key, value in values.items():
-                        runs[tree.label].setdefault(key, []).append(value)
+                        runs[label].setdefault(key, []).append(value)
     finally:
         if service is not None:
             service.close()
