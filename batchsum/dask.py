@@ -27,7 +27,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 import pandas as pd
 
-from .accessors import ColumnSummarize, ValuesSummarize
+from ._frame_accessor import ColumnSummarize, ValuesSummarize
 from .data.results import check_columns, column_blocks, join_results, results_frame
 from .run.background import run_in_worker
 from .run.run import Workers, prepare_shared, run_texts

@@ -13,7 +13,7 @@ from collections.abc import Hashable
 
 import pandas as pd
 
-from .accessors import ColumnSummarize, ColumnSummarizeAsync, ValuesSummarize, ValuesSummarizeAsync
+from ._frame_accessor import ColumnSummarize, ColumnSummarizeAsync, ValuesSummarize, ValuesSummarizeAsync
 from .data.results import RowResult, check_columns, column_blocks, join_results, results_frame
 from .data.stores import clear_process_caches
 from .run.background import run_in_worker

@@ -27,7 +27,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 import pyarrow as pa
 from polars.io.plugins import register_io_source
 
-from .accessors import ColumnSummarize, ColumnSummarizeAsync, ValuesSummarize, ValuesSummarizeAsync
+from ._frame_accessor import ColumnSummarize, ColumnSummarizeAsync, ValuesSummarize, ValuesSummarizeAsync
 from .data.results import RowBlocks, RowResult, arrow_columns, arrow_types, check_columns, result_columns
 from .data.stores import scratch_journal
 from .run.background import run_in_worker

@@ -1,0 +1,106 @@
+"""The commands that show what runs left behind: ``batchsum report`` (a run report), ``journal``
+(what a journal holds) and ``limits`` (the rate limits the budget remembers; ``--forget``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from ..run.spec import ENV_API_KEY
+from ..service import contract
+from ..service.errors import InputError, redact_location
+from .console import EXIT_OK, EXIT_USAGE, Stop
+
+__all__ = ["journal_command", "limits_command", "report_command"]
+
+
+def report_command(args: argparse.Namespace) -> int:
+    import json
+
+    from ..run.report import describe_report
+
+    try:
+        with open(args.path, encoding="utf-8") as file:
+            report = json.load(file)
+        print(describe_report(report))
+    except OSError as exc:
+        raise InputError(f"cannot read the run report {args.path}: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"{args.path} is not a batchsum run report ({type(exc).__name__}: {exc})") from None
+    return EXIT_OK
+
+
+def limits_command(args: argparse.Namespace) -> int:
+    """``batchsum limits``: what the budget remembers of keys' limits; ``--forget`` removes them."""
+    import datetime
+
+    from ..pacing.budget import ProcessBudget, open_budget
+    from ..pacing.limit import Found
+    from ..pacing.record import LIMIT
+    from ..run.spec import budget_spec, check_base_url, key_hash_from_environment
+
+    budget = open_budget(budget_spec(args.budget), "")
+    if isinstance(budget, ProcessBudget):
+        print("the budget 'none' remembers nothing: there are no limits to list")
+        return EXIT_OK
+    mine = key_hash_from_environment()
+    if args.this_key and mine is None:
+        raise Stop(EXIT_USAGE, f"error: --this-key needs ${ENV_API_KEY}")
+    service = contract.service_identity(check_base_url(args.service)) if args.service else None
+
+    async def look() -> tuple[list[Any], int]:
+        """The entries chosen, and how many of them were forgotten (with --forget): one connection."""
+        try:
+            chosen = [
+                e
+                for e in await budget.remembered()
+                if e.name == LIMIT
+                and (service is None or e.service == service)
+                and (not args.this_key or e.key_hash == mine)
+            ]
+            gone = 0
+            for entry in chosen if args.forget else ():
+                gone += await budget.forget(entry.key_hash, entry.service, LIMIT)
+            return chosen, gone
+        finally:
+            await budget.aclose()
+
+    found, gone = asyncio.run(look())
+    for entry in found:
+        limit = Found.from_json(entry.value, entry.at)
+        when = datetime.datetime.fromtimestamp(entry.at).astimezone().strftime("%Y-%m-%d %H:%M %Z")
+        this = " (this key)" if entry.key_hash == mine else ""
+        shown = f"{limit.rpm:g}/min, {limit.how} {when}" if limit is not None else "unreadable"
+        print(f"{entry.service}  {shown}  key {entry.key_hash}{this}")
+    if not found:
+        print(f"no limits remembered in {budget.where}" + (" for that choice" if service or args.this_key else ""))
+    elif args.forget:
+        print(f"forgot {gone} remembered limits; --rpm auto searches again for those keys")
+    return EXIT_OK
+
+
+def journal_command(args: argparse.Namespace) -> int:
+    import datetime
+
+    from ..data.journal import Journal
+
+    path = Path(args.path)
+    with Journal(path, readonly=True) as journal:
+        counts = journal.counts()
+        meta = journal.meta()
+        last = journal.last_write()
+    size = path.stat().st_size + sum(p.stat().st_size for p in path.parent.glob(path.name + "-*") if p.is_file())
+    when = datetime.datetime.fromtimestamp(last).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z") if last else "never"
+    by_status = ", ".join(f"{status} {n}" for status, n in sorted(counts.items())) or "none"
+    print(f"journal:    {path}")
+    print(f"answers:    {sum(counts.values())} ({by_status})")
+    print(f"size:       {size / 1024:.1f} KiB")
+    print(f"last write: {when}")
+    print(f"output:     {redact_location(meta.get('output', 'not recorded'))}")
+    print(
+        "safe to delete once its output is complete and you will not rerun the command: it only spares "
+        "paying again for answers already received"
+    )
+    return EXIT_OK
