@@ -12,33 +12,36 @@ The output's format follows its extension (``.parquet``, ``.csv``, ``.jsonl``); 
 refused before anything is sent. Every input column plus the result columns; a local output is
 written to a unique temporary name beside it and renamed when complete; a remote output is written
 locally and put as one object at the end (an object store PUT is atomic).
+
+Here: the output. The inputs are read in ``dataset_input``, located (local or remote, and the
+filesystem each is on) in ``locations``; their names are importable from here as before.
 """
 
 from __future__ import annotations
 
 import contextlib
-import glob
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.fs as pafs
-import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
-if TYPE_CHECKING:
-    import pyarrow.dataset as ds
-
-from ..service.errors import BrokenInputError, InputError, location_secrets, one_line, redact, redact_location
+from ..service.errors import InputError, one_line
 from .csvsafe import neutralize
+from .dataset_input import BATCH_BYTES as BATCH_BYTES
+from .dataset_input import BATCH_ROWS as BATCH_ROWS
+from .dataset_input import DatasetInput as DatasetInput
+from .locations import INPUT_FORMATS as INPUT_FORMATS
+from .locations import OUTPUT_FORMATS, format_by_extension, input_error, is_uri, locate
 from .results import RESULT_DTYPES, RowResult, arrow_types, result_columns
 
 __all__ = [
@@ -52,378 +55,18 @@ __all__ = [
     "BATCH_ROWS",
 ]
 
-BATCH_ROWS = 1024  # rows read at once, at most ...
-BATCH_BYTES = 2 << 20  # ... and fewer when the rows are wide: about this many bytes (Parquet's own sizes)
 ROW_GROUP_BYTES = 16 << 20  # a Parquet output's row groups: about this many bytes each (held until written)
 
 # summary, status, error, message, http_status, attempts; pandas reads Parquet outputs back with
 # the accessor's dtypes (engine.RESULT_DTYPES), through the pandas metadata written with them.
 RESULT_TYPES = arrow_types()
 
-INPUT_FORMATS = {"parquet": (".parquet", ".pq", ".parq"), "csv": (".csv",), "jsonl": (".jsonl", ".ndjson", ".json")}
-OUTPUT_FORMATS = {"parquet": (".parquet", ".pq"), "csv": (".csv",), "jsonl": (".jsonl", ".ndjson")}
-_HTTP = ("http", "https")
-
-
-def _is_uri(spec: str) -> bool:
-    scheme, sep, _ = spec.partition("://")
-    return bool(sep) and scheme.isalnum() and len(scheme) > 1  # not a Windows drive letter
-
-
-def _filesystem(spec: str) -> tuple[pafs.FileSystem, str]:
-    """The filesystem and the path on it: local paths and ``file://``, pyarrow's own remote
-    filesystems (s3, gs, abfs, hdfs), and fsspec's for the rest (http, https, ...)."""
-    if not _is_uri(spec):
-        return pafs.LocalFileSystem(), os.path.abspath(spec)
-    scheme = spec.partition("://")[0].lower()
-    if scheme not in _HTTP:
-        try:
-            filesystem, path = pafs.FileSystem.from_uri(spec)
-            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-            if scheme == "s3" and endpoint:  # an S3-compatible store (MinIO, R2, moto): the standard variable
-                filesystem = pafs.S3FileSystem(endpoint_override=endpoint)
-            return filesystem, path
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
-            if "Unrecognized filesystem type" not in str(exc):
-                raise _fail(f"{spec}: {one_line(exc)}", spec) from None
-        except OSError as exc:
-            raise _fail(f"{spec}: {one_line(exc)}", spec) from None
-    try:
-        import fsspec
-        from pyarrow.fs import FSSpecHandler, PyFileSystem
-    except ImportError:
-        raise InputError(f"{scheme}:// paths need fsspec: pip install 'batchsum[cloud]'") from None
-    try:
-        filesystem, path = fsspec.core.url_to_fs(spec)
-    except (ImportError, ValueError) as exc:
-        raise _fail(
-            f"{scheme}:// paths need a library fsspec could not load ({one_line(exc)}): pip install 'batchsum[cloud]'",
-            spec,
-        ) from None
-    return PyFileSystem(FSSpecHandler(filesystem)), path
-
-
-def _fail(message: str, *specs: str) -> InputError:
-    """An ``InputError`` whose message holds no credential of ``specs`` (the locations it is about):
-    the locations in it redacted, and what a library said in its own words (a decoded password, an
-    access key) taken out too."""
-    secrets = tuple(secret for spec in specs for secret in location_secrets(spec))
-    return InputError(redact(redact_location(message), secrets))
-
-
-_NAMES = {"parquet": "Parquet", "csv": "CSV", "jsonl": "JSON Lines"}
-
-
-def _unreadable(what: str, format: str, exc: BaseException, *specs: str) -> InputError:
-    """ "X cannot be read as Parquet: <pyarrow's reason, without its preamble>"."""
-    reason = one_line(exc)
-    if "magic bytes not found" in reason:
-        reason = "not a Parquet file (no Parquet footer)"
-    else:
-        reason = reason.rsplit("?: ", 1)[-1].rsplit("': ", 1)[-1]
-    return _fail(f"{what} cannot be read as {_NAMES.get(format, format)}: {reason}", what, *specs)
-
-
-def _format_by_extension(name: str, formats: dict[str, tuple[str, ...]]) -> str | None:
-    if _is_uri(name):  # the path's extension, not the query's (a presigned URL ends in its signature)
-        name = name.split("?", 1)[0].split("#", 1)[0]
-    lowered = name.lower()
-    return next((fmt for fmt, endings in formats.items() if lowered.endswith(endings)), None)
-
-
-def _hidden(path: str, base: str) -> bool:
-    """A file or folder under ``base`` whose name starts with "." or "_" (``.git``, ``_SUCCESS``,
-    Spark's ``_temporary``): not data."""
-    relative = PurePosixPath(path.replace(os.sep, "/")).relative_to(PurePosixPath(base.replace(os.sep, "/")))
-    return any(part.startswith((".", "_")) for part in relative.parts)
-
-
-@dataclass
-class _Source:
-    """One input spec, resolved: its filesystem, files in order, format, and hive base folder."""
-
-    spec: str
-    filesystem: pafs.FileSystem
-    files: list[str]
-    format: str
-    base: str | None  # a folder whose key=value sub-folders are columns
-    remote: bool
-
-
-def _resolve(spec: str, format: str | None) -> _Source:
-    filesystem, path = _filesystem(spec)
-    remote = _is_uri(spec) and not spec.lower().startswith("file://")
-    try:
-        info = filesystem.get_file_info(path)
-    except OSError as exc:
-        raise _fail(f"{spec}: {one_line(exc)}", spec) from None
-    base = None
-    if info.type == pafs.FileType.File:
-        files = [path]
-    elif info.type == pafs.FileType.Directory:
-        try:
-            found = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
-        except OSError as exc:
-            raise _fail(f"{spec}: {one_line(exc)}", spec) from None
-        files = sorted(f.path for f in found if f.type == pafs.FileType.File and not _hidden(f.path, path))
-        if format is None:
-            files = [f for f in files if _format_by_extension(f, INPUT_FORMATS)]
-        base = path
-        if not files:
-            known = ", ".join(e for endings in INPUT_FORMATS.values() for e in endings)
-            raise _fail(f"folder {spec} holds no data files ({known})", spec)
-    elif any(c in spec for c in "*?[") and not remote:
-        files = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
-        if not files:
-            raise _fail(f"no file matches {spec!r}", spec)
-    else:
-        raise _fail(f"{spec}: no such file or folder", spec)
-    if format is None:
-        formats = {_format_by_extension(f, INPUT_FORMATS) for f in files}
-        if len(formats) != 1 or None in formats:
-            raise _fail(
-                f"cannot tell the format of {spec} from its extension; pass --format parquet, csv or jsonl", spec
-            )
-        format = formats.pop()
-    assert format is not None
-    return _Source(spec, filesystem, files, format, base, remote)
-
-
-def _dataset_module() -> Any:
-    """``pyarrow.dataset``, imported when an input needs it (a CSV or JSON Lines file, hive
-    partitions, a remote file): importing it imports pandas too, which a plain Parquet run does not need."""
-    import pyarrow.dataset
-
-    return pyarrow.dataset
-
-
-def _file_format(format: str, column: str) -> ds.FileFormat:
-    ds = _dataset_module()
-    if format == "parquet":
-        return ds.ParquetFileFormat()
-    if format == "csv":  # the text column is text, whatever it looks like
-        return ds.CsvFileFormat(convert_options=pcsv.ConvertOptions(column_types={column: pa.string()}))
-    if format == "jsonl":
-        options = pjson.ParseOptions(
-            explicit_schema=pa.schema([(column, pa.string())]), unexpected_field_behavior="infer"
-        )
-        return ds.JsonFileFormat(parse_options=options)
-    raise InputError(f"unknown format {format!r}: use parquet, csv or jsonl")
-
-
-def _is_text(arrow_type: pa.DataType) -> bool:
-    if pa.types.is_dictionary(arrow_type):
-        arrow_type = arrow_type.value_type
-    return bool(pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_null(arrow_type))
-
-
-def _partitioned(source: _Source) -> bool:
-    """Does a folder input have ``key=value`` sub-folders (hive partitions, which become columns)?"""
-    if source.base is None:
-        return False
-    base = PurePosixPath(source.base.replace(os.sep, "/"))
-    return any(
-        "=" in part
-        for path in source.files
-        for part in PurePosixPath(path.replace(os.sep, "/")).relative_to(base).parts[:-1]
-    )
-
-
-class _ParquetFiles:
-    """Local Parquet files with no partition columns, read with ``pyarrow.parquet`` directly, a
-    record batch at a time: memory stays bounded by the batch, not by the file's row groups (a
-    dataset scan decodes a whole row group ahead), and ``pyarrow.dataset`` is never imported."""
-
-    def __init__(self, source: _Source) -> None:
-        self.paths = source.files
-        self.where = source.spec  # the file being read
-        self.files: list[pq.ParquetFile] = []
-        for path in source.files:
-            try:
-                self.files.append(pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20))
-            except (pa.ArrowException, OSError, ValueError) as exc:
-                self.close()
-                raise _unreadable(path, "parquet", exc, source.spec) from None
-        self.schema = self.files[0].schema_arrow
-        for path, file in zip(source.files, self.files):
-            if not file.schema_arrow.remove_metadata().equals(self.schema.remove_metadata()):
-                self.close()
-                raise _fail(f"{path} has other columns or types than {source.files[0]}; inputs must match", source.spec)
-
-    def count_rows(self) -> int:
-        return sum(file.metadata.num_rows for file in self.files)
-
-    def row_bytes(self) -> float:
-        """The rows' mean width, uncompressed, from the files' own statistics."""
-        size = sum(
-            file.metadata.row_group(i).total_byte_size for file in self.files for i in range(file.num_row_groups)
-        )
-        return float(size) / max(1, self.count_rows())
-
-    def batches(self, batch_rows: int) -> Iterator[pa.RecordBatch]:
-        for path, file in zip(self.paths, self.files):
-            self.where = path
-            yield from file.iter_batches(batch_size=batch_rows, use_threads=False)
-
-    def close(self) -> None:
-        for file in self.files:
-            file.close()
-
-
-class _Scanned:
-    """An input read through ``pyarrow.dataset``: CSV, JSON Lines, hive partitions, remote files."""
-
-    def __init__(self, source: _Source, column: str) -> None:
-        ds = _dataset_module()
-        try:
-            self.dataset = ds.dataset(
-                source.files,
-                filesystem=source.filesystem,
-                format=_file_format(source.format, column),
-                partitioning="hive" if source.base is not None else None,
-                partition_base_dir=source.base,
-            )
-        except (pa.ArrowException, OSError, ValueError) as exc:
-            raise _unreadable(source.spec, source.format, exc) from None
-        self.schema = self.dataset.schema
-        self.format = source.format
-        self.where = source.spec  # the file being read
-
-    def count_rows(self) -> int:
-        return int(self.dataset.count_rows())
-
-    def row_bytes(self) -> float | None:
-        return None
-
-    def batches(self, batch_rows: int) -> Iterator[pa.RecordBatch]:
-        ds = _dataset_module()
-        options = (
-            {"fragment_scan_options": ds.ParquetFragmentScanOptions(pre_buffer=False)}
-            if self.format == "parquet"
-            else {}
-        )
-        for fragment in sorted(self.dataset.get_fragments(), key=lambda fragment: fragment.path):
-            # One batch and one file read ahead, and no whole-row-group prefetch.
-            scanner = ds.Scanner.from_fragment(
-                fragment,
-                schema=self.dataset.schema,
-                batch_size=batch_rows,
-                batch_readahead=1,
-                fragment_readahead=1,
-                **options,
-            )
-            self.where = fragment.path
-            yield from scanner.to_batches()
-
-    def close(self) -> None:
-        pass
-
-
-class DatasetInput:
-    """One or more inputs of one schema (files, folders, globs, remote URIs), read as a stream of
-    record batches in order. ``num_rows`` is None when counting would mean reading a remote CSV or
-    JSON file twice.
-
-    Local Parquet files are read with ``pyarrow.parquet`` directly (``_ParquetFiles``), everything
-    else through ``pyarrow.dataset``. Batches hold at most ``BATCH_ROWS`` rows, fewer when the rows
-    are wide (about ``BATCH_BYTES``, where the files say how wide)."""
-
-    def __init__(self, specs: Sequence[str | os.PathLike[str]], column: str, *, format: str | None = None) -> None:
-        if not specs:
-            raise InputError("no input given")
-        if format is not None and format not in INPUT_FORMATS:
-            raise InputError(f"unknown --format {format!r}: use parquet, csv or jsonl")
-        self.column = column
-        self.sources = [_resolve(os.fspath(spec), format) for spec in specs]
-        self.paths = [Path(f) for s in self.sources if not s.remote for f in s.files]  # local files, to guard
-        self.uris = [s.spec for s in self.sources]
-        self.readers: list[_ParquetFiles | _Scanned] = []
-        self.schema: pa.Schema | None = None
-        counts: list[int | None] = []
-        for source in self.sources:
-            reader = self._open(source)
-            self.readers.append(reader)
-            if self.schema is None:
-                self.schema = reader.schema
-                self._check_column(source)
-            elif not reader.schema.remove_metadata().equals(self.schema.remove_metadata()):
-                raise _fail(
-                    f"{source.spec} has other columns or types than {self.sources[0].spec}; inputs must match",
-                    source.spec,
-                    self.sources[0].spec,
-                )
-            counts.append(self._count(reader, source))
-        self.num_rows: int | None = None if None in counts else sum(c for c in counts if c is not None)
-        if self.num_rows == 0:
-            raise _fail(f"{', '.join(self.uris)}: no rows to summarize", *self.uris)
-
-    def _open(self, source: _Source) -> _ParquetFiles | _Scanned:
-        if source.format == "parquet" and not source.remote:
-            for path in source.files:
-                if os.path.getsize(path) == 0:
-                    raise _fail(f"{path} is empty (0 bytes), not a Parquet file", source.spec)
-        if source.format == "parquet" and not source.remote and not _partitioned(source):
-            return _ParquetFiles(source)
-        return _Scanned(source, self.column)
-
-    def _check_column(self, source: _Source) -> None:
-        assert self.schema is not None
-        if self.column not in self.schema.names:
-            raise _fail(
-                f"no column {self.column!r} in {source.spec}; its columns are: {', '.join(self.schema.names)}",
-                source.spec,
-            )
-        if not _is_text(self.schema.field(self.column).type):
-            raise _fail(
-                f"column {self.column!r} in {source.spec} holds {self.schema.field(self.column).type}, not text",
-                source.spec,
-            )
-
-    def _count(self, reader: _ParquetFiles | _Scanned, source: _Source) -> int | None:
-        if source.remote and source.format != "parquet":
-            return None
-        try:
-            return reader.count_rows()
-        except (pa.ArrowException, OSError) as exc:
-            raise _unreadable(source.spec, source.format, exc) from None
-
-    def batch_rows(self) -> int:
-        """Rows per batch: ``BATCH_ROWS``, or fewer so that a batch of wide rows stays near ``BATCH_BYTES``."""
-        widths = [width for reader in self.readers if (width := reader.row_bytes())]
-        if not widths:
-            return BATCH_ROWS
-        return max(1, min(BATCH_ROWS, int(BATCH_BYTES // max(widths))))
-
-    def batches(self, batch_rows: int | None = None) -> Iterator[pa.RecordBatch]:
-        """The rows in record batches, in order. An input that breaks after rows were read raises
-        ``BrokenInputError``; one that breaks before, ``InputError``."""
-        rows = batch_rows or self.batch_rows()
-        read_any = False
-        for source, reader in zip(self.sources, self.readers):
-            try:
-                for batch in reader.batches(rows):
-                    read_any = True
-                    yield batch
-            except (pa.ArrowException, OSError) as exc:
-                problem = _unreadable(reader.where, source.format, exc, source.spec)
-                if read_any:  # rows were read (and may be answered): a stop, not a usage error
-                    raise BrokenInputError(str(problem)) from None
-                raise problem from None
-
-    def texts(self, batch_rows: int | None = None) -> Iterator[Any]:
-        for batch in self.batches(batch_rows):
-            yield from batch.column(self.column).to_pylist()
-
-    def close(self) -> None:
-        for reader in self.readers:
-            reader.close()
-
 
 def _output_format(target: str) -> str:
-    found = _format_by_extension(target, OUTPUT_FORMATS)
+    found = format_by_extension(target, OUTPUT_FORMATS)
     if found is None:
         known = ", ".join(e for endings in OUTPUT_FORMATS.values() for e in endings)
-        raise _fail(f"cannot tell the output format of {target}: name it with one of {known}", target)
+        raise input_error(f"cannot tell the output format of {target}: name it with one of {known}", target)
     return found
 
 
@@ -444,27 +87,27 @@ def check_output(target: str | os.PathLike[str], inputs: DatasetInput | None = N
     """Where the output goes, when a file can be written there; else an ``InputError`` saying why."""
     spec = os.fspath(target)
     format = _output_format(spec)
-    filesystem, path = _filesystem(spec)
-    remote = _is_uri(spec) and not spec.lower().startswith("file://")
+    filesystem, path = locate(spec)
+    remote = is_uri(spec) and not spec.lower().startswith("file://")
     if not remote:
         local = Path(path)
         if local.is_dir():
-            raise _fail(f"output {spec} is a folder; give a file name", spec)
+            raise input_error(f"output {spec} is a folder; give a file name", spec)
         if not local.parent.is_dir():
-            raise _fail(f"cannot write {spec}: folder {local.parent} does not exist", spec)
+            raise input_error(f"cannot write {spec}: folder {local.parent} does not exist", spec)
         if inputs is not None and any(local.resolve() == p.resolve() for p in inputs.paths):
-            raise _fail(f"output {spec} is also an input; write to another file", spec)
+            raise input_error(f"output {spec} is also an input; write to another file", spec)
     else:
         # Object stores have no folders: only the bucket (the path's first part) must exist.
         bucket = path.split("/", 1)[0]
         try:
             info = filesystem.get_file_info(bucket)
         except OSError as exc:
-            raise _fail(f"cannot write {spec}: {one_line(exc)}", spec) from None
+            raise input_error(f"cannot write {spec}: {one_line(exc)}", spec) from None
         if info.type == pafs.FileType.NotFound:
-            raise _fail(f"cannot write {spec}: bucket {bucket} does not exist", spec)
+            raise input_error(f"cannot write {spec}: bucket {bucket} does not exist", spec)
         if inputs is not None and spec in inputs.uris:
-            raise _fail(f"output {spec} is also an input; write to another file", spec)
+            raise input_error(f"output {spec} is also an input; write to another file", spec)
     return _Target(spec, filesystem, path, format, remote)
 
 
@@ -591,7 +234,7 @@ class DatasetOutput:
         try:
             fd, partial = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=folder)
         except OSError as exc:
-            raise _fail(
+            raise input_error(
                 f"cannot write {self.target.spec}: {exc.strerror} in folder {folder}", self.target.spec
             ) from None
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it private; the output is an ordinary file
@@ -641,7 +284,7 @@ class DatasetOutput:
             try:
                 os.replace(self.partial, self.target.local)
             except OSError as exc:  # the folder turned read-only, a quota, a vanished mount
-                raise _fail(
+                raise input_error(
                     f"cannot write {self.target.spec} ({exc.strerror or one_line(exc)}); every answer is in "
                     "the journal: run the same command again once it can be written, and nothing is paid twice",
                     self.target.spec,
@@ -656,7 +299,7 @@ class DatasetOutput:
         except (OSError, pa.ArrowException) as exc:
             kept = self.partial.with_name(self.partial.name.removeprefix(".").removesuffix(".partial"))
             os.replace(self.partial, kept)
-            raise _fail(
+            raise input_error(
                 f"cannot put {self.target.spec} ({one_line(exc)}); the output is kept in {kept}", self.target.spec
             ) from None
         self.partial.unlink(missing_ok=True)

@@ -9,7 +9,8 @@ A claim is a lease: it lasts ``CLAIM_SECONDS`` and the run holding it renews it 
 ``CLAIM_RENEW_SECONDS`` while it waits for the answer (``Leases``), so a run that died (a killed
 worker, a lost executor) holds nothing for more than ``CLAIM_SECONDS``, and on its own machine a
 holder whose process is gone is passed over at once (``holder_is_gone``). An answer that arrives
-after its claim lapsed is still kept. The SQLite journal and the Redis store are in ``journal.py``.
+after its claim lapsed is still kept. The SQLite journal is in ``journal.py``, the Redis store in
+``redis_store.py``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ __all__ = [
     "CLAIM_SECONDS",
     "CLAIM_RENEW_SECONDS",
     "CLAIM_POLL_SECONDS",
+    "LOOKUP_CHUNK",
 ]
 
 log = logging.getLogger("batchsum")
@@ -49,6 +51,7 @@ log = logging.getLogger("batchsum")
 CLAIM_SECONDS = 20.0  # a lease: renewed while its holder lives, lapsed within this long of its death
 CLAIM_RENEW_SECONDS = 5.0  # four renewals per lease: a stalled loop or a slow store does not lose it
 CLAIM_POLL_SECONDS = 0.5
+LOOKUP_CHUNK = 500  # keys per query of a look-up in bulk (SQLite allows 999 parameters at the least)
 
 
 class AnswerStore(Protocol):
