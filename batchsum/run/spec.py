@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..service import contract
-from ..service.errors import InvalidParameterError, redact_location
+from ..service.errors import redact_location
 from ..service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from ..service.settings import *  # noqa: F403  (every check and setting this module had, as the same objects)
 from ..service.settings import (
@@ -40,7 +40,10 @@ from ..service.settings import (
     Secret,
     budget_spec,
     check_choice,
+    check_flag,
     check_key,
+    check_limiter,
+    check_name,
     check_params,
     check_path,
     check_rate,
@@ -318,12 +321,9 @@ class RunSpec:
             environ=env,
         )
         rate, auto = resolve_rate(rpm, env, local=local)
-        if limiter is not None and not callable(getattr(limiter, "acquire", None)):
-            raise InvalidParameterError("invalid limiter: it needs an async acquire() method, as AsyncLimiter has")
-        if not isinstance(output_column, str) or not output_column:
-            raise InvalidParameterError(f"invalid output_column {output_column!r}: use a non-empty name")
-        if not isinstance(progress, bool):
-            raise InvalidParameterError(f"invalid progress {progress!r}: use True or False")
+        check_limiter(limiter)
+        check_name("output_column", output_column)
+        check_flag("progress", progress)
         return cls(
             params=params,
             client=client,
@@ -380,11 +380,7 @@ class RunSpec:
             "percentage": self.params.percentage,
             "type": self.params.type.value if self.params.type is not None else None,
             "output_column": self.output_column,
-            "base_url": redact_location(self.client.base_url),
-            "local": self.client.local,
-            "timeout": self.client.timeout,
-            "max_retries": self.client.max_retries,
-            "encoding": self.client.encoding,
+            **self.client.describe(),  # base_url (redacted), local, timeout, max_retries, encoding
             "rpm": describe_rate(self.rpm, self.auto),
             "concurrency": self.concurrency,
             "budget": redact_location(self.budget) if isinstance(self.budget, str) else repr(self.budget),
