@@ -415,7 +415,7 @@ def budget_spec(budget: Any, environ: Mapping[str, str] | None = None) -> Any:
 
 
 def check_path(name: str, value: Any) -> str:
-    """``value`` as a path's text (``os.fspath``); ``InvalidParameterError`` naming ``name`` if it is none."""
+    """``value`` as a path's text (``os.fspath``); ``InvalidParameterError`` naming ``name`` if it is not a path."""
     try:
         path: str = os.fspath(value)
         return path
