@@ -47,10 +47,11 @@ from ..service.errors import (
     redact_location,
 )
 from ..service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from ..service.settings import AUTO_MAX_RPM, DEFAULT_MAX_WAIT, Secret
 from .logs import event
 from .progress import ProgressBar
 from .report import BatchStats, Timeline, merge_reports, run_report
-from .spec import AUTO_MAX_RPM, DEFAULT_MAX_WAIT, RunSpec, Secret, document_options
+from .spec import RunSpec, document_options
 from .telemetry import Metrics
 
 if TYPE_CHECKING:
