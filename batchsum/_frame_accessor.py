@@ -13,9 +13,10 @@ import os
 from collections.abc import Hashable
 from typing import Any, Generic, TypeVar
 
-from .run.spec import DEFAULT_MAX_WAIT, RunSpec, document_options
+from .run.spec import RunSpec, document_options
 from .service import contract
 from .service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from .service.settings import DEFAULT_MAX_WAIT
 
 __all__ = ["ColumnSummarize", "ColumnSummarizeAsync", "ValuesSummarize", "ValuesSummarizeAsync"]
 

@@ -43,10 +43,11 @@ import pyarrow as pa
 from .data.results import check_output_columns, with_results
 from .run.batches import OpenRun
 from .run.run import Workers, prepare_shared
-from .run.spec import DEFAULT_MAX_WAIT, RunSpec, document_options
+from .run.spec import RunSpec, document_options
 from .service import contract
 from .service.errors import BudgetError, InputError, InvalidParameterError
 from .service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from .service.settings import DEFAULT_MAX_WAIT
 
 __all__ = ["summarize", "DEFAULT_WORKERS", "DEFAULT_BATCH_ROWS"]
 

@@ -41,10 +41,11 @@ from .data.results import RowResult, check_output_columns, result_columns, resul
 from .run.background import run_in_worker
 from .run.batches import BatchStream
 from .run.run import Workers, prepare_shared, run_texts
-from .run.spec import DEFAULT_MAX_WAIT, RunSpec, document_options
+from .run.spec import RunSpec, document_options
 from .service import contract
 from .service.errors import BudgetError, ConfigurationError, InputError, InvalidParameterError
 from .service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from .service.settings import DEFAULT_MAX_WAIT
 
 __all__ = ["summarize", "register", "result_schema"]
 

@@ -10,10 +10,11 @@ from typing import Any
 import ipywidgets as w
 
 from ..run.background import BackgroundRun
-from ..run.spec import RunSpec, check_params
+from ..run.spec import RunSpec
 from ..service import contract
 from ..service.errors import explain as explain_error
 from ..service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from ..service.settings import check_params
 
 __all__ = ["FORMATS", "FULL", "MODES", "STYLE", "App", "explain", "field", "grid"]
 

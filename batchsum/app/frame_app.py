@@ -15,10 +15,11 @@ from ..data.results import check_columns, join_results
 from ..run.background import BackgroundRun
 from ..run.report import BatchStats
 from ..run.run import Run
-from ..run.spec import DEFAULT_MAX_WAIT, RunSpec, check_rate, describe_rate, document_options
+from ..run.spec import RunSpec, document_options
 from ..service import contract
 from ..service.errors import BatchsumError
 from ..service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from ..service.settings import DEFAULT_MAX_WAIT, check_rate, describe_rate
 from .controls import STYLE, App, field, grid
 from .run_view import RunView
 

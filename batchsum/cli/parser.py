@@ -7,9 +7,10 @@ import argparse
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from ..run.spec import ENCODINGS, ENV_API_KEY, LONG_TEXT_POLICIES, OPTIONS, check_rate
+from ..run.spec import OPTIONS
 from ..service import contract
 from ..service.errors import InvalidParameterError
+from ..service.settings import ENCODINGS, ENV_API_KEY, LONG_TEXT_POLICIES, check_rate
 from .console import EXIT_USAGE, say
 
 __all__ = ["as_flags", "build_parser"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..run.spec import ENV_API_KEY
+from ..service.settings import ENV_API_KEY
 from .console import EXIT_OK, EXIT_USAGE, Stop
 
 __all__ = ["serve_command"]

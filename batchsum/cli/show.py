@@ -8,9 +8,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from ..run.spec import ENV_API_KEY
 from ..service import contract
 from ..service.errors import InputError, redact_location
+from ..service.settings import ENV_API_KEY
 from .console import EXIT_OK, EXIT_USAGE, Stop
 
 __all__ = ["journal_command", "limits_command", "report_command"]
@@ -39,7 +39,7 @@ def limits_command(args: argparse.Namespace) -> int:
     from ..pacing.budget import ProcessBudget, open_budget
     from ..pacing.limit import Found
     from ..pacing.record import LIMIT
-    from ..run.spec import budget_spec, check_base_url, key_hash_from_environment
+    from ..service.settings import budget_spec, check_base_url, key_hash_from_environment
 
     budget = open_budget(budget_spec(args.budget), "")
     if isinstance(budget, ProcessBudget):

@@ -17,7 +17,7 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from ..run.spec import ENV_API_KEY, ENV_BASE_URL, check_params, client_settings, is_loopback
+from ..service.settings import ENV_API_KEY, ENV_BASE_URL, check_params, client_settings, is_loopback
 from . import contract
 from .answer import Answer, scrub
 from .errors import (

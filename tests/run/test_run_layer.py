@@ -169,7 +169,7 @@ def _reads_environment(path: Path) -> bool:
 def test_the_environment_is_read_in_at_most_two_modules():
     readers = {path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py") if _reads_environment(path)}
     # _imports.py names pyarrow's memory pool for the CLI's own process (no batchsum setting).
-    assert readers <= {"run/spec.py", "data/datasets.py", "_imports.py"}, readers
+    assert readers <= {"service/settings.py", "data/locations.py", "_imports.py"}, readers
 
 
 def test_the_app_takes_its_rate_from_the_environment(monkeypatch):
