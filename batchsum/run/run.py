@@ -217,6 +217,7 @@ class Run:
         self.store: AnswerStore
         self.bar: ProgressBar
         self._adopted: str | None = None  # what adopting a journal from before services meant
+        self._metrics: Metrics | None = None
 
     async def __aenter__(self) -> Run:
         spec = self.spec = bind(self.spec)
@@ -274,7 +275,7 @@ class Run:
         self.stats.pacer = self.pacer
         self.stats.first_request = self.record.describe(spec.params.mode)
         pacer = self.pacer
-        self.stats.telemetry = Metrics.open(self.run_id, lambda: pacer.pace, _version())
+        self.stats.telemetry = self._metrics = Metrics.open(self.run_id, lambda: pacer.pace, _version())
         if spec.progress:
             self._ticker = asyncio.ensure_future(self.bar.follow(self.stats))
         self._watcher = asyncio.ensure_future(self._watch())
@@ -307,8 +308,8 @@ class Run:
     def _end(self, error: BaseException | None) -> None:
         """The run has ended, however: its report (and file), the stop or error event, the end event."""
         stats = self.stats
-        if stats.telemetry is not None:
-            stats.telemetry.close()
+        if self._metrics is not None:
+            self._metrics.close()
         if isinstance(error, GeneratorExit):
             error = None
         self.report = run_report(
