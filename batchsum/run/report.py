@@ -1,14 +1,17 @@
 """What a person or a scheduler sees of a run: the run report (``run_report``: the JSON a scheduler
-reads, schema ``docs/run-report.schema.json``; ``merge_reports`` for the partitions of a Dask job;
-``describe_report`` for a person). The live counts (``BatchStats``) and the timeline second by second
-(``Timeline``) the report is made of are the engine's (``engine/tally.py``, ``engine/timeline.py``),
-named here too."""
+reads, schema ``docs/run-report.schema.json``; ``write_report`` to a file; ``merge_reports`` for the
+partitions of a Dask job; ``describe_report`` for a person). The live counts (``BatchStats``) and
+the timeline second by second (``Timeline``) it is made of are the engine's (``engine/tally.py``,
+``engine/timeline.py``), named here too."""
 
 from __future__ import annotations
 
 import datetime
+import json
 import math
+import os
 import platform
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -17,7 +20,16 @@ from ..engine.tally import BatchStats as BatchStats
 from ..engine.tally import LongWork as LongWork
 from ..engine.timeline import Timeline as Timeline
 
-__all__ = ["BatchStats", "LongWork", "Timeline", "run_report", "merge_reports", "describe_report", "REPORT_SCHEMA"]
+__all__ = [
+    "BatchStats",
+    "LongWork",
+    "Timeline",
+    "run_report",
+    "merge_reports",
+    "describe_report",
+    "write_report",
+    "REPORT_SCHEMA",
+]
 
 REPORT_SCHEMA = "batchsum-run-report/1"  # bumped only by a change that breaks a reader
 
@@ -216,6 +228,44 @@ def merge_reports(reports: Sequence[dict[str, Any]], *, run_id: str) -> dict[str
     merged["timeline"] = None
     merged["partitions"] = len(reports)
     return merged
+
+
+def write_report(path: str | os.PathLike[str], report: dict[str, Any], *, shared: bool = False) -> None:
+    """Write ``report`` to ``path`` (whole, or not at all: a temporary file renamed). A shared run (a
+    Dask partition) writes ``STEM.part-RUN.json`` beside it and then merges every part there into
+    ``path`` under a lock, so the merged file is whole after each partition."""
+    target = os.fspath(path)
+    if not shared:
+        _write_json(target, report)
+        return
+    import fcntl
+    import glob
+
+    stem, suffix = os.path.splitext(target)
+    part = f"{stem}.part-{uuid.uuid4().hex[:12]}{suffix or '.json'}"
+    _write_json(part, report)
+    with open(target + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        parts = []
+        for name in sorted(glob.glob(glob.escape(stem) + ".part-*" + (suffix or ".json"))):
+            try:
+                with open(name, encoding="utf-8") as file:
+                    one = json.load(file)
+            except (OSError, ValueError):
+                continue
+            if one.get("run_id") == report["run_id"]:
+                parts.append(one)
+        _write_json(target, merge_reports(parts, run_id=report["run_id"]))
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    temporary = os.path.join(folder, f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
+    with open(temporary, "x", encoding="utf-8") as file:
+        json.dump(data, file, indent=2, ensure_ascii=False)
+        file.write("\n")
+    os.replace(temporary, path)
 
 
 def describe_report(report: dict[str, Any]) -> str:
