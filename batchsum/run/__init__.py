@@ -1,7 +1,9 @@
 """The run: ``RunSpec``, every option checked once (``spec``; its stable path is
-``batchsum.options``), ``Run`` and what front-ends need around it (``run``), the report, the
-events, the metrics and the progress bar (``report``, ``logs``, ``telemetry``, ``progress``), a run
-on a worker thread (``background``) and batches through one run (``batches``).
+``batchsum.options``), ``Run`` and what front-ends need around it (``run``), what a run opens and
+closes (``pieces``) and tells (``watch``: the events of ``logs``, the metrics of ``telemetry``, the
+report of ``report``), the progress bar (``progress``), a spec bound to its service (``binding``)
+or shared by many workers (``shared``), a dry run (``preview``), a dataset streamed into its output
+(``dataset``), a run on a worker thread (``background``) and batches through one run (``batches``).
 
 ``from batchsum.run import Run`` names what ``run`` exports. They are loaded on first use: the
 layers below import ``batchsum.run.spec``, and loading ``run`` with it would be an import cycle.

@@ -1,283 +1,37 @@
-"""What a person or a scheduler sees of a run: its live counts (``BatchStats``), its one-line
-account, its timeline second by second (``Timeline``), as plain data that travels with a result
-(``out.attrs["batchsum"]``) and that the chart (``app/chart.py``) draws; and the run report
-(``run_report``: the JSON a scheduler reads, schema ``docs/run-report.schema.json``; ``merge_reports``
-for the partitions of a Dask job; ``describe_report`` for a person)."""
+"""What a person or a scheduler sees of a run: the run report (``run_report``: the JSON a scheduler
+reads, schema ``docs/run-report.schema.json``; ``write_report`` to a file; ``merge_reports`` for the
+partitions of a Dask job; ``describe_report`` for a person). The live counts (``BatchStats``) and
+the timeline second by second (``Timeline``) it is made of are the engine's (``engine/tally.py``,
+``engine/timeline.py``), named here too."""
 
 from __future__ import annotations
 
 import datetime
+import json
 import math
-import operator
+import os
 import platform
-import time
-from array import array
+import uuid
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..data.results import OK, SKIPPED, RowResult
+from ..engine.tally import BatchStats as BatchStats
+from ..engine.tally import LongWork as LongWork
+from ..engine.timeline import Timeline as Timeline
 
-_STATUS = operator.attrgetter("status")
-
-if TYPE_CHECKING:
-    from ..pacing import Pacer, PacerState
-    from .telemetry import Metrics
-
-__all__ = ["BatchStats", "LongWork", "Timeline", "run_report", "merge_reports", "describe_report", "REPORT_SCHEMA"]
+__all__ = [
+    "BatchStats",
+    "LongWork",
+    "Timeline",
+    "run_report",
+    "merge_reports",
+    "describe_report",
+    "write_report",
+    "REPORT_SCHEMA",
+]
 
 REPORT_SCHEMA = "batchsum-run-report/1"  # bumped only by a change that breaks a reader
-
-
-class Timeline:
-    """What a run did, second by second: attempts started, 429s, rows done; the pace in force and
-    the pauses, with why. One entry per second of the run (a day is 86,400), not per request, so
-    it can travel with a result (``out.attrs["batchsum"]``) and be drawn (``batchsum.plot_run``)."""
-
-    __slots__ = ("rpm", "_origin", "_wall", "_seconds", "_in_flight", "pace", "pauses")
-
-    def __init__(self, rpm: float) -> None:
-        self.rpm = rpm
-        self._origin: float | None = None  # the clock at the first event
-        self._wall = 0.0
-        self._seconds: dict[int, list[int]] = {}  # second -> [started, refused, done]
-        self._in_flight: dict[int, int] = {}  # second -> the most attempts on the wire in it
-        self.pace: list[tuple[float, float]] = []  # (seconds since the start, pace from then on)
-        self.pauses: list[tuple[float, float, str]] = []  # (from, until, why), seconds since the start
-
-    def _since(self, now: float) -> float:
-        if self._origin is None:
-            self._origin, self._wall = now, time.time()
-            self.pace.append((0.0, self.rpm))
-        return max(0.0, now - self._origin)
-
-    def _count(self, now: float, which: int) -> None:
-        self._seconds.setdefault(int(self._since(now)), [0, 0, 0])[which] += 1
-
-    def started(self, now: float) -> None:
-        self._count(now, 0)
-
-    def refused(self, now: float) -> None:
-        self._count(now, 1)
-
-    def done(self, now: float, count: int = 1) -> None:
-        self._seconds.setdefault(int(self._since(now)), [0, 0, 0])[2] += count
-
-    def in_flight(self, now: float, count: int) -> None:
-        second = int(self._since(now))
-        if count > self._in_flight.get(second, -1):
-            self._in_flight[second] = count
-
-    def pace_changed(self, now: float, pace: float) -> None:
-        self.pace.append((self._since(now), pace))
-
-    def paused(self, now: float, until: float, why: str) -> None:
-        start, end = self._since(now), self._since(now) + (until - now)
-        if self.pauses and self.pauses[-1][1] >= start:  # the same pause, made longer
-            start, why = self.pauses[-1][0], self.pauses[-1][2]
-            self.pauses.pop()
-        self.pauses.append((start, end, why))
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain lists and numbers (JSON-able): ``seconds`` rows are [second, started, refused, done];
-        ``in_flight`` rows [second, the most attempts on the wire in it]."""
-        return {
-            "rpm": self.rpm,
-            "started_at": self._wall or None,
-            "seconds": [[second, *counts] for second, counts in sorted(self._seconds.items())],
-            "in_flight": [[second, count] for second, count in sorted(self._in_flight.items())],
-            "pace": [list(change) for change in self.pace],
-            "pauses": [list(pause) for pause in self.pauses],
-        }
-
-
-@dataclass
-class LongWork:
-    """Long texts' extra requests: planned and done (the bar counts them), and what the skipped ones
-    would cost split."""
-
-    planned: int = 0
-    done: int = 0
-    skipped_parts: int = 0
-    skipped_reduce: int = 0
-
-
-@dataclass
-class BatchStats:
-    """Live counts of a batch, read by progress bars and the final account."""
-
-    total: int | None = None
-    done: int = 0  # rows whose result is known (counted as they arrive, in any order)
-    yielded: int = 0  # rows handed out, in input order (what an output holds so far)
-    ok: int = 0
-    skipped: int = 0
-    failed: int = 0
-    sent: int = 0  # requests that went to the service (each may take several attempts)
-    attempts: int = 0
-    reused: int = 0  # rows answered from the store or by an identical request of this run
-    skipped_by_reason: Counter[str] = field(default_factory=Counter)
-    failed_by_code: Counter[str] = field(default_factory=Counter)
-    sent_by_kind: Counter[str] = field(default_factory=Counter)  # "row", "part", "reduce"
-    long_work: LongWork = field(default_factory=lambda: LongWork())
-    started: float = field(default_factory=time.monotonic)
-    pacer: Pacer | None = None
-    timeline: Timeline | None = None  # told by the pacer (``PaceLog``) and by the counts here
-    first_request: str | None = None  # whether the run's first request went alone, and why
-    requests: int = 0  # attempts that went to the service, 429s and retries included
-    outcomes: Counter[str] = field(default_factory=Counter)  # attempts by outcome: ok, rate_limited, error codes
-    latencies: array[float] = field(default_factory=lambda: array("d"))  # of answered attempts, seconds
-    telemetry: Metrics | None = None
-
-    @property
-    def paid(self) -> int:
-        """Attempts the service charges for: every attempt but its 429s (the service's "later")."""
-        return self.requests - self.outcomes["rate_limited"]
-
-    def attempt_started(self, on_wire: int) -> None:
-        self.requests += 1
-        if self.pacer is not None and self.timeline is not None:
-            self.timeline.in_flight(self.pacer.now(), on_wire)
-        if self.telemetry is not None:
-            self.telemetry.attempt_started()
-
-    def attempt_ended(self, outcome: str, latency: float | None, on_wire: int) -> None:
-        self.outcomes[outcome] += 1
-        if latency is not None:
-            self.latencies.append(latency)
-        if self.pacer is not None and self.timeline is not None:
-            self.timeline.in_flight(self.pacer.now(), on_wire)
-        if self.telemetry is not None:
-            self.telemetry.attempt_ended(outcome, latency)
-
-    @property
-    def work_total(self) -> int | None:
-        """What the bar counts to: one per row, and a long row's extra requests (planned: its parts
-        and one reduce; corrected when it is done)."""
-        return None if self.total is None else self.total + self.long_work.planned
-
-    @property
-    def work_done(self) -> int:
-        return self.done + self.long_work.done
-
-    def long_skipped(self, words: int) -> None:
-        """A text over the limit skipped (``long_texts="skip"``): what splitting it would cost."""
-        from ..engine.long_texts import estimate_requests
-
-        parts, reduce = estimate_requests(words)
-        self.long_work.skipped_parts += parts
-        self.long_work.skipped_reduce += reduce
-
-    def long_planned(self, parts: int) -> None:
-        self.long_work.planned += parts  # parts + one reduce, less the row itself
-
-    def long_done(self, result: RowResult, parts: int, answers: Sequence[object]) -> RowResult:
-        """A long row finished with ``result`` after ``answers`` (its requests): the plan corrected."""
-        extra = len(answers) - 1 if result.status == OK else len(answers)
-        self.long_work.planned += extra - parts
-        self.long_work.done += extra
-        return result._replace(requests=len(answers))
-
-    @property
-    def rate_limited(self) -> int:
-        return self.pacer.rate_limited if self.pacer else 0
-
-    @property
-    def pace(self) -> float:
-        return self.pacer.pace if self.pacer else 0.0
-
-    def pacer_state(self) -> PacerState | None:
-        """The pacer's state now (pace, pause and why, in flight), for progress lines."""
-        try:
-            return self.pacer.state() if self.pacer else None
-        except RuntimeError:  # no running loop (read from another thread after the run)
-            return None
-
-    @property
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
-
-    def record(self) -> dict[str, Any]:
-        """The run's account and timeline as plain data (``out.attrs["batchsum"]``, ``plot_run``)."""
-        timeline = self.timeline.to_dict() if self.timeline is not None else None
-        if timeline is not None:
-            timeline["total"] = self.total
-        return {
-            "account": self.account(),
-            "rows": self.done,
-            "ok": self.ok,
-            "skipped": self.skipped,
-            "failed": self.failed,
-            "sent": self.sent,
-            "sent_by_kind": dict(self.sent_by_kind),
-            "reused": self.reused,
-            "rate_limited": self.rate_limited,
-            "skipped_by_reason": dict(self.skipped_by_reason),
-            "failed_by_code": dict(self.failed_by_code),
-            "seconds": round(self.elapsed, 3),
-            "pace_changes": [str(change) for change in self.pacer.changes] if self.pacer is not None else [],
-            "timeline": timeline,
-        }
-
-    def count(self, result: RowResult) -> None:
-        if self.pacer is not None and self.timeline is not None:
-            self.timeline.done(self.pacer.now())
-        self.done += 1
-        if self.telemetry is not None:
-            self.telemetry.row_done(result.status)
-        if result.status == OK:
-            self.ok += 1
-        elif result.status == SKIPPED:
-            self.skipped += 1
-            self.skipped_by_reason[result.error or "?"] += 1
-        else:
-            self.failed += 1
-            self.failed_by_code[result.error or "?"] += 1
-
-    def count_many(self, results: Sequence[RowResult]) -> None:
-        """``count`` for rows whose results came together (a block the store answered)."""
-        if self.pacer is not None and self.timeline is not None:
-            self.timeline.done(self.pacer.now(), len(results))
-        self.done += len(results)
-        statuses = list(map(_STATUS, results))
-        ok = statuses.count(OK)
-        for result in results if ok < len(results) else ():
-            if result.status == OK:
-                continue
-            if result.status == SKIPPED:
-                self.skipped += 1
-                self.skipped_by_reason[result.error or "?"] += 1
-                if self.telemetry is not None:
-                    self.telemetry.row_done(SKIPPED)
-            else:
-                self.failed += 1
-                self.failed_by_code[result.error or "?"] += 1
-                if self.telemetry is not None:
-                    self.telemetry.row_done(result.status)
-        self.ok += ok
-        if ok and self.telemetry is not None:
-            self.telemetry.row_done(OK, ok)
-
-    def account(self) -> str:
-        """One line: rows, sent, reused, skipped by reason, failed by code, 429s, wall time."""
-
-        def by(counter: Counter[str]) -> str:
-            return " (" + ", ".join(f"{k} {v}" for k, v in sorted(counter.items())) + ")" if counter else ""
-
-        parts, reduces = self.sent_by_kind["part"], self.sent_by_kind["reduce"]
-        long = f" ({parts} long-text parts, {reduces} reduces)" if parts or reduces else ""
-        line = (
-            f"{self.done} rows: {self.ok} ok, {self.skipped} skipped{by(self.skipped_by_reason)}, "
-            f"{self.failed} failed{by(self.failed_by_code)}; {self.sent} sent{long}, {self.reused} reused, "
-            f"{self.rate_limited} 429s, {self.elapsed:.1f}s"
-        )
-        work = self.long_work
-        if work.skipped_parts:
-            line += (
-                f". The {self.skipped_by_reason['too_long']} too_long rows would take {work.skipped_parts} "
-                f"part requests and at most {work.skipped_reduce} reduce requests with --long-texts split (long_texts='split')"
-            )
-        return line
 
 
 def _iso(wall: float) -> str:
@@ -474,6 +228,44 @@ def merge_reports(reports: Sequence[dict[str, Any]], *, run_id: str) -> dict[str
     merged["timeline"] = None
     merged["partitions"] = len(reports)
     return merged
+
+
+def write_report(path: str | os.PathLike[str], report: dict[str, Any], *, shared: bool = False) -> None:
+    """Write ``report`` to ``path`` (whole, or not at all: a temporary file renamed). A shared run (a
+    Dask partition) writes ``STEM.part-RUN.json`` beside it and then merges every part there into
+    ``path`` under a lock, so the merged file is whole after each partition."""
+    target = os.fspath(path)
+    if not shared:
+        _write_json(target, report)
+        return
+    import fcntl
+    import glob
+
+    stem, suffix = os.path.splitext(target)
+    part = f"{stem}.part-{uuid.uuid4().hex[:12]}{suffix or '.json'}"
+    _write_json(part, report)
+    with open(target + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        parts = []
+        for name in sorted(glob.glob(glob.escape(stem) + ".part-*" + (suffix or ".json"))):
+            try:
+                with open(name, encoding="utf-8") as file:
+                    one = json.load(file)
+            except (OSError, ValueError):
+                continue
+            if one.get("run_id") == report["run_id"]:
+                parts.append(one)
+        _write_json(target, merge_reports(parts, run_id=report["run_id"]))
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    temporary = os.path.join(folder, f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
+    with open(temporary, "x", encoding="utf-8") as file:
+        json.dump(data, file, indent=2, ensure_ascii=False)
+        file.write("\n")
+    os.replace(temporary, path)
 
 
 def describe_report(report: dict[str, Any]) -> str:

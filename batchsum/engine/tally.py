@@ -1,0 +1,216 @@
+"""A run's live counts (``BatchStats``): rows by status, requests and their attempts, and long texts'
+extra work (``LongWork``); read by progress bars, the one-line account and the run report."""
+
+from __future__ import annotations
+
+import operator
+import time
+from array import array
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..data.results import OK, SKIPPED, RowResult
+from .long_texts import estimate_requests
+from .timeline import Timeline
+
+if TYPE_CHECKING:
+    from ..pacing import Pacer, PacerState
+
+__all__ = ["BatchStats", "LongWork", "Telemetry"]
+
+_STATUS = operator.attrgetter("status")
+
+
+class Telemetry(Protocol):
+    """What the counts tell a run's metrics as they change (``run.telemetry.Metrics``)."""
+
+    def attempt_started(self) -> None: ...
+
+    def attempt_ended(self, outcome: str, latency: float | None) -> None: ...
+
+    def row_done(self, status: str, count: int = 1) -> None: ...
+
+
+@dataclass
+class LongWork:
+    """Long texts' extra requests: planned and done (the bar counts them), and what the skipped ones
+    would cost split."""
+
+    planned: int = 0
+    done: int = 0
+    skipped_parts: int = 0
+    skipped_reduce: int = 0
+
+    def skip(self, words: int) -> None:
+        """A text over the limit skipped (``long_texts="skip"``): what splitting it would cost."""
+        parts, reduce = estimate_requests(words)
+        self.skipped_parts += parts
+        self.skipped_reduce += reduce
+
+    def finish(self, result: RowResult, parts: int, answers: Sequence[object]) -> RowResult:
+        """A long row finished with ``result`` after ``answers`` (its requests): the plan corrected."""
+        extra = len(answers) - 1 if result.status == OK else len(answers)
+        self.planned += extra - parts
+        self.done += extra
+        return result._replace(requests=len(answers))
+
+    def skipped_cost(self, rows: int) -> str:
+        """What splitting the ``rows`` skipped as too long would cost, said after the account ("": none)."""
+        if not self.skipped_parts:
+            return ""
+        return (
+            f". The {rows} too_long rows would take {self.skipped_parts} part requests and at most "
+            f"{self.skipped_reduce} reduce requests with --long-texts split (long_texts='split')"
+        )
+
+
+def _by(counter: Counter[str]) -> str:
+    return " (" + ", ".join(f"{k} {v}" for k, v in sorted(counter.items())) + ")" if counter else ""
+
+
+@dataclass
+class BatchStats:
+    """Live counts of a batch, read by progress bars and the final account."""
+
+    total: int | None = None
+    yielded: int = 0  # rows handed out, in input order (what an output holds so far)
+    ok: int = 0
+    sent: int = 0  # requests that went to the service (each may take several attempts)
+    attempts: int = 0
+    reused: int = 0  # rows answered from the store or by an identical request of this run
+    skipped_by_reason: Counter[str] = field(default_factory=Counter)
+    failed_by_code: Counter[str] = field(default_factory=Counter)
+    sent_by_kind: Counter[str] = field(default_factory=Counter)  # "row", "part", "reduce"
+    long_work: LongWork = field(default_factory=lambda: LongWork())
+    started: float = field(default_factory=time.monotonic)
+    pacer: Pacer | None = None
+    timeline: Timeline | None = None  # told by the pacer (``PaceLog``) and by the counts here
+    first_request: str | None = None  # whether the run's first request went alone, and why
+    requests: int = 0  # attempts that went to the service, 429s and retries included
+    outcomes: Counter[str] = field(default_factory=Counter)  # attempts by outcome: ok, rate_limited, error codes
+    latencies: array[float] = field(default_factory=lambda: array("d"))  # of answered attempts, seconds
+    telemetry: Telemetry | None = None
+
+    @property
+    def skipped(self) -> int:
+        return self.skipped_by_reason.total()
+
+    @property
+    def failed(self) -> int:
+        return self.failed_by_code.total()
+
+    @property
+    def done(self) -> int:
+        """Rows whose result is known (counted as they arrive, in any order)."""
+        return self.ok + self.skipped + self.failed
+
+    @property
+    def paid(self) -> int:
+        """Attempts the service charges for: every attempt but its 429s (the service's "later")."""
+        return self.requests - self.outcomes["rate_limited"]
+
+    def attempt_started(self, on_wire: int) -> None:
+        self.requests += 1
+        if self.pacer is not None and self.timeline is not None:
+            self.timeline.in_flight(self.pacer.now(), on_wire)
+        if self.telemetry is not None:
+            self.telemetry.attempt_started()
+
+    def attempt_ended(self, outcome: str, latency: float | None, on_wire: int) -> None:
+        self.outcomes[outcome] += 1
+        if latency is not None:
+            self.latencies.append(latency)
+        if self.pacer is not None and self.timeline is not None:
+            self.timeline.in_flight(self.pacer.now(), on_wire)
+        if self.telemetry is not None:
+            self.telemetry.attempt_ended(outcome, latency)
+
+    @property
+    def work_total(self) -> int | None:
+        """What the bar counts to: one per row, and a long row's extra requests (planned: its parts
+        and one reduce; corrected when it is done)."""
+        return None if self.total is None else self.total + self.long_work.planned
+
+    @property
+    def work_done(self) -> int:
+        return self.done + self.long_work.done
+
+    def long_skipped(self, words: int) -> None:
+        self.long_work.skip(words)
+
+    def long_planned(self, parts: int) -> None:
+        self.long_work.planned += parts  # parts + one reduce, less the row itself
+
+    def long_done(self, result: RowResult, parts: int, answers: Sequence[object]) -> RowResult:
+        return self.long_work.finish(result, parts, answers)
+
+    @property
+    def rate_limited(self) -> int:
+        return self.pacer.rate_limited if self.pacer else 0
+
+    @property
+    def pace(self) -> float:
+        return self.pacer.pace if self.pacer else 0.0
+
+    def pacer_state(self) -> PacerState | None:
+        """The pacer's state now (pace, pause and why, in flight), for progress lines."""
+        try:
+            return self.pacer.state() if self.pacer else None
+        except RuntimeError:  # no running loop (read from another thread after the run)
+            return None
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def record(self) -> dict[str, Any]:
+        """The run's account and timeline as plain data (``out.attrs["batchsum"]``, ``plot_run``)."""
+        timeline = self.timeline.to_dict() if self.timeline is not None else None
+        if timeline is not None:
+            timeline["total"] = self.total
+        return {
+            "account": self.account(),
+            "rows": self.done,
+            "ok": self.ok,
+            "skipped": self.skipped,
+            "failed": self.failed,
+            "sent": self.sent,
+            "sent_by_kind": dict(self.sent_by_kind),
+            "reused": self.reused,
+            "rate_limited": self.rate_limited,
+            "skipped_by_reason": dict(self.skipped_by_reason),
+            "failed_by_code": dict(self.failed_by_code),
+            "seconds": round(self.elapsed, 3),
+            "pace_changes": [str(change) for change in self.pacer.changes] if self.pacer is not None else [],
+            "timeline": timeline,
+        }
+
+    def count(self, result: RowResult) -> None:
+        self.count_many((result,))
+
+    def count_many(self, results: Sequence[RowResult]) -> None:
+        """``count`` for rows whose results came together (a block the store answered)."""
+        if self.pacer is not None and self.timeline is not None:
+            self.timeline.done(self.pacer.now(), len(results))
+        ok = list(map(_STATUS, results)).count(OK)
+        for result in results if ok < len(results) else ():
+            if result.status != OK:  # skipped, counted by reason, or failed, by code
+                by = self.skipped_by_reason if result.status == SKIPPED else self.failed_by_code
+                by[result.error or "?"] += 1
+                if self.telemetry is not None:
+                    self.telemetry.row_done(result.status)
+        self.ok += ok
+        if ok and self.telemetry is not None:
+            self.telemetry.row_done(OK, ok)
+
+    def account(self) -> str:
+        """One line: rows, sent, reused, skipped by reason, failed by code, 429s, wall time."""
+        parts, reduces = self.sent_by_kind["part"], self.sent_by_kind["reduce"]
+        long = f" ({parts} long-text parts, {reduces} reduces)" if parts or reduces else ""
+        return (
+            f"{self.done} rows: {self.ok} ok, {self.skipped} skipped{_by(self.skipped_by_reason)}, "
+            f"{self.failed} failed{_by(self.failed_by_code)}; {self.sent} sent{long}, {self.reused} reused, "
+            f"{self.rate_limited} 429s, {self.elapsed:.1f}s"
+        ) + self.long_work.skipped_cost(self.skipped_by_reason["too_long"])

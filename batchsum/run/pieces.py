@@ -1,0 +1,180 @@
+"""What a run opens and closes (``Pieces``): the client, the key's budget (checked once), the run's
+locks and output, the key's record, the answer store, the progress bar, and the pacer over them."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable, Sequence
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING, Any
+
+from ..data.journal import Journal, RedisStore, RunLock, SharedJournal
+from ..data.stores import AnswerStore, process_cache, shared_memory
+from ..engine.stream import RunOptions
+from ..engine.tally import BatchStats
+from ..engine.timeline import Timeline
+from ..pacing import KeyRecord, PaceChange, Pacer
+from ..pacing.budget import Budget, RedisBudget, Share, open_budget
+from ..service.client import AsyncClient
+from ..service.errors import InvalidParameterError, JournalError
+from .binding import key_hash
+from .logs import event
+from .progress import ProgressBar
+from .spec import RunSpec
+
+if TYPE_CHECKING:
+    from ..data.datasets import DatasetOutput
+
+__all__ = ["Pieces", "sample_rows", "SAMPLE_SEED"]
+
+SAMPLE_SEED = 23  # the sample's rows are the same every time (and so are its answers, reused later)
+
+
+def sample_rows(size: int, total: int) -> frozenset[int]:
+    """``size`` row positions spread over ``total`` rows, seeded: the same every time."""
+    return frozenset(random.Random(SAMPLE_SEED).sample(range(total), min(size, total)))
+
+
+def _size(store: AnswerStore) -> int:
+    try:
+        return len(store)  # type: ignore[arg-type]
+    except (TypeError, JournalError):
+        return 0
+
+
+class Pieces:
+    """The pieces of one run, opened in order on entry and closed in reverse on exit.
+
+    ``locks``: files the run owns while it runs (``RunLock``), ``wait``: wait for another run holding
+    them. ``output``: makes the dataset output, after the locks are taken and before the journal is
+    opened, so that a refused journal leaves no temporary output behind; the journal records the
+    location it served.
+    """
+
+    def __init__(
+        self,
+        locks: Sequence[tuple[str | os.PathLike[str], str]] = (),
+        *,
+        wait: bool = False,
+        output: Callable[[], DatasetOutput] | None = None,
+    ) -> None:
+        self._locks = locks
+        self._wait = wait
+        self._make_output = output
+        self.output: DatasetOutput | None = None
+        self._stack = AsyncExitStack()
+        self._kept = 0
+        self._final: int | None = None
+        self.client: AsyncClient
+        self.budget: Budget
+        self.record: KeyRecord
+        self.store: AnswerStore
+        self.bar: ProgressBar
+        self.options: RunOptions
+        self.pacer: Pacer
+        self._adopted: str | None = None  # what adopting a journal from before services meant
+
+    async def open(
+        self,
+        spec: RunSpec,
+        stats: BatchStats,
+        run_id: str,
+        *,
+        shared: bool,
+        on_pace_change: Callable[[PaceChange], None],
+    ) -> None:
+        """Open every piece for a run of ``spec`` (bound) counted in ``stats``; a piece that fails
+        closes the ones opened before it. ``shared``: one of several runs using the answers at once."""
+        stack = self._stack
+        sample = None
+        if spec.sample is not None:
+            if stats.total is None:
+                raise InvalidParameterError("sample needs the number of rows: it is spread over the whole input")
+            sample = sample_rows(spec.sample, stats.total)
+        try:
+            self.client = AsyncClient(**spec.client.client_kwargs())
+            stack.push_async_callback(self.client.aclose)
+            self.budget = open_budget(spec.budget, self.client.identity)
+            stack.push_async_callback(self.budget.aclose)
+            await self.budget.check()  # an unreachable or unusable budget: one line, before anything is sent
+            for path, what in self._locks:
+                stack.enter_context(RunLock(path, what, wait=self._wait))
+            if self._make_output is not None:
+                self.output = self._make_output()
+                stack.push(self._abort_output)
+            self.record = await KeyRecord.recall(self.budget, key_hash(spec), spec.client.service)
+            self.store = self._open_store(spec, run_id, shared)
+            self._kept = _size(self.store)
+            self.bar = stack.enter_context(ProgressBar(stats.total, enabled=spec.progress))
+            if self._adopted is not None:  # said once per journal (on stderr when the bar is off)
+                self.bar.write(f"batchsum: {self._adopted}")
+        except BaseException:
+            await stack.aclose()
+            raise
+        self.options = RunOptions(
+            rpm=spec.rpm,
+            auto=spec.auto,
+            concurrency=spec.concurrency,
+            limiter=spec.limiter,
+            budget=self.budget,
+            window=spec.window,
+            window_bytes=spec.window_bytes,
+            drain_seconds=spec.drain_seconds,
+            max_wait=spec.max_wait,
+            long_texts=spec.long_texts,
+            max_requests=spec.max_requests,
+            sample_rows=sample,
+            record=self.record,
+        )
+        stats.timeline = Timeline(spec.rpm)
+        self.pacer = self.options.pacer(
+            on_pace_change,
+            share=Share(run_id, spec.share) if spec.share < 1 else None,
+            alone=not shared,
+            log=stats.timeline,
+        )
+        if spec.auto:  # the plan the chart draws: the limit in force as the run starts
+            stats.timeline.rpm = self.pacer.ceiling
+        stats.pacer = self.pacer
+        stats.first_request = self.record.describe(spec.params.mode)
+
+    def _abort_output(self, *exc_info: Any) -> None:
+        """On the way out: a temporary output not committed is removed."""
+        if self.output is not None:
+            self.output.abort()
+
+    def count_final(self) -> None:
+        """Before the journal closes: the answers in it now, to tell what this run added to it."""
+        self._final = _size(self.store)
+
+    async def close(self) -> None:
+        await self._stack.aclose()
+
+    @property
+    def new_answers(self) -> int:
+        """Answers this run added to its store (the journal): what a rerun will not pay for."""
+        return (self._final if self._final is not None else _size(self.store)) - self._kept
+
+    def _open_store(self, spec: RunSpec, run_id: str, shared: bool) -> AnswerStore:
+        """The journal when the spec names one; else this process's answers (one run at a time) or,
+        for shared runs, the budget's store: Redis answers for a Redis budget, memory for the rest
+        (``prepare_shared`` names a shared journal for the machine budget)."""
+        stack = self._stack
+        if spec.journal is not None:
+            journal = SharedJournal(spec.journal) if shared else Journal(spec.journal)
+            stack.callback(journal.close)
+            adopted = journal.serve(spec.client.service)
+            if adopted is not None:  # said once: the journal is stamped now
+                event("journal", adopted, run_id=run_id)
+                self._adopted = adopted
+            if self.output is not None:
+                journal.note_output(self.output.path)
+            return journal
+        if not shared:
+            return process_cache(spec.client.base_url)
+        if isinstance(self.budget, RedisBudget):
+            store = RedisStore(self.budget.url, self.client.identity)
+            stack.callback(store.close)
+            return store
+        return shared_memory(self.client.identity)

@@ -1,0 +1,90 @@
+"""What a run would do, sending nothing and creating no file (``dry_run``): rows to send, skip and
+reuse, the least time, the paid requests needed, the limit under auto and the budget it joins."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterable
+from contextlib import ExitStack
+from typing import Any
+
+from ..data.journal import Journal
+from ..engine.stream import plan_batch
+from ..pacing import KeyRecord
+from ..pacing.budget import open_budget
+from ..service.client import AsyncClient
+from ..service.errors import BudgetError, ConfigurationError
+from .binding import key_hash
+from .spec import AUTO_MAX_RPM, RunSpec
+
+__all__ = ["dry_run"]
+
+
+async def _budget_lines(spec: RunSpec) -> tuple[str, KeyRecord | None]:
+    """Which budget a run would join, how many starts it had in the last minute (others' runs), and
+    whether the run's first request would go alone; and the key's record at its service."""
+    if spec.client.local:
+        return (
+            "budget:           the local service's own fresh key: no other run uses it\n"
+            "first request:    alone: the local service's key is new"
+        ), None
+    async with AsyncClient(**spec.client.client_kwargs()) as client:
+        budget = open_budget(spec.budget, client.identity)
+        try:
+            seen = await budget.look()
+            record = await KeyRecord.recall(budget, key_hash(spec), spec.client.service)
+        finally:
+            await budget.aclose()
+    pause = f"; paused {seen.paused_for:.0f} s more: {seen.pause_reason}" if seen.paused_for > 0 else ""
+    return (
+        f"budget:           {budget.where}; {seen.starts} requests started on it in the last minute "
+        f"by other runs with this key{pause}\n"
+        f"first request:    {record.describe(spec.params.mode)}"
+    ), record
+
+
+def _limit_line(spec: RunSpec, record: KeyRecord | None) -> tuple[str, float | None]:
+    """Under ``rpm="auto"``: the limit a run would start from (remembered for the key, or unknown),
+    and the rate to estimate with (None: unknown)."""
+    found = record.limit() if record is not None else None
+    if found is None:
+        cap = "" if spec.rpm >= AUTO_MAX_RPM else f" (at most {spec.rpm:g}/min)"
+        return (
+            f"limit:            not known yet for this key at this service{cap}: the run searches for it "
+            "(a few 429s the first time, none failing a row) and remembers it for a week"
+        ), None
+    rpm = min(found.rpm, spec.rpm)
+    return f"limit:            {rpm:g}/min, remembered ({found.describe()}) for this key at this service", rpm
+
+
+def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
+    """What a run of ``spec`` over ``texts`` would do, sending nothing and creating no file: rows to
+    send, skip, reuse (from the journal, when it exists), the least time, and the budget it joins."""
+    with ExitStack() as stack:
+        store = None
+        if spec.journal is not None and os.path.exists(spec.journal):
+            store = stack.enter_context(Journal(spec.journal, readonly=True))
+            store.serve(spec.client.service)
+        batch = plan_batch(texts, params=spec.params, store=store, long_texts_policy=spec.long_texts)
+    record: KeyRecord | None = None
+    try:
+        budget, record = asyncio.run(_budget_lines(spec))
+    except BudgetError as exc:
+        budget = f"budget:           not usable ({exc})"
+    except ConfigurationError as exc:
+        budget = f"budget:           not known ({exc})"
+    limit, rate = _limit_line(spec, record) if spec.auto else ("", spec.rpm)
+    plan = batch.describe(rate)
+    most = batch.to_send + batch.reduce_max
+    bound = " (at most; long texts' reduce requests are a bound)" if batch.reduce_max else ""
+    needed = f"requests needed:  {most} paid requests for the whole job{bound} (more only for retries)"
+    if spec.max_requests is not None:
+        runs = -(-most // spec.max_requests) if most else 0
+        needed += f"; at max_requests {spec.max_requests}: {runs} run{'s' if runs != 1 else ''}"
+    if spec.sample is not None:
+        needed += f"; a sample sends at most {min(spec.sample, batch.rows)}"
+    plan = f"{plan}\n{needed}"
+    if limit:
+        plan = f"{plan}\n{limit}"
+    return f"{plan}\n{budget}"

@@ -1,0 +1,78 @@
+"""A spec that many workers can open at once (``prepare_shared``: Dask partitions, Spark tasks, Ray
+actors), and who sends for a distributed door (``Workers``): one rule for every door's budget."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from ..data.journal import SharedJournal
+from ..pacing.budget import Budget, ProcessBudget, SQLiteBudget, check_budget, open_budget
+from ..service.errors import BudgetError, redact_location
+from .binding import bind
+from .spec import RunSpec
+
+__all__ = ["Workers", "prepare_shared"]
+
+
+def _identity(spec: RunSpec) -> str:
+    """The key's identity at its service (a hash), as ``AsyncClient.identity`` computes it."""
+    from ..service.client import Client
+
+    with Client(**spec.client.client_kwargs()) as client:
+        return client.identity
+
+
+@dataclasses.dataclass(frozen=True)
+class Workers:
+    """Who sends for a distributed door: how many processes, on how many hosts, and ``described``
+    in the door's own words ("this Dask cluster runs partitions in 2 worker processes")."""
+
+    processes: int
+    hosts: int
+    described: str
+
+
+def _refuse_unshared(budget: Budget, spec: str, workers: Workers) -> None:
+    """One rule for every distributed door: a budget the workers cannot share is refused, with what
+    to pass instead (a process budget when more than one process sends, a machine budget when they
+    are on more than one host)."""
+    if isinstance(budget, ProcessBudget) and (workers.processes > 1 or workers.hosts > 1):
+        raise BudgetError(
+            f"budget {spec!r} paces each process alone, and {workers.described}: together they would send that many "
+            "times your plan's rate. Pass budget='machine' (workers on this machine) or budget='redis://HOST:PORT/DB' "
+            "(workers on several machines)"
+        )
+    if isinstance(budget, SQLiteBudget) and workers.hosts > 1:
+        raise BudgetError(
+            f"budget {spec!r} is shared only by the processes of one machine, and the workers are on "
+            f"{workers.hosts} hosts: pass budget='redis://HOST:PORT/DB'"
+        )
+
+
+def prepare_shared(spec: RunSpec, workers: Callable[[], Workers | None] | None = None) -> RunSpec:
+    """A spec that many workers can open at once (Dask partitions, Spark tasks, Ray actors), checked
+    here, once, before anything is sent: the local service started, the budget reachable and one the
+    ``workers`` can share (asked after the budget answered; None: this process alone), the machine
+    budget named by its file (the same on every worker, whatever their cache folder), and the shared
+    journal created."""
+    from .background import run_in_worker
+
+    spec = bind(spec)
+    identity = _identity(spec)
+    budget = open_budget(spec.budget, identity)
+    run_in_worker(lambda: check_budget(budget))
+    who = workers() if workers is not None else None
+    if who is not None:
+        _refuse_unshared(budget, redact_location(spec.budget) if isinstance(spec.budget, str) else repr(budget), who)
+    changes: dict[str, Any] = {"run_id": spec.run_id or uuid.uuid4().hex[:16]}  # one share for all the workers
+    if isinstance(budget, SQLiteBudget):
+        changes["budget"] = f"sqlite://{budget.path}"
+        if spec.journal is None:
+            changes["journal"] = str(budget.path.with_name(f"answers-{identity[:16]}.sqlite"))
+    journal = changes.get("journal", spec.journal)
+    if journal is not None:
+        SharedJournal(journal).close()  # created here, once, before the workers open it
+    return spec.replace(**changes)

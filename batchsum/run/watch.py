@@ -1,0 +1,152 @@
+"""What a run tells those who follow it (``Watch``): its events as it goes (start, pace, pause,
+progress), its metrics and progress bar, and when it ends, its report and its last events."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from ..engine.tally import BatchStats
+from ..pacing import PaceChange
+from .logs import event
+from .pieces import Pieces
+from .report import run_report, write_report
+from .spec import RunSpec
+from .telemetry import Metrics
+
+__all__ = ["Watch", "PROGRESS_SECONDS", "WATCH_SECONDS"]
+
+log = logging.getLogger("batchsum")
+
+PROGRESS_SECONDS = 10.0  # between two progress events
+WATCH_SECONDS = 0.25  # how often the run looks for a pause starting or ending
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+class Watch:
+    """The watch over one run of ``spec`` counted in ``stats``, over its ``pieces`` once open."""
+
+    def __init__(self, spec: RunSpec, stats: BatchStats, pieces: Pieces, run_id: str, *, shared: bool) -> None:
+        self.spec = spec
+        self.stats = stats
+        self.pieces = pieces
+        self.run_id = run_id
+        self.shared = shared
+        self._metrics: Metrics | None = None
+        self._ticker: asyncio.Future[None] | None = None
+        self._watcher: asyncio.Future[None] | None = None
+
+    def start(self) -> None:
+        """The pieces are open: metrics, the bar's refreshes, the watch for pauses, the start event."""
+        spec, stats, pacer = self.spec, self.stats, self.pieces.pacer
+        stats.telemetry = self._metrics = Metrics.open(self.run_id, lambda: pacer.pace, _version())
+        if spec.progress:
+            self._ticker = asyncio.ensure_future(self.pieces.bar.follow(stats))
+        self._watcher = asyncio.ensure_future(self._watch())
+        event(
+            "start",
+            f"run {self.run_id} started: {stats.total if stats.total is not None else 'unknown'} rows",
+            run_id=self.run_id,
+            total=stats.total,
+            options=spec.describe(),
+        )
+
+    async def stop(self) -> None:
+        """The bar's refreshes and the watch for pauses end."""
+        for task in (self._ticker, self._watcher):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    def report(self, error: BaseException | None, started_at: float) -> dict[str, Any]:
+        """The run has ended, however (``error``: what ended it, if not its end): its metrics stop,
+        and its report."""
+        if self._metrics is not None:
+            self._metrics.close()
+        if isinstance(error, GeneratorExit):
+            error = None
+        return run_report(
+            self.stats,
+            run_id=self.run_id,
+            options=self.spec.describe(),
+            started_at=started_at,
+            ended_at=time.time(),
+            error=error,
+        )
+
+    def end(self, report: dict[str, Any]) -> None:
+        """The run's report written (``report=``), the stop or error event, the end event."""
+        if self.spec.report is not None:
+            try:
+                write_report(self.spec.report, report, shared=self.shared)
+            except OSError as exc:
+                log.warning("could not write the run report %s: %s", self.spec.report, exc)
+        if report["error"] is not None:
+            kind = "stop" if report["outcome"] == "stopped" else "error"
+            event(
+                kind,
+                f"run {self.run_id} {'stopped' if kind == 'stop' else 'failed'}: {report['error']['message']}",
+                run_id=self.run_id,
+                error=report["error"],
+            )
+        event(
+            "end",
+            f"run {self.run_id} ended ({report['outcome']}): {self.stats.account()}",
+            run_id=self.run_id,
+            outcome=report["outcome"],
+            rows=report["rows"],
+            requests={k: v for k, v in report["requests"].items() if k != "by_outcome"},
+            seconds=report["seconds"],
+        )
+
+    def pace_changed(self, change: PaceChange) -> None:
+        event("pace", str(change), run_id=self.run_id, pace=change.pace, previous=change.previous, reason=change.reason)
+        if self.spec.progress:
+            self.pieces.bar.write(f"batchsum: {change}")
+
+    async def _watch(self) -> None:
+        """Events a scheduler follows while the run goes: a pause starting and ending, progress."""
+        paused = False
+        last_progress = time.monotonic()
+        while True:
+            await asyncio.sleep(WATCH_SECONDS)
+            state = self.stats.pacer_state()
+            if state is not None and (state.paused_for > 0) != paused:
+                paused = not paused
+                if paused:
+                    event(
+                        "pause",
+                        f"paused {state.paused_for:.1f} s: {state.pause_reason}",
+                        run_id=self.run_id,
+                        seconds=round(state.paused_for, 3),
+                        reason=state.pause_reason,
+                    )
+                else:
+                    event("resume", "resumed", run_id=self.run_id)
+            if time.monotonic() - last_progress >= PROGRESS_SECONDS:
+                last_progress = time.monotonic()
+                self._progress()
+
+    def _progress(self) -> None:
+        stats, pacer = self.stats, self.pieces.pacer
+        event(
+            "progress",
+            f"{stats.done}/{stats.total if stats.total is not None else '?'} rows; {stats.paid} paid requests",
+            run_id=self.run_id,
+            done=stats.done,
+            total=stats.total,
+            ok=stats.ok,
+            skipped=stats.skipped,
+            failed=stats.failed,
+            paid=stats.paid,
+            rate_limited=stats.outcomes["rate_limited"],
+            pace=round(pacer.pace, 3),
+            in_flight=pacer.in_flight.on_wire,
+        )
