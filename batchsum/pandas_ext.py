@@ -16,8 +16,8 @@ import pandas as pd
 from ._frame_accessor import ColumnSummarize, ColumnSummarizeAsync, ValuesSummarize, ValuesSummarizeAsync
 from .data.results import RowResult, check_columns, column_blocks, join_results, results_frame
 from .data.stores import clear_process_caches
+from .engine.tally import BatchStats
 from .run.background import run_in_worker
-from .run.report import BatchStats
 from .run.run import run_texts
 from .run.spec import RunSpec
 from .service.errors import InputError

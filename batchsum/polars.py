@@ -30,9 +30,9 @@ from polars.io.plugins import register_io_source
 from ._frame_accessor import ColumnSummarize, ColumnSummarizeAsync, ValuesSummarize, ValuesSummarizeAsync
 from .data.results import RowBlocks, RowResult, arrow_columns, arrow_types, check_columns, result_columns
 from .data.stores import scratch_journal
+from .engine.tally import BatchStats
 from .run.background import run_in_worker
 from .run.batches import BatchStream
-from .run.report import BatchStats
 from .run.run import run_texts
 from .run.spec import RunSpec
 from .service.errors import InputError

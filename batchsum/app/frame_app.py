@@ -12,8 +12,8 @@ import ipywidgets as w
 import pandas as pd
 
 from ..data.results import check_columns, join_results
+from ..engine.tally import BatchStats
 from ..run.background import BackgroundRun
-from ..run.report import BatchStats
 from ..run.run import Run
 from ..run.spec import RunSpec, document_options
 from ..service import contract

@@ -10,7 +10,7 @@ import ipywidgets as w
 import pandas as pd
 
 from ..data.results import RowResult
-from ..run.report import BatchStats
+from ..engine.tally import BatchStats
 from .controls import FULL, explain
 from .table import ResultTable
 

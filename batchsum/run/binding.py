@@ -8,7 +8,8 @@ import threading
 from typing import TYPE_CHECKING
 
 from ..service.errors import ConfigurationError
-from .spec import RunSpec, Secret
+from ..service.settings import Secret
+from .spec import RunSpec
 
 if TYPE_CHECKING:
     from ..local import LocalService

@@ -15,8 +15,9 @@ from ..pacing import KeyRecord
 from ..pacing.budget import open_budget
 from ..service.client import AsyncClient
 from ..service.errors import BudgetError, ConfigurationError
+from ..service.settings import AUTO_MAX_RPM
 from .binding import key_hash
-from .spec import AUTO_MAX_RPM, RunSpec
+from .spec import RunSpec
 
 __all__ = ["dry_run"]
 

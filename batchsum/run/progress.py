@@ -10,7 +10,7 @@ import sys
 import time
 from typing import IO, Any
 
-from .report import BatchStats
+from ..engine.tally import BatchStats
 
 __all__ = ["ProgressBar"]
 

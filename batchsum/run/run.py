@@ -26,12 +26,14 @@ from typing import TYPE_CHECKING, Any
 from ..data.results import RowResult
 from ..data.stores import AnswerStore
 from ..engine.stream import RunOptions, rows_of, stream_results
+from ..engine.tally import BatchStats
 from ..pacing import KeyRecord, Pacer
 from ..pacing.budget import Budget
 from ..service import contract
 from ..service.client import AsyncClient
 from ..service.errors import RequestCapReached
 from ..service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from ..service.settings import DEFAULT_MAX_WAIT
 from .binding import bind as bind
 from .binding import local_service as local_service
 from .dataset import stream_dataset
@@ -40,10 +42,10 @@ from .pieces import Pieces
 from .pieces import sample_rows as sample_rows
 from .preview import dry_run as dry_run
 from .progress import ProgressBar
-from .report import BatchStats, write_report
+from .report import write_report
 from .shared import Workers as Workers
 from .shared import prepare_shared as prepare_shared
-from .spec import DEFAULT_MAX_WAIT, RunSpec, document_options
+from .spec import RunSpec, document_options
 from .watch import PROGRESS_SECONDS as PROGRESS_SECONDS
 from .watch import WATCH_SECONDS as WATCH_SECONDS
 from .watch import Watch

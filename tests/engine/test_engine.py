@@ -5,10 +5,10 @@ import pytest
 import batchsum
 from batchsum.data.stores import MemoryStore
 from batchsum.engine import fingerprint, plan_batch, summarize_stream
+from batchsum.engine.tally import BatchStats
 from batchsum.local import Faults, LocalService
 from batchsum.local.summarizer import summarize as local_summary
 from batchsum.pacing import Pacer
-from batchsum.run.report import BatchStats
 from batchsum.service.client import PreparedRequest, validate_params
 from tests.conftest import EXPIRED_KEY, KEY, article
 

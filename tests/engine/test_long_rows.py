@@ -15,8 +15,8 @@ import batchsum
 from batchsum.data.journal import Journal
 from batchsum.data.stores import MemoryStore
 from batchsum.engine import long_texts, plan_batch, summarize_stream
+from batchsum.engine.tally import BatchStats
 from batchsum.local import Faults
-from batchsum.run.report import BatchStats
 from batchsum.service import contract
 from tests.conftest import KEY, article
 

@@ -23,8 +23,8 @@ from batchsum.data.journal import Journal
 from batchsum.data.results import Answer
 from batchsum.data.stores import MemoryStore
 from batchsum.engine import RowBlock, fingerprint, summarize_stream, text_fingerprint
+from batchsum.engine.tally import BatchStats
 from batchsum.local import Faults
-from batchsum.run.report import BatchStats
 from batchsum.service import contract
 from batchsum.service.client import PreparedRequest, validate_params
 from tests.conftest import KEY, article

@@ -380,8 +380,8 @@ def test_5xx_answers_neither_lower_nor_pause():
 
 
 def test_the_progress_line_says_why_it_waits_the_pace_and_what_is_in_flight():
+    from batchsum.engine.tally import BatchStats
     from batchsum.run.progress import ProgressBar
-    from batchsum.run.report import BatchStats
 
     async def main():
         pacer = Pacer(600)

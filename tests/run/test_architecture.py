@@ -171,5 +171,7 @@ def long_things() -> set[str]:
 def test_a_long_module_or_class_says_why_on_the_page_and_no_reason_outlives_its_length():
     reasons = set(re.findall(r"`([\w/.:]+)` is long because ", PAGE.read_text()))
     long = long_things()
-    assert not long - reasons, f"over {MODULE_LINES} lines a module or {CLASS_LINES} a class, no reason: {sorted(long - reasons)}"
+    assert not long - reasons, (
+        f"over {MODULE_LINES} lines a module or {CLASS_LINES} a class, no reason: {sorted(long - reasons)}"
+    )
     assert not reasons - long, f"a reason on the page for what is no longer long: {sorted(reasons - long)}"
