@@ -20,7 +20,7 @@ from .spacing import MIN_RPM, WINDOW
 __all__ = ["Answers"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Answers:
     """The pacer's conclusions from the attempts that ended (``ended``), and the 429s seen
     (``rate_limited``). Under ``auto`` the limit it finds or is told goes to the key's ``record``."""

@@ -19,7 +19,7 @@ from .spacing import MIN_RPM
 __all__ = ["Sharing"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Sharing:
     """A pacer's side of its key's budget: every exchange tells it what is ``owed`` (its own pause,
     pace, starts and 429s) and takes on what others set; ``hold`` pauses every sender (shared through

@@ -28,7 +28,7 @@ class Limiter(Protocol):
     async def acquire(self) -> object: ...
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Turn:
     """The schedule of starts: one caller at a time takes a turn (FIFO, one reservation), reserved on
     the budget, waited for, then committed there (the budget checks the spacing against every
