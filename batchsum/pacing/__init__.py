@@ -13,7 +13,11 @@ The pieces, each with its invariant in its docstring:
 - ``in_flight``: how many attempts may be under way (rate x latency, with headroom).
 - ``record``: what the key's budget remembers of the key at its service (a proven key skips the lone
   first request; a contradicted statement is not trusted again).
+- ``paces``: the pace in force, its ceiling, and the log of its changes.
+- ``turn``: the schedule of starts (reserve on the budget, wait, commit); ``sharing``: what a pacer
+  and the other users of its budget tell each other; ``answers``: what a pacer learns from answers.
 - ``pacer``: ``Pacer``, which composes them for a batch.
+- ``budget`` (with ``exchange``, ``gcra``, ``sqlite_budget``, ``redis_budget``): the key's budget.
 """
 
 from ..run.spec import check_rpm

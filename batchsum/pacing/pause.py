@@ -7,11 +7,12 @@ closer than the pace's interval.
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 from ..service.retry import MAX_RETRY_AFTER, backoff
 
-__all__ = ["Pause", "RAMP_START", "RAMP_DECAY"]
+__all__ = ["Pause", "Alarm", "RAMP_START", "RAMP_DECAY"]
 
 RAMP_START = 2.0  # after a pause, the first starts are this many intervals apart ...
 RAMP_DECAY = 0.85  # ... and each start brings the spacing this much closer to normal
@@ -68,3 +69,27 @@ class Pause:
 
     def clean_answer(self) -> None:
         self.episodes = 0
+
+
+class Alarm:
+    """Wakes the turn asleep on its wait when what it waits for may have changed: our own 429
+    paused us (to share the pause at once), or the service stated room (a wait for its reset ends)."""
+
+    __slots__ = ("_wake",)
+
+    def __init__(self) -> None:
+        self._wake: asyncio.Event | None = None
+
+    async def nap(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less when the alarm rings meanwhile."""
+        self._wake = wake = asyncio.Event()
+        try:
+            await asyncio.wait_for(wake.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._wake = None
+
+    def ring(self) -> None:
+        if self._wake is not None:
+            self._wake.set()

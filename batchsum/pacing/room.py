@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -43,13 +44,15 @@ class StatedRoom:
     """Room the service's headers last stated: ``count`` more starts before ``until`` (our clock: the
     stating attempt's start plus the reset, the earliest the window can have moved); when it is used
     up, nothing starts before ``reset_at`` (the answer's arrival plus the reset, the latest).
-    ``trusted``: False once a 429 contradicted a statement (or the key's record says one did)."""
+    ``trusted``: False once a 429 contradicted a statement (or the key's record says one did).
+    ``spent_at``: the start times of the last two minutes' starts on stated room."""
 
-    __slots__ = ("count", "until", "reset_at", "trusted", "contradicted")
+    __slots__ = ("count", "until", "reset_at", "trusted", "contradicted", "spent_at")
 
     def __init__(self, trusted: bool = True) -> None:
         self.trusted = trusted
         self.contradicted = False  # a 429 contradicted a statement in this run
+        self.spent_at: deque[float] = deque()
         self.forget()
 
     def forget(self) -> None:
@@ -98,6 +101,12 @@ class StatedRoom:
     def used(self, now: float) -> None:
         if now < self.until:
             self.count -= 1
+
+    def spent(self, now: float) -> None:
+        """A start went out on stated room at ``now`` (a 429 for it says the room was not there)."""
+        self.spent_at.append(now)
+        while self.spent_at[0] < now - 2 * WINDOW:
+            self.spent_at.popleft()
 
     def reset_wait(self, now: float) -> float:
         """How long nothing more starts: until the reset, once the room is used up (0: it is not, or

@@ -1,0 +1,152 @@
+"""What a pacer and its key's budget exchange: the ``Budget`` protocol, the report a pacer pushes,
+the slot it gets back, a run's share of the key, and the entries remembered of a key at a service.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+__all__ = [
+    "Budget",
+    "Report",
+    "NO_REPORT",
+    "Slot",
+    "Share",
+    "Remembered",
+    "LOOK",
+    "RESERVE",
+    "COMMIT",
+    "RESERVE_ONLY",
+    "RECORD_SECONDS",
+    "SETTING",
+]
+
+RECORD_SECONDS = 7 * 86400  # remembered entries older than this are dropped (readers use their own ages)
+SETTING = "--budget (or $BATCHSUM_BUDGET)"
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a pacer tells the budget with its next reservation: a pause it must share, a pace it
+    set, the attempts it started and the 429s it got since its last report. A pace lowered on
+    evidence always applies; a pace raised while climbing (``pace_base``: the version it climbed
+    from) applies only if nobody wrote one since, so a climb never undoes another's lowering."""
+
+    pause_for: float = 0.0
+    pause_reason: str | None = None
+    pace: float | None = None
+    pace_base: int | None = None
+    started: int = 0
+    refused: int = 0
+
+
+NO_REPORT = Report()
+
+
+@dataclass(frozen=True)
+class Share:
+    """A run that may use only ``fraction`` of the key's rate; ``holder`` names it (one name for
+    every partition of a Dask or Spark job)."""
+
+    holder: str
+    fraction: float
+
+    def own_interval(self, interval: float) -> float:
+        """The spacing of this run's own starts when the key's are ``interval`` apart."""
+        return max(0.0, interval) / self.fraction
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A reservation (or a look, ``start=False``): the wait until the start, and the budget's state."""
+
+    wait: float
+    at: float | None  # the reserved start on the budget's clock (None: a look)
+    paused_for: float  # seconds of the shared pause left (0: none)
+    pause_mark: float  # when the pause in force ends, on the budget's clock: a new value is a new pause
+    pause_reason: str | None
+    pace: float | None  # the shared pace in force; None: nobody set one
+    pace_version: int  # bumped at every pace written: a value not seen before is someone else's
+    starts: int  # attempts started in the last minute, every process together (as reported)
+    refused: int  # 429s in the last minute, every process together (as reported)
+    deferred: bool = False  # a shared run's own turn has not come: nothing reserved; ask again after ``wait``
+    committed: bool = False  # the start is recorded as the key's last: it goes now (``wait`` is 0)
+
+
+@dataclass(frozen=True)
+class Remembered:
+    """One remembered entry of a (key, service) pair: ``name`` (``answered:1``, ``room_contradicted``,
+    ``limit`` ...), its ``value`` (plain text, often JSON) and when it was written (Unix time)."""
+
+    key_hash: str
+    service: str
+    name: str
+    value: str
+    at: float
+
+
+# What a call to the budget does besides taking the report: look; reserve (committed at once when
+# due now); commit; reserve and never commit at once (the caller asks its own limiter first).
+LOOK, RESERVE, COMMIT, RESERVE_ONLY = 0, 1, 2, 3
+
+
+class Budget(abc.ABC):
+    """Gives the next start time for a key. ``shared``: other processes may use it too."""
+
+    shared = True
+    where = ""  # for messages: "this process", "this machine (PATH)", "redis://host:port/db"
+
+    async def reserve(
+        self,
+        interval: float,
+        report: Report = NO_REPORT,
+        *,
+        start: bool = True,
+        share: Share | None = None,
+        commit: bool = True,
+    ) -> Slot:
+        """Push ``report``; reserve a start ``interval`` seconds after the key's previous one
+        (``start``; else only look). With ``share``, only once the shared run's own turn has come
+        (else a ``deferred`` slot). A start due at once comes back ``committed`` (unless not
+        ``commit``); any other must be committed when its wait is over (``commit``)."""
+        what = (RESERVE if commit else RESERVE_ONLY) if start else LOOK
+        return await self._call(what, interval, report, share)
+
+    async def commit(self, interval: float, report: Report = NO_REPORT, *, share: Share | None = None) -> Slot:
+        """Push ``report``; record a start now if the key's last committed start is ``interval``
+        back and no pause holds (``committed``), else the ``wait`` before trying again."""
+        return await self._call(COMMIT, interval, report, share)
+
+    @abc.abstractmethod
+    async def _call(self, what: int, interval: float, report: Report, share: Share | None) -> Slot:
+        """One atomic step on the budget's state: ``LOOK``, ``RESERVE`` or ``COMMIT``."""
+
+    async def check(self) -> None:
+        """Raise ``BudgetError`` when the budget cannot be used (before anything is sent)."""
+        await self.reserve(0.0, start=False)
+
+    async def look(self) -> Slot:
+        """The budget's state now, reserving nothing and creating nothing (``--dry-run``)."""
+        return await self.reserve(0.0, start=False)
+
+    async def recall(self, key_hash: str, service: str) -> list[Remembered]:
+        """What is remembered of ``key_hash`` at ``service`` (nothing, for a budget that remembers nothing)."""
+        return []
+
+    async def remember(self, key_hash: str, service: str, entries: dict[str, str]) -> None:  # noqa: B027
+        """Remember ``entries`` (name -> value) of ``key_hash`` at ``service``, stamped now."""
+
+    async def remembered(self) -> list[Remembered]:
+        """Every entry remembered, of every key and service (``batchsum limits``)."""
+        return []
+
+    async def forget(self, key_hash: str | None = None, service: str | None = None, name: str | None = None) -> int:
+        """Forget the entries that match (None matches all); how many were forgotten."""
+        return 0
+
+    async def aclose(self) -> None:  # noqa: B027 - most budgets hold nothing to let go of
+        """Let go of connections (the budget's state stays for the others)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.where})"

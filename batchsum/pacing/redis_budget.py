@@ -1,0 +1,264 @@
+"""``RedisBudget``: a key's budget shared by every process on every machine, GCRA in one Lua script on
+Redis' own clock, with the entries remembered of each key.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from ..service.errors import BudgetError, location_secrets, one_line, redact, redact_location
+from .exchange import RECORD_SECONDS, RESERVE, RESERVE_ONLY, SETTING, Budget, Remembered, Report, Share, Slot
+from .gcra import KEEP_SECONDS, MAX_AHEAD, MAX_PAUSE, MINUTE, ON_TIME, REASON_CHARS
+
+__all__ = ["RedisBudget"]
+
+T = TypeVar("T")
+
+
+# GCRA on Redis' own clock: the same steps as gcra.State.advance, in one atomic script. Numbers go back
+# as strings (Redis turns Lua numbers into integers). ARGV[2]: LOOK, RESERVE, COMMIT or RESERVE_ONLY.
+_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local interval, what = math.max(0, tonumber(ARGV[1])), tonumber(ARGV[2])
+local pause_for, reason, pace, refused = tonumber(ARGV[3]), ARGV[4], ARGV[5], tonumber(ARGV[6])
+local max_ahead, max_pause, keep, minute = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local started, base = tonumber(ARGV[11]), ARGV[12]
+local share_interval = tonumber(ARGV[13])
+local on_time = tonumber(ARGV[14])
+local deferred = ''
+if (what == 1 or what == 3) and share_interval ~= nil then
+  local own = tonumber(redis.call('GET', KEYS[3])) or 0
+  if own > now + share_interval + max_ahead then own = 0 end
+  if own > now + on_time then
+    deferred = string.format('%.6f', own - now)
+    what = 0
+  end
+end
+local s = redis.call('HMGET', KEYS[1], 'tat', 'paused_until', 'reason', 'pace', 'pace_version', 'last')
+local tat, paused_until = tonumber(s[1]) or 0, tonumber(s[2]) or 0
+local old_reason, old_pace, version = s[3] or '', s[4] or '', tonumber(s[5]) or 0
+local last = tonumber(s[6]) or 0
+if tat > now + interval + max_ahead then tat = now end
+if last > now + max_ahead then last = now - interval end
+if paused_until > now + max_pause then paused_until = now end
+if pause_for > 0 and now + pause_for > paused_until then
+  paused_until = now + math.min(pause_for, max_pause)
+  old_reason = reason
+end
+if pace ~= '' and (base == '' or tonumber(base) == version) then old_pace = pace; version = version + 1 end
+local at = nil
+local committed = '0'
+if what ~= 0 then
+  local due = math.max(last + interval, paused_until)
+  if what == 2 then
+    if due > now + on_time then at = due else at = now; last = now; committed = '1' end
+  else
+    at = math.max(tat, due, now)
+    tat = at + interval
+    if at <= now + on_time and what == 1 then at = now; last = now; committed = '1' end
+    if share_interval ~= nil then
+      redis.call('SET', KEYS[3], string.format('%.6f', at + share_interval), 'EX', keep)
+    end
+  end
+end
+redis.call('HSET', KEYS[1], 'tat', string.format('%.6f', tat), 'paused_until', string.format('%.6f', paused_until),
+  'reason', old_reason, 'pace', old_pace, 'pace_version', version, 'last', string.format('%.6f', last))
+redis.call('EXPIRE', KEYS[1], 86400)
+if started > 0 or refused > 0 then
+  local k = KEYS[2] .. ':' .. math.floor(now)
+  if started > 0 then redis.call('HINCRBY', k, 's', started) end
+  if refused > 0 then redis.call('HINCRBY', k, 'r', refused) end
+  redis.call('EXPIRE', k, keep)
+end
+local starts, refusals = 0, 0
+local first = math.floor(now) - minute
+for second = first, math.floor(now) do
+  local c = redis.call('HMGET', KEYS[2] .. ':' .. second, 's', 'r')
+  starts = starts + (tonumber(c[1]) or 0)
+  refusals = refusals + (tonumber(c[2]) or 0)
+end
+local wait = 0
+if at ~= nil and committed == '0' then wait = math.max(0, at - now) end
+local at_text = ''
+if at ~= nil then at_text = string.format('%.6f', at) end
+return {string.format('%.6f', wait), at_text, string.format('%.6f', paused_until - now), string.format('%.6f', paused_until),
+  old_reason, old_pace, tostring(version), tostring(starts), tostring(refusals), deferred, committed}
+"""
+
+_REDIS_ATTEMPTS = 3
+_REMEMBERED = "batchsum:remembered:"  # + KEY_HASH:SERVICE -> a hash of name -> "AT VALUE"
+
+
+def _decode_entries(key_hash: str, service: str, raw: dict[Any, Any]) -> list[Remembered]:
+    """A remembered hash's fields as entries, the old and the unreadable left out."""
+    oldest = time.time() - RECORD_SECONDS
+    out = []
+    for field_name, field_value in raw.items():
+        name = field_name.decode() if isinstance(field_name, bytes) else str(field_name)
+        text = field_value.decode() if isinstance(field_value, bytes) else str(field_value)
+        at, _, value = text.partition(" ")
+        try:
+            stamp = float(at)
+        except ValueError:
+            continue
+        if stamp >= oldest:
+            out.append(Remembered(key_hash, service, name, value, stamp))
+    return sorted(out, key=lambda e: e.name)
+
+
+class RedisBudget(Budget):
+    """Every process on every machine: GCRA in one Lua script on Redis' clock. The connection is
+    made in the event loop that first uses it (one per loop)."""
+
+    def __init__(self, url: str, key_id: str) -> None:
+        try:
+            import redis.asyncio  # noqa: F401
+        except ImportError:
+            raise BudgetError("a redis:// budget needs the redis package: pip install 'batchsum[redis]'") from None
+        self.url = url
+        self.id = key_id
+        self.where = redact_location(url)
+        self._secrets = location_secrets(url)
+        self._keys = [f"batchsum:budget:{{{key_id}}}", f"batchsum:budget:{{{key_id}}}:counts"]
+        self._clients: dict[int, Any] = {}
+
+    def _client(self) -> Any:
+        import asyncio
+
+        import redis.asyncio
+
+        loop = asyncio.get_running_loop()
+        entry = self._clients.get(id(loop))
+        if entry is None or entry[0] is not loop:
+            client = redis.asyncio.Redis.from_url(
+                self.url, socket_connect_timeout=5, socket_timeout=10, health_check_interval=30
+            )
+            entry = (loop, client, client.register_script(_LUA))
+            self._clients[id(loop)] = entry
+        return entry
+
+    async def _call(self, what: int, interval: float, report: Report, share: Share | None) -> Slot:
+        _, _, script = self._client()
+        keys = self._keys if share is None else [*self._keys, f"{self._keys[0]}:share:{share.holder}"]
+        args = [
+            f"{max(0.0, interval):.6f}",
+            str(what),
+            f"{max(0.0, report.pause_for):.6f}",
+            (report.pause_reason or "")[:REASON_CHARS],
+            "" if report.pace is None else f"{report.pace:.6f}",
+            str(report.refused),
+            str(MAX_AHEAD),
+            str(MAX_PAUSE),
+            str(KEEP_SECONDS),
+            str(MINUTE),
+            str(report.started),
+            "" if report.pace_base is None else str(report.pace_base),
+            "" if share is None or what not in (RESERVE, RESERVE_ONLY) else f"{share.own_interval(interval):.6f}",
+            str(ON_TIME),
+        ]
+        raw = await self._redis(lambda: script(keys=keys, args=args))
+        wait, at, paused_for, mark, reason, pace, version, starts, refused, deferred, committed = (
+            v.decode() if isinstance(v, bytes) else str(v) for v in raw
+        )
+        return Slot(
+            wait=float(deferred) if deferred else float(wait),
+            deferred=bool(deferred),
+            at=float(at) if at else None,
+            paused_for=min(MAX_PAUSE, max(0.0, float(paused_for))),
+            pause_mark=float(mark),
+            pause_reason=reason or None,
+            pace=float(pace) if pace else None,
+            pace_version=int(version),
+            starts=int(starts),
+            refused=int(refused),
+            committed=committed == "1",
+        )
+
+    async def _redis(self, command: Callable[[], Awaitable[T]]) -> T:
+        """``command`` on the budget's Redis, tried up to three times when the connection fails."""
+        import asyncio
+
+        import redis.exceptions
+
+        for attempt in range(_REDIS_ATTEMPTS):
+            try:
+                return await command()
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+                if attempt == _REDIS_ATTEMPTS - 1:
+                    raise BudgetError(
+                        f"cannot reach the rate budget at {self.where} ({_said(exc, self._secrets)}) after "
+                        f"{_REDIS_ATTEMPTS} tries; start it, or set {SETTING} to machine or none"
+                    ) from None
+                await asyncio.sleep(0.2 * 2**attempt)
+            except redis.exceptions.RedisError as exc:
+                raise BudgetError(f"the rate budget at {self.where} refused: {_said(exc, self._secrets)}") from None
+        raise AssertionError("unreachable")
+
+    def _record_key(self, key_hash: str, service: str) -> str:
+        return f"{_REMEMBERED}{key_hash}:{service}"
+
+    async def recall(self, key_hash: str, service: str) -> list[Remembered]:
+        _, client, _ = self._client()
+        raw = await self._redis(lambda: client.hgetall(self._record_key(key_hash, service)))
+        return _decode_entries(key_hash, service, raw)
+
+    async def remember(self, key_hash: str, service: str, entries: dict[str, str]) -> None:
+        _, client, _ = self._client()
+        key, now = self._record_key(key_hash, service), time.time()
+
+        async def write() -> None:
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.hset(key, mapping={name: f"{now:.6f} {value}" for name, value in entries.items()})
+                pipe.expire(key, int(RECORD_SECONDS))
+                await pipe.execute()
+
+        await self._redis(write)
+
+    async def remembered(self) -> list[Remembered]:
+        _, client, _ = self._client()
+
+        async def scan() -> list[Remembered]:
+            out: list[Remembered] = []
+            async for raw_key in client.scan_iter(match=f"{_REMEMBERED}*", count=500):
+                name = raw_key.decode() if isinstance(raw_key, bytes) else str(raw_key)
+                key_hash, _, service = name[len(_REMEMBERED) :].partition(":")
+                out.extend(_decode_entries(key_hash, service, await client.hgetall(name)))
+            return sorted(out, key=lambda e: (e.service, e.key_hash, e.name))
+
+        return await self._redis(scan)
+
+    async def forget(self, key_hash: str | None = None, service: str | None = None, name: str | None = None) -> int:
+        _, client, _ = self._client()
+        wanted = {"key_hash": key_hash, "service": service, "name": name}
+        matching = [
+            entry
+            for entry in await self.remembered()
+            if all(value is None or getattr(entry, field) == value for field, value in wanted.items())
+        ]
+
+        async def delete() -> int:
+            async with client.pipeline(transaction=False) as pipe:
+                for entry in matching:
+                    pipe.hdel(self._record_key(entry.key_hash, entry.service), entry.name)
+                return sum(int(n) for n in await pipe.execute())
+
+        return await self._redis(delete) if matching else 0
+
+    async def aclose(self) -> None:
+        import asyncio
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        entry = self._clients.pop(id(loop), None)
+        if entry is not None:
+            await entry[1].aclose()
+
+
+def _said(exc: BaseException, secrets: tuple[str, ...]) -> str:
+    """What a library said, in one line, without credentials (it may quote the URL it was given)."""
+    return redact(redact_location(one_line(exc)), secrets)

@@ -1,0 +1,97 @@
+"""What a pacer and the other users of its key's budget tell each other: each call to the budget
+carries what the pacer owes it and brings back a pause or a pace someone else set, taken on here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .evidence import Evidence
+from .exchange import COMMIT, LOOK, RESERVE, Budget, Report, Share, Slot
+from .owed import Owed
+from .paces import Paces
+from .pause import Alarm, Pause
+from .record import KeyRecord
+from .room import Company
+from .spacing import MIN_RPM
+
+__all__ = ["Sharing"]
+
+
+@dataclass(eq=False, slots=True)
+class Sharing:
+    """A pacer's side of its key's budget: every exchange tells it what is ``owed`` (its own pause,
+    pace, starts and 429s) and takes on what others set; ``hold`` pauses every sender (shared through
+    the budget unless the pause came from there). The key's record is written when it has news."""
+
+    clock: Callable[[], float]
+    budget: Budget
+    share: Share | None
+    paces: Paces
+    pause: Pause
+    evidence: Evidence
+    company: Company
+    alarm: Alarm
+    record: KeyRecord | None
+    owed: Owed
+
+    async def exchange(self, what: int, interval: float, last_start: float, *, commit: bool = True) -> Slot:
+        """One call to the budget (``LOOK``, ``RESERVE`` or ``COMMIT``), telling it what it must share
+        and adopting what others told it; the key's record written when it has news. ``last_start``:
+        our last start (with the pause, the earliest our own state allows the next one)."""
+        before = self.clock()
+        pace = self.paces.pace if self.paces.rpm else None
+        report = self.owed.take(self.pause.left(before), self.pause.reason, pace)
+        if what == RESERVE:
+            slot = await self.budget.reserve(interval, report, share=self.share, commit=commit)
+        elif what == COMMIT:
+            slot = await self.budget.commit(interval, report)
+        else:
+            slot = await self.budget.reserve(0.0, report, start=False)
+        floor = max(self.pause.until, last_start + interval)
+        self.company.look(slot, before, self.evidence.starts, interval if what == RESERVE else None, floor)
+        self.evidence.seen = slot
+        self.adopt(slot, report)
+        if self.record is not None and self.record.pending:
+            await self.record.flush()
+        return slot
+
+    async def flush(self, last_start: float) -> None:
+        """Tell the budget what it has not heard yet (the last starts, a pause, a pace) and write the
+        key's record: at the end of a batch, so that others' counts are whole."""
+        if self.owed:
+            await self.exchange(LOOK, 0.0, last_start)
+        if self.record is not None:
+            await self.record.flush()
+
+    def adopt(self, slot: Slot, report: Report) -> None:
+        """Take on a pause or a pace another user of the budget set."""
+        now = self.clock()
+        owed, paces = self.owed, self.paces
+        owed.seen = slot
+        if slot.paused_for > 0 and slot.pause_mark != owed.pause_mark:
+            owed.pause_mark = slot.pause_mark
+            if not report.pause_for:  # someone else's pause
+                reason = slot.pause_reason or "another process sharing the budget got a 429"
+                self.hold(now + slot.paused_for, reason, publish=False)
+        if paces.rpm and slot.pace is not None and slot.pace_version != owed.pace_version:
+            owed.pace_version = slot.pace_version
+            pace = max(MIN_RPM, min(paces.ceiling, slot.pace))
+            if slot.pace != report.pace and abs(pace - paces.pace) >= 0.5:  # someone else's pace
+                if pace < paces.pace:  # lowered on their evidence of a limit about where it now is
+                    self.evidence.another_lowered(pace, now)
+                    paces.set(pace, "another process sharing the rate budget lowered it", now, publish=False)
+                else:
+                    paces.set(pace, None, now, publish=False)
+                self.evidence.last_climb = now  # climb from here, not again over what they climbed
+
+    def hold(self, until: float, reason: str, *, publish: bool = True) -> None:
+        """Pause every sender until ``until`` (shared through the budget unless it came from there)."""
+        now = self.clock()
+        if self.pause.hold(until, reason, ramp=bool(self.paces.pace)):
+            self.paces.log.paused(now, until, reason)
+            self.owed.pause = self.owed.pause or publish
+            if publish:
+                self.alarm.ring()
+        self.evidence.paused()

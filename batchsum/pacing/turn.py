@@ -1,0 +1,129 @@
+"""When each attempt of a batch starts: its turn reserved on the key's budget, waited for and then
+committed (the budget checks the spacing), at the pace's interval or on the room the service stated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .evidence import Evidence, count_between
+from .exchange import COMMIT, RESERVE, Share
+from .limit import AutoLimit
+from .paces import Paces
+from .pause import ON_TIME, Alarm, Pause
+from .room import Company, StatedRoom
+from .sharing import Sharing
+from .spacing import ROOM_SPEEDUP, WINDOW, interval_of
+
+__all__ = ["Turn", "Limiter"]
+
+
+class Limiter(Protocol):
+    """Anything that spaces starts: ``await acquire()`` returns when one may start."""
+
+    async def acquire(self) -> object: ...
+
+
+@dataclass(eq=False, slots=True)
+class Turn:
+    """The schedule of starts: one caller at a time takes a turn (FIFO, one reservation), reserved on
+    the budget, waited for, then committed there (the budget checks the spacing against every
+    process's last start); ``limiter``, the user's own floor, is asked right before the commit.
+    Room the service states is spent only by a run alone on its budget with the whole key."""
+
+    clock: Callable[[], float]
+    paces: Paces
+    pause: Pause
+    room: StatedRoom
+    company: Company
+    evidence: Evidence
+    sharing: Sharing
+    alarm: Alarm
+    auto: AutoLimit | None
+    limiter: Limiter | None
+    share: Share | None
+    alone: bool
+    last_start: float = -math.inf
+    lock: asyncio.Lock | None = field(default=None, init=False)
+
+    async def take(self) -> float:
+        """Wait for this attempt's turn; the time it starts."""
+        if self.lock is None:
+            self.lock = asyncio.Lock()
+        async with self.lock:  # one caller at a time takes a turn: FIFO order, one reservation
+            interval, on_room = await self._take_turn()
+        now = self.clock()
+        self._started(now, interval, on_room)
+        return now
+
+    async def _take_turn(self) -> tuple[float, bool]:
+        """Reserve the next start on the budget, wait for it, then commit it (the budget checks the
+        spacing against every process's last start); the interval it was committed with, and
+        whether it is on stated room. A pause that begins meanwhile sends it back to reserve."""
+        while True:
+            while (wait := max(self.room.reset_wait(self.clock()), self._minute_full())) > ON_TIME:
+                await self.alarm.nap(min(wait, 1.0))  # used up: wait for the reset, or a newer statement
+            interval, on_room = self._spacing(self.clock())
+            # With a limiter of the user's, no start is committed before it has been asked.
+            slot = await self.sharing.exchange(RESERVE, interval, self.last_start, commit=self.limiter is None)
+            if slot.deferred:
+                await self.alarm.nap(slot.wait)
+                continue  # this run's share: its own turn has come, now take the key's next slot
+            if slot.committed:
+                return interval, on_room
+            if slot.wait > ON_TIME:
+                await self.alarm.nap(slot.wait)
+            if self.limiter is not None:
+                await self.limiter.acquire()
+            while not self.pause.paused(self.clock()):
+                interval, still = self._spacing(self.clock())
+                on_room = on_room and still
+                slot = await self.sharing.exchange(COMMIT, interval, self.last_start)
+                if slot.committed:
+                    return interval, on_room
+                await self.alarm.nap(slot.wait)  # another start went out meanwhile, or a pause began
+
+    def _minute_full(self) -> float:
+        """Under auto, how long until our starts of the trailing minute are under the limit in force
+        (0: they are). After a search's burst, a per-minute window is full of it: the next starts
+        wait for what leaves it, not for a 429 to say so."""
+        if self.auto is None or not self.paces.pace:
+            return 0.0
+        now, starts = self.clock(), self.evidence.starts
+        allowed = max(1, math.floor(self.auto.limit() * 0.99))
+        recent = len(starts) - count_between(starts, -math.inf, now - WINDOW)
+        return starts[-allowed] + WINDOW - now if recent >= allowed else 0.0
+
+    def _spacing(self, now: float) -> tuple[float, bool]:
+        """The interval to start with, and whether it is on stated room: the pace's (wider during
+        the ramp), or the plan's over ``ROOM_SPEEDUP`` while the service states room ours to use."""
+        normal = self.paces.interval * self.pause.ramp
+        if not self.paces.pace or self.pause.paused(self.clock()) or self.room_left(now) <= 0:
+            return normal, False
+        return min(normal, interval_of(self.paces.ceiling) / ROOM_SPEEDUP), True
+
+    def room_left(self, now: float) -> int:
+        """Starts the service's headers still allow before their reset, beyond the pace (0: none
+        stated, used up, expired, untrusted, or not ours to use: another user on the budget, a share,
+        one of several runs of a job)."""
+        if self.share is not None or not self.alone or not self.company.alone(now):
+            return 0
+        return self.room.left(now)
+
+    def _started(self, now: float, interval: float, on_room: bool) -> None:
+        if self.auto is not None:
+            self.auto.start(now)
+        self.last_start = now
+        self.room.used(now)
+        if on_room:
+            self.room.spent(now)
+        self.company.started(now, interval)
+        self.paces.log.started(now)
+        self.sharing.owed.started += 1
+        self.evidence.started(now)
+        if self.paces.pace:
+            self.pause.started(now)
