@@ -20,7 +20,7 @@ The pieces, each with its invariant in its docstring:
 - ``budget`` (with ``exchange``, ``gcra``, ``sqlite_budget``, ``redis_budget``): the key's budget.
 """
 
-from ..run.spec import check_rpm
+from ..service.settings import check_rpm
 from .in_flight import DEFAULT_MAX_IN_FLIGHT, START_IN_FLIGHT, UNPACED_IN_FLIGHT, InFlight
 from .pacer import Limiter, PaceChange, PaceLog, Pacer, PacerState
 from .record import PROOF_SECONDS, KeyRecord

@@ -13,7 +13,7 @@ Nothing is leased: a process that dies holds nothing (at most the one slot it re
 The budget also remembers, per (key, service), what a run may reuse later (``recall``/``remember``):
 when the key was last answered in each mode, whether a service's stated room was contradicted, and
 the limits found. Entries carry the time they were written; readers judge their age. The key is
-stored only as its short hash (``run.spec.key_hash``). ``"none"`` remembers nothing.
+stored only as its short hash (``service.settings.key_hash``). ``"none"`` remembers nothing.
 
 The budget also carries what every user of the key must hear at once: a 429 pause (every process
 pauses, not only the one that got the 429), the pace in force when the service showed a lower limit,
@@ -48,8 +48,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..run.spec import DEFAULT_BUDGET, ENV_BUDGET, budget_spec
 from ..service.errors import BudgetError, redact_location
+from ..service.settings import DEFAULT_BUDGET, ENV_BUDGET, budget_spec
 from .exchange import (
     COMMIT,
     LOOK,

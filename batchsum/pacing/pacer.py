@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..run.spec import check_rpm
+from ..service.settings import check_rpm
 from .answers import Answers
 from .budget import ProcessBudget
 from .evidence import Evidence
