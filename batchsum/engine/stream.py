@@ -12,10 +12,7 @@ reached (``BudgetError``): without it, no process could know what the others sen
 from __future__ import annotations
 
 import asyncio
-import functools
-import hashlib
 import itertools
-import json
 import logging
 import time
 from collections import Counter, deque
@@ -59,6 +56,8 @@ from ..service.errors import (
 )
 from ..service.rate_headers import RateStatement
 from . import long_texts
+from .fingerprints import fingerprint as fingerprint
+from .fingerprints import text_fingerprint as text_fingerprint
 
 # A row in the window: its result, a known answer, or the task that gives either.
 Pending = RowResult | Answer | asyncio.Task[Answer] | asyncio.Task[RowResult]
@@ -82,28 +81,6 @@ SKIP, SPLIT, TRUNCATE = LONG_TEXT_POLICIES
 NOT_SENT = "not_sent"  # the error code of a row a stop left unsent (a rerun sends it)
 YIELD_EVERY = 256  # rows between turns given to the event loop when none of them had to wait
 KNOWN_TEXT_BYTES = 32 << 20  # texts remembered with the result they need no request for (``_KnownTexts``)
-
-
-def fingerprint(request: PreparedRequest) -> str:
-    """The request's identity: text, mode, percentage and type. Identical requests share one answer."""
-    payload = json.dumps(request.fields(), sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
-
-
-@functools.lru_cache(maxsize=64)
-def text_fingerprint(params: contract.Params) -> Callable[[str], str]:
-    """``fingerprint`` of a text with ``params``, the same value, made without a dict and a JSON
-    encoder per text: the request's JSON is the parameters' (encoded once) around the text's."""
-    marker = "\ue000batchsum\ue001"
-    head, tail = json.dumps(PreparedRequest(marker, params).fields(), sort_keys=True, ensure_ascii=False).split(
-        json.dumps(marker, ensure_ascii=False)
-    )
-    encode, sha256 = json.encoder.encode_basestring, hashlib.sha256
-
-    def key(text: str) -> str:
-        return sha256((head + encode(text) + tail).encode("utf-8")).hexdigest()
-
-    return key
 
 
 @dataclass(frozen=True)
