@@ -42,6 +42,7 @@ from ..service.errors import (
 from . import long_texts
 from ._answers import Answers
 from ._gate import Gate
+from ._known import KnownTexts
 from .fingerprints import fingerprint as fingerprint
 from .fingerprints import text_fingerprint as text_fingerprint
 from .options import SKIP, SPLIT, TRUNCATE
@@ -68,7 +69,6 @@ log = logging.getLogger("batchsum")
 ROW, PART, REDUCE = "row", "part", "reduce"  # what a request is for (the account counts them apart)
 NOT_SENT = "not_sent"  # the error code of a row a stop left unsent (a rerun sends it)
 YIELD_EVERY = 256  # rows between turns given to the event loop when none of them had to wait
-KNOWN_TEXT_BYTES = 32 << 20  # texts remembered with the result they need no request for (``_KnownTexts``)
 
 
 def _failure(error: APIError) -> Answer:
@@ -102,30 +102,6 @@ async def _rows(texts: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]
     else:
         for text in texts:
             yield text
-
-
-class _KnownTexts:
-    """Rows that need no request, by text: skipped with a reason, or answered by the store. A text
-    that repeats (200,000 rows may hold 20,000 texts) is checked, fingerprinted and looked up once.
-    Bounded by the texts' characters (``KNOWN_TEXT_BYTES``): the oldest are forgotten first."""
-
-    __slots__ = ("rows", "size", "limit", "skips")
-
-    def __init__(self, limit: int = KNOWN_TEXT_BYTES) -> None:
-        self.rows: dict[str, RowResult] = {}
-        self.size = 0
-        self.limit = limit
-        self.skips = 0  # skipped rows among them (not answers: not counted as reused)
-
-    def put(self, text: str, result: RowResult) -> None:
-        if text in self.rows:
-            return
-        self.rows[text] = result
-        self.size += len(text)
-        self.skips += result.status == SKIPPED
-        while self.size > self.limit:
-            self.size -= len(text := next(iter(self.rows)))
-            self.skips -= self.rows.pop(text).status == SKIPPED
 
 
 class _Window:
@@ -191,7 +167,7 @@ class _Batch:
             self.first_answered.set()
         self.drain_deadline: float | None = None
         self.long_rows = _LongRows(self)
-        self.known = _KnownTexts()
+        self.known = KnownTexts()
 
     def stop(self, error: BatchsumError, *, unsent_rows: bool = False) -> None:
         """Stop at once: nothing new starts from here on, whoever notices the stop first.
