@@ -43,15 +43,11 @@ from . import long_texts
 from ._answers import Answers
 from ._gate import Gate
 from ._known import KnownTexts
+from ._window import Known, Pending, Window, as_row
 from .fingerprints import fingerprint as fingerprint
 from .fingerprints import text_fingerprint as text_fingerprint
 from .options import SKIP, SPLIT, TRUNCATE
 from .options import RunOptions as RunOptions
-
-# A row in the window: its result, a known answer, or the task that gives either.
-Pending = RowResult | Answer | asyncio.Task[Answer] | asyncio.Task[RowResult]
-# Rows that needed no request (known or skipped), held and yielded together.
-Known = list[RowResult]
 
 __all__ = [
     "RunOptions",
@@ -76,10 +72,6 @@ def _failure(error: APIError) -> Answer:
     return Answer(None, FAILED, error.code, error.message, status, error.attempts)
 
 
-def _row(value: RowResult | Answer) -> RowResult:
-    return value.row() if isinstance(value, Answer) else value
-
-
 def _first_failure(answers: list[Answer], what: str, count: int) -> RowResult | None:
     """The row's result when one of its requests failed: that error, saying which request."""
     for number, answer in enumerate(answers, 1):
@@ -102,34 +94,6 @@ async def _rows(texts: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]
     else:
         for text in texts:
             yield text
-
-
-class _Window:
-    """The rows between reading and yielding, in input order, and the bytes they hold: reading waits
-    while either is at its bound (one item always fits, however large)."""
-
-    __slots__ = ("items", "_sizes", "rows", "nbytes", "max_rows", "max_bytes")
-
-    def __init__(self, max_rows: int, max_bytes: int) -> None:
-        self.items: deque[Pending | Known] = deque()
-        self._sizes: deque[tuple[int, int]] = deque()
-        self.rows = self.nbytes = 0
-        self.max_rows, self.max_bytes = max_rows, max_bytes
-
-    def has_room(self) -> bool:
-        return not self.items or (self.rows < self.max_rows and self.nbytes < self.max_bytes)
-
-    def add(self, item: Pending | Known, rows: int, nbytes: int) -> None:
-        self.items.append(item)
-        self._sizes.append((rows, nbytes))
-        self.rows += rows
-        self.nbytes += nbytes
-
-    def pop(self) -> Pending | Known:
-        rows, nbytes = self._sizes.popleft()
-        self.rows -= rows
-        self.nbytes -= nbytes
-        return self.items.popleft()
 
 
 class _Batch:
@@ -397,7 +361,7 @@ class _Batch:
         """The head row's result. After a stop, a head on the wire is still awaited (within the
         drain time) for its answer; a head that never reached the wire raises the stop's error."""
         if not isinstance(head, asyncio.Task):
-            return _row(head)
+            return as_row(head)
         if not head.done() and not self.stopped.is_set():
             await asyncio.wait({head, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
         # A stop has already stopped sending: only a head on the wire is still worth waiting for.
@@ -406,12 +370,12 @@ class _Batch:
                 self.drain_deadline = time.monotonic() + self.options.drain_seconds
             await asyncio.wait({head}, timeout=max(0.0, self.drain_deadline - time.monotonic()))
         if head.done() and not head.cancelled() and head.exception() is None:
-            return _row(head.result())
+            return as_row(head.result())
         if self.fatal is not None and self.unsent_rows:
             return self.not_sent()
         if self.fatal is not None:
             raise self.fatal
-        return _row(head.result())  # the task's own error
+        return as_row(head.result())  # the task's own error
 
 
 class _LongRows:
@@ -486,7 +450,7 @@ class _Tally:
             if self.on_result is not None:
                 self.on_result(self.stats)
         else:
-            self._count(_row(item))
+            self._count(as_row(item))
 
     def settle(self, item: Pending, result: RowResult) -> None:
         """``result`` is the row's record, given by a stop (``not_sent``) when its task gave none."""
@@ -502,7 +466,7 @@ class _Tally:
                 del self._settled[task]
             return
         if not task.cancelled() and task.exception() is None:
-            self._count(_row(task.result()))
+            self._count(as_row(task.result()))
 
     def _count(self, result: RowResult) -> None:
         self.stats.count(result)
@@ -586,7 +550,7 @@ async def stream_results(
         pacer = options.pacer(log=stats.timeline)
     stats.pacer = pacer
     batch = _Batch(client, params, options, store if store is not None else MemoryStore(), stats, pacer)
-    window = _Window(options.window, options.window_bytes)
+    window = Window(options.window, options.window_bytes)
     rows = _rows(_blocks(texts))
     exhausted = False
     stop_waiter = asyncio.ensure_future(batch.stopped.wait())
