@@ -24,11 +24,8 @@ from ..data.stores import AnswerStore, MemoryStore
 from ..pacing import Pacer
 from ..run.report import BatchStats, Timeline
 from ..service import contract
-from ..service.client import AsyncClient, PreparedRequest, validate_params
+from ..service.client import AsyncClient, validate_params
 from ..service.errors import (
-    APIError,
-    APIResponseValidationError,
-    APIStatusError,
     AuthenticationError,
     BatchsumError,
     BrokenInputError,
@@ -36,12 +33,12 @@ from ..service.errors import (
     JournalError,
     NotPremiumError,
     RequestCapReached,
-    UnprocessableEntityError,
 )
 from . import long_texts
 from ._answers import Answers
 from ._gate import Gate
 from ._known import KnownTexts
+from ._requests import PART, REDUCE, ROW, FirstRequest, Requests
 from ._window import Known, Pending, Window, as_row
 from .fingerprints import fingerprint as fingerprint
 from .fingerprints import text_fingerprint as text_fingerprint
@@ -63,14 +60,8 @@ __all__ = [
 
 _Gate = Gate  # its name before it had a module of its own (tests/pacing use it)
 log = logging.getLogger("batchsum")
-ROW, PART, REDUCE = "row", "part", "reduce"  # what a request is for (the account counts them apart)
 NOT_SENT = "not_sent"  # the error code of a row a stop left unsent (a rerun sends it)
 YIELD_EVERY = 256  # rows between turns given to the event loop when none of them had to wait
-
-
-def _failure(error: APIError) -> Answer:
-    status = error.status_code if isinstance(error, APIStatusError) else None
-    return Answer(None, FAILED, error.code, error.message, status, error.attempts)
 
 
 def _first_failure(answers: list[Answer], what: str, count: int) -> RowResult | None:
@@ -79,13 +70,6 @@ def _first_failure(answers: list[Answer], what: str, count: int) -> RowResult | 
         if answer.status != OK:
             return answer.row(0, f"{what} {number} of {count}: {answer.message}")
     return None
-
-
-def _is_permanent(error: APIError) -> bool:
-    """A refusal that asking again would repeat (and pay for again): kept across runs."""
-    if isinstance(error, APIResponseValidationError):
-        return not error.transient
-    return isinstance(error, UnprocessableEntityError)
 
 
 async def _rows(texts: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]:
@@ -110,7 +94,6 @@ class _Batch:
         stats: BatchStats,
         pacer: Pacer,
     ) -> None:
-        self.client = client
         self.params = params
         self.options = options
         self.stats = stats
@@ -118,18 +101,11 @@ class _Batch:
         self.gate = Gate(pacer, options.max_wait, stats=stats, cap=options.max_requests, on_cap=self.cap_reached)
         self.read = 0  # rows submitted (the next row's position, for the sample)
         self.read_on = False  # after the cap: read every row still, so each gets its record
-        self.under_way: dict[str, asyncio.Task[Answer]] = {}
         self.stopped = asyncio.Event()
         self.fatal: BatchsumError | None = None
         self.unsent_rows = False
-        # The first request goes alone: a wrong key or an expired plan costs one request, not dozens;
-        # unless the key's record proves it answered by this service in this mode within a day.
-        self.first_answered = asyncio.Event()
-        self.first_sent = False
-        self.record = options.record
-        self.proven = False  # this run saw the key answered (the record is told once)
-        if not options.first_alone(params.mode):
-            self.first_answered.set()
+        first = FirstRequest(options.record, params.mode, alone=options.first_alone(params.mode))
+        self.requests = Requests(client, stats, self.answers, self.gate, first, self.stopped, self.stop)
         self.drain_deadline: float | None = None
         self.long_rows = _LongRows(self)
         self.known = KnownTexts()
@@ -142,7 +118,7 @@ class _Batch:
             self.fatal = error
             self.unsent_rows = unsent_rows
         self.stopped.set()
-        self.stop_sending()
+        self.requests.stop_sending()
 
     def cap_reached(self, error: RequestCapReached) -> None:
         """The cap is used up: stop, and give every row, read or not yet, its record."""
@@ -182,7 +158,7 @@ class _Batch:
                 return self.not_sent()
             rows = self.long_rows
             return asyncio.ensure_future(rows.split(text) if self.options.long_texts == SPLIT else rows.truncated(text))
-        item = self.request(text, self.params, new=not self.stopped.is_set())
+        item = self.requests.request(text, self.params, new=not self.stopped.is_set())
         return item if item is not None else self.not_sent()
 
     def submit_block(self, texts: list[Any]) -> list[Pending | Known]:
@@ -241,7 +217,7 @@ class _Batch:
                 skips += 1
                 continue
             missing.setdefault(identify(text), []).append(i)
-        wanted = [key for key in missing if key not in self.under_way]
+        wanted = [key for key in missing if key not in self.requests.under_way]
         found = self.answers.get_many(wanted) if wanted else {}
         for key, answer in found.items():
             result = answer.row()
@@ -250,95 +226,12 @@ class _Batch:
                 rows[i] = result
         return skips
 
-    def request(
-        self, text: str, params: contract.Params, kind: str = ROW, *, new: bool = True
-    ) -> Answer | asyncio.Task[Answer] | None:
-        """The answer to one request: known (the store, this run), under way (an identical request
-        of this run, joined), or a new task that claims and sends it (None when ``new`` is False).
-        ``kind`` counts it: a row's request, a long text's part, or a reduce."""
-        request = PreparedRequest(text, params)
-        key = text_fingerprint(params)(text)
-        task = self.under_way.get(key)
-        if task is not None:
-            self.stats.reused += 1
-            return task
-        known = self.answers.get(key)
-        if known is not None:
-            self.stats.reused += 1
-            return known
-        if not new:
-            return None
-        task = asyncio.ensure_future(self.fetch(key, request, kind))
-        self.under_way[key] = task
-        task.add_done_callback(lambda _: self.under_way.pop(key, None))
-        return task
-
-    async def answer(self, text: str, params: contract.Params, kind: str) -> Answer:
-        item = self.request(text, params, kind)
-        assert item is not None  # a new request is allowed here
-        return await item if isinstance(item, asyncio.Task) else item
-
-    async def fetch(self, key: str, request: PreparedRequest, kind: str = ROW) -> Answer:
-        if not self.answers.shared:
-            return await self.send(key, request, kind)
-        known = await self.answers.claim(key, self.stopped)
-        if known is not None:
-            self.stats.reused += 1
-            return known
-        try:
-            return await self.send(key, request, kind)
-        finally:
-            self.answers.release(key)
-
-    async def send(self, key: str, request: PreparedRequest, kind: str = ROW) -> Answer:
-        is_first, self.first_sent = not self.first_sent, True
-        if not is_first:
-            await self.first_answered.wait()
-        permanent = False
-        try:
-            if self.stopped.is_set():
-                raise asyncio.CancelledError
-            try:
-                summary, attempts = await self.client.send(request, hooks=self.gate)
-                answer, permanent = Answer(summary, OK, None, None, 200, attempts), True
-                if self.record is not None and not self.proven:
-                    self.proven = True
-                    self.record.answered(self.params.mode)
-            except (AuthenticationError, NotPremiumError) as exc:
-                self.stats.sent += 1
-                if self.record is not None:
-                    self.record.refused(self.params.mode if isinstance(exc, NotPremiumError) else None)
-                self.stop(exc)
-                raise
-            except BudgetError as exc:  # the shared budget is gone: nothing more may start
-                self.stop(exc)
-                raise
-            except APIError as exc:
-                answer, permanent = _failure(exc), _is_permanent(exc)
-            self.stats.sent += 1  # counted once it reached the service, not while it waited its turn
-            self.stats.sent_by_kind[kind] += 1
-            self.stats.attempts += answer.attempts
-        finally:
-            if is_first:
-                self.first_answered.set()
-        if permanent:
-            self.answers.put(key, answer)
-        return answer
-
-    def stop_sending(self) -> list[asyncio.Task[Answer]]:
-        """Start nothing new; cancel what is not on the wire; the tasks still on the wire."""
-        self.gate.closing = True
-        tasks = set(self.under_way.values())
-        for task in tasks - self.gate.on_wire - {asyncio.current_task()}:
-            task.cancel()
-        return [task for task in tasks & self.gate.on_wire if not task.done()]
-
     async def close(self, pending: deque[Pending | Known]) -> None:
         """Let requests on the wire finish (the service charges for them) and keep their answers,
         unless the key was refused; then cancel the rest. A second Ctrl-C aborts at once."""
-        on_wire = self.stop_sending()
+        on_wire = self.requests.stop_sending()
         tasks: set[asyncio.Task[Any]] = {item for item in pending if isinstance(item, asyncio.Task)}
-        tasks |= set(self.under_way.values())
+        tasks |= set(self.requests.under_way.values())
         if on_wire and self.drains():
             log.info("waiting up to %gs for %d requests on the wire", self.options.drain_seconds, len(on_wire))
             await asyncio.wait(on_wire, timeout=self.options.drain_seconds)
@@ -391,7 +284,7 @@ class _LongRows:
     async def truncated(self, text: str) -> RowResult:
         """``long_texts="truncate"``: the first words up to the limit, and the row says so."""
         kept = long_texts.truncate_text(text)
-        answer = await self.batch.answer(kept, self.batch.params, ROW)
+        answer = await self.batch.requests.answer(kept, self.batch.params, ROW)
         note = (
             f"truncated: the summary is of the first {contract.count_words(kept)} of "
             f"{contract.count_words(text)} words (long_texts='truncate')"
@@ -405,7 +298,7 @@ class _LongRows:
         parts = long_texts.split_text(text)
         self.batch.stats.long_planned(len(parts))
         answers = await asyncio.gather(
-            *(self.batch.answer(part, long_texts.part_params(self.batch.params), PART) for part in parts)
+            *(self.batch.requests.answer(part, long_texts.part_params(self.batch.params), PART) for part in parts)
         )
         failed = _first_failure(answers, "part", len(parts))
         if failed is not None:
@@ -415,7 +308,9 @@ class _LongRows:
         try:
             step = next(plan)
             while True:
-                round_answers = await asyncio.gather(*(self.batch.answer(t, step.params, REDUCE) for t in step.texts))
+                round_answers = await asyncio.gather(
+                    *(self.batch.requests.answer(t, step.params, REDUCE) for t in step.texts)
+                )
                 done.extend(round_answers)
                 failed = _first_failure(round_answers, "reduce step", len(step.texts))
                 if failed is not None:
