@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callab
 from contextlib import aclosing
 from typing import Any
 
-from ..data.results import BLOCK_ROWS, FAILED, OK, SKIPPED, Answer, RowBlock, RowResult
+from ..data.results import BLOCK_ROWS, FAILED, SKIPPED, Answer, RowBlock, RowResult
 from ..data.stores import AnswerStore, MemoryStore
 from ..pacing import Pacer
 from ..run.report import BatchStats, Timeline
@@ -34,11 +34,11 @@ from ..service.errors import (
     NotPremiumError,
     RequestCapReached,
 )
-from . import long_texts
 from ._answers import Answers
 from ._gate import Gate
 from ._known import KnownTexts
-from ._requests import PART, REDUCE, ROW, FirstRequest, Requests
+from ._long_rows import LongRows
+from ._requests import FirstRequest, Requests
 from ._window import Known, Pending, Window, as_row
 from .fingerprints import fingerprint as fingerprint
 from .fingerprints import text_fingerprint as text_fingerprint
@@ -62,14 +62,6 @@ _Gate = Gate  # its name before it had a module of its own (tests/pacing use it)
 log = logging.getLogger("batchsum")
 NOT_SENT = "not_sent"  # the error code of a row a stop left unsent (a rerun sends it)
 YIELD_EVERY = 256  # rows between turns given to the event loop when none of them had to wait
-
-
-def _first_failure(answers: list[Answer], what: str, count: int) -> RowResult | None:
-    """The row's result when one of its requests failed: that error, saying which request."""
-    for number, answer in enumerate(answers, 1):
-        if answer.status != OK:
-            return answer.row(0, f"{what} {number} of {count}: {answer.message}")
-    return None
 
 
 async def _rows(texts: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]:
@@ -107,7 +99,7 @@ class _Batch:
         first = FirstRequest(options.record, params.mode, alone=options.first_alone(params.mode))
         self.requests = Requests(client, stats, self.answers, self.gate, first, self.stopped, self.stop)
         self.drain_deadline: float | None = None
-        self.long_rows = _LongRows(self)
+        self.long_rows = LongRows(self.requests.answer, params, stats)
         self.known = KnownTexts()
 
     def stop(self, error: BatchsumError, *, unsent_rows: bool = False) -> None:
@@ -270,60 +262,6 @@ class _Batch:
         if self.fatal is not None:
             raise self.fatal
         return as_row(head.result())  # the task's own error
-
-
-class _LongRows:
-    """Rows over the word limit, as ``long_texts`` says: truncated, or split into parts whose
-    summaries are reduced into one answer. Every request is an ordinary one of the batch."""
-
-    __slots__ = ("batch",)
-
-    def __init__(self, batch: _Batch) -> None:
-        self.batch = batch
-
-    async def truncated(self, text: str) -> RowResult:
-        """``long_texts="truncate"``: the first words up to the limit, and the row says so."""
-        kept = long_texts.truncate_text(text)
-        answer = await self.batch.requests.answer(kept, self.batch.params, ROW)
-        note = (
-            f"truncated: the summary is of the first {contract.count_words(kept)} of "
-            f"{contract.count_words(text)} words (long_texts='truncate')"
-        )
-        return answer.row(1, note if answer.status == OK else None)
-
-    async def split(self, text: str) -> RowResult:
-        """``long_texts="split"``: the parts summarized, then their summaries summarized (a tree when
-        they are too long for one request) into one answer of the row's type and length. Every
-        request goes the way of any other (store, dedup, claims, budget, pacer, retries)."""
-        parts = long_texts.split_text(text)
-        self.batch.stats.long_planned(len(parts))
-        answers = await asyncio.gather(
-            *(self.batch.requests.answer(part, long_texts.part_params(self.batch.params), PART) for part in parts)
-        )
-        failed = _first_failure(answers, "part", len(parts))
-        if failed is not None:
-            return self.batch.stats.long_done(failed, len(parts), answers)
-        plan = long_texts.reduce_plan([a.summary or "" for a in answers], contract.count_words(text), self.batch.params)
-        done: list[Answer] = list(answers)
-        try:
-            step = next(plan)
-            while True:
-                round_answers = await asyncio.gather(
-                    *(self.batch.requests.answer(t, step.params, REDUCE) for t in step.texts)
-                )
-                done.extend(round_answers)
-                failed = _first_failure(round_answers, "reduce step", len(step.texts))
-                if failed is not None:
-                    return self.batch.stats.long_done(failed, len(parts), done)
-                step = plan.send([a.summary or "" for a in round_answers])
-        except StopIteration as end:
-            reduced: long_texts.Reduced = end.value
-        note = f"summarized in {len(parts)} parts and {reduced.requests} reduce requests"
-        if reduced.note:
-            note = f"{note}; {reduced.note}"
-        attempts = sum(a.attempts for a in done)
-        result = RowResult(reduced.text, OK, None, note, 200, attempts, len(done))
-        return self.batch.stats.long_done(result, len(parts), done)
 
 
 class _Tally:
