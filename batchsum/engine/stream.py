@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter, deque
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable
 from contextlib import aclosing
@@ -26,12 +25,10 @@ from ..run.report import BatchStats, Timeline
 from ..service import contract
 from ..service.client import AsyncClient, validate_params
 from ..service.errors import (
-    AuthenticationError,
     BatchsumError,
     BrokenInputError,
     BudgetError,
     JournalError,
-    NotPremiumError,
     RequestCapReached,
 )
 from ._answers import Answers
@@ -39,6 +36,7 @@ from ._gate import Gate
 from ._known import KnownTexts
 from ._long_rows import LongRows
 from ._requests import FirstRequest, Requests
+from ._stop import NOT_SENT, Stop
 from ._window import Known, Pending, Window, as_row
 from .fingerprints import fingerprint as fingerprint
 from .fingerprints import text_fingerprint as text_fingerprint
@@ -60,7 +58,6 @@ __all__ = [
 
 _Gate = Gate  # its name before it had a module of its own (tests/pacing use it)
 log = logging.getLogger("batchsum")
-NOT_SENT = "not_sent"  # the error code of a row a stop left unsent (a rerun sends it)
 YIELD_EVERY = 256  # rows between turns given to the event loop when none of them had to wait
 
 
@@ -92,13 +89,9 @@ class _Batch:
         self.answers = Answers(store, self.stop)
         self.gate = Gate(pacer, options.max_wait, stats=stats, cap=options.max_requests, on_cap=self.cap_reached)
         self.read = 0  # rows submitted (the next row's position, for the sample)
-        self.read_on = False  # after the cap: read every row still, so each gets its record
-        self.stopped = asyncio.Event()
-        self.fatal: BatchsumError | None = None
-        self.unsent_rows = False
+        self.halt = Stop(self.gate.on_wire, options.drain_seconds)
         first = FirstRequest(options.record, params.mode, alone=options.first_alone(params.mode))
-        self.requests = Requests(client, stats, self.answers, self.gate, first, self.stopped, self.stop)
-        self.drain_deadline: float | None = None
+        self.requests = Requests(client, stats, self.answers, self.gate, first, self.halt.stopped, self.stop)
         self.long_rows = LongRows(self.requests.answer, params, stats)
         self.known = KnownTexts()
 
@@ -106,20 +99,12 @@ class _Batch:
         """Stop at once: nothing new starts from here on, whoever notices the stop first.
         ``unsent_rows``: the rows already read still get a record each (``failed``, ``not_sent``)
         before the error is raised, so that an output can hold every row read."""
-        if self.fatal is None:
-            self.fatal = error
-            self.unsent_rows = unsent_rows
-        self.stopped.set()
+        self.halt.set(error, unsent_rows=unsent_rows)
         self.requests.stop_sending()
 
     def cap_reached(self, error: RequestCapReached) -> None:
         """The cap is used up: stop, and give every row, read or not yet, its record."""
-        self.read_on = self.fatal is None
         self.stop(error, unsent_rows=True)
-
-    def not_sent(self) -> RowResult:
-        message = f"not sent: the run stopped ({self.fatal}); a rerun sends it"
-        return RowResult(None, FAILED, NOT_SENT, message, None, 0, 0)
 
     def submit(self, text: Any) -> Pending:
         """A row's result, or the task that will give it: skipped with a reason, not in the sample,
@@ -146,12 +131,12 @@ class _Batch:
         """The row's answer: known, under way, or a new request (a long text's as ``long_texts``
         says); ``not_sent`` when a stop forbids new ones."""
         if long:
-            if self.stopped.is_set():
-                return self.not_sent()
+            if self.halt.stopped.is_set():
+                return self.halt.not_sent()
             rows = self.long_rows
             return asyncio.ensure_future(rows.split(text) if self.options.long_texts == SPLIT else rows.truncated(text))
-        item = self.requests.request(text, self.params, new=not self.stopped.is_set())
-        return item if item is not None else self.not_sent()
+        item = self.requests.request(text, self.params, new=not self.halt.stopped.is_set())
+        return item if item is not None else self.halt.not_sent()
 
     def submit_block(self, texts: list[Any]) -> list[Pending | Known]:
         """``submit`` for rows read together, in order, with the work done once per distinct text: the
@@ -224,44 +209,19 @@ class _Batch:
         on_wire = self.requests.stop_sending()
         tasks: set[asyncio.Task[Any]] = {item for item in pending if isinstance(item, asyncio.Task)}
         tasks |= set(self.requests.under_way.values())
-        if on_wire and self.drains():
+        if on_wire and self.halt.drains():
             log.info("waiting up to %gs for %d requests on the wire", self.options.drain_seconds, len(on_wire))
             await asyncio.wait(on_wire, timeout=self.options.drain_seconds)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         spilled = self.answers.close()
-        if spilled is not None and isinstance(self.fatal, JournalError):
+        if spilled is not None and isinstance(self.halt.fatal, JournalError):
             count = len(self.answers.unsaved)
-            self.fatal.args = (
-                f"{self.fatal}; the {count} answers it could not take are kept in {spilled}, "
+            self.halt.fatal.args = (
+                f"{self.halt.fatal}; the {count} answers it could not take are kept in {spilled}, "
                 "which the next run imports first",
             )
-
-    def drains(self) -> bool:
-        """Does this stop wait for answers on the wire? Not when the key or plan was refused:
-        those answers would be refusals too."""
-        return not isinstance(self.fatal, (AuthenticationError, NotPremiumError))
-
-    async def next_result(self, head: Pending, stop_waiter: asyncio.Future[Any]) -> RowResult:
-        """The head row's result. After a stop, a head on the wire is still awaited (within the
-        drain time) for its answer; a head that never reached the wire raises the stop's error."""
-        if not isinstance(head, asyncio.Task):
-            return as_row(head)
-        if not head.done() and not self.stopped.is_set():
-            await asyncio.wait({head, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
-        # A stop has already stopped sending: only a head on the wire is still worth waiting for.
-        if not head.done() and self.drains() and head in self.gate.on_wire:
-            if self.drain_deadline is None:
-                self.drain_deadline = time.monotonic() + self.options.drain_seconds
-            await asyncio.wait({head}, timeout=max(0.0, self.drain_deadline - time.monotonic()))
-        if head.done() and not head.cancelled() and head.exception() is None:
-            return as_row(head.result())
-        if self.fatal is not None and self.unsent_rows:
-            return self.not_sent()
-        if self.fatal is not None:
-            raise self.fatal
-        return as_row(head.result())  # the task's own error
 
 
 class _Tally:
@@ -387,12 +347,12 @@ async def stream_results(
     window = Window(options.window, options.window_bytes)
     rows = _rows(_blocks(texts))
     exhausted = False
-    stop_waiter = asyncio.ensure_future(batch.stopped.wait())
+    stop_waiter = asyncio.ensure_future(batch.halt.stopped.wait())
     tally = _Tally(stats, on_result)
     since_turn = 0
     try:
         while True:
-            while not exhausted and (batch.read_on or not batch.stopped.is_set()) and window.has_room():
+            while not exhausted and (batch.halt.read_on or not batch.halt.stopped.is_set()) and window.has_room():
                 try:
                     read = await rows.__anext__()
                 except StopAsyncIteration:
@@ -414,10 +374,10 @@ async def stream_results(
                     window.add(item, 1, len(read) if type(read) is str else 0)
                     tally.add(item)
             if not window.items:
-                if isinstance(batch.fatal, RequestCapReached):
-                    batch.fatal.with_remaining(stats.failed_by_code[NOT_SENT])
-                if batch.fatal is not None:
-                    raise batch.fatal
+                if isinstance(batch.halt.fatal, RequestCapReached):
+                    batch.halt.fatal.with_remaining(stats.failed_by_code[NOT_SENT])
+                if batch.halt.fatal is not None:
+                    raise batch.halt.fatal
                 break
             head = window.items[0]
             if isinstance(head, list):
@@ -426,7 +386,7 @@ async def stream_results(
                 since_turn += len(head)
                 out: RowResult | Known = head
             else:
-                out = await batch.next_result(head, stop_waiter)
+                out = await batch.halt.next_result(head, stop_waiter)
                 tally.settle(window.pop(), out)  # type: ignore[arg-type]
                 stats.yielded += 1
                 since_turn += 1
