@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable
 from contextlib import aclosing
 from typing import Any
@@ -24,18 +24,10 @@ from ..pacing import Pacer
 from ..run.report import BatchStats, Timeline
 from ..service import contract
 from ..service.client import AsyncClient, validate_params
-from ..service.errors import (
-    BatchsumError,
-    BrokenInputError,
-    BudgetError,
-    JournalError,
-    RequestCapReached,
-)
-from ._answers import Answers
+from ..service.errors import BrokenInputError, BudgetError, RequestCapReached
+from ._batch import Batch
 from ._gate import Gate
-from ._intake import Intake
-from ._requests import FirstRequest, Requests
-from ._stop import NOT_SENT, Stop
+from ._stop import NOT_SENT
 from ._window import Known, Pending, Window, as_row
 from .fingerprints import fingerprint as fingerprint
 from .fingerprints import text_fingerprint as text_fingerprint
@@ -66,59 +58,6 @@ async def _rows(texts: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]
     else:
         for text in texts:
             yield text
-
-
-class _Batch:
-    """One run of the engine: rows in, requests out; the first request alone; what is under way;
-    and the stop: why, what is still awaited on the wire, and what is cancelled."""
-
-    def __init__(
-        self,
-        client: AsyncClient,
-        params: contract.Params,
-        options: RunOptions,
-        store: AnswerStore,
-        stats: BatchStats,
-        pacer: Pacer,
-    ) -> None:
-        self.options = options
-        self.answers = Answers(store, self.stop)
-        self.gate = Gate(pacer, options.max_wait, stats=stats, cap=options.max_requests, on_cap=self.cap_reached)
-        self.halt = Stop(self.gate.on_wire, options.drain_seconds)
-        first = FirstRequest(options.record, params.mode, alone=options.first_alone(params.mode))
-        self.requests = Requests(client, stats, self.answers, self.gate, first, self.halt.stopped, self.stop)
-        self.intake = Intake(params, options, stats, self.requests, self.halt)
-
-    def stop(self, error: BatchsumError, *, unsent_rows: bool = False) -> None:
-        """Stop at once: nothing new starts from here on, whoever notices the stop first.
-        ``unsent_rows``: the rows already read still get a record each (``failed``, ``not_sent``)
-        before the error is raised, so that an output can hold every row read."""
-        self.halt.set(error, unsent_rows=unsent_rows)
-        self.requests.stop_sending()
-
-    def cap_reached(self, error: RequestCapReached) -> None:
-        """The cap is used up: stop, and give every row, read or not yet, its record."""
-        self.stop(error, unsent_rows=True)
-
-    async def close(self, pending: deque[Pending | Known]) -> None:
-        """Let requests on the wire finish (the service charges for them) and keep their answers,
-        unless the key was refused; then cancel the rest. A second Ctrl-C aborts at once."""
-        on_wire = self.requests.stop_sending()
-        tasks: set[asyncio.Task[Any]] = {item for item in pending if isinstance(item, asyncio.Task)}
-        tasks |= set(self.requests.under_way.values())
-        if on_wire and self.halt.drains():
-            log.info("waiting up to %gs for %d requests on the wire", self.options.drain_seconds, len(on_wire))
-            await asyncio.wait(on_wire, timeout=self.options.drain_seconds)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        spilled = self.answers.close()
-        if spilled is not None and isinstance(self.halt.fatal, JournalError):
-            count = len(self.answers.unsaved)
-            self.halt.fatal.args = (
-                f"{self.halt.fatal}; the {count} answers it could not take are kept in {spilled}, "
-                "which the next run imports first",
-            )
 
 
 class _Tally:
@@ -240,7 +179,7 @@ async def stream_results(
         stats.timeline = stats.timeline or Timeline(options.rpm)
         pacer = options.pacer(log=stats.timeline)
     stats.pacer = pacer
-    batch = _Batch(client, params, options, store if store is not None else MemoryStore(), stats, pacer)
+    batch = Batch(client, params, options, store if store is not None else MemoryStore(), stats, pacer)
     window = Window(options.window, options.window_bytes)
     rows = _rows(_blocks(texts))
     exhausted = False
