@@ -12,58 +12,28 @@ reached (``BudgetError``): without it, no process could know what the others sen
 from __future__ import annotations
 
 import asyncio
-import functools
-import hashlib
-import itertools
-import json
 import logging
-import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable
 from contextlib import aclosing
-from dataclasses import dataclass, field
 from typing import Any
 
-from ..data.results import BLOCK_ROWS, FAILED, OK, SKIPPED, Answer, RowBlock, RowResult
-from ..data.stores import CLAIM_POLL_SECONDS, AnswerStore, Leases, MemoryStore, SharedAnswerStore
-from ..pacing import KeyRecord, Limiter, PaceChange, PaceLog, Pacer
-from ..pacing.budget import Budget, Share
+from ..data.results import BLOCK_ROWS, Answer, RowBlock, RowResult
+from ..data.stores import AnswerStore, MemoryStore
+from ..pacing import Pacer
 from ..run.report import BatchStats, Timeline
-from ..run.spec import (
-    DEFAULT_DRAIN_SECONDS,
-    DEFAULT_MAX_WAIT,
-    DEFAULT_WINDOW,
-    DEFAULT_WINDOW_BYTES,
-    LONG_TEXT_POLICIES,
-    check_choice,
-    check_rpm,
-    check_seconds,
-    check_whole,
-)
 from ..service import contract
-from ..service.client import AsyncClient, PreparedRequest, validate_params
-from ..service.errors import (
-    APIError,
-    APIResponseValidationError,
-    APIStatusError,
-    AuthenticationError,
-    BatchsumError,
-    BrokenInputError,
-    BudgetError,
-    InvalidParameterError,
-    JournalError,
-    NotPremiumError,
-    RateLimitError,
-    RequestCapReached,
-    UnprocessableEntityError,
-)
-from ..service.rate_headers import RateStatement
-from . import long_texts
-
-# A row in the window: its result, a known answer, or the task that gives either.
-Pending = RowResult | Answer | asyncio.Task[Answer] | asyncio.Task[RowResult]
-# Rows that needed no request (known or skipped), held and yielded together.
-Known = list[RowResult]
+from ..service.client import AsyncClient, validate_params
+from ..service.errors import BrokenInputError, BudgetError, RequestCapReached
+from ._batch import Batch
+from ._gate import Gate
+from ._stop import NOT_SENT
+from ._window import Known, Pending, Window, as_row
+from .fingerprints import fingerprint as fingerprint
+from .fingerprints import text_fingerprint as text_fingerprint
+from .options import RunOptions as RunOptions
+from .plan import BatchPlan as BatchPlan
+from .plan import plan_batch as plan_batch
 
 __all__ = [
     "RunOptions",
@@ -76,275 +46,9 @@ __all__ = [
     "plan_batch",
 ]
 
+_Gate = Gate  # its name before it had a module of its own (tests/pacing use it)
 log = logging.getLogger("batchsum")
-ROW, PART, REDUCE = "row", "part", "reduce"  # what a request is for (the account counts them apart)
-SKIP, SPLIT, TRUNCATE = LONG_TEXT_POLICIES
-NOT_SENT = "not_sent"  # the error code of a row a stop left unsent (a rerun sends it)
 YIELD_EVERY = 256  # rows between turns given to the event loop when none of them had to wait
-KNOWN_TEXT_BYTES = 32 << 20  # texts remembered with the result they need no request for (``_KnownTexts``)
-
-
-def fingerprint(request: PreparedRequest) -> str:
-    """The request's identity: text, mode, percentage and type. Identical requests share one answer."""
-    payload = json.dumps(request.fields(), sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
-
-
-@functools.lru_cache(maxsize=64)
-def text_fingerprint(params: contract.Params) -> Callable[[str], str]:
-    """``fingerprint`` of a text with ``params``, the same value, made without a dict and a JSON
-    encoder per text: the request's JSON is the parameters' (encoded once) around the text's."""
-    marker = "\ue000batchsum\ue001"
-    head, tail = json.dumps(PreparedRequest(marker, params).fields(), sort_keys=True, ensure_ascii=False).split(
-        json.dumps(marker, ensure_ascii=False)
-    )
-    encode, sha256 = json.encoder.encode_basestring, hashlib.sha256
-
-    def key(text: str) -> str:
-        return sha256((head + encode(text) + tail).encode("utf-8")).hexdigest()
-
-    return key
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How a batch runs, validated once where it is built (CLI, accessor, widget) and passed down.
-
-    ``rpm``: the plan's requests per minute (0 = no pacing; with ``auto``, only a cap on the limit
-    found, stated or remembered: ``pacing.limit``). ``concurrency``: a cap on requests in
-    flight; None sizes it from the pace and the measured latency. ``limiter``: your own floor
-    under the pace (``async acquire()``) instead of ``AsyncLimiter(1, 60/rpm)``. ``budget``: the
-    key's rate budget shared with other batches, processes or machines (``budget.open_budget``;
-    None: a private one for this batch). ``window``: rows held between reading and yielding.
-    ``drain_seconds``: how long a stop waits for answers on the wire. ``max_wait``: how long a
-    request may wait out the service's 429s (each costs no attempt) before its row fails.
-    ``window_bytes``: the input bytes those rows stand for (``RowBlock.nbytes``, else their texts'):
-    reading waits while either bound is reached, so a row held back by a long retry keeps neither the
-    reading nor the memory going. ``long_texts``: what a text over the word limit gets: "skip",
-    "split" (in parts, then reduced)
-    or "truncate" (its first words).
-    ``max_requests``: the cap on paid requests (a 429 is not paid); reached, the batch stops with
-    ``RequestCapReached`` after giving every row a record. ``sample_rows``: the input positions
-    (0-based) to send; the other rows are ``failed`` with ``not_sent``. ``record``: what the key's
-    budget remembers of the key at its service (``pacing.KeyRecord``): a key it proved answered in
-    this mode within a day starts at the pace with the rest, any other sends its first request
-    alone (a wrong key costs one request); the run adds what it sees (answered, refused).
-    """
-
-    rpm: float = 0.0
-    auto: bool = False
-    concurrency: int | None = None
-    limiter: Limiter | None = None
-    budget: Budget | None = None
-    window: int = DEFAULT_WINDOW
-    window_bytes: int = DEFAULT_WINDOW_BYTES
-    drain_seconds: float = DEFAULT_DRAIN_SECONDS
-    max_wait: float = DEFAULT_MAX_WAIT
-    long_texts: str = SKIP
-    max_requests: int | None = None
-    sample_rows: frozenset[int] | None = None
-    record: KeyRecord | None = None
-
-    def __post_init__(self) -> None:
-        check_whole("max_requests", self.max_requests, minimum=0, allow_none=True)  # 0: a partition's part
-        check_rpm(self.rpm)
-        check_whole("concurrency", self.concurrency, allow_none=True)
-        check_whole("window", self.window)
-        check_whole("window_bytes", self.window_bytes)
-        check_seconds("drain_seconds", self.drain_seconds, zero=True)
-        check_seconds("max_wait", self.max_wait, zero=True)
-        check_choice("long_texts", self.long_texts, LONG_TEXT_POLICIES)
-        if self.limiter is not None and not callable(getattr(self.limiter, "acquire", None)):
-            raise InvalidParameterError("invalid limiter: it needs an async acquire() method, as AsyncLimiter has")
-        if self.budget is not None and not isinstance(self.budget, Budget):
-            raise InvalidParameterError(
-                f"invalid budget {self.budget!r}: open one with batchsum.pacing.budget.open_budget"
-            )
-
-    def pacer(
-        self,
-        on_pace_change: Callable[[PaceChange], None] | None = None,
-        share: Share | None = None,
-        *,
-        alone: bool = True,
-        log: PaceLog | None = None,
-    ) -> Pacer:
-        """The pacer these options describe; ``share``: this run's share of the key's rate;
-        ``alone``: False for one of several runs of one job at once; ``log``: told what it does
-        (``report.Timeline``); see ``Pacer``."""
-        return Pacer(
-            self.rpm,
-            limiter=self.limiter,
-            budget=self.budget,
-            max_in_flight=self.concurrency,
-            on_pace_change=on_pace_change,
-            share=share,
-            alone=alone,
-            log=log,
-            record=self.record,
-            auto=self.auto,
-        )
-
-    def first_alone(self, mode: int) -> bool:
-        """Does the run's first request go alone? Yes, unless the key's record proves the key."""
-        return self.record is None or self.record.proven(mode) is None
-
-
-class _Gate:
-    """The client's attempt hooks: the request cap's count, a slot in flight, then the pacer's turn;
-    and what the engine must know when it stops: which tasks have a request on the wire, and that
-    nothing new starts.
-
-    The cap counts paid requests: an attempt claims one before it waits for its turn, and a 429
-    gives it back (the service said "later": not paid). When the cap is used up the attempt waits
-    while claimed attempts may still give one back; when none can, ``on_cap`` stops the batch."""
-
-    __slots__ = (
-        "pacer",
-        "max_wait",
-        "closing",
-        "on_wire",
-        "_ids",
-        "stats",
-        "cap",
-        "paid",
-        "claims",
-        "on_cap",
-        "_settled",
-    )
-
-    def __init__(
-        self,
-        pacer: Pacer,
-        max_wait: float = DEFAULT_MAX_WAIT,
-        *,
-        stats: BatchStats | None = None,
-        cap: int | None = None,
-        on_cap: Callable[[RequestCapReached], None] | None = None,
-    ) -> None:
-        self.pacer = pacer
-        self.max_wait = max_wait
-        self.closing = False
-        self.on_wire: set[asyncio.Task[Any]] = set()
-        self._ids = itertools.count()
-        self.stats = stats
-        self.cap = cap
-        self.paid = 0  # paid requests claimed (started or about to start), 429s given back
-        self.claims = 0  # claims whose attempt has not ended yet: each may still give one back
-        self.on_cap = on_cap
-        self._settled: asyncio.Event | None = None
-
-    async def _claim(self) -> None:
-        assert self.cap is not None
-        while self.paid >= self.cap:
-            if self.closing:
-                raise asyncio.CancelledError
-            if not self.claims:
-                if self.on_cap is not None:
-                    self.on_cap(RequestCapReached(self.cap))
-                raise asyncio.CancelledError
-            if self._settled is None:
-                self._settled = asyncio.Event()
-            self._settled.clear()
-            await self._settled.wait()
-        self.paid += 1
-        self.claims += 1
-
-    def _settle(self, paid: bool) -> None:
-        self.claims -= 1
-        if not paid:
-            self.paid -= 1
-        if self._settled is not None:
-            self._settled.set()
-
-    async def before_attempt(self) -> tuple[int, float, asyncio.Task[Any] | None]:
-        if self.closing:
-            raise asyncio.CancelledError
-        if self.cap is not None:
-            await self._claim()
-        in_flight = self.pacer.in_flight
-        try:
-            await in_flight.acquire()
-        except BaseException:
-            if self.cap is not None:
-                self._settle(paid=False)
-            raise
-        try:
-            started = await self.pacer.before_attempt()
-            if self.closing:
-                raise asyncio.CancelledError
-        except BaseException:
-            in_flight.release()
-            if self.cap is not None:
-                self._settle(paid=False)
-            raise
-        attempt, task = next(self._ids), asyncio.current_task()
-        in_flight.started(attempt, started)
-        if task is not None:
-            self.on_wire.add(task)
-        if self.stats is not None:
-            self.stats.attempt_started(in_flight.on_wire)
-        return attempt, started, task
-
-    def after_attempt(
-        self,
-        ticket: tuple[int, float, asyncio.Task[Any] | None],
-        error: BaseException | None,
-        limits: RateStatement | None,
-    ) -> None:
-        attempt, started, task = ticket
-        if task is not None:
-            self.on_wire.discard(task)
-        # An answer of any kind says how long the service takes; a timeout or a lost connection does not.
-        answered = error is None or isinstance(error, (APIStatusError, APIResponseValidationError))
-        self.pacer.in_flight.finished(attempt, answered)
-        if self.cap is not None:
-            self._settle(paid=not isinstance(error, RateLimitError))
-        if self.stats is not None:
-            latency = self.pacer.now() - started if answered else None
-            self.stats.attempt_ended(_outcome(error), latency, self.pacer.in_flight.on_wire)
-        self.pacer.after_attempt(
-            started,
-            rate_limited=isinstance(error, RateLimitError),
-            retry_after=error.retry_after if isinstance(error, RateLimitError) else None,
-            answered=answered,
-            headers=limits,
-        )
-
-
-def _outcome(error: BaseException | None) -> str:
-    """An attempt's outcome, as the report and the metrics name it."""
-    if error is None:
-        return "ok"
-    if isinstance(error, RateLimitError):
-        return "rate_limited"
-    if isinstance(error, APIError):
-        return error.code
-    return "cancelled"
-
-
-def _failure(error: APIError) -> Answer:
-    status = error.status_code if isinstance(error, APIStatusError) else None
-    return Answer(None, FAILED, error.code, error.message, status, error.attempts)
-
-
-def _row(value: RowResult | Answer) -> RowResult:
-    return value.row() if isinstance(value, Answer) else value
-
-
-def _first_failure(answers: list[Answer], what: str, count: int) -> RowResult | None:
-    """The row's result when one of its requests failed: that error, saying which request."""
-    for number, answer in enumerate(answers, 1):
-        if answer.status != OK:
-            return answer.row(0, f"{what} {number} of {count}: {answer.message}")
-    return None
-
-
-def _is_permanent(error: APIError) -> bool:
-    """A refusal that asking again would repeat (and pay for again): kept across runs."""
-    if isinstance(error, APIResponseValidationError):
-        return not error.transient
-    return isinstance(error, UnprocessableEntityError)
 
 
 async def _rows(texts: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]:
@@ -354,489 +58,6 @@ async def _rows(texts: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]
     else:
         for text in texts:
             yield text
-
-
-class _Answers:
-    """What a batch knows and keeps: the answer store, the answers it refused to take (a full disk,
-    a journal gone read-only: still ours, tried again at the end and else spilled to a side file the
-    next run imports first), and the claims of a store several runs share."""
-
-    def __init__(self, store: AnswerStore, stop: Callable[[BatchsumError], None]) -> None:
-        self.store = store
-        self._stop = stop
-        self.unsaved = MemoryStore()
-        self.refusing = False  # the store refused a write: keep the rest here
-        self.shared = callable(getattr(store, "claim", None))
-        self.leases = Leases(store) if self.shared else None  # type: ignore[arg-type]
-
-    def get(self, key: str) -> Answer | None:
-        known = self.unsaved.get(key)
-        if known is not None:
-            return known
-        try:
-            return self.store.get(key)
-        except Exception as exc:  # a damaged journal: a stop, not a traceback
-            self._stop(JournalError(f"cannot read the journal: {exc}"))
-            return None
-
-    def get_many(self, keys: list[str]) -> dict[str, Answer]:
-        """The known answers of ``keys``, looked up in bulk where the store can (``get_many``)."""
-        try:
-            many = getattr(self.store, "get_many", None)
-            if many is not None:
-                found: dict[str, Answer] = many(keys)
-            else:
-                found = {key: answer for key in keys if (answer := self.store.get(key)) is not None}
-        except Exception as exc:  # a damaged journal: a stop, not a traceback
-            self._stop(JournalError(f"cannot read the journal: {exc}"))
-            return {}
-        if self.unsaved:
-            found.update(self.unsaved.get_many(keys))
-        return found
-
-    def put(self, key: str, answer: Answer) -> None:
-        if not self.refusing:
-            try:
-                self.store.put(key, answer)
-                return
-            except Exception as exc:
-                self.refusing = True
-                self._stop(JournalError(f"cannot write the journal ({exc}): stopped sending"))
-        self.unsaved.put(key, answer)
-
-    async def claim(self, key: str, stopped: asyncio.Event) -> Answer | None:
-        """None once this run holds the claim on ``key`` (it sends); else the answer another run
-        got while this one waited (the first to claim a request sends it, the others wait)."""
-        store: SharedAnswerStore = self.store  # type: ignore[assignment]
-        while True:
-            if stopped.is_set():
-                raise asyncio.CancelledError
-            try:
-                claimed = store.claim(key)
-            except Exception as exc:
-                self._stop(JournalError(f"cannot use the shared answer store: {exc}"))
-                raise asyncio.CancelledError from None
-            known = self.get(key)  # answered meanwhile, whether or not the claim is ours
-            if known is not None:
-                if claimed:
-                    self.release(key)
-                return known
-            if claimed:
-                assert self.leases is not None
-                self.leases.hold(key)
-                return None
-            await asyncio.sleep(CLAIM_POLL_SECONDS)
-
-    def release(self, key: str) -> None:
-        if self.leases is not None:
-            self.leases.drop(key)
-        try:
-            self.store.release(key)  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001 - an unreleased claim expires on its own
-            log.warning("could not release a claim in the shared answer store", exc_info=True)
-
-    def close(self) -> str | None:
-        """One more try to keep what the store refused (space may have been freed); what it still
-        refuses goes to the store's side file (``spill``). Where it went, or None."""
-        if self.leases is not None:
-            self.leases.close()
-        for key, answer in self.unsaved.items():
-            try:
-                self.store.put(key, answer)
-            except Exception:
-                break
-            self.unsaved.pop(key)
-        if not self.unsaved:
-            return None
-        spill = getattr(self.store, "spill", None)
-        where: str | None = spill(self.unsaved.items()) if spill is not None else None
-        return where
-
-
-class _KnownTexts:
-    """Rows that need no request, by text: skipped with a reason, or answered by the store. A text
-    that repeats (200,000 rows may hold 20,000 texts) is checked, fingerprinted and looked up once.
-    Bounded by the texts' characters (``KNOWN_TEXT_BYTES``): the oldest are forgotten first."""
-
-    __slots__ = ("rows", "size", "limit", "skips")
-
-    def __init__(self, limit: int = KNOWN_TEXT_BYTES) -> None:
-        self.rows: dict[str, RowResult] = {}
-        self.size = 0
-        self.limit = limit
-        self.skips = 0  # skipped rows among them (not answers: not counted as reused)
-
-    def put(self, text: str, result: RowResult) -> None:
-        if text in self.rows:
-            return
-        self.rows[text] = result
-        self.size += len(text)
-        self.skips += result.status == SKIPPED
-        while self.size > self.limit:
-            self.size -= len(text := next(iter(self.rows)))
-            self.skips -= self.rows.pop(text).status == SKIPPED
-
-
-class _Window:
-    """The rows between reading and yielding, in input order, and the bytes they hold: reading waits
-    while either is at its bound (one item always fits, however large)."""
-
-    __slots__ = ("items", "_sizes", "rows", "nbytes", "max_rows", "max_bytes")
-
-    def __init__(self, max_rows: int, max_bytes: int) -> None:
-        self.items: deque[Pending | Known] = deque()
-        self._sizes: deque[tuple[int, int]] = deque()
-        self.rows = self.nbytes = 0
-        self.max_rows, self.max_bytes = max_rows, max_bytes
-
-    def has_room(self) -> bool:
-        return not self.items or (self.rows < self.max_rows and self.nbytes < self.max_bytes)
-
-    def add(self, item: Pending | Known, rows: int, nbytes: int) -> None:
-        self.items.append(item)
-        self._sizes.append((rows, nbytes))
-        self.rows += rows
-        self.nbytes += nbytes
-
-    def pop(self) -> Pending | Known:
-        rows, nbytes = self._sizes.popleft()
-        self.rows -= rows
-        self.nbytes -= nbytes
-        return self.items.popleft()
-
-
-class _Batch:
-    """One run of the engine: rows in, requests out; the first request alone; what is under way;
-    and the stop: why, what is still awaited on the wire, and what is cancelled."""
-
-    def __init__(
-        self,
-        client: AsyncClient,
-        params: contract.Params,
-        options: RunOptions,
-        store: AnswerStore,
-        stats: BatchStats,
-        pacer: Pacer,
-    ) -> None:
-        self.client = client
-        self.params = params
-        self.options = options
-        self.stats = stats
-        self.answers = _Answers(store, self.stop)
-        self.gate = _Gate(pacer, options.max_wait, stats=stats, cap=options.max_requests, on_cap=self.cap_reached)
-        self.read = 0  # rows submitted (the next row's position, for the sample)
-        self.read_on = False  # after the cap: read every row still, so each gets its record
-        self.under_way: dict[str, asyncio.Task[Answer]] = {}
-        self.stopped = asyncio.Event()
-        self.fatal: BatchsumError | None = None
-        self.unsent_rows = False
-        # The first request goes alone: a wrong key or an expired plan costs one request, not dozens;
-        # unless the key's record proves it answered by this service in this mode within a day.
-        self.first_answered = asyncio.Event()
-        self.first_sent = False
-        self.record = options.record
-        self.proven = False  # this run saw the key answered (the record is told once)
-        if not options.first_alone(params.mode):
-            self.first_answered.set()
-        self.drain_deadline: float | None = None
-        self.long_rows = _LongRows(self)
-        self.known = _KnownTexts()
-
-    def stop(self, error: BatchsumError, *, unsent_rows: bool = False) -> None:
-        """Stop at once: nothing new starts from here on, whoever notices the stop first.
-        ``unsent_rows``: the rows already read still get a record each (``failed``, ``not_sent``)
-        before the error is raised, so that an output can hold every row read."""
-        if self.fatal is None:
-            self.fatal = error
-            self.unsent_rows = unsent_rows
-        self.stopped.set()
-        self.stop_sending()
-
-    def cap_reached(self, error: RequestCapReached) -> None:
-        """The cap is used up: stop, and give every row, read or not yet, its record."""
-        self.read_on = self.fatal is None
-        self.stop(error, unsent_rows=True)
-
-    def not_sent(self) -> RowResult:
-        message = f"not sent: the run stopped ({self.fatal}); a rerun sends it"
-        return RowResult(None, FAILED, NOT_SENT, message, None, 0, 0)
-
-    def submit(self, text: Any) -> Pending:
-        """A row's result, or the task that will give it: skipped with a reason, not in the sample,
-        known, under way, or sent (a long text as ``long_texts`` says); after a stop that gives every
-        row its record, a row that would need a new request is ``not_sent``."""
-        position, self.read = self.read, self.read + 1
-        problem = contract.text_problem(text)
-        long = problem is not None and problem[0] is contract.SkipReason.TOO_LONG and self.options.long_texts != SKIP
-        if problem is not None and not long:
-            return self.skipped(text, problem)
-        sample = self.options.sample_rows
-        if sample is not None and position not in sample:
-            message = f"not sent: not in the sample of {len(sample)} rows; a run without sample sends it"
-            return RowResult(None, FAILED, NOT_SENT, message, None, 0, 0)
-        return self.send_row(text, long)
-
-    def skipped(self, text: Any, problem: tuple[contract.SkipReason, str]) -> RowResult:
-        reason, message = problem
-        if reason is contract.SkipReason.TOO_LONG:
-            self.stats.long_skipped(contract.count_words(text))
-        return RowResult(None, SKIPPED, reason.value, message, None, 0, 0)
-
-    def send_row(self, text: Any, long: bool) -> Pending:
-        """The row's answer: known, under way, or a new request (a long text's as ``long_texts``
-        says); ``not_sent`` when a stop forbids new ones."""
-        if long:
-            if self.stopped.is_set():
-                return self.not_sent()
-            rows = self.long_rows
-            return asyncio.ensure_future(rows.split(text) if self.options.long_texts == SPLIT else rows.truncated(text))
-        item = self.request(text, self.params, new=not self.stopped.is_set())
-        return item if item is not None else self.not_sent()
-
-    def submit_block(self, texts: list[Any]) -> list[Pending | Known]:
-        """``submit`` for rows read together, in order, with the work done once per distinct text: the
-        rows that need no request (skipped, or answered by the store: looked up in bulk, one query
-        for the block) come back in runs (``Known``), the others one by one as ``submit`` gives them."""
-        if self.options.sample_rows is not None:  # the sample goes by position: row by row
-            return [self.submit(text) for text in texts]
-        self.read += len(texts)
-        known = self.known
-        try:
-            rows: list[RowResult | None] = list(map(known.rows.get, texts))  # at C speed: a rerun's rows
-        except TypeError:  # a cell that cannot be a key (a list)
-            rows = [None] * len(texts)
-        skips = known.skips
-        if None in rows:
-            skips += self._resolve(texts, rows)
-        resolved = [row for row in rows if row is not None]
-        reused = sum(1 for row in resolved if row.status != SKIPPED) if skips else len(resolved)
-        self.stats.reused += reused
-        if len(resolved) == len(rows):
-            return [resolved]
-        items: list[Pending | Known] = []
-        run: Known = []
-        for text, row in zip(texts, rows):
-            if row is not None:
-                run.append(row)
-                continue
-            if run:
-                items.append(run)
-                run = []
-            problem = contract.text_problem(text)
-            items.append(self.send_row(text, problem is not None))  # a new request, or a long text's
-        if run:
-            items.append(run)
-        return items
-
-    def _resolve(self, texts: list[Any], rows: list[RowResult | None]) -> int:
-        """Fill in ``rows`` (None: not known yet) what needs no request: skipped texts, and answers
-        the store has (one look-up for the block). Rows still None need a request (or are long
-        texts that ``long_texts`` sends). Returns how many skipped rows there may be."""
-        missing: dict[str, list[int]] = {}  # fingerprint -> positions
-        identify = text_fingerprint(self.params)
-        skips = 0
-        for i, row in enumerate(rows):
-            if row is not None:
-                continue
-            text = texts[i]
-            problem = contract.text_problem(text)
-            if problem is not None:
-                if problem[0] is contract.SkipReason.TOO_LONG and self.options.long_texts != SKIP:
-                    continue
-                rows[i] = self.skipped(text, problem)  # a too_long skip is counted for each row: its words
-                if type(text) is str and problem[0] is not contract.SkipReason.TOO_LONG:
-                    self.known.put(text, rows[i])  # type: ignore[arg-type]
-                skips += 1
-                continue
-            missing.setdefault(identify(text), []).append(i)
-        wanted = [key for key in missing if key not in self.under_way]
-        found = self.answers.get_many(wanted) if wanted else {}
-        for key, answer in found.items():
-            result = answer.row()
-            self.known.put(texts[missing[key][0]], result)
-            for i in missing[key]:
-                rows[i] = result
-        return skips
-
-    def request(
-        self, text: str, params: contract.Params, kind: str = ROW, *, new: bool = True
-    ) -> Answer | asyncio.Task[Answer] | None:
-        """The answer to one request: known (the store, this run), under way (an identical request
-        of this run, joined), or a new task that claims and sends it (None when ``new`` is False).
-        ``kind`` counts it: a row's request, a long text's part, or a reduce."""
-        request = PreparedRequest(text, params)
-        key = text_fingerprint(params)(text)
-        task = self.under_way.get(key)
-        if task is not None:
-            self.stats.reused += 1
-            return task
-        known = self.answers.get(key)
-        if known is not None:
-            self.stats.reused += 1
-            return known
-        if not new:
-            return None
-        task = asyncio.ensure_future(self.fetch(key, request, kind))
-        self.under_way[key] = task
-        task.add_done_callback(lambda _: self.under_way.pop(key, None))
-        return task
-
-    async def answer(self, text: str, params: contract.Params, kind: str) -> Answer:
-        item = self.request(text, params, kind)
-        assert item is not None  # a new request is allowed here
-        return await item if isinstance(item, asyncio.Task) else item
-
-    async def fetch(self, key: str, request: PreparedRequest, kind: str = ROW) -> Answer:
-        if not self.answers.shared:
-            return await self.send(key, request, kind)
-        known = await self.answers.claim(key, self.stopped)
-        if known is not None:
-            self.stats.reused += 1
-            return known
-        try:
-            return await self.send(key, request, kind)
-        finally:
-            self.answers.release(key)
-
-    async def send(self, key: str, request: PreparedRequest, kind: str = ROW) -> Answer:
-        is_first, self.first_sent = not self.first_sent, True
-        if not is_first:
-            await self.first_answered.wait()
-        permanent = False
-        try:
-            if self.stopped.is_set():
-                raise asyncio.CancelledError
-            try:
-                summary, attempts = await self.client.send(request, hooks=self.gate)
-                answer, permanent = Answer(summary, OK, None, None, 200, attempts), True
-                if self.record is not None and not self.proven:
-                    self.proven = True
-                    self.record.answered(self.params.mode)
-            except (AuthenticationError, NotPremiumError) as exc:
-                self.stats.sent += 1
-                if self.record is not None:
-                    self.record.refused(self.params.mode if isinstance(exc, NotPremiumError) else None)
-                self.stop(exc)
-                raise
-            except BudgetError as exc:  # the shared budget is gone: nothing more may start
-                self.stop(exc)
-                raise
-            except APIError as exc:
-                answer, permanent = _failure(exc), _is_permanent(exc)
-            self.stats.sent += 1  # counted once it reached the service, not while it waited its turn
-            self.stats.sent_by_kind[kind] += 1
-            self.stats.attempts += answer.attempts
-        finally:
-            if is_first:
-                self.first_answered.set()
-        if permanent:
-            self.answers.put(key, answer)
-        return answer
-
-    def stop_sending(self) -> list[asyncio.Task[Answer]]:
-        """Start nothing new; cancel what is not on the wire; the tasks still on the wire."""
-        self.gate.closing = True
-        tasks = set(self.under_way.values())
-        for task in tasks - self.gate.on_wire - {asyncio.current_task()}:
-            task.cancel()
-        return [task for task in tasks & self.gate.on_wire if not task.done()]
-
-    async def close(self, pending: deque[Pending | Known]) -> None:
-        """Let requests on the wire finish (the service charges for them) and keep their answers,
-        unless the key was refused; then cancel the rest. A second Ctrl-C aborts at once."""
-        on_wire = self.stop_sending()
-        tasks: set[asyncio.Task[Any]] = {item for item in pending if isinstance(item, asyncio.Task)}
-        tasks |= set(self.under_way.values())
-        if on_wire and self.drains():
-            log.info("waiting up to %gs for %d requests on the wire", self.options.drain_seconds, len(on_wire))
-            await asyncio.wait(on_wire, timeout=self.options.drain_seconds)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        spilled = self.answers.close()
-        if spilled is not None and isinstance(self.fatal, JournalError):
-            count = len(self.answers.unsaved)
-            self.fatal.args = (
-                f"{self.fatal}; the {count} answers it could not take are kept in {spilled}, "
-                "which the next run imports first",
-            )
-
-    def drains(self) -> bool:
-        """Does this stop wait for answers on the wire? Not when the key or plan was refused:
-        those answers would be refusals too."""
-        return not isinstance(self.fatal, (AuthenticationError, NotPremiumError))
-
-    async def next_result(self, head: Pending, stop_waiter: asyncio.Future[Any]) -> RowResult:
-        """The head row's result. After a stop, a head on the wire is still awaited (within the
-        drain time) for its answer; a head that never reached the wire raises the stop's error."""
-        if not isinstance(head, asyncio.Task):
-            return _row(head)
-        if not head.done() and not self.stopped.is_set():
-            await asyncio.wait({head, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
-        # A stop has already stopped sending: only a head on the wire is still worth waiting for.
-        if not head.done() and self.drains() and head in self.gate.on_wire:
-            if self.drain_deadline is None:
-                self.drain_deadline = time.monotonic() + self.options.drain_seconds
-            await asyncio.wait({head}, timeout=max(0.0, self.drain_deadline - time.monotonic()))
-        if head.done() and not head.cancelled() and head.exception() is None:
-            return _row(head.result())
-        if self.fatal is not None and self.unsent_rows:
-            return self.not_sent()
-        if self.fatal is not None:
-            raise self.fatal
-        return _row(head.result())  # the task's own error
-
-
-class _LongRows:
-    """Rows over the word limit, as ``long_texts`` says: truncated, or split into parts whose
-    summaries are reduced into one answer. Every request is an ordinary one of the batch."""
-
-    __slots__ = ("batch",)
-
-    def __init__(self, batch: _Batch) -> None:
-        self.batch = batch
-
-    async def truncated(self, text: str) -> RowResult:
-        """``long_texts="truncate"``: the first words up to the limit, and the row says so."""
-        kept = long_texts.truncate_text(text)
-        answer = await self.batch.answer(kept, self.batch.params, ROW)
-        note = (
-            f"truncated: the summary is of the first {contract.count_words(kept)} of "
-            f"{contract.count_words(text)} words (long_texts='truncate')"
-        )
-        return answer.row(1, note if answer.status == OK else None)
-
-    async def split(self, text: str) -> RowResult:
-        """``long_texts="split"``: the parts summarized, then their summaries summarized (a tree when
-        they are too long for one request) into one answer of the row's type and length. Every
-        request goes the way of any other (store, dedup, claims, budget, pacer, retries)."""
-        parts = long_texts.split_text(text)
-        self.batch.stats.long_planned(len(parts))
-        answers = await asyncio.gather(
-            *(self.batch.answer(part, long_texts.part_params(self.batch.params), PART) for part in parts)
-        )
-        failed = _first_failure(answers, "part", len(parts))
-        if failed is not None:
-            return self.batch.stats.long_done(failed, len(parts), answers)
-        plan = long_texts.reduce_plan([a.summary or "" for a in answers], contract.count_words(text), self.batch.params)
-        done: list[Answer] = list(answers)
-        try:
-            step = next(plan)
-            while True:
-                round_answers = await asyncio.gather(*(self.batch.answer(t, step.params, REDUCE) for t in step.texts))
-                done.extend(round_answers)
-                failed = _first_failure(round_answers, "reduce step", len(step.texts))
-                if failed is not None:
-                    return self.batch.stats.long_done(failed, len(parts), done)
-                step = plan.send([a.summary or "" for a in round_answers])
-        except StopIteration as end:
-            reduced: long_texts.Reduced = end.value
-        note = f"summarized in {len(parts)} parts and {reduced.requests} reduce requests"
-        if reduced.note:
-            note = f"{note}; {reduced.note}"
-        attempts = sum(a.attempts for a in done)
-        result = RowResult(reduced.text, OK, None, note, 200, attempts, len(done))
-        return self.batch.stats.long_done(result, len(parts), done)
 
 
 class _Tally:
@@ -859,7 +80,7 @@ class _Tally:
             if self.on_result is not None:
                 self.on_result(self.stats)
         else:
-            self._count(_row(item))
+            self._count(as_row(item))
 
     def settle(self, item: Pending, result: RowResult) -> None:
         """``result`` is the row's record, given by a stop (``not_sent``) when its task gave none."""
@@ -875,7 +96,7 @@ class _Tally:
                 del self._settled[task]
             return
         if not task.cancelled() and task.exception() is None:
-            self._count(_row(task.result()))
+            self._count(as_row(task.result()))
 
     def _count(self, result: RowResult) -> None:
         self.stats.count(result)
@@ -958,16 +179,16 @@ async def stream_results(
         stats.timeline = stats.timeline or Timeline(options.rpm)
         pacer = options.pacer(log=stats.timeline)
     stats.pacer = pacer
-    batch = _Batch(client, params, options, store if store is not None else MemoryStore(), stats, pacer)
-    window = _Window(options.window, options.window_bytes)
+    batch = Batch(client, params, options, store if store is not None else MemoryStore(), stats, pacer)
+    window = Window(options.window, options.window_bytes)
     rows = _rows(_blocks(texts))
     exhausted = False
-    stop_waiter = asyncio.ensure_future(batch.stopped.wait())
+    stop_waiter = asyncio.ensure_future(batch.halt.stopped.wait())
     tally = _Tally(stats, on_result)
     since_turn = 0
     try:
         while True:
-            while not exhausted and (batch.read_on or not batch.stopped.is_set()) and window.has_room():
+            while not exhausted and (batch.halt.read_on or not batch.halt.stopped.is_set()) and window.has_room():
                 try:
                     read = await rows.__anext__()
                 except StopAsyncIteration:
@@ -978,21 +199,21 @@ async def stream_results(
                     exhausted = True
                     break
                 if isinstance(read, RowBlock):
-                    items = batch.submit_block(read.texts)
+                    items = batch.intake.submit_block(read.texts)
                     each = read.nbytes // max(1, len(read.texts))
                     for item in items:
                         count = len(item) if isinstance(item, list) else 1
                         window.add(item, count, each * count)
                         tally.add(item)
                 else:
-                    item = batch.submit(read)
+                    item = batch.intake.submit(read)
                     window.add(item, 1, len(read) if type(read) is str else 0)
                     tally.add(item)
             if not window.items:
-                if isinstance(batch.fatal, RequestCapReached):
-                    batch.fatal.with_remaining(stats.failed_by_code[NOT_SENT])
-                if batch.fatal is not None:
-                    raise batch.fatal
+                if isinstance(batch.halt.fatal, RequestCapReached):
+                    batch.halt.fatal.with_remaining(stats.failed_by_code[NOT_SENT])
+                if batch.halt.fatal is not None:
+                    raise batch.halt.fatal
                 break
             head = window.items[0]
             if isinstance(head, list):
@@ -1001,7 +222,7 @@ async def stream_results(
                 since_turn += len(head)
                 out: RowResult | Known = head
             else:
-                out = await batch.next_result(head, stop_waiter)
+                out = await batch.halt.next_result(head, stop_waiter)
                 tally.settle(window.pop(), out)  # type: ignore[arg-type]
                 stats.yielded += 1
                 since_turn += 1
@@ -1030,121 +251,3 @@ def _blocks(texts: Iterable[Any] | AsyncIterable[Any]) -> Iterable[Any] | AsyncI
         RowBlock(list(rows[i : i + BLOCK_ROWS]), sum(len(t) for t in rows[i : i + BLOCK_ROWS] if type(t) is str))
         for i in range(0, len(rows), BLOCK_ROWS)
     )
-
-
-@dataclass
-class BatchPlan:
-    """What a run would do, without sending anything (``--dry-run``)."""
-
-    rows: int = 0
-    to_send: int = 0  # distinct requests the store does not answer (rows, and long texts' parts)
-    duplicates: int = 0  # rows that share a request with an earlier row
-    known: int = 0  # rows the store already answers
-    skipped_by_reason: Counter[str] = field(default_factory=Counter)
-    long_rows: int = 0  # rows over the limit that long_texts="split" or "truncate" sends
-    parts: int = 0  # part requests to send: exact
-    reduce_max: int = 0  # reduce requests: at most this many (fewer when the parts' summaries are short)
-    skipped_long_cost: tuple[int, int] = (0, 0)  # what splitting the skipped long rows would take
-
-    def minimum_seconds(self, rpm: float) -> float:
-        """The least time the requests can take at ``rpm`` (starts evenly spaced, the first at once)."""
-        return max(0, self.to_send - 1) * 60.0 / rpm if rpm else 0.0
-
-    def describe(self, rpm: float | None) -> str:
-        """The plan in lines; ``rpm`` None: the limit is not known yet (``rpm="auto"``)."""
-        skipped = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped_by_reason.items())) or "none"
-        if rpm is None:
-            pace = "how long that takes depends on the limit, not known yet"
-        elif rpm:
-            pace = f"at {rpm:g} requests/min that takes at least {_duration(self.minimum_seconds(rpm))}"
-        else:
-            pace = "unpaced (rpm 0)"
-        sends = f"{_count(self.to_send, 'request')}"
-        if self.reduce_max:  # a long text's reduce requests depend on how long its parts' summaries are
-            sends = f"{self.to_send} to {_count(self.to_send + self.reduce_max, 'request')}"
-        lines = [
-            f"rows:             {self.rows}",
-            f"would send:       {sends}; {pace}",
-            f"already answered: {_count(self.known, 'row')} (journal)",
-            f"duplicates:       {_count(self.duplicates, 'row')} share a request with an earlier row",
-            f"would skip:       {_count(sum(self.skipped_by_reason.values()), 'row')} ({skipped})",
-        ]
-        if self.long_rows:
-            lines.append(
-                f"long texts:       {_count(self.long_rows, 'row')} over the limit: {self.parts} part requests "
-                f"and at most {self.reduce_max} reduce requests (in the requests above)"
-            )
-        if self.skipped_long_cost[0]:
-            parts, reduce = self.skipped_long_cost
-            lines.append(
-                f"long texts:       the {self.skipped_by_reason['too_long']} too_long rows would take {parts} "
-                f"part requests and at most {reduce} reduce requests with --long-texts split"
-            )
-        return "\n".join(lines)
-
-
-def _count(n: int, noun: str) -> str:
-    """``1 row``, ``3 rows``."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
-
-
-def plan_batch(
-    texts: Iterable[Any],
-    *,
-    mode: Any = contract.Mode.STANDARD,
-    percentage: Any = contract.PERCENTAGE_DEFAULT,
-    type: Any = None,
-    params: contract.Params | None = None,
-    store: AnswerStore | None = None,
-    long_texts_policy: str = SKIP,
-) -> BatchPlan:
-    """Classify every row as the engine would, and send nothing."""
-    params = params if params is not None else validate_params(mode, percentage, type)
-    plan = BatchPlan()
-    seen: set[bytes] = set()
-
-    def count(text: str, request_params: contract.Params) -> bool:
-        """True when this request is new: neither an earlier row's nor in the store."""
-        key = text_fingerprint(request_params)(text)
-        digest = bytes.fromhex(key)
-        if digest in seen:
-            return False
-        seen.add(digest)
-        if store is not None and store.get(key) is not None:
-            return False
-        plan.to_send += 1
-        return True
-
-    for text in texts:
-        plan.rows += 1
-        problem = contract.text_problem(text)
-        if problem is not None and problem[0] is contract.SkipReason.TOO_LONG and long_texts_policy != SKIP:
-            plan.long_rows += 1
-            if long_texts_policy == TRUNCATE:
-                count(long_texts.truncate_text(text), params)
-                continue
-            new = [count(part, long_texts.part_params(params)) for part in long_texts.split_text(text)]
-            plan.parts += sum(new)
-            plan.reduce_max += long_texts.estimate_requests(contract.count_words(text))[1]
-            continue
-        if problem is not None:
-            plan.skipped_by_reason[problem[0].value] += 1
-            if problem[0] is contract.SkipReason.TOO_LONG:
-                parts, reduce = long_texts.estimate_requests(contract.count_words(text))
-                plan.skipped_long_cost = (plan.skipped_long_cost[0] + parts, plan.skipped_long_cost[1] + reduce)
-            continue
-        key = text_fingerprint(params)(text)
-        if bytes.fromhex(key) in seen:
-            plan.duplicates += 1
-        elif store is not None and store.get(key) is not None:
-            seen.add(bytes.fromhex(key))
-            plan.known += 1
-        else:
-            count(text, params)
-    return plan

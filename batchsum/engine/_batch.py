@@ -1,0 +1,81 @@
+"""One run of the engine (``Batch``): its parts wired together (answers, gate, stop, requests, rows in)
+and its end: a stop from whichever part notices it first, then the close that drains and cancels."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Any
+
+from ..data.stores import AnswerStore
+from ..pacing import Pacer
+from ..run.report import BatchStats
+from ..service import contract
+from ..service.client import AsyncClient
+from ..service.errors import BatchsumError, JournalError, RequestCapReached
+from ._answers import Answers
+from ._gate import Gate
+from ._intake import Intake
+from ._requests import FirstRequest, Requests
+from ._stop import Stop
+from ._window import Known, Pending
+from .options import RunOptions
+
+__all__ = ["Batch"]
+
+log = logging.getLogger("batchsum")
+
+
+class Batch:
+    """One run of the engine: rows in (``intake``), requests out (``requests``, through ``gate``), the
+    answers kept (``answers``); and the stop (``halt``): why, what is still awaited on the wire, and
+    what is cancelled."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        params: contract.Params,
+        options: RunOptions,
+        store: AnswerStore,
+        stats: BatchStats,
+        pacer: Pacer,
+    ) -> None:
+        self.options = options
+        self.answers = Answers(store, self.stop)
+        self.gate = Gate(pacer, options.max_wait, stats=stats, cap=options.max_requests, on_cap=self.cap_reached)
+        self.halt = Stop(self.gate.on_wire, options.drain_seconds)
+        first = FirstRequest(options.record, params.mode, alone=options.first_alone(params.mode))
+        self.requests = Requests(client, stats, self.answers, self.gate, first, self.halt.stopped, self.stop)
+        self.intake = Intake(params, options, stats, self.requests, self.halt)
+
+    def stop(self, error: BatchsumError, *, unsent_rows: bool = False) -> None:
+        """Stop at once: nothing new starts from here on, whoever notices the stop first.
+        ``unsent_rows``: the rows already read still get a record each (``failed``, ``not_sent``)
+        before the error is raised, so that an output can hold every row read."""
+        self.halt.set(error, unsent_rows=unsent_rows)
+        self.requests.stop_sending()
+
+    def cap_reached(self, error: RequestCapReached) -> None:
+        """The cap is used up: stop, and give every row, read or not yet, its record."""
+        self.stop(error, unsent_rows=True)
+
+    async def close(self, pending: deque[Pending | Known]) -> None:
+        """Let requests on the wire finish (the service charges for them) and keep their answers,
+        unless the key was refused; then cancel the rest. A second Ctrl-C aborts at once."""
+        on_wire = self.requests.stop_sending()
+        tasks: set[asyncio.Task[Any]] = {item for item in pending if isinstance(item, asyncio.Task)}
+        tasks |= set(self.requests.under_way.values())
+        if on_wire and self.halt.drains():
+            log.info("waiting up to %gs for %d requests on the wire", self.options.drain_seconds, len(on_wire))
+            await asyncio.wait(on_wire, timeout=self.options.drain_seconds)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        spilled = self.answers.close()
+        if spilled is not None and isinstance(self.halt.fatal, JournalError):
+            count = len(self.answers.unsaved)
+            self.halt.fatal.args = (
+                f"{self.halt.fatal}; the {count} answers it could not take are kept in {spilled}, "
+                "which the next run imports first",
+            )

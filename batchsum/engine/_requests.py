@@ -1,0 +1,180 @@
+"""A batch's requests (``Requests``): known (the store), under way (joined), or sent through the gate,
+the key's first one alone (``FirstRequest``); and which of them a stop cancels."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from ..data.results import FAILED, OK, Answer
+from ..pacing import KeyRecord
+from ..run.report import BatchStats
+from ..service import contract
+from ..service.client import AsyncClient, PreparedRequest
+from ..service.errors import (
+    APIError,
+    APIResponseValidationError,
+    APIStatusError,
+    AuthenticationError,
+    BatchsumError,
+    BudgetError,
+    NotPremiumError,
+    UnprocessableEntityError,
+)
+from ._answers import Answers
+from ._gate import Gate
+from .fingerprints import text_fingerprint
+
+__all__ = ["FirstRequest", "Requests", "ROW", "PART", "REDUCE"]
+
+ROW, PART, REDUCE = "row", "part", "reduce"  # what a request is for (the account counts them apart)
+
+
+def _failure(error: APIError) -> Answer:
+    status = error.status_code if isinstance(error, APIStatusError) else None
+    return Answer(None, FAILED, error.code, error.message, status, error.attempts)
+
+
+def _is_permanent(error: APIError) -> bool:
+    """A refusal that asking again would repeat (and pay for again): kept across runs."""
+    if isinstance(error, APIResponseValidationError):
+        return not error.transient
+    return isinstance(error, UnprocessableEntityError)
+
+
+class FirstRequest:
+    """The first request goes alone: a wrong key or an expired plan costs one request, not dozens;
+    unless the key's record proves it answered by this service in this mode within a day. What the
+    run sees of the key goes to that record (an answer is told once)."""
+
+    __slots__ = ("answered", "sent", "record", "mode", "proven")
+
+    def __init__(self, record: KeyRecord | None, mode: int, *, alone: bool) -> None:
+        self.answered = asyncio.Event()
+        self.sent = False
+        self.record = record
+        self.mode = mode
+        self.proven = False  # this run saw the key answered (the record is told once)
+        if not alone:
+            self.answered.set()
+
+    async def turn(self) -> bool:
+        """Wait until a request may start; True for the first (the others wait for its answer)."""
+        is_first, self.sent = not self.sent, True
+        if not is_first:
+            await self.answered.wait()
+        return is_first
+
+    def key_answered(self) -> None:
+        if self.record is not None and not self.proven:
+            self.proven = True
+            self.record.answered(self.mode)
+
+    def key_refused(self, error: AuthenticationError | NotPremiumError) -> None:
+        if self.record is not None:
+            self.record.refused(self.mode if isinstance(error, NotPremiumError) else None)
+
+
+class Requests:
+    """The requests of one run: each answered once, known (the store, this run), joined while under
+    way, or sent (claimed first in a store several runs share); the first refusal of the key or plan,
+    and a budget gone, stop the batch (``stop``). A stop cancels what is not on the wire yet."""
+
+    __slots__ = ("client", "stats", "answers", "gate", "first", "stopped", "stop", "under_way")
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        stats: BatchStats,
+        answers: Answers,
+        gate: Gate,
+        first: FirstRequest,
+        stopped: asyncio.Event,
+        stop: Callable[[BatchsumError], None],
+    ) -> None:
+        self.client = client
+        self.stats = stats
+        self.answers = answers
+        self.gate = gate
+        self.first = first
+        self.stopped = stopped
+        self.stop = stop
+        self.under_way: dict[str, asyncio.Task[Answer]] = {}
+
+    def request(
+        self, text: str, params: contract.Params, kind: str = ROW, *, new: bool = True
+    ) -> Answer | asyncio.Task[Answer] | None:
+        """The answer to one request: known (the store, this run), under way (an identical request
+        of this run, joined), or a new task that claims and sends it (None when ``new`` is False).
+        ``kind`` counts it: a row's request, a long text's part, or a reduce."""
+        request = PreparedRequest(text, params)
+        key = text_fingerprint(params)(text)
+        task = self.under_way.get(key)
+        if task is not None:
+            self.stats.reused += 1
+            return task
+        known = self.answers.get(key)
+        if known is not None:
+            self.stats.reused += 1
+            return known
+        if not new:
+            return None
+        task = asyncio.ensure_future(self.fetch(key, request, kind))
+        self.under_way[key] = task
+        task.add_done_callback(lambda _: self.under_way.pop(key, None))
+        return task
+
+    async def answer(self, text: str, params: contract.Params, kind: str) -> Answer:
+        item = self.request(text, params, kind)
+        assert item is not None  # a new request is allowed here
+        return await item if isinstance(item, asyncio.Task) else item
+
+    async def fetch(self, key: str, request: PreparedRequest, kind: str = ROW) -> Answer:
+        if not self.answers.shared:
+            return await self.send(key, request, kind)
+        known = await self.answers.claim(key, self.stopped)
+        if known is not None:
+            self.stats.reused += 1
+            return known
+        try:
+            return await self.send(key, request, kind)
+        finally:
+            self.answers.release(key)
+
+    async def send(self, key: str, request: PreparedRequest, kind: str = ROW) -> Answer:
+        is_first = await self.first.turn()
+        permanent = False
+        try:
+            if self.stopped.is_set():
+                raise asyncio.CancelledError
+            try:
+                summary, attempts = await self.client.send(request, hooks=self.gate)
+                answer, permanent = Answer(summary, OK, None, None, 200, attempts), True
+                self.first.key_answered()
+            except (AuthenticationError, NotPremiumError) as exc:
+                self.stats.sent += 1
+                self.first.key_refused(exc)
+                self.stop(exc)
+                raise
+            except BudgetError as exc:  # the shared budget is gone: nothing more may start
+                self.stop(exc)
+                raise
+            except APIError as exc:
+                answer, permanent = _failure(exc), _is_permanent(exc)
+            self.stats.sent += 1  # counted once it reached the service, not while it waited its turn
+            self.stats.sent_by_kind[kind] += 1
+            self.stats.attempts += answer.attempts
+        finally:
+            if is_first:
+                self.first.answered.set()
+        if permanent:
+            self.answers.put(key, answer)
+        return answer
+
+    def stop_sending(self) -> list[asyncio.Task[Answer]]:
+        """Start nothing new; cancel what is not on the wire; the tasks still on the wire."""
+        self.gate.closing = True
+        tasks = set(self.under_way.values())
+        for task in tasks - self.gate.on_wire - {asyncio.current_task()}:
+            task.cancel()
+        return [task for task in tasks & self.gate.on_wire if not task.done()]

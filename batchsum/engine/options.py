@@ -1,0 +1,110 @@
+"""How a batch runs (``RunOptions``), validated once where it is built and passed down to the engine,
+and the names of the long-text policies it takes (``SKIP``, ``SPLIT``, ``TRUNCATE``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..pacing import KeyRecord, Limiter, PaceChange, PaceLog, Pacer
+from ..pacing.budget import Budget, Share
+from ..run.spec import (
+    DEFAULT_DRAIN_SECONDS,
+    DEFAULT_MAX_WAIT,
+    DEFAULT_WINDOW,
+    DEFAULT_WINDOW_BYTES,
+    LONG_TEXT_POLICIES,
+    check_choice,
+    check_rpm,
+    check_seconds,
+    check_whole,
+)
+from ..service.errors import InvalidParameterError
+
+__all__ = ["RunOptions", "SKIP", "SPLIT", "TRUNCATE"]
+
+SKIP, SPLIT, TRUNCATE = LONG_TEXT_POLICIES
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a batch runs, validated once where it is built (CLI, accessor, widget) and passed down.
+
+    ``rpm``: the plan's requests per minute (0 = no pacing; with ``auto``, only a cap on the limit
+    found, stated or remembered: ``pacing.limit``). ``concurrency``: a cap on requests in
+    flight; None sizes it from the pace and the measured latency. ``limiter``: your own floor
+    under the pace (``async acquire()``) instead of ``AsyncLimiter(1, 60/rpm)``. ``budget``: the
+    key's rate budget shared with other batches, processes or machines (``budget.open_budget``;
+    None: a private one for this batch). ``window``: rows held between reading and yielding.
+    ``drain_seconds``: how long a stop waits for answers on the wire. ``max_wait``: how long a
+    request may wait out the service's 429s (each costs no attempt) before its row fails.
+    ``window_bytes``: the input bytes those rows stand for (``RowBlock.nbytes``, else their texts'):
+    reading waits while either bound is reached, so a row held back by a long retry keeps neither the
+    reading nor the memory going. ``long_texts``: what a text over the word limit gets: "skip",
+    "split" (in parts, then reduced)
+    or "truncate" (its first words).
+    ``max_requests``: the cap on paid requests (a 429 is not paid); reached, the batch stops with
+    ``RequestCapReached`` after giving every row a record. ``sample_rows``: the input positions
+    (0-based) to send; the other rows are ``failed`` with ``not_sent``. ``record``: what the key's
+    budget remembers of the key at its service (``pacing.KeyRecord``): a key it proved answered in
+    this mode within a day starts at the pace with the rest, any other sends its first request
+    alone (a wrong key costs one request); the run adds what it sees (answered, refused).
+    """
+
+    rpm: float = 0.0
+    auto: bool = False
+    concurrency: int | None = None
+    limiter: Limiter | None = None
+    budget: Budget | None = None
+    window: int = DEFAULT_WINDOW
+    window_bytes: int = DEFAULT_WINDOW_BYTES
+    drain_seconds: float = DEFAULT_DRAIN_SECONDS
+    max_wait: float = DEFAULT_MAX_WAIT
+    long_texts: str = SKIP
+    max_requests: int | None = None
+    sample_rows: frozenset[int] | None = None
+    record: KeyRecord | None = None
+
+    def __post_init__(self) -> None:
+        check_whole("max_requests", self.max_requests, minimum=0, allow_none=True)  # 0: a partition's part
+        check_rpm(self.rpm)
+        check_whole("concurrency", self.concurrency, allow_none=True)
+        check_whole("window", self.window)
+        check_whole("window_bytes", self.window_bytes)
+        check_seconds("drain_seconds", self.drain_seconds, zero=True)
+        check_seconds("max_wait", self.max_wait, zero=True)
+        check_choice("long_texts", self.long_texts, LONG_TEXT_POLICIES)
+        if self.limiter is not None and not callable(getattr(self.limiter, "acquire", None)):
+            raise InvalidParameterError("invalid limiter: it needs an async acquire() method, as AsyncLimiter has")
+        if self.budget is not None and not isinstance(self.budget, Budget):
+            raise InvalidParameterError(
+                f"invalid budget {self.budget!r}: open one with batchsum.pacing.budget.open_budget"
+            )
+
+    def pacer(
+        self,
+        on_pace_change: Callable[[PaceChange], None] | None = None,
+        share: Share | None = None,
+        *,
+        alone: bool = True,
+        log: PaceLog | None = None,
+    ) -> Pacer:
+        """The pacer these options describe; ``share``: this run's share of the key's rate;
+        ``alone``: False for one of several runs of one job at once; ``log``: told what it does
+        (``report.Timeline``); see ``Pacer``."""
+        return Pacer(
+            self.rpm,
+            limiter=self.limiter,
+            budget=self.budget,
+            max_in_flight=self.concurrency,
+            on_pace_change=on_pace_change,
+            share=share,
+            alone=alone,
+            log=log,
+            record=self.record,
+            auto=self.auto,
+        )
+
+    def first_alone(self, mode: int) -> bool:
+        """Does the run's first request go alone? Yes, unless the key's record proves the key."""
+        return self.record is None or self.record.proven(mode) is None

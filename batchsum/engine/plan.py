@@ -1,0 +1,136 @@
+"""The dry-run plan (``plan_batch``, ``BatchPlan``): every row classified as the engine would (sent,
+duplicate, known, skipped, a long text's parts), and nothing sent."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..data.stores import AnswerStore
+from ..service import contract
+from ..service.client import validate_params
+from . import long_texts
+from .fingerprints import text_fingerprint
+from .options import SKIP, TRUNCATE
+
+__all__ = ["BatchPlan", "plan_batch"]
+
+
+@dataclass
+class BatchPlan:
+    """What a run would do, without sending anything (``--dry-run``)."""
+
+    rows: int = 0
+    to_send: int = 0  # distinct requests the store does not answer (rows, and long texts' parts)
+    duplicates: int = 0  # rows that share a request with an earlier row
+    known: int = 0  # rows the store already answers
+    skipped_by_reason: Counter[str] = field(default_factory=Counter)
+    long_rows: int = 0  # rows over the limit that long_texts="split" or "truncate" sends
+    parts: int = 0  # part requests to send: exact
+    reduce_max: int = 0  # reduce requests: at most this many (fewer when the parts' summaries are short)
+    skipped_long_cost: tuple[int, int] = (0, 0)  # what splitting the skipped long rows would take
+
+    def minimum_seconds(self, rpm: float) -> float:
+        """The least time the requests can take at ``rpm`` (starts evenly spaced, the first at once)."""
+        return max(0, self.to_send - 1) * 60.0 / rpm if rpm else 0.0
+
+    def describe(self, rpm: float | None) -> str:
+        """The plan in lines; ``rpm`` None: the limit is not known yet (``rpm="auto"``)."""
+        skipped = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped_by_reason.items())) or "none"
+        if rpm is None:
+            pace = "how long that takes depends on the limit, not known yet"
+        elif rpm:
+            pace = f"at {rpm:g} requests/min that takes at least {_duration(self.minimum_seconds(rpm))}"
+        else:
+            pace = "unpaced (rpm 0)"
+        sends = f"{_count(self.to_send, 'request')}"
+        if self.reduce_max:  # a long text's reduce requests depend on how long its parts' summaries are
+            sends = f"{self.to_send} to {_count(self.to_send + self.reduce_max, 'request')}"
+        lines = [
+            f"rows:             {self.rows}",
+            f"would send:       {sends}; {pace}",
+            f"already answered: {_count(self.known, 'row')} (journal)",
+            f"duplicates:       {_count(self.duplicates, 'row')} share a request with an earlier row",
+            f"would skip:       {_count(sum(self.skipped_by_reason.values()), 'row')} ({skipped})",
+        ]
+        if self.long_rows:
+            lines.append(
+                f"long texts:       {_count(self.long_rows, 'row')} over the limit: {self.parts} part requests "
+                f"and at most {self.reduce_max} reduce requests (in the requests above)"
+            )
+        if self.skipped_long_cost[0]:
+            parts, reduce = self.skipped_long_cost
+            lines.append(
+                f"long texts:       the {self.skipped_by_reason['too_long']} too_long rows would take {parts} "
+                f"part requests and at most {reduce} reduce requests with --long-texts split"
+            )
+        return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 row``, ``3 rows``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def plan_batch(
+    texts: Iterable[Any],
+    *,
+    mode: Any = contract.Mode.STANDARD,
+    percentage: Any = contract.PERCENTAGE_DEFAULT,
+    type: Any = None,
+    params: contract.Params | None = None,
+    store: AnswerStore | None = None,
+    long_texts_policy: str = SKIP,
+) -> BatchPlan:
+    """Classify every row as the engine would, and send nothing."""
+    params = params if params is not None else validate_params(mode, percentage, type)
+    plan = BatchPlan()
+    seen: set[bytes] = set()
+
+    def count(text: str, request_params: contract.Params) -> bool:
+        """True when this request is new: neither an earlier row's nor in the store."""
+        key = text_fingerprint(request_params)(text)
+        digest = bytes.fromhex(key)
+        if digest in seen:
+            return False
+        seen.add(digest)
+        if store is not None and store.get(key) is not None:
+            return False
+        plan.to_send += 1
+        return True
+
+    for text in texts:
+        plan.rows += 1
+        problem = contract.text_problem(text)
+        if problem is not None and problem[0] is contract.SkipReason.TOO_LONG and long_texts_policy != SKIP:
+            plan.long_rows += 1
+            if long_texts_policy == TRUNCATE:
+                count(long_texts.truncate_text(text), params)
+                continue
+            new = [count(part, long_texts.part_params(params)) for part in long_texts.split_text(text)]
+            plan.parts += sum(new)
+            plan.reduce_max += long_texts.estimate_requests(contract.count_words(text))[1]
+            continue
+        if problem is not None:
+            plan.skipped_by_reason[problem[0].value] += 1
+            if problem[0] is contract.SkipReason.TOO_LONG:
+                parts, reduce = long_texts.estimate_requests(contract.count_words(text))
+                plan.skipped_long_cost = (plan.skipped_long_cost[0] + parts, plan.skipped_long_cost[1] + reduce)
+            continue
+        key = text_fingerprint(params)(text)
+        if bytes.fromhex(key) in seen:
+            plan.duplicates += 1
+        elif store is not None and store.get(key) is not None:
+            seen.add(bytes.fromhex(key))
+            plan.known += 1
+        else:
+            count(text, params)
+    return plan
