@@ -10,7 +10,6 @@ from typing import Any
 
 from ..data.stores import AnswerStore
 from ..pacing import Pacer
-from ..run.report import BatchStats
 from ..service import contract
 from ..service.client import AsyncClient
 from ..service.errors import BatchsumError, JournalError, RequestCapReached
@@ -21,6 +20,7 @@ from ._requests import FirstRequest, Requests
 from ._stop import Stop
 from ._window import Known, Pending
 from .options import RunOptions
+from .tally import BatchStats
 
 __all__ = ["Batch"]
 

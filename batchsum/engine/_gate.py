@@ -9,10 +9,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..pacing import Pacer
-from ..run.report import BatchStats
-from ..run.spec import DEFAULT_MAX_WAIT
 from ..service.errors import APIError, APIResponseValidationError, APIStatusError, RateLimitError, RequestCapReached
 from ..service.rate_headers import RateStatement
+from ..service.settings import DEFAULT_MAX_WAIT
+from .tally import BatchStats
 
 __all__ = ["Gate"]
 

@@ -7,7 +7,6 @@ import asyncio
 from typing import Any
 
 from ..data.results import FAILED, SKIPPED, RowResult
-from ..run.report import BatchStats
 from ..service import contract
 from ._known import KnownTexts
 from ._long_rows import LongRows
@@ -16,6 +15,7 @@ from ._stop import NOT_SENT, Stop
 from ._window import Known, Pending
 from .fingerprints import text_fingerprint
 from .options import SKIP, SPLIT, RunOptions
+from .tally import BatchStats
 
 __all__ = ["Intake"]
 

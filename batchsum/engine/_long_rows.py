@@ -7,10 +7,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from ..data.results import OK, Answer, RowResult
-from ..run.report import BatchStats
 from ..service import contract
 from . import long_texts
 from ._requests import PART, REDUCE, ROW
+from .tally import BatchStats
 
 __all__ = ["LongRows"]
 

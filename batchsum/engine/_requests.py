@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 from ..data.results import FAILED, OK, Answer
 from ..pacing import KeyRecord
-from ..run.report import BatchStats
 from ..service import contract
 from ..service.client import AsyncClient, PreparedRequest
 from ..service.errors import (
@@ -24,6 +23,7 @@ from ..service.errors import (
 from ._answers import Answers
 from ._gate import Gate
 from .fingerprints import text_fingerprint
+from .tally import BatchStats
 
 __all__ = ["FirstRequest", "Requests", "ROW", "PART", "REDUCE"]
 

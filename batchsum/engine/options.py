@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from ..pacing import KeyRecord, Limiter, PaceChange, PaceLog, Pacer
 from ..pacing.budget import Budget, Share
-from ..run.spec import (
+from ..service.errors import InvalidParameterError
+from ..service.settings import (
     DEFAULT_DRAIN_SECONDS,
     DEFAULT_MAX_WAIT,
     DEFAULT_WINDOW,
@@ -19,7 +20,6 @@ from ..run.spec import (
     check_seconds,
     check_whole,
 )
-from ..service.errors import InvalidParameterError
 
 __all__ = ["RunOptions", "SKIP", "SPLIT", "TRUNCATE"]
 

@@ -21,7 +21,6 @@ from typing import Any
 from ..data.results import BLOCK_ROWS, Answer, RowBlock, RowResult
 from ..data.stores import AnswerStore, MemoryStore
 from ..pacing import Pacer
-from ..run.report import BatchStats, Timeline
 from ..service import contract
 from ..service.client import AsyncClient, validate_params
 from ..service.errors import BrokenInputError, BudgetError, RequestCapReached
@@ -34,6 +33,8 @@ from .fingerprints import text_fingerprint as text_fingerprint
 from .options import RunOptions as RunOptions
 from .plan import BatchPlan as BatchPlan
 from .plan import plan_batch as plan_batch
+from .tally import BatchStats
+from .timeline import Timeline
 
 __all__ = [
     "RunOptions",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..data.journal import Journal, RedisStore, RunLock, SharedJournal
 from ..data.stores import AnswerStore, process_cache, shared_memory
-from ..engine.stream import RunOptions
+from ..engine.options import RunOptions
 from ..engine.tally import BatchStats
 from ..engine.timeline import Timeline
 from ..pacing import KeyRecord, PaceChange, Pacer

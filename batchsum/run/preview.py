@@ -10,7 +10,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from ..data.journal import Journal
-from ..engine.stream import plan_batch
+from ..engine.plan import plan_batch
 from ..pacing import KeyRecord
 from ..pacing.budget import open_budget
 from ..service.client import AsyncClient

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..data.results import RowResult
 from ..data.stores import AnswerStore
-from ..engine.stream import RunOptions, rows_of, stream_results
+from ..engine.options import RunOptions
+from ..engine.stream import rows_of, stream_results
 from ..engine.tally import BatchStats
 from ..pacing import KeyRecord, Pacer
 from ..pacing.budget import Budget
