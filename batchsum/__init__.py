@@ -33,6 +33,7 @@ from .errors import (
 )
 from .options import RunSpec
 from .service.contract import Mode, SummaryType
+from .service.version import __version__ as __version__
 
 if TYPE_CHECKING:
     from .run.run import Run, summarize_texts
@@ -64,7 +65,6 @@ def _register_pandas() -> None:
 
 after_import("pandas", _register_pandas)
 
-__version__ = "0.1.0"
 
 __all__ = [
     "Client",

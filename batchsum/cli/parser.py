@@ -11,6 +11,7 @@ from ..run.spec import OPTIONS
 from ..service import contract
 from ..service.errors import InvalidParameterError
 from ..service.settings import ENCODINGS, ENV_API_KEY, LONG_TEXT_POLICIES, check_rate
+from ..service.version import __version__
 from .console import EXIT_USAGE, say
 
 __all__ = ["as_flags", "build_parser"]
@@ -126,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"The API key comes from ${ENV_API_KEY}.",
     )
     parser.add_argument(
-        "--version", action="version", version=f"batchsum {_version()}", help="print the version and exit"
+        "--version", action="version", version=f"batchsum {__version__}", help="print the version and exit"
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
@@ -289,12 +290,6 @@ def build_parser() -> argparse.ArgumentParser:
         "behind an admin key printed at start; off by default",
     )
     return parser
-
-
-def _version() -> str:
-    from .. import __version__
-
-    return __version__
 
 
 def as_flags(message: str) -> str:

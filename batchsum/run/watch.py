@@ -10,6 +10,7 @@ from typing import Any
 
 from ..engine.tally import BatchStats
 from ..pacing import PaceChange
+from ..service.version import __version__
 from .logs import event
 from .pieces import Pieces
 from .report import run_report, write_report
@@ -22,12 +23,6 @@ log = logging.getLogger("batchsum")
 
 PROGRESS_SECONDS = 10.0  # between two progress events
 WATCH_SECONDS = 0.25  # how often the run looks for a pause starting or ending
-
-
-def _version() -> str:
-    from .. import __version__
-
-    return __version__
 
 
 class Watch:
@@ -46,7 +41,7 @@ class Watch:
     def start(self) -> None:
         """The pieces are open: metrics, the bar's refreshes, the watch for pauses, the start event."""
         spec, stats, pacer = self.spec, self.stats, self.pieces.pacer
-        stats.telemetry = self._metrics = Metrics.open(self.run_id, lambda: pacer.pace, _version())
+        stats.telemetry = self._metrics = Metrics.open(self.run_id, lambda: pacer.pace, __version__)
         if spec.progress:
             self._ticker = asyncio.ensure_future(self.pieces.bar.follow(stats))
         self._watcher = asyncio.ensure_future(self._watch())
