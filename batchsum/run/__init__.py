@@ -5,8 +5,9 @@ report of ``report``), the progress bar (``progress``), a spec bound to its serv
 or shared by many workers (``shared``), a dry run (``preview``), a dataset streamed into its output
 (``dataset``), a run on a worker thread (``background``) and batches through one run (``batches``).
 
-``from batchsum.run import Run`` names what ``run`` exports. They are loaded on first use: the
-layers below import ``batchsum.run.spec``, and loading ``run`` with it would be an import cycle.
+``from batchsum.run import Run`` names what ``run`` exports. They are loaded on first use, so that
+``batchsum.run.spec`` (what every door imports to build a spec) loads without the engine: ``import
+batchsum`` and the command line start without it.
 """
 
 from __future__ import annotations
