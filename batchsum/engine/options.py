@@ -91,7 +91,7 @@ class RunOptions:
     ) -> Pacer:
         """The pacer these options describe; ``share``: this run's share of the key's rate;
         ``alone``: False for one of several runs of one job at once; ``log``: told what it does
-        (``report.Timeline``); see ``Pacer``."""
+        (``engine.timeline.Timeline``); see ``Pacer``."""
         return Pacer(
             self.rpm,
             limiter=self.limiter,

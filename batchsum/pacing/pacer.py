@@ -73,7 +73,7 @@ class Pacer:
     ``on_pace_change`` is told of each ``PaceChange``. ``share``: this run may use only that fraction
     of the key's rate (``budget.Share``). ``alone``: False for one of several runs of one job at once
     (Dask partitions, Spark tasks), which never spend stated room (each would take it as its own).
-    ``log``: told of starts, 429s, pauses and pace changes (``report.Timeline``). ``record``: the
+    ``log``: told of starts, 429s, pauses and pace changes (``engine.timeline.Timeline``). ``record``: the
     key's record at its service (room it stated and a 429 contradicted is not trusted again; the
     limit last found). ``auto``: ``rpm`` is only a cap; the limit is stated by the service,
     remembered, or found (``limit.AutoLimit``), and stands for the plan in every rule here.

@@ -17,7 +17,7 @@ __all__ = ["Paces", "PaceChange", "PaceLog"]
 
 
 class PaceLog(Protocol):
-    """What the pacer tells of what it does (``report.Timeline`` keeps it second by second)."""
+    """What the pacer tells of what it does (``engine.timeline.Timeline`` keeps it second by second)."""
 
     def started(self, now: float) -> None: ...
 

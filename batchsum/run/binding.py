@@ -14,7 +14,7 @@ from .spec import RunSpec
 if TYPE_CHECKING:
     from ..local import LocalService
 
-__all__ = ["bind", "local_service", "key_hash"]
+__all__ = ["bind", "local_service", "spec_key_hash"]
 
 _services: dict[int, LocalService] = {}
 _services_lock = threading.Lock()
@@ -44,7 +44,7 @@ def bind(spec: RunSpec) -> RunSpec:
     return spec.replace(client=client)
 
 
-def key_hash(spec: RunSpec) -> str:
+def spec_key_hash(spec: RunSpec) -> str:
     """The hash of the spec's key (``bind`` fills in the local service's)."""
     found = spec.client.key_hash
     assert found is not None, "bind() fills in the local service's key"

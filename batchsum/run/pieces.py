@@ -18,7 +18,7 @@ from ..pacing import KeyRecord, PaceChange, Pacer
 from ..pacing.budget import Budget, RedisBudget, Share, open_budget
 from ..service.client import AsyncClient
 from ..service.errors import InvalidParameterError, JournalError
-from .binding import key_hash
+from .binding import spec_key_hash
 from .logs import event
 from .progress import ProgressBar
 from .spec import RunSpec
@@ -103,7 +103,7 @@ class Pieces:
             if self._make_output is not None:
                 self.output = self._make_output()
                 stack.push(self._abort_output)
-            self.record = await KeyRecord.recall(self.budget, key_hash(spec), spec.client.service)
+            self.record = await KeyRecord.recall(self.budget, spec_key_hash(spec), spec.client.service)
             self.store = self._open_store(spec, run_id, shared)
             self._kept = _size(self.store)
             self.bar = stack.enter_context(ProgressBar(stats.total, enabled=spec.progress))

@@ -16,7 +16,7 @@ from ..pacing.budget import open_budget
 from ..service.client import AsyncClient
 from ..service.errors import BudgetError, ConfigurationError
 from ..service.settings import AUTO_MAX_RPM
-from .binding import key_hash
+from .binding import spec_key_hash
 from .spec import RunSpec
 
 __all__ = ["dry_run"]
@@ -34,7 +34,7 @@ async def _budget_lines(spec: RunSpec) -> tuple[str, KeyRecord | None]:
         budget = open_budget(spec.budget, client.identity)
         try:
             seen = await budget.look()
-            record = await KeyRecord.recall(budget, key_hash(spec), spec.client.service)
+            record = await KeyRecord.recall(budget, spec_key_hash(spec), spec.client.service)
         finally:
             await budget.aclose()
     pause = f"; paused {seen.paused_for:.0f} s more: {seen.pause_reason}" if seen.paused_for > 0 else ""

@@ -17,7 +17,6 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from ..service.settings import ENV_API_KEY, ENV_BASE_URL, check_params, client_settings, is_loopback
 from . import contract
 from .answer import Answer, scrub
 from .errors import (
@@ -32,6 +31,7 @@ from .errors import (
 from .inflate import ACCEPT_ENCODING
 from .rate_headers import RateStatement
 from .retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, retry_delay
+from .settings import ENV_API_KEY, ENV_BASE_URL, check_params, client_settings, is_loopback
 
 __all__ = ["Client", "AsyncClient", "Encoding", "ENV_API_KEY", "ENV_BASE_URL", "REDACTED"]
 
