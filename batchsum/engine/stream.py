@@ -25,7 +25,6 @@ from ..service import contract
 from ..service.client import AsyncClient, validate_params
 from ..service.errors import BrokenInputError, BudgetError, RequestCapReached
 from ._batch import Batch
-from ._gate import Gate
 from ._stop import NOT_SENT
 from ._window import Known, Pending, Window, as_row
 from .fingerprints import fingerprint as fingerprint
@@ -47,7 +46,6 @@ __all__ = [
     "plan_batch",
 ]
 
-_Gate = Gate  # its name before it had a module of its own (tests/pacing use it)
 log = logging.getLogger("batchsum")
 YIELD_EVERY = 256  # rows between turns given to the event loop when none of them had to wait
 

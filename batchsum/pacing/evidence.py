@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import math
 
-from .budget import Slot
+from .exchange import Slot
 from .spacing import JITTER_MARGIN, MIN_RPM, WINDOW
 
 __all__ = ["Evidence"]

@@ -90,7 +90,8 @@ class Settle(NamedTuple):
 
 
 class Search:
-    """The search's state: its ``phase``, the ``level`` tried and ``since`` when (the pacer's clock),
+    """The search's state: its ``phase`` (once the search ended, the limit's own states too: settled,
+    stated, recheck, probe), the ``level`` tried and ``since`` when (the pacer's clock),
     the bracket (``lo``: the highest level proven clean; ``hi``: the lowest refused), and what the
     trailing minute must exceed for verifying to end. Its steps answer whether the level moved, or
     the limit the search ends on (``Settle``)."""

@@ -1,4 +1,5 @@
-"""The shared 429 pause and the gentle restart after it (the ramp).
+"""The shared 429 pause and the gentle restart after it (the ramp), and the alarm that wakes a turn
+waiting through a pause this process set (``Alarm``).
 
 Invariant: a pause only ever ends later (``hold`` never shortens one), and the ramp only widens the
 spacing (its factor is at least 1 and shrinks back to 1 start by start), so neither can let two starts

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from ..service.errors import BudgetError
-from .budget import Budget, Remembered
+from .exchange import Budget, Remembered
 from .limit import LIMIT_SECONDS, Found
 
 __all__ = ["KeyRecord", "PROOF_SECONDS"]

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from ..service.retry import MAX_RETRY_AFTER
-from .budget import Slot
+from .exchange import Slot
 from .spacing import WINDOW
 
 __all__ = ["StatedRoom", "Company", "Statement"]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from batchsum.engine.stream import _Gate
+from batchsum.engine._gate import Gate as _Gate
 from batchsum.errors import BudgetError
 from batchsum.local import LocalService
 from batchsum.pacing import Pacer, max_starts

@@ -16,7 +16,7 @@ import random
 import pytest
 from aiolimiter import AsyncLimiter
 
-from batchsum.engine.stream import _Gate
+from batchsum.engine._gate import Gate as _Gate
 from batchsum.errors import RateLimitError, ServerError
 from batchsum.local.state import SlidingWindow
 from batchsum.pacing import JITTER_MARGIN, START_IN_FLIGHT, Pacer, max_starts
