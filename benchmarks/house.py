@@ -115,35 +115,7 @@ def measured(command: list[str], env: dict[str, str], log: Path) -> dict[str, An
     return result
 
 
-class Service(scale.Server):
-    """scale.Server (`batchsum serve --rpm 0 --key bench --test-controls`), run from a given tree."""
-
-    def __init__(self, scratch: Path, tree: Tree) -> None:
-        self.port = scale.free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = scratch / f"serve-{self.port}.log"
-        command = [sys.executable, "-m", "batchsum", "serve", "--port", str(self.port)]
-        command += ["--rpm", "0", "--key", "bench", "--test-controls"]
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(command, env=tree.env, stdout=log, stderr=subprocess.STDOUT)
-        self.admin_key = ""
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and self.process.poll() is None:
-            for line in self.log.read_text().splitlines():
-                if "admin key:" in line:
-                    self.admin_key = line.rsplit(":", 1)[1].strip()
-            if self.admin_key:
-                try:
-                    self.requests()
-                    return
-                except OSError:
-                    pass
-            time.sleep(0.2)
-        self.close()
-        raise RuntimeError(f"the local service did not start: {self.log.read_text()}")
-
-
-def summarize_command(inp: Path, out: Path, journal: Path, service: Service) -> list[str]:
+def summarize_command(inp: Path, out: Path, journal: Path, service: scale.Server) -> list[str]:
     """scale.py's command, through `python -m batchsum` (the door a move keeps)."""
     command = scale.summarize_cli(inp, out, journal, service, argparse.Namespace(concurrency=None, budget=None))
     command[command.index("batchsum.cli")] = "batchsum"
@@ -167,7 +139,9 @@ def version_part(trees: list[Tree], folder: Path, args: argparse.Namespace) -> d
     }
 
 
-def summarize_once(tree: Tree, inp: Path, journal: Path, service: Service, folder: Path, name: str) -> dict[str, Any]:
+def summarize_once(
+    tree: Tree, inp: Path, journal: Path, service: scale.Server, folder: Path, name: str
+) -> dict[str, Any]:
     """One measured `batchsum summarize` of INP with TREE's package, its output checked and removed."""
     env = {**tree.env, "BATCHSUM_BASE_URL": service.url, "BATCHSUM_API_KEY": "bench"}
     out = folder / f"{name}-{tree.label}.parquet"
@@ -179,7 +153,7 @@ def summarize_once(tree: Tree, inp: Path, journal: Path, service: Service, folde
     return done
 
 
-def cpu_part(tree: Tree, inp: Path, service: Service, folder: Path, args: argparse.Namespace) -> dict[str, float]:
+def cpu_part(tree: Tree, inp: Path, service: scale.Server, folder: Path, args: argparse.Namespace) -> dict[str, float]:
     folder = Path(tempfile.mkdtemp(prefix="cpu-", dir=folder))  # a fresh journal
     done = summarize_once(tree, inp, folder / "journal.sqlite", service, folder, "cpu")
     shutil.rmtree(folder)
@@ -192,7 +166,9 @@ def cpu_part(tree: Tree, inp: Path, service: Service, folder: Path, args: argpar
     }
 
 
-def scale_part(tree: Tree, inp: Path, service: Service, folder: Path, args: argparse.Namespace) -> dict[str, float]:
+def scale_part(
+    tree: Tree, inp: Path, service: scale.Server, folder: Path, args: argparse.Namespace
+) -> dict[str, float]:
     folder = Path(tempfile.mkdtemp(prefix="scale-", dir=folder))  # a fresh journal, shared by both runs
     journal = folder / "journal.sqlite"
     first = summarize_once(tree, inp, journal, service, folder, "first")
@@ -288,7 +264,7 @@ def main() -> None:
             inputs["cpu"] = scale.input_path(args.work, args.requests, args.requests, args.seed + 1)
         if "scale" in args.parts:
             inputs["scale"] = scale.input_path(args.work, args.rows, args.distinct, args.seed)
-        service = Service(scratch, trees[0]) if inputs else None
+        service = scale.Server(scratch, env=trees[0].env) if inputs else None
         for part in args.parts:
             for rep in range(args.repeat):
                 if part == "version":

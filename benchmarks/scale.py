@@ -145,16 +145,17 @@ def free_port() -> int:
 
 
 class Server:
-    """`batchsum serve --rpm 0 --test-controls` in its own process; `requests()` is its count."""
+    """`batchsum serve --rpm 0 --test-controls` in its own process (in ``env``: this checkout's by
+    default); `requests()` is its count."""
 
-    def __init__(self, scratch: Path) -> None:
+    def __init__(self, scratch: Path, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = scratch / f"serve-{self.port}.log"
         command = [sys.executable, "-m", "batchsum.cli", "serve", "--port", str(self.port)]
         command += ["--rpm", "0", "--key", "bench", "--test-controls"]
         with self.log.open("wb") as log:
-            self.process = subprocess.Popen(command, env=child_env(), stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(command, env=env or child_env(), stdout=log, stderr=subprocess.STDOUT)
         self.admin_key = ""
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
