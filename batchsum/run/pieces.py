@@ -153,8 +153,11 @@ class Pieces:
 
     @property
     def new_answers(self) -> int:
-        """Answers this run added to its store (the journal): what a rerun will not pay for."""
-        return (self._final if self._final is not None else _size(self.store)) - self._kept
+        """Answers this run added to its store (the journal): what a rerun will not pay for; none
+        while the store is not open yet (a signal during the budget check)."""
+        if self._final is not None:
+            return self._final - self._kept
+        return _size(self.store) - self._kept if hasattr(self, "store") else 0
 
     def _open_store(self, spec: RunSpec, run_id: str, shared: bool) -> AnswerStore:
         """The journal when the spec names one; else this process's answers (one run at a time) or,

@@ -199,3 +199,13 @@ def test_the_journal_imports_a_side_file_left_by_an_earlier_run(tmp_path):
     with Journal(path) as journal:
         assert journal.get("f1") == Answer("one", "ok", None, None, 200, 1) and journal.get("f2") is None
     assert not Path(where).exists()
+
+
+def test_a_run_stopped_before_its_store_opened_counts_no_new_answers():
+    # A signal during the budget check stops the run before its journal is open: the CLI's
+    # "interrupted: ... N new answers kept" line reads the count then, and must get 0, not a crash.
+    from batchsum.options import RunSpec
+    from batchsum.run import Run
+
+    run = Run(RunSpec.from_kwargs(api_key=KEY, base_url="http://127.0.0.1:9", budget="none", progress=False))
+    assert run.new_answers == 0
