@@ -1,12 +1,15 @@
 """The design of record is docs/architecture.md, and the code is held to it: its folder tree names
 every module once, its layer picture's arrows are exactly the imports between folders (module level,
 under ``TYPE_CHECKING`` and inside functions alike), a ``_``-module is imported only inside its
-package, and a module over 500 lines or a class over 150 stands there with the reason it is long."""
+package, and a module over 500 lines or a class over 150 stands there with the reason it is long.
+Between modules: no import cycle, no sibling's private name, and every module imports alone."""
 
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import batchsum
@@ -176,3 +179,44 @@ def test_a_long_module_or_class_says_why_on_the_page_and_no_reason_outlives_its_
         f"over {MODULE_LINES} lines a module or {CLASS_LINES} a class, no reason: {sorted(long - reasons)}"
     )
     assert not reasons - long, f"a reason on the page for what is no longer long: {sorted(reasons - long)}"
+
+
+def test_no_module_imports_a_siblings_private_names():
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                assert not private, f"{path.name} imports private {private} from {node.module}"
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = {name: imports(path) for name, path in MODULES.items()}
+    # A package's __init__ is its door (it re-exports, lazily where a cycle would follow): a module's
+    # import of its own package, or of the top package, is not a dependency between ideas.
+    graph = {
+        name: {m for m in edges if m != "batchsum" and not name.startswith(m + ".")} for name, edges in graph.items()
+    }
+    state: dict[str, int] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        if state.get(name) == 1:
+            raise AssertionError("import cycle: " + " -> ".join([*trail, name]))
+        if state.get(name) == 2:
+            return
+        state[name] = 1
+        for target in graph[name]:
+            visit(target, [*trail, name])
+        state[name] = 2
+
+    for name in graph:
+        visit(name, [])
+
+
+def test_each_module_imports_alone_in_a_fresh_interpreter():
+    names = sorted(name for name, path in MODULES.items() if path.name != "__main__.py")
+    running = {
+        name: subprocess.Popen([sys.executable, "-c", f"import {name}"], stderr=subprocess.PIPE) for name in names
+    }
+    for name, process in running.items():
+        _, err = process.communicate(timeout=180)
+        assert process.returncode == 0, f"{name}: {err.decode()[-500:]}"

@@ -1,5 +1,5 @@
 """The run layer: one ``RunSpec`` for every front-end (same options, same defaults, one validation),
-the key a secret wherever a spec goes, and a house without import cycles."""
+the key a secret wherever a spec goes, and the command line light. (The house's imports: test_architecture.py.)"""
 
 from __future__ import annotations
 
@@ -219,75 +219,6 @@ def test_a_pickled_spec_works_in_another_process_and_no_log_line_holds_the_key(s
     assert shown[-1] == "ok"
     assert not any(KEY in text for text in shown)
     assert not any(KEY in record.getMessage() for record in caplog.records)
-
-
-def _module_name(path: Path) -> str:
-    return "batchsum." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__")
-
-
-def _imports(path: Path) -> set[str]:
-    """The batchsum modules ``path`` imports anywhere: at module level, under ``TYPE_CHECKING`` (a
-    cycle of types is a cycle of ideas too), and inside functions (an import put off is still a
-    dependency)."""
-    tree = ast.parse(path.read_text())
-    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rsplit(".", 1)[0]
-    found: set[str] = set()
-    for node in [tree]:
-        for item in ast.walk(node):
-            if isinstance(item, ast.ImportFrom):
-                if item.level:
-                    base = package.rsplit(".", item.level - 1)[0] if item.level > 1 else package
-                    target = f"{base}.{item.module}" if item.module else base
-                else:
-                    target = item.module or ""
-                if target.startswith("batchsum"):
-                    found.add(target)
-                    found.update(f"{target}.{alias.name}" for alias in item.names)
-            elif isinstance(item, ast.Import):
-                found.update(alias.name for alias in item.names if alias.name.startswith("batchsum"))
-    return found
-
-
-def test_no_module_imports_a_siblings_private_names():
-    for path in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level:
-                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
-                assert not private, f"{path.name} imports private {private} from {node.module}"
-
-
-def test_the_import_graph_has_no_cycle():
-    modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
-    graph = {name: {m for m in _imports(path) if m in modules and m != name} for name, path in modules.items()}
-    # A package's __init__ is its door (it re-exports, lazily where a cycle would follow): a module's
-    # import of its own package, or of the top package, is not a dependency between ideas.
-    graph = {
-        name: {m for m in edges if m != "batchsum" and not name.startswith(m + ".")} for name, edges in graph.items()
-    }
-    state: dict[str, int] = {}
-
-    def visit(name: str, trail: list[str]) -> None:
-        if state.get(name) == 1:
-            raise AssertionError("import cycle: " + " -> ".join([*trail, name]))
-        if state.get(name) == 2:
-            return
-        state[name] = 1
-        for target in graph[name]:
-            visit(target, [*trail, name])
-        state[name] = 2
-
-    for name in graph:
-        visit(name, [])
-
-
-def test_each_module_imports_alone_in_a_fresh_interpreter():
-    names = sorted(_module_name(p) for p in PACKAGE.rglob("*.py") if p.name != "__main__.py")
-    running = {
-        name: subprocess.Popen([sys.executable, "-c", f"import {name}"], stderr=subprocess.PIPE) for name in names
-    }
-    for name, process in running.items():
-        _, err = process.communicate(timeout=180)
-        assert process.returncode == 0, f"{name}: {err.decode()[-500:]}"
 
 
 def test_the_command_line_starts_without_pandas_and_the_accessor_registers_either_way():
