@@ -44,12 +44,13 @@ class StopOnSignal:
         self._task, self._loop = task, asyncio.get_running_loop()
         if self._installed:
             for signum in self.SIGNALS:
-                self._loop.add_signal_handler(signum, self._on_signal, signum)
+                signal.signal(signum, self._in_loop)
 
     def disarm(self) -> None:
+        # Each handler is replaced in one step. (The loop's remove_signal_handler would put the default
+        # back first, and a SIGTERM in that moment killed a process whose output was complete.)
         if self._installed and self._loop is not None:
             for signum in self.SIGNALS:
-                self._loop.remove_signal_handler(signum)
                 signal.signal(signum, self._outside_loop)
 
     def finish(self) -> None:
@@ -67,6 +68,12 @@ class StopOnSignal:
         if self.late is None:
             self.late = signum
             self._say(f"{signal.Signals(signum).name}: the output is already complete; finishing")
+
+    def _in_loop(self, signum: int, frame: Any) -> None:
+        """A signal while the loop runs is handled as the loop's next callback, as ``asyncio.Runner``
+        handles its SIGINT: the loop is woken and nothing of its own is touched here."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._on_signal, signum)
 
     def _on_signal(self, signum: int) -> None:
         if self.finished:
