@@ -1,8 +1,10 @@
 """``df.batchsum`` and ``series.batchsum`` for Polars, registered through Polars' own namespace API
 by ``import batchsum.polars`` (extra ``polars``).
 
-Arrow in and out: the text column leaves Polars as an Arrow array and the result columns come back
-as Arrow arrays (``pl.String``, ``pl.Int32``), with no pandas in between. The same run as every other
+The text column leaves Polars as an Arrow array (a LazyFrame's as Python values) and the result
+columns are made by Polars from the results (``pl.String``, ``pl.Int32``), with no pandas in between:
+an Arrow array made from Python values would load pandas, 40 MB, only to ask whether they are pandas
+objects. The same run as every other
 front-end (``run.Run``): the same options, budget, journal and answers; the synchronous calls run on a
 worker thread's event loop, so they work inside a running loop (Jupyter) too. A Polars frame has no
 ``attrs``: the run's record (its account and timeline, what ``batchsum.plot_run`` draws) is
@@ -10,7 +12,8 @@ worker thread's event loop, so they work inside a running loop (Jupyter) too. A 
 
 A ``LazyFrame`` (``pl.scan_parquet(...)``) has the namespace too: ``lf.batchsum.summarize("text")`` is
 a LazyFrame whose collecting or sinking streams the input's batches through one run
-(``batches.BatchStream``) in bounded memory, with the eager frame's answers.
+(``batches.BatchStream``) in bounded memory, with the eager frame's answers, with neither pyarrow nor
+pandas loaded.
 """
 
 from __future__ import annotations
@@ -24,11 +27,10 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("batchsum.polars needs Polars: pip install 'batchsum[polars]'") from exc
 
-import pyarrow as pa
 from polars.io.plugins import register_io_source
 
 from ._frame_accessor import ColumnSummarize, ColumnSummarizeAsync, ValuesSummarize, ValuesSummarizeAsync
-from .data.results import RowBlocks, RowResult, arrow_columns, arrow_types, check_columns, result_columns
+from .data.results import RowBlocks, RowResult, check_columns, result_columns
 from .data.stores import scratch_journal
 from .engine.tally import BatchStats
 from .run.background import run_in_worker
@@ -39,7 +41,17 @@ from .service.errors import InputError
 
 __all__ = ["DataFrameNamespace", "LazyFrameNamespace", "SeriesNamespace", "last_run", "LAZY_BATCH_ROWS"]
 
-LAZY_BATCH_ROWS = 10_000  # rows a LazyFrame's input is read in, when Polars does not say
+LAZY_BATCH_ROWS = 2048  # rows of a LazyFrame's input handed to the run at a time (Polars' chunks are cut to it)
+# The result columns' Polars types: what ``data.results.arrow_types`` are in Arrow (string x4, int32 x3).
+_RESULT_TYPES: tuple[type[pl.DataType], ...] = (
+    pl.String,
+    pl.String,
+    pl.String,
+    pl.String,
+    pl.Int32,
+    pl.Int32,
+    pl.Int32,
+)
 
 _last = threading.local()
 
@@ -48,6 +60,30 @@ def last_run() -> dict[str, Any] | None:
     """The record of this thread's last Polars run: its account and timeline (``plot_run`` draws it)."""
     record: dict[str, Any] | None = getattr(_last, "record", None)
     return record
+
+
+def _results_frame(results: list[RowResult], output_column: str) -> pl.DataFrame:
+    """The results as a Polars frame of the result columns (built by Polars from the values: no
+    Arrow conversion of Python values, which would load pandas into the process)."""
+    columns: list[tuple[Any, ...]] = list(zip(*results)) if results else [() for _ in RowResult._fields]
+    names = result_columns(output_column)
+    return pl.DataFrame(
+        [pl.Series(name, values, dtype=kind) for name, values, kind in zip(names, columns, _RESULT_TYPES)]
+    )
+
+
+class _Frames:
+    """A LazyFrame's input chunks as ``BatchStream`` reads them: the texts of ``column`` as Python
+    values (straight from Polars), the result columns appended as Polars columns."""
+
+    def __init__(self, column: str, output_column: str) -> None:
+        self.column, self.output_column = column, output_column
+
+    def texts(self, frame: pl.DataFrame) -> list[Any]:
+        return frame.get_column(self.column).to_list()
+
+    def with_results(self, frame: pl.DataFrame, results: list[RowResult]) -> pl.DataFrame:
+        return frame.hstack(_results_frame(results, self.output_column))
 
 
 class _Namespace:
@@ -81,10 +117,7 @@ class _Namespace:
 
     def _frame(self, results: list[RowResult], spec: RunSpec, stats: BatchStats) -> pl.DataFrame:
         _last.record = stats.record()
-        names = result_columns(spec.output_column)
-        table = pa.Table.from_arrays(arrow_columns(results), names=names)
-        out = pl.from_arrow(table)
-        assert isinstance(out, pl.DataFrame)
+        out = _results_frame(results, spec.output_column)
         if isinstance(self._data, pl.Series):
             return out
         return self._data.hstack(out)
@@ -131,22 +164,22 @@ class LazyFrameNamespace(ColumnSummarize[pl.LazyFrame]):
         text_column: str = column
         if spec.journal is None:  # answers on disk, not in memory: a LazyFrame may be larger than memory
             spec = spec.replace(journal=scratch_journal())
-        kinds = pl.from_arrow(pa.schema(list(zip(result_columns(spec.output_column), arrow_types()))).empty_table())
-        assert isinstance(kinds, pl.DataFrame)
-        out_schema = {**dict(schema), **dict(kinds.schema)}
+        out_schema: dict[str, Any] = {**dict(schema), **dict(zip(result_columns(spec.output_column), _RESULT_TYPES))}
+        frames = _Frames(text_column, spec.output_column)
 
         def source(
             with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None, batch_size: int | None
         ) -> Any:
             frame = data if n_rows is None else data.head(n_rows)
+            rows = min(batch_size or LAZY_BATCH_ROWS, LAZY_BATCH_ROWS)
+            # Polars' chunks follow the input (a Parquet row group can be 100,000 rows): each is cut
+            # into slices of ``rows`` (views, no copy), so that what the run holds stays small.
             batches = (
-                batch
-                for chunk in frame.collect_batches(chunk_size=batch_size or LAZY_BATCH_ROWS)
-                for batch in chunk.to_arrow().to_batches()
+                chunk.slice(start, rows)
+                for chunk in frame.collect_batches(chunk_size=rows)
+                for start in range(0, chunk.height, rows)
             )
-            for done in BatchStream(spec, batches, text_column, shared=False):
-                out = pl.from_arrow(done)
-                assert isinstance(out, pl.DataFrame)
+            for out in BatchStream(spec, batches, text_column, shared=False, frames=frames):
                 if predicate is not None:
                     out = out.filter(predicate)
                 yield out.select(with_columns) if with_columns is not None else out

@@ -134,3 +134,45 @@ def test_a_lazy_frame_refuses_a_missing_column_when_summarize_is_called(svc, opt
     with pytest.raises(InputError, match="no column 'text'"):
         lazy.batchsum.summarize("text", **opts)
     assert svc.state.stats()["requests"] == 0
+
+
+def test_the_polars_result_types_are_the_arrow_ones():
+    import pyarrow as pa
+
+    from batchsum.data.results import arrow_types
+
+    empty = pl.from_arrow(pa.schema([(str(i), t) for i, t in enumerate(arrow_types())]).empty_table())
+    assert tuple(empty.schema.values()) == batchsum.polars._RESULT_TYPES
+
+
+def test_a_lazy_run_loads_neither_pyarrow_nor_pandas_and_cuts_polars_chunks_small(svc, tmp_path):
+    """pandas (about 40 MB, loaded by pyarrow's first conversion of Python values) and pyarrow
+    (about 40 MB) stay out of a process that streams a LazyFrame; a chunk as large as a Parquet
+    row group reaches the run in slices of LAZY_BATCH_ROWS."""
+    import subprocess
+    import sys
+
+    rows = 5000
+    texts = [article(12, seed=7200 + i % 40) for i in range(rows)]
+    pl.DataFrame({"id": range(rows), "text": texts}).write_parquet(tmp_path / "in.parquet", row_group_size=rows)
+    script = (
+        "import sys, polars as pl, batchsum.polars, batchsum.run.batches as b\n"
+        "seen, init = [], b.BatchStream.__init__\n"
+        "def counted(batches):\n"
+        "    for batch in batches:\n"
+        "        seen.append(len(batch))\n"
+        "        yield batch\n"
+        "b.BatchStream.__init__ = lambda self, spec, batches, *a, **k: init(self, spec, counted(batches), *a, **k)\n"
+        "lazy = pl.scan_parquet(sys.argv[1]).batchsum.summarize('text', api_key=sys.argv[3], base_url=sys.argv[4],\n"
+        "    rpm=0, budget='none', progress=False)\n"
+        "lazy.sink_parquet(sys.argv[2])\n"
+        "print(max(seen), sum(seen), 'pyarrow' in sys.modules, 'pandas' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "in.parquet"), str(tmp_path / "out.parquet"), KEY, svc.url],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(batchsum.polars.LAZY_BATCH_ROWS), str(rows), "False", "False"]
+    assert (pl.read_parquet(tmp_path / "out.parquet")["summary_status"] == "ok").all()
