@@ -13,12 +13,15 @@ worker thread's event loop, so they work inside a running loop (Jupyter) too. A 
 A ``LazyFrame`` (``pl.scan_parquet(...)``) has the namespace too: ``lf.batchsum.summarize("text")`` is
 a LazyFrame whose collecting or sinking streams the input's batches through one run
 (``batches.BatchStream``) in bounded memory, with the eager frame's answers, with neither pyarrow nor
-pandas loaded.
+pandas loaded. Its plan holds no secret: the key stays in this process (``_keep``), and a plan run
+in another process reads the key from that process's environment.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import uuid
 from collections.abc import Hashable
 from typing import Any
 
@@ -37,7 +40,8 @@ from .run.background import run_in_worker
 from .run.batches import BatchStream
 from .run.run import run_texts
 from .run.spec import RunSpec
-from .service.errors import InputError
+from .service.errors import ConfigurationError, InputError, redact_location
+from .service.settings import ENV_API_KEY, Secret, check_key, environment
 
 __all__ = ["DataFrameNamespace", "LazyFrameNamespace", "SeriesNamespace", "last_run", "LAZY_BATCH_ROWS"]
 
@@ -60,6 +64,49 @@ def last_run() -> dict[str, Any] | None:
     """The record of this thread's last Polars run: its account and timeline (``plot_run`` draws it)."""
     record: dict[str, Any] | None = getattr(_last, "record", None)
     return record
+
+
+# A lazy plan's secrets by token, kept in the process that made the plan (and the token by secrets,
+# so that a process making many plans with one key keeps it once).
+_kept: dict[str, tuple[Secret | None, str, Any]] = {}
+_tokens: dict[tuple[Secret | None, str, Any], str] = {}
+_kept_lock = threading.Lock()
+
+
+def _keep(spec: RunSpec) -> tuple[RunSpec, str]:
+    """``spec`` without its secrets (the key; the credentials in its base URL or budget), and the
+    opaque token this process keeps them under: what a lazy plan holds, so that no serialized,
+    explained or printed plan holds a piece of them."""
+    secrets = (spec.client.api_key, spec.client.base_url, spec.budget)
+    with _kept_lock:
+        token = _tokens.get(secrets)
+        if token is None:
+            token = _tokens[secrets] = uuid.uuid4().hex
+            _kept[token] = secrets
+    budget = redact_location(spec.budget) if isinstance(spec.budget, str) else spec.budget
+    client = dataclasses.replace(spec.client, api_key=None, base_url=redact_location(spec.client.base_url))
+    return spec.replace(client=client, budget=budget), token
+
+
+def _kept_spec(bare: RunSpec, token: str) -> RunSpec:
+    """The spec a lazy plan runs with, where it runs: in the process that made the plan, its secrets
+    as kept; in another one (a plan serialized and loaded there), the key from that process's
+    ``$BATCHSUM_API_KEY``, and no other secret (a base URL or budget that held credentials is refused)."""
+    with _kept_lock:
+        secrets = _kept.get(token)
+    if secrets is not None:
+        key, base_url, budget = secrets
+        return bare.replace(client=dataclasses.replace(bare.client, api_key=key, base_url=base_url), budget=budget)
+    elsewhere = "this lazy plan was made in another process, which kept its"
+    for name, value in (("base URL", bare.client.base_url), ("budget", bare.budget)):
+        if isinstance(value, str) and "***" in value:
+            raise ConfigurationError(f"{elsewhere} {name}'s credentials: collect it in the process that made it")
+    if bare.client.local:
+        return bare
+    here = environment().get(ENV_API_KEY, "")
+    if not here.strip():
+        raise ConfigurationError(f"{elsewhere} key: set {ENV_API_KEY} where the plan runs")
+    return bare.replace(client=dataclasses.replace(bare.client, api_key=Secret(check_key(here, ENV_API_KEY))))
 
 
 def _results_frame(results: list[RowResult], output_column: str) -> pl.DataFrame:
@@ -166,6 +213,7 @@ class LazyFrameNamespace(ColumnSummarize[pl.LazyFrame]):
             spec = spec.replace(journal=scratch_journal())
         out_schema: dict[str, Any] = {**dict(schema), **dict(zip(result_columns(spec.output_column), _RESULT_TYPES))}
         frames = _Frames(text_column, spec.output_column)
+        bare, token = _keep(spec)  # what the plan holds: the spec without its secrets
 
         def source(
             with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None, batch_size: int | None
@@ -179,7 +227,7 @@ class LazyFrameNamespace(ColumnSummarize[pl.LazyFrame]):
                 for chunk in frame.collect_batches(chunk_size=rows)
                 for start in range(0, chunk.height, rows)
             )
-            for out in BatchStream(spec, batches, text_column, shared=False, frames=frames):
+            for out in BatchStream(_kept_spec(bare, token), batches, text_column, shared=False, frames=frames):
                 if predicate is not None:
                     out = out.filter(predicate)
                 yield out.select(with_columns) if with_columns is not None else out

@@ -136,6 +136,99 @@ def test_a_lazy_frame_refuses_a_missing_column_when_summarize_is_called(svc, opt
     assert svc.state.stats()["requests"] == 0
 
 
+LONG_KEY = "bs-lazy-plan-secret-0123456789-abcdefghij"
+PASSWORD = "hunter2-redis-password-9876"
+
+
+def _pieces(secret: str) -> list[bytes]:
+    return [secret[i : i + 10].encode() for i in range(len(secret) - 9)]
+
+
+def _blobs(lazy: pl.LazyFrame) -> dict[str, bytes]:
+    """Every form a lazy plan takes outside the process: serialized (binary, JSON, pickled),
+    explained and printed. JSON carries pickled Python as arrays of byte values: those are decoded too."""
+    import json
+    import pickle
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Polars deprecates its JSON format
+        as_json = lazy.serialize(format="json")
+    arrays: list[bytes] = []
+
+    def walk(value: object) -> None:
+        if isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            if value and all(isinstance(item, int) for item in value):
+                arrays.append(bytes(item & 0xFF for item in value))
+            for item in value:
+                walk(item)
+
+    walk(json.loads(as_json))
+    return {
+        "binary": lazy.serialize(),
+        "json": as_json.encode(),
+        "json byte arrays": b"\n".join(arrays),
+        "pickle": pickle.dumps(lazy),
+        "explain": lazy.explain().encode(),
+        "explain unoptimized": lazy.explain(optimized=False).encode(),
+        "str": str(lazy).encode(),
+        "repr": repr(lazy).encode(),
+        "html": lazy._repr_html_().encode(),
+    }
+
+
+def test_a_lazy_plan_holds_no_piece_of_the_key_serialized_explained_or_printed(svc, opts, tmp_path):
+    texts = [article(20, seed=7000 + i) for i in range(6)]
+    options = {**opts, "api_key": KEY, "budget": f"redis://:{PASSWORD}@127.0.0.1:1/0"}
+    secret_lazy = pl.LazyFrame({"text": texts}).batchsum.summarize("text", **{**options, "api_key": LONG_KEY})
+    blobs = _blobs(secret_lazy)
+    assert len(blobs["json byte arrays"]) > 1000  # the pickled source is there, and was read
+    for secret in (LONG_KEY, PASSWORD):
+        held = [name for name, blob in blobs.items() for piece in _pieces(secret) if piece in blob]
+        assert not held, f"a piece of {secret[:3]}... in {sorted(set(held))}"
+
+    # The plan still runs where it was made, as it is and loaded back from its serialized form.
+    import io
+
+    lazy = pl.LazyFrame({"text": texts}).batchsum.summarize("text", **opts)
+    assert lazy.collect()["summary_status"].to_list() == ["ok"] * 6
+    again = pl.LazyFrame.deserialize(io.BytesIO(lazy.serialize()))
+    assert again.collect()["summary_status"].to_list() == ["ok"] * 6
+    assert svc.state.stats()["requests"] == 6  # loaded back, it found the same answers
+
+
+def test_a_lazy_plan_run_in_another_process_reads_the_key_there_or_says_so(svc, opts, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    texts = [article(20, seed=7100 + i) for i in range(3)]
+    plan = tmp_path / "plan.bin"
+    plan.write_bytes(pl.LazyFrame({"text": texts}).batchsum.summarize("text", **opts).serialize())
+    script = (
+        "import sys, polars as pl, batchsum.polars\n"
+        "try:\n"
+        "    out = pl.LazyFrame.deserialize(open(sys.argv[1], 'rb')).collect()\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc); sys.exit(1)\n"
+        "print(out['summary_status'].to_list())\n"
+    )
+    env = {name: value for name, value in os.environ.items() if not name.startswith("BATCHSUM_")}
+    with_key = subprocess.run(
+        [sys.executable, "-c", script, str(plan)], env={**env, "BATCHSUM_API_KEY": KEY}, capture_output=True, text=True
+    )
+    assert with_key.returncode == 0 and with_key.stdout.strip() == "['ok', 'ok', 'ok']", with_key.stderr
+    without = subprocess.run([sys.executable, "-c", script, str(plan)], env=env, capture_output=True, text=True)
+    assert without.returncode == 1
+    assert without.stdout.strip() == (
+        "ConfigurationError this lazy plan was made in another process, which kept its key: "
+        "set BATCHSUM_API_KEY where the plan runs"
+    )
+
+
 def test_the_polars_result_types_are_the_arrow_ones():
     import pyarrow as pa
 
