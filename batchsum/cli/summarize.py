@@ -153,6 +153,13 @@ def summarize_command(args: argparse.Namespace) -> int:
             "mend or replace the input, then run the same command again"
         )
         return EXIT_FATAL
+    except InputError as exc:
+        if not run.opened:
+            raise  # refused before anything was sent: a usage error
+        # What the input or the output refused once the run was under way (the output's final rename,
+        # a remote output's put): every answer is journaled, so this is a stop, not a usage error.
+        say(f"stopped: {exc}")
+        return EXIT_FATAL
     except (KeyboardInterrupt, asyncio.CancelledError):
         why = "terminated (SIGTERM)" if stop.received == signal.SIGTERM else "interrupted"
         say(
