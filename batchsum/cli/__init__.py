@@ -1,9 +1,10 @@
 """The ``batchsum`` command: ``summarize`` Parquet files, summarize one ``text``, ``serve`` locally.
 
-Exit codes: 0 the run finished (per-row failures are in the output), 1 stopped by a fatal error
-(wrong key, expired plan, a journal that cannot be written, the request cap reached, service
-unreachable for a single text),
-2 bad usage or input, 130 interrupted (SIGINT), 143 terminated (SIGTERM). Every stop says how to resume.
+Exit codes (docs/cli.md's table): 0 the run finished (per-row failures are in the output), 1 stopped
+after it began (wrong key, expired plan, a journal that cannot be written, an input broken midway, the
+request cap reached, the rate budget lost, an output that cannot be written at the end; service
+unreachable for a single text), 2 bad usage or input (nothing sent), 130 interrupted (SIGINT), 143
+terminated (SIGTERM; after two signals, the last one's code). Every stop says how to resume.
 
 The command lives by idea: ``parser`` (the commands and their flags), ``summarize`` (a dataset, one
 text), ``show`` (report, journal, limits), ``serve`` (the local service), ``signals`` (how a signal
