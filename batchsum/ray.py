@@ -170,10 +170,9 @@ def summarize(
     actors send (all on the key's one budget; each holds no CPU and one run, across its batches);
     ``batch_rows``: rows per batch. Raises, before anything is sent: ``InputError`` (the column),
     ``InvalidParameterError``, ``ConfigurationError``, ``BudgetError``. ``limiter`` is refused (it
-    cannot travel to a worker);
-    ``max_requests`` and ``sample`` are refused (Ray hands rows out a batch at a time as workers free
-    up, so a job's cap cannot be divided beforehand): cap or sample with the CLI or pandas.
-    ``progress``: a bar per batch, in the worker's log."""
+    cannot travel to a worker); ``max_requests`` and ``sample`` are refused (Ray hands rows out a
+    batch at a time as workers free up, so a job's cap cannot be divided beforehand): cap or sample
+    with the CLI or pandas. ``progress``: a bar per batch, in the worker's log."""
     spec = RunSpec.from_options(
         {name: value for name, value in locals().items() if name not in ("workers", "batch_rows")}
     )
