@@ -19,6 +19,7 @@ in another process reads the key from that process's environment.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import uuid
@@ -79,10 +80,15 @@ def _keep(spec: RunSpec) -> tuple[RunSpec, str]:
     explained or printed plan holds a piece of them."""
     secrets = (spec.client.api_key, spec.client.base_url, spec.budget)
     with _kept_lock:
-        token = _tokens.get(secrets)
+        try:
+            token = _tokens.get(secrets)
+        except TypeError:  # a budget object that cannot be a key: kept once per plan
+            token = None
         if token is None:
-            token = _tokens[secrets] = uuid.uuid4().hex
+            token = uuid.uuid4().hex
             _kept[token] = secrets
+            with contextlib.suppress(TypeError):
+                _tokens[secrets] = token
     budget = redact_location(spec.budget) if isinstance(spec.budget, str) else spec.budget
     client = dataclasses.replace(spec.client, api_key=None, base_url=redact_location(spec.client.base_url))
     return spec.replace(client=client, budget=budget), token

@@ -269,3 +269,12 @@ def test_a_lazy_run_loads_neither_pyarrow_nor_pandas_and_cuts_polars_chunks_smal
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(batchsum.polars.LAZY_BATCH_ROWS), str(rows), "False", "False"]
     assert (pl.read_parquet(tmp_path / "out.parquet")["summary_status"] == "ok").all()
+
+
+def test_a_lazy_plan_with_a_budget_object_keeps_it_in_this_process_and_runs(svc, opts):
+    from batchsum.pacing.budget import open_budget
+
+    budget = open_budget("none", "lazy-budget-object")
+    texts = [article(20, seed=7300 + i) for i in range(3)]
+    lazy = pl.LazyFrame({"text": texts}).batchsum.summarize("text", **{**opts, "budget": budget})
+    assert lazy.collect()["summary_status"].to_list() == ["ok"] * 3
