@@ -159,23 +159,6 @@ def test_a_killed_worker_costs_seconds_and_pays_only_what_was_on_the_wire(local_
     print(f"ray: killed {killer.killed} at {killer.at} requests; {seconds:.1f} s; {stats}")
 
 
-def test_a_read_parquet_dataset_runs_on_2_cpus_with_the_default_workers(local_ray, tmp_path):
-    """The docs' call: ``ray.data.read_parquet`` under ``ray.init(num_cpus=2)``, default ``workers``.
-    Each read task needs a CPU; the actors, which wait on the network, hold none."""
-    data = texts(24, 20_000)
-    data.to_parquet(tmp_path / "in.parquet", row_group_size=6)
-    with LocalService([KEY], rpm=600) as service:
-        out = batchsum.ray.summarize(
-            ray.data.read_parquet(tmp_path / "in.parquet"), "text", api_key=KEY, base_url=service.url, rpm=600,
-            progress=False, batch_rows=8,
-        )  # fmt: skip
-        rows = consume(out)
-        stats = service.state.stats()
-    assert [row["id"] for row in rows] == list(range(24))
-    assert all(row["summary_status"] == "ok" and row["text"] == data.text[row["id"]] for row in rows)
-    assert stats["by_status"] == {"200": 24}, stats  # each text paid once, 0 429s
-
-
 def test_a_read_that_takes_every_cpu_of_the_cluster_still_feeds_the_actors(local_ray, tmp_path):
     """A cluster whose CPUs are all busy with the read: each ``read_csv`` task asks for both CPUs."""
     data = texts(12, 21_000)
