@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -33,11 +34,11 @@ from .journal_file import CACHE_KIB as CACHE_KIB
 from .journal_file import FORMAT as FORMAT
 from .journal_file import INSERT, adopt, columns, connect, insert_all, problem
 from .journal_file import create as create_journal
+from .leases import SQLiteClaims
 from .redis_store import RedisStore as RedisStore
 from .results import Answer
 from .run_lock import RunLock as RunLock
 from .side_file import SideFile
-from .stores import CLAIM_SECONDS, claim_owner, holder_is_gone
 from .stores import LOOKUP_CHUNK as LOOKUP_CHUNK
 
 __all__ = ["Journal", "SharedJournal", "RedisStore", "RunLock", "FORMAT"]
@@ -198,38 +199,33 @@ def _service_of(stored: str) -> str | None:
 
 class SharedJournal(Journal):
     """A journal several runs use at once, with claims (``engine.SharedAnswerStore``): a request
-    is sent by the run that claims it; a claim is a lease (``stores.Leases``) that lapses within
-    ``CLAIM_SECONDS`` of its holder's death, at once when the holder was a process of this machine."""
+    is sent by the run that claims it; a claim is a lease (``leases``) that lapses within
+    ``CLAIM_SECONDS`` of its holder's death (measured on the machine's monotonic clock), at once when
+    its holder was surely a process of this machine that is gone."""
 
     def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
         super().__init__(path, create=create)
-        self._owner = claim_owner()
-        self._query(
-            "CREATE TABLE IF NOT EXISTS claims (fingerprint TEXT PRIMARY KEY, owner TEXT NOT NULL, "
-            "expires REAL NOT NULL)"
-        )
+        try:
+            SQLiteClaims.set_up(self._db)
+        except sqlite3.Error as exc:
+            raise JournalError(f"the journal {self.path}: {exc}") from None
+        self._claims = SQLiteClaims(self._db, threading.Lock())
 
     def claim(self, key: str) -> bool:
-        now = time.time()
-        cursor = self._query(
-            "INSERT INTO claims VALUES (?, ?, ?) ON CONFLICT (fingerprint) DO UPDATE SET owner=excluded.owner, "
-            "expires=excluded.expires WHERE claims.expires < ?",
-            (key, self._owner, now + CLAIM_SECONDS, now),
-        )
-        if cursor.rowcount == 1:
-            return True
-        row = self._query("SELECT owner FROM claims WHERE fingerprint=?", (key,)).fetchone()
-        if row is None or not holder_is_gone(row[0]):
-            return False
-        cursor = self._query(  # its holder died on this machine: take it over (one taker wins)
-            "UPDATE claims SET owner=?, expires=? WHERE fingerprint=? AND owner=?",
-            (self._owner, now + CLAIM_SECONDS, key, row[0]),
-        )
-        return cursor.rowcount == 1
+        try:
+            return self._claims.claim(key)
+        except sqlite3.Error as exc:
+            raise JournalError(f"the journal {self.path}: {exc}") from None
 
     def release(self, key: str) -> None:
-        self._query("DELETE FROM claims WHERE fingerprint=? AND owner=?", (key, self._owner))
+        try:
+            self._claims.release(key)
+        except sqlite3.Error as exc:
+            raise JournalError(f"the journal {self.path}: {exc}") from None
 
     def renew(self, keys: Collection[str]) -> None:
         """Extend every claim this run still holds (one statement; ``keys`` are all of them)."""
-        self._query("UPDATE claims SET expires=? WHERE owner=?", (time.time() + CLAIM_SECONDS, self._owner))
+        try:
+            self._claims.renew()
+        except sqlite3.Error as exc:
+            raise JournalError(f"the journal {self.path}: {exc}") from None

@@ -7,8 +7,9 @@ import json
 from collections.abc import Collection
 
 from ..service.errors import BudgetError
+from .leases import CLAIM_SECONDS, claim_owner, holder_is_gone
 from .results import Answer
-from .stores import CLAIM_SECONDS, LOOKUP_CHUNK, claim_owner, holder_is_gone
+from .stores import LOOKUP_CHUNK
 
 __all__ = ["RedisStore"]
 
@@ -64,7 +65,7 @@ class RedisStore:
         if self._redis.set(name, self._owner, nx=True, px=lease):
             return True
         holder = self._redis.get(name)
-        if holder is None or not holder_is_gone(holder if isinstance(holder, str) else holder.decode()):
+        if holder is None or not holder_is_gone(holder):  # gone only when surely a dead process of this machine
             return False
         return bool(self._take_over(keys=[name], args=[holder, self._owner, lease]))
 

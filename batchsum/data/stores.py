@@ -15,17 +15,21 @@ after its claim lapsed is still kept. The SQLite journal is in ``journal.py``, t
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import threading
 from collections.abc import Collection
 from typing import Protocol
 
+from .leases import CLAIM_POLL_SECONDS as CLAIM_POLL_SECONDS
+from .leases import CLAIM_RENEW_SECONDS as CLAIM_RENEW_SECONDS
+from .leases import CLAIM_SECONDS as CLAIM_SECONDS
+from .leases import Leases as Leases
+from .leases import claim_owner as claim_owner
+from .leases import holder_is_gone as holder_is_gone
 from .results import Answer
 
 __all__ = [
@@ -48,9 +52,6 @@ __all__ = [
 
 log = logging.getLogger("batchsum")
 
-CLAIM_SECONDS = 20.0  # a lease: renewed while its holder lives, lapsed within this long of its death
-CLAIM_RENEW_SECONDS = 5.0  # four renewals per lease: a stalled loop or a slow store does not lose it
-CLAIM_POLL_SECONDS = 0.5
 LOOKUP_CHUNK = 500  # keys per query of a look-up in bulk (SQLite allows 999 parameters at the least)
 
 
@@ -72,61 +73,6 @@ class SharedAnswerStore(AnswerStore, Protocol):
     def renew(self, keys: Collection[str]) -> None:
         """Extend this run's claims on ``keys`` by ``CLAIM_SECONDS`` (claims it no longer holds stay
         lapsed)."""
-
-
-def claim_owner() -> str:
-    """Who holds a claim: ``host:pid:random`` (the random part tells two runs of one process apart)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(6).hex()}"
-
-
-def holder_is_gone(owner: str) -> bool:
-    """Is ``owner`` (``claim_owner``) a process of this machine that no longer runs? A holder on
-    another machine is never judged here: its lease lapses on its own."""
-    host, _, rest = owner.partition(":")
-    pid_text = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid_text.isdigit() or int(pid_text) == os.getpid():
-        return False
-    try:
-        os.kill(int(pid_text), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # PermissionError: alive, another user's
-        return False
-    return False
-
-
-class Leases:
-    """The claims one run holds, renewed every ``CLAIM_RENEW_SECONDS`` while any is held (one
-    renewal call for all of them). ``hold`` after a claim is won, ``drop`` after its release,
-    ``close`` at the run's end."""
-
-    def __init__(self, store: SharedAnswerStore) -> None:
-        self._store = store
-        self.held: set[str] = set()
-        self._keeper: asyncio.Task[None] | None = None
-
-    def hold(self, key: str) -> None:
-        self.held.add(key)
-        if self._keeper is None or self._keeper.done():
-            self._keeper = asyncio.ensure_future(self._keep())
-
-    def drop(self, key: str) -> None:
-        self.held.discard(key)
-
-    async def _keep(self) -> None:
-        while self.held:
-            await asyncio.sleep(CLAIM_RENEW_SECONDS)
-            if not self.held:
-                return
-            try:
-                self._store.renew(list(self.held))
-            except Exception:  # noqa: BLE001 - a lease not renewed lapses: at worst paid twice
-                log.warning("could not renew claims in the shared answer store", exc_info=True)
-
-    def close(self) -> None:
-        if self._keeper is not None:
-            self._keeper.cancel()
-        self.held.clear()
 
 
 class MemoryStore:
