@@ -375,20 +375,25 @@ class RunSpec:
 
     def describe(self) -> dict[str, Any]:
         """The options as plain data, for a report or a log line: the key never, locations redacted."""
-        return {
-            "mode": int(self.params.mode),
-            "percentage": self.params.percentage,
-            "type": self.params.type.value if self.params.type is not None else None,
-            "output_column": self.output_column,
-            **self.client.describe(),  # base_url (redacted), local, timeout, max_retries, encoding
-            "rpm": describe_rate(self.rpm, self.auto),
-            "concurrency": self.concurrency,
-            "budget": redact_location(self.budget) if isinstance(self.budget, str) else repr(self.budget),
-            "journal": self.journal,
-            "max_wait": self.max_wait,
-            "long_texts": self.long_texts,
-            "max_requests": self.max_requests,
-            "sample": self.sample,
-            "share": self.share,
-            "report": self.report,
-        }
+        return describe_spec(self)
+
+
+def describe_spec(spec: RunSpec) -> dict[str, Any]:
+    """``RunSpec.describe``: the options as plain data, the key never, locations redacted."""
+    return {
+        "mode": int(spec.params.mode),
+        "percentage": spec.params.percentage,
+        "type": spec.params.type.value if spec.params.type is not None else None,
+        "output_column": spec.output_column,
+        **spec.client.describe(),  # base_url (redacted), local, timeout, max_retries, encoding
+        "rpm": describe_rate(spec.rpm, spec.auto),
+        "concurrency": spec.concurrency,
+        "budget": redact_location(spec.budget) if isinstance(spec.budget, str) else repr(spec.budget),
+        "journal": spec.journal,
+        "max_wait": spec.max_wait,
+        "long_texts": spec.long_texts,
+        "max_requests": spec.max_requests,
+        "sample": spec.sample,
+        "share": spec.share,
+        "report": spec.report,
+    }
