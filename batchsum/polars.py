@@ -29,7 +29,7 @@ from polars.io.plugins import register_io_source
 
 from ._frame_accessor import ColumnSummarize, ColumnSummarizeAsync, ValuesSummarize, ValuesSummarizeAsync
 from .data.results import RowBlocks, RowResult, arrow_columns, arrow_types, check_columns, result_columns
-from .data.stores import scratch_journal
+from .data.stores import scratch_store
 from .engine.tally import BatchStats
 from .run.background import run_in_worker
 from .run.batches import BatchStream
@@ -129,8 +129,8 @@ class LazyFrameNamespace(ColumnSummarize[pl.LazyFrame]):
         if not isinstance(column, str):
             raise InputError(f"no column {column!r} in the LazyFrame: Polars columns are named by text")
         text_column: str = column
-        if spec.journal is None:  # answers on disk, not in memory: a LazyFrame may be larger than memory
-            spec = spec.replace(journal=scratch_journal())
+        if spec.store == "none":  # answers on disk, with claims, not in memory: it may be larger than memory
+            spec = spec.replace(store=scratch_store())
         kinds = pl.from_arrow(pa.schema(list(zip(result_columns(spec.output_column), arrow_types()))).empty_table())
         assert isinstance(kinds, pl.DataFrame)
         out_schema = {**dict(schema), **dict(kinds.schema)}

@@ -135,6 +135,8 @@ def summarize(
     limiter: Any = None,
     budget: Any = None,
     journal: str | os.PathLike[str] | None = None,
+    store: str | None = None,
+    refresh: bool = False,
     progress: bool = True,
     long_texts: str = "skip",
     max_wait: float = DEFAULT_MAX_WAIT,

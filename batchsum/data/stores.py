@@ -1,16 +1,14 @@
-"""Answer stores: where finished answers are kept by request fingerprint, and claims.
+"""Answer stores: the protocol (``AnswerStore``, ``SharedAnswerStore`` with claims), answers in
+this process's memory (``MemoryStore``; ``process_cache``, what a run without a journal keeps that no
+store on disk keeps; ``shared_memory``, with claims, for the partitions of one process's job with
+``store="none"``), and the scratch store of a streamed frame.
 
-``MemoryStore`` keeps them in this process (``process_cache`` gives the one every notebook call
-with the same service shares). A ``SharedAnswerStore`` is used by several runs at once (Dask
-partitions on many workers): before sending, a run claims the request; the others wait for its
-answer instead of paying for it again.
-
-A claim is a lease: it lasts ``CLAIM_SECONDS`` and the run holding it renews it every
-``CLAIM_RENEW_SECONDS`` while it waits for the answer (``Leases``), so a run that died (a killed
-worker, a lost executor) holds nothing for more than ``CLAIM_SECONDS``, and on its own machine a
-holder whose process is gone is passed over at once (``holder_is_gone``). An answer that arrives
-after its claim lapsed is still kept. The SQLite journal is in ``journal.py``, the Redis store in
-``redis_store.py``.
+A ``SharedAnswerStore`` is used by several runs at once: before sending, a run claims the request;
+the others wait for its answer instead of paying for it again. A claim is a lease (``leases``): it
+lasts ``CLAIM_SECONDS`` and the run holding it renews it every ``CLAIM_RENEW_SECONDS`` while it waits
+for the answer, so a run that died holds nothing for long. An answer that arrives after its claim
+lapsed is still kept. The answer store every job shares is ``machine_store`` (SQLite, this machine)
+or ``redis_store`` (the cluster); a run's scopes are ``scopes``; the output's journal is ``journal``.
 """
 
 from __future__ import annotations
@@ -24,6 +22,7 @@ import threading
 from collections.abc import Collection
 from typing import Protocol
 
+from ..service.errors import BatchsumError
 from .leases import CLAIM_POLL_SECONDS as CLAIM_POLL_SECONDS
 from .leases import CLAIM_RENEW_SECONDS as CLAIM_RENEW_SECONDS
 from .leases import CLAIM_SECONDS as CLAIM_SECONDS
@@ -40,7 +39,7 @@ __all__ = [
     "process_cache",
     "shared_memory",
     "clear_process_caches",
-    "scratch_journal",
+    "scratch_store",
     "Leases",
     "claim_owner",
     "holder_is_gone",
@@ -48,11 +47,17 @@ __all__ = [
     "CLAIM_RENEW_SECONDS",
     "CLAIM_POLL_SECONDS",
     "LOOKUP_CHUNK",
+    "StoreError",
 ]
 
 log = logging.getLogger("batchsum")
 
 LOOKUP_CHUNK = 500  # keys per query of a look-up in bulk (SQLite allows 999 parameters at the least)
+
+
+class StoreError(BatchsumError):
+    """The answer store shared beyond a run's output (the machine's, the cluster's) cannot be opened
+    or used: a run says so in one line and goes on with its own journal."""
 
 
 class AnswerStore(Protocol):
@@ -158,15 +163,16 @@ def shared_memory(identity: str) -> MemoryClaims:
 _scratch: list[str] = []
 
 
-def scratch_journal() -> str:
-    """A journal file for this process's answers on disk, removed when the process exits: what a
-    streamed front-end (a Polars LazyFrame) keeps its answers in when no journal is named, so that
-    memory stays bounded however many rows pass and a second collect pays for nothing again."""
+def scratch_store() -> str:
+    """An answer store for this process alone, on disk (``sqlite:///...``), removed when the process
+    exits: what a streamed front-end (a Polars LazyFrame) keeps its answers in with ``store="none"``,
+    so that memory stays bounded however many rows pass, frames collected together claim their
+    texts, and a second collect pays for nothing again."""
     with _lock:
         if not _scratch:
             folder = tempfile.mkdtemp(prefix="batchsum-answers-")
             atexit.register(shutil.rmtree, folder, ignore_errors=True)
-            _scratch.append(os.path.join(folder, "answers.sqlite"))
+            _scratch.append("sqlite://" + os.path.join(folder, "answers.sqlite"))
         return _scratch[0]
 
 

@@ -246,6 +246,8 @@ async def summarize_texts(
     limiter: Any = None,
     budget: Any = None,
     journal: str | os.PathLike[str] | None = None,
+    store: str | None = None,
+    refresh: bool = False,
     progress: bool = True,
     long_texts: str = "skip",
     max_wait: float = DEFAULT_MAX_WAIT,

@@ -35,6 +35,7 @@ from ..service.settings import (
     ENV_BASE_URL,
     ENV_BUDGET,
     ENV_RPM,
+    ENV_STORE,
     LONG_TEXT_POLICIES,
     ClientSettings,
     Secret,
@@ -57,6 +58,7 @@ from ..service.settings import (
     is_loopback,
     key_hash,
     resolve_rate,
+    store_spec,
 )
 
 __all__ = [
@@ -71,6 +73,7 @@ __all__ = [
     "ENV_BASE_URL",
     "ENV_RPM",
     "ENV_BUDGET",
+    "ENV_STORE",
     "DEFAULT_RPM",
     "ENCODINGS",
     "LONG_TEXT_POLICIES",
@@ -149,6 +152,20 @@ OPTIONS: tuple[Option, ...] = (
         "sqlite:///PATH, or none (this process only)",
     ),
     Option("journal", None, "a SQLite file that keeps finished answers across runs, so nothing is paid for twice"),
+    Option(
+        "store",
+        None,
+        f"where answers are shared beyond this run's output, so that no job pays twice for a text: machine "
+        f"(every run of yours on this machine, in your cache folder; the default, or ${ENV_STORE}), "
+        "redis://HOST:PORT/DB (every machine; the default with a redis:// budget), sqlite:///PATH (a store "
+        "of your own), or none (the output's journal alone)",
+    ),
+    Option(
+        "refresh",
+        False,
+        "ask the service again for every request this run sends, even when the store or the journal holds its "
+        "answer; the new answer replaces the stored one",
+    ),
     Option("progress", True, "show a progress bar (tqdm: a widget in Jupyter, a line on a terminal)"),
     Option(
         "long_texts",
@@ -264,6 +281,8 @@ class RunSpec:
     limiter: Any = None
     budget: Any = DEFAULT_BUDGET  # a spec string, or a budget.Budget object (in-process only)
     journal: str | None = None
+    store: str = DEFAULT_BUDGET  # the answer store: machine, none, sqlite:///PATH or a Redis URL (store_spec)
+    refresh: bool = False
     progress: bool = True
     output_column: str = "summary"
     max_wait: float = DEFAULT_MAX_WAIT
@@ -298,6 +317,8 @@ class RunSpec:
         limiter: Any = None,
         budget: Any = None,
         journal: str | os.PathLike[str] | None = None,
+        store: str | None = None,
+        refresh: bool = False,
         progress: bool = True,
         long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
@@ -333,6 +354,8 @@ class RunSpec:
             limiter=limiter,
             budget=budget_spec(budget, env),
             journal=None if journal is None else check_path("journal", journal),
+            store=store_spec(store, budget_spec(budget, env), env),
+            refresh=check_flag("refresh", refresh),
             progress=progress,
             output_column=output_column,
             max_wait=check_seconds("max_wait", max_wait, zero=True),
@@ -390,6 +413,8 @@ def describe_spec(spec: RunSpec) -> dict[str, Any]:
         "concurrency": spec.concurrency,
         "budget": redact_location(spec.budget) if isinstance(spec.budget, str) else repr(spec.budget),
         "journal": spec.journal,
+        "store": redact_location(spec.store),
+        "refresh": spec.refresh,
         "max_wait": spec.max_wait,
         "long_texts": spec.long_texts,
         "max_requests": spec.max_requests,

@@ -20,7 +20,8 @@ import pytest
 from virtual_clock import run as run_virtual
 
 from batchsum.data import leases
-from batchsum.data.journal import RedisStore, SharedJournal
+from batchsum.data.journal import SharedJournal
+from batchsum.data.redis_store import RedisStore
 from batchsum.data.leases import (
     CLAIM_POLL_SECONDS,
     CLAIM_RENEW_SECONDS,
@@ -260,9 +261,9 @@ def _redis_pair(redis_url: str) -> tuple[RedisStore, RedisStore, object, str]:
     pytest.importorskip("redis")
     import redis
 
-    identity = f"leases-{os.urandom(6).hex()}"
-    holder, waiter = RedisStore(redis_url, identity), RedisStore(redis_url, identity)
-    return holder, waiter, redis.Redis.from_url(redis_url), f"batchsum:answers:{{{identity}}}:claim:k"
+    service = f"https://leases-{os.urandom(6).hex()}.example"
+    holder, waiter = RedisStore(redis_url, service), RedisStore(redis_url, service)
+    return holder, waiter, redis.Redis.from_url(redis_url), f"batchsum:store:{{{service}}}:claim:k"
 
 
 def test_redis_leases(redis_url: str) -> None:
@@ -316,12 +317,12 @@ def test_a_real_container_holding_a_claim_on_redis_is_not_taken_over(redis_url: 
     if unshare is None or subprocess.run([unshare, "--pid", "--fork", "true"], capture_output=True).returncode:
         need("a new pid namespace", "unshare from util-linux, run as root (or with user namespaces)")
     holder, waiter, raw, name = _redis_pair(redis_url)
-    identity = name.split("{")[1].split("}")[0]
+    service = name.split("{")[1].split("}")[0]
     process = _claim_in_a_process(
         f"""
         import os, time
         from batchsum.data.redis_store import RedisStore
-        store = RedisStore({redis_url!r}, {identity!r})
+        store = RedisStore({redis_url!r}, {service!r})
         assert store.claim("k")
         print("claimed", flush=True)
         time.sleep(600)
