@@ -74,22 +74,30 @@ def connect_store(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
     except (OSError, sqlite3.Error) as exc:
         raise StoreError(f"the answer store {path} cannot be opened: {getattr(exc, 'strerror', None) or exc}") from None
     try:
-        if not readonly:
+        if readonly:
+            row = db.execute("SELECT value FROM meta WHERE name='format'").fetchone()
+            if row is None or row[0] != FORMAT:
+                raise sqlite3.DatabaseError(f"of an unknown format {row[0] if row else None!r}")
+        else:
             _set_up(db)
-        row = db.execute("SELECT value FROM meta WHERE name='format'").fetchone()
     except sqlite3.Error as exc:
         db.close()
-        why = "is not a batchsum answer store" if "not a database" in str(exc) or "no such table" in str(exc) else exc
-        raise StoreError(f"the answer store {path}: {why}") from None
-    if row is None or row[0] != FORMAT:
-        db.close()
-        raise StoreError(f"the answer store {path} is of an unknown format {row[0] if row else None!r}")
+        why = str(exc)
+        if "not a database" in why or "no such table" in why or "not a batchsum" in why:
+            raise StoreError(f"the answer store {path} is not a batchsum answer store; it was left as it is") from None
+        if why.startswith("of an unknown format"):
+            raise StoreError(f"the answer store {path} is {why}; it was left as it is") from None
+        raise StoreError(f"the answer store {path} cannot be opened: {why}") from None
     return db
 
 
 def _set_up(db: sqlite3.Connection) -> None:
-    """WAL mode and the schema, made once whoever opens the file first (processes opening a new file
-    together: switching it to WAL can answer "locked" at once, without the busy timeout)."""
+    """The file checked (a store, or empty: never another program's database, which is left as it
+    was), then WAL mode and the schema, made once whoever opens it first (processes opening a new
+    file together: switching it to WAL can answer "locked" at once, without the busy timeout)."""
+    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if tables and not {"meta", "answers"} <= tables:
+        raise sqlite3.DatabaseError("not a batchsum answer store")
     db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # a new file's: pruned pages go back to the disk in steps
     for attempt in range(_SET_UP_ATTEMPTS):
         try:
@@ -100,8 +108,11 @@ def _set_up(db: sqlite3.Connection) -> None:
                 raise
             time.sleep(0.02 * (attempt + 1))
     db.execute("PRAGMA synchronous=NORMAL")
-    if db.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone() is None:
+    if not tables:
         db.executescript(f"BEGIN IMMEDIATE;{SCHEMA}COMMIT;")
+    row = db.execute("SELECT value FROM meta WHERE name='format'").fetchone()
+    if row is None or row[0] != FORMAT:
+        raise sqlite3.DatabaseError(f"of an unknown format {row[0] if row else None!r}")
     SQLiteClaims.set_up(db)
 
 

@@ -21,7 +21,6 @@ from virtual_clock import run as run_virtual
 
 from batchsum.data import leases
 from batchsum.data.journal import SharedJournal
-from batchsum.data.redis_store import RedisStore
 from batchsum.data.leases import (
     CLAIM_POLL_SECONDS,
     CLAIM_RENEW_SECONDS,
@@ -32,6 +31,7 @@ from batchsum.data.leases import (
     holder_is_gone,
     lapsed,
 )
+from batchsum.data.redis_store import RedisStore
 from batchsum.data.results import OK, Answer
 from tests.conftest import need
 
