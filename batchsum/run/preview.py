@@ -12,7 +12,7 @@ from typing import Any
 from ..data.journal import Journal
 from ..data.scopes import look_at_store
 from ..data.stores import StoreError
-from ..engine.plan import plan_batch
+from ..engine.plan import BatchPlan, plan_batch
 from ..pacing import KeyRecord
 from ..pacing.budget import open_budget
 from ..service.client import AsyncClient
@@ -21,7 +21,7 @@ from ..service.settings import AUTO_MAX_RPM
 from .binding import spec_key_hash
 from .spec import RunSpec
 
-__all__ = ["dry_run"]
+__all__ = ["dry_run", "estimate"]
 
 
 async def _budget_lines(spec: RunSpec) -> tuple[str, KeyRecord | None]:
@@ -80,6 +80,14 @@ def _stores(spec: RunSpec, stack: ExitStack) -> tuple[Journal | None, Any, str]:
         return journal, None, "store:            empty (not made yet)"
     stack.callback(store.close)
     return journal, store, f"store:            {store.where}"
+
+
+def estimate(spec: RunSpec, texts: Iterable[Any]) -> BatchPlan:
+    """What a run of ``spec`` over ``texts`` would send, reuse and skip (``BatchPlan``), sending
+    nothing and creating no file."""
+    with ExitStack() as stack:
+        journal, store, _ = _stores(spec, stack)
+        return plan_batch(texts, params=spec.params, store=journal, shared=store, long_texts_policy=spec.long_texts)
 
 
 def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:

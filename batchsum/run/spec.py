@@ -232,16 +232,17 @@ EXCEPTIONS: dict[str, Difference] = {
         "worker (Dask, Spark and Ray refuse one, naming the budget that paces every worker instead)",
     ),
     "max_requests": Difference(
-        ("spark", "ray"),
+        ("spark", "ray", "duckdb"),
         "refused",
-        "Spark's SQL function and Ray see rows a batch at a time, handed out as workers free up, and cannot "
-        "divide a job's cap beforehand (Spark's DataFrame function divides it among the partitions, as Dask does)",
+        "Spark's SQL function, Ray and DuckDB's function see rows a batch at a time, handed out as workers "
+        "free up, and cannot divide a job's cap beforehand (Spark's DataFrame function divides it among the "
+        "partitions, as Dask does)",
     ),
     "sample": Difference(
-        ("spark", "ray"),
+        ("spark", "ray", "duckdb"),
         "refused",
-        "Spark's SQL function and Ray see rows a batch at a time and cannot spread a sample over the job "
-        "(Spark's DataFrame function divides the sample among the partitions, as Dask does)",
+        "Spark's SQL function, Ray and DuckDB's function see rows a batch at a time and cannot spread a sample "
+        "over the job (Spark's DataFrame function divides the sample among the partitions, as Dask does)",
     ),
     "progress": Difference(
         ("cli", "widgets"),
