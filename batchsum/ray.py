@@ -8,8 +8,8 @@ key's budget, so every worker together holds the plan's rate, not each worker al
 ``qps`` would.
 The rows come back in input order (batchsum asks Ray Data to keep it, on this dataset only).
 
-What is shared where, and what a dead worker costs. Answers go to the budget's store: with the
-machine budget (the default; a Ray on one machine), a SQLite journal beside it in the user's cache
+What is shared where, and what a dead worker costs. Answers go to the answer store every job shares:
+with the machine budget (the default; a Ray on one machine), the machine's, in the user's cache
 folder; with ``budget="redis://HOST:PORT/DB"`` (a Ray cluster), Redis. Each request is claimed before
 it is sent, and a claim is a lease its run keeps alive: a worker that dies holds nothing for more
 than ``stores.CLAIM_SECONDS`` (on its own machine, nothing at all), and the batch Ray retries in a

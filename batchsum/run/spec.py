@@ -252,8 +252,8 @@ EXCEPTIONS: dict[str, Difference] = {
     "journal": Difference(
         ("cli", "dask", "spark"),
         "other default",
-        "None means: the CLI keeps one beside its output (OUTPUT.journal.sqlite); Dask and Spark share "
-        "answers through the budget's store; elsewhere answers are kept in this process unless a journal is named",
+        "None means: the CLI keeps one beside its output (OUTPUT.journal.sqlite); elsewhere there is none, and "
+        "what the answer store does not keep (a refusal) stays in this process's memory",
     ),
 }
 

@@ -247,12 +247,12 @@ class _SteppedWall:
 
 
 def test_claims_hold_with_the_wall_clock_stepped_forward_and_back_mid_run(env, tmp_path, monkeypatch):
-    """Two runs over the same texts at once (a request takes about a second: claims are held while
+    """Two runs over the same texts at once (a request takes two seconds or more: claims are held while
     the other asks), the wall clock stepped 30 s forward and then 5 minutes back: each text paid
     once, and neither run waits out a lease."""
     wall = _SteppedWall()
     monkeypatch.setattr(leases, "now", wall)
-    env.faults = Faults(latency=0.8, latency_spread=0.4)
+    env.faults = Faults(latency=2.0, latency_spread=0.5)
     rows = texts(0, 16)
     spec = RunSpec.from_kwargs(progress=False, rpm=0, budget="none")
     outcomes: list[list[object]] = []
