@@ -224,6 +224,7 @@ class SQLiteClaims:
         self._lock = lock
         self.holder = Holder.new()
         self._text = self.holder.text()
+        self.held: set[str] = set()  # the keys this holder claimed and has not let go
 
     @staticmethod
     def set_up(db: sqlite3.Connection) -> None:
@@ -241,11 +242,16 @@ class SQLiteClaims:
             raise
 
     def claim(self, key: str) -> bool:
-        """True when this holder now holds ``key``: it was free, its lease lapsed, or its holder is
-        surely gone (one taker wins). False when it is held, by another or by this holder already."""
+        """True when this holder now holds ``key``: it was free (one statement), its lease lapsed, or
+        its holder is surely gone (one taker wins). False when it is held, by another or by this
+        holder already."""
         mono, wall = at = now()
+        claim = (key, self._text, mono, wall + CLAIM_SECONDS)
         with self._lock:
             db = self._db
+            if db.execute("INSERT OR IGNORE INTO claims VALUES (?, ?, ?, ?)", claim).rowcount == 1:
+                self.held.add(key)
+                return True
             db.execute("BEGIN IMMEDIATE")
             try:
                 row = db.execute("SELECT holder, mono, expires FROM claims WHERE fingerprint=?", (key,)).fetchone()
@@ -253,19 +259,26 @@ class SQLiteClaims:
                     row[0] != self._text and (lapsed(row[0], row[1], row[2], at) or holder_is_gone(row[0]))
                 )
                 if won:
-                    db.execute(
-                        "INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?)",
-                        (key, self._text, mono, wall + CLAIM_SECONDS),
-                    )
+                    db.execute("INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?)", claim)
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
+            if won:
+                self.held.add(key)
         return won
 
     def release(self, key: str) -> None:
+        """``key``'s claim let go, when this holder still holds it (released already: nothing to do)."""
         with self._lock:
-            self._db.execute("DELETE FROM claims WHERE fingerprint=? AND holder=?", (key, self._text))
+            if key in self.held:
+                self.release_here(key)
+
+    def release_here(self, key: str) -> None:
+        """``key``'s claim let go, in the caller's transaction (an answer kept and its claim let go
+        in one commit)."""
+        self.held.discard(key)
+        self._db.execute("DELETE FROM claims WHERE fingerprint=? AND holder=?", (key, self._text))
 
     def renew(self) -> None:
         """Every claim this holder still holds, renewed (one statement)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Collection
@@ -43,6 +44,9 @@ INSERT OR IGNORE INTO meta VALUES ('format', '{FORMAT}');
 """
 
 
+_PUT = "INSERT OR REPLACE INTO answers VALUES (?, ?, ?, ?, ?)"
+
+
 def default_store_path() -> Path:
     """``answers.sqlite`` in the user's cache folder (``platformdirs``; honours ``$XDG_CACHE_HOME``),
     beside the machine's rate budget."""
@@ -53,13 +57,15 @@ def default_store_path() -> Path:
 
 def _create(path: Path) -> None:
     """The file, made exclusively with mode 0600 (never through a link planted at its name) unless
-    another process made it first."""
+    another process made it first; a file of the user's own that others may read is made 0600."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
     try:
         os.close(os.open(path, flags, 0o600))
-    except FileExistsError:
-        pass
+    except FileExistsError:  # made by another process, or earlier: the user's own stays theirs alone
+        found = os.lstat(path)
+        if stat.S_ISREG(found.st_mode) and found.st_uid == os.getuid() and found.st_mode & 0o077:
+            os.chmod(path, 0o600)
 
 
 def connect_store(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
@@ -159,11 +165,25 @@ class MachineStore:
     def put(self, key: str, answer: Answer) -> None:
         """Keep ``answer`` when it is a summary (a refusal is not shared beyond the output); it
         replaces what was kept (``refresh``)."""
-        if answer.status == OK and answer.summary is not None:
-            self._run(
-                "INSERT OR REPLACE INTO answers VALUES (?, ?, ?, ?, ?)",
-                (self.service, key, answer.summary, answer.attempts, time.time()),
-            )
+        if answer.status != OK or answer.summary is None:
+            return
+        row = (self.service, key, answer.summary, answer.attempts, time.time())
+        claimed = self._claim_key(key)
+        try:
+            with self._lock:
+                if claimed not in self._claims.held:
+                    self._db.execute(_PUT, row)
+                    return
+                self._db.execute("BEGIN IMMEDIATE")  # the answer kept and its claim let go: one commit
+                try:
+                    self._db.execute(_PUT, row)
+                    self._claims.release_here(claimed)
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+        except sqlite3.Error as exc:
+            raise StoreError(f"the answer store {self.path}: {exc}") from None
 
     def _claim_key(self, key: str) -> str:
         return f"{self.service} {key}"

@@ -40,6 +40,11 @@ def test_the_machine_store_is_a_file_of_the_users_own_in_the_cache_folder(tmp_pa
             assert path.stat().st_mode & 0o777 == 0o600, path  # the WAL and its index too
     finally:
         store.close()
+    loose = tmp_path / "loose.sqlite"  # made by someone else before, readable by others
+    loose.touch(mode=0o644)
+    loose.chmod(0o644)
+    MachineStore(loose, SERVICE).close()
+    assert loose.stat().st_mode & 0o777 == 0o600
 
 
 def test_answers_are_kept_by_service_and_fingerprint_and_only_summaries(tmp_path):

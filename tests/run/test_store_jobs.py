@@ -179,10 +179,12 @@ def test_a_killed_process_leaves_no_claim_that_holds_anyone_up(env, tmp_path):
     run = _cli(tmp_path, source, str(tmp_path / "a.parquet"), "--rpm", "0")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if default_store_path().exists():
-            with sqlite3.connect(default_store_path()) as db:
+        try:
+            with sqlite3.connect(f"file:{default_store_path()}?mode=ro", uri=True) as db:  # made by the run
                 if db.execute("SELECT COUNT(*) FROM claims").fetchone()[0] >= 8:
                     break
+        except sqlite3.Error:  # not made yet
+            pass
         time.sleep(0.05)
     run.send_signal(signal.SIGKILL)
     run.wait()
