@@ -141,8 +141,11 @@ def store_command(args: argparse.Namespace) -> int:
     if where == "none":
         print("the store 'none' keeps nothing: answers stay in each output's journal")
         return EXIT_OK
-    if args.remove and args.older_than is None and args.service is None and not args.all:
+    choice = args.older_than is not None or args.service is not None or args.all
+    if args.remove and not choice:
         raise Stop(EXIT_USAGE, "error: --remove needs --older-than AGE, --service URL or --all")
+    if choice and not args.remove:
+        raise Stop(EXIT_USAGE, "error: --older-than, --service and --all choose what --remove removes: add --remove")
     service = args.service
     if service is not None and service != contract.LOCAL_SERVICE:
         service = contract.service_identity(check_base_url(service))

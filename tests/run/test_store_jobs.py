@@ -211,6 +211,7 @@ def test_batchsum_store_shows_removes_and_sets_the_store(env, tmp_path, capsys):
     line = next(line for line in shown.splitlines() if line.startswith(service))
     assert line.split()[1:3] == ["4", "4"]  # all of them under a day old
     assert main(["store", "--remove"]) == 2  # which ones: said
+    assert main(["store", "--all"]) == 2 and "add --remove" in capsys.readouterr().err  # never removed by surprise
     assert main(["store", "--remove", "--older-than", "1d"]) == 0 and "removed 0 answers" in capsys.readouterr().out
     assert main(["store", "--retention", "30d", "--max-size", "200MB"]) == 0
     assert "answers kept 30 days" in capsys.readouterr().out
@@ -277,3 +278,13 @@ def test_claims_hold_with_the_wall_clock_stepped_forward_and_back_mid_run(env, t
     stats = env.stats()
     assert stats["requests"] == 16 and stats["answered_twice"] == 0, stats
     assert time.monotonic() - started < leases.CLAIM_SECONDS  # no lease waited out (a hang guard, not a pace)
+
+
+def test_the_progress_line_says_how_many_rows_the_store_answered():
+    from batchsum.engine.tally import BatchStats
+    from batchsum.run.progress import ProgressBar
+
+    stats = BatchStats(total=10, ok=10, reused=8, from_store=8)
+    assert ProgressBar.describe(stats).startswith("ok 10 · from the store 8 · skipped 0")
+    assert "from the store" not in ProgressBar.describe(BatchStats(total=10, ok=10))
+    assert "8 reused (8 from the store)" in stats.account()
