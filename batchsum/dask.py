@@ -4,10 +4,11 @@ with Dask's accessor API by ``import batchsum.dask`` (extra ``dask``).
 ``ddf.batchsum.summarize("text", ..., budget="redis://...")`` returns a lazy Dask DataFrame: every
 column plus the result columns, same partitions, index and divisions. Each partition is one run
 (``run.Run``, shared) on the worker that computes it, against the key's shared rate budget, so all
-workers together hold the plan's rate. Answers are shared through the budget's store (Redis for
-``redis://``, a SQLite journal for one machine, memory for ``"none"``): an identical text in
-another partition is sent once (the first to claim it sends, the others wait for its answer), and
-a rerun after a worker or the whole cluster died pays for nothing already answered.
+workers together hold the plan's rate. Answers are shared through the answer store every job shares
+(Redis with a ``redis://`` budget, the machine's otherwise; ``store=`` names another): an identical
+text in another partition is sent once (the first to claim it sends, the others wait for its
+answer), and a rerun after a worker or the whole cluster died, or another job, pays for nothing
+already answered.
 
 Everything that can be refused is checked when ``summarize`` is called, before anything is sent:
 parameters, the column, the budget (reachable, usable by every worker), the key.

@@ -35,7 +35,7 @@ from polars.io.plugins import register_io_source
 
 from ._frame_accessor import ColumnSummarize, ColumnSummarizeAsync, ValuesSummarize, ValuesSummarizeAsync
 from .data.results import RowBlocks, RowResult, check_columns, result_columns
-from .data.stores import scratch_journal
+from .data.stores import scratch_store
 from .engine.tally import BatchStats
 from .run.background import run_in_worker
 from .run.batches import BatchStream
@@ -200,9 +200,9 @@ class LazyFrameNamespace(ColumnSummarize[pl.LazyFrame]):
     """``lf.batchsum.summarize("text", ...)``: a LazyFrame, every column of ``lf`` then the result
     columns, rows in order. Nothing is sent until it is collected or sunk (``collect()``,
     ``sink_parquet(...)``); then the input is read a batch at a time (``collect_batches``) and
-    streamed through one run, so memory stays bounded however large the input: unless ``journal``
-    names one, its answers are kept in a journal on disk for this process (removed at exit), not in
-    memory, and collecting again pays for nothing. A ``head(n)`` after it reads (and pays for) only
+    streamed through one run, so memory stays bounded however large the input: its answers go to the
+    machine's answer store on disk (with ``store="none"``, a store on disk for this process, removed at
+    exit), not to memory, and collecting again (or another lazy frame at once) pays for nothing. A ``head(n)`` after it reads (and pays for) only
     ``n`` rows; a filter after it is applied to the results."""
 
     def __init__(self, data: pl.LazyFrame) -> None:
@@ -215,8 +215,8 @@ class LazyFrameNamespace(ColumnSummarize[pl.LazyFrame]):
         if not isinstance(column, str):
             raise InputError(f"no column {column!r} in the LazyFrame: Polars columns are named by text")
         text_column: str = column
-        if spec.journal is None:  # answers on disk, not in memory: a LazyFrame may be larger than memory
-            spec = spec.replace(journal=scratch_journal())
+        if spec.store == "none":  # answers on disk, with claims, not in memory: it may be larger than memory
+            spec = spec.replace(store=scratch_store())
         out_schema: dict[str, Any] = {**dict(schema), **dict(zip(result_columns(spec.output_column), _RESULT_TYPES))}
         frames = _Frames(text_column, spec.output_column)
         bare, token = _keep(spec)  # what the plan holds: the spec without its secrets

@@ -14,8 +14,8 @@ each held while waiting would starve the tasks that feed them: on ``ray.init(num
 took both CPUs and a ``read_parquet`` task waited for one forever. With none held, the read (and
 anything else in the pipeline) has every CPU of the cluster, however busy it is.
 
-What is shared where, and what a dead worker costs. Answers go to the budget's store: with the
-machine budget (the default; a Ray on one machine), a SQLite journal beside it in the user's cache
+What is shared where, and what a dead worker costs. Answers go to the answer store every job shares:
+with the machine budget (the default; a Ray on one machine), the machine's, in the user's cache
 folder; with ``budget="redis://HOST:PORT/DB"`` (a Ray cluster), Redis. Each request is claimed before
 it is sent, and a claim is a lease its run keeps alive: a worker that dies holds nothing for more
 than ``stores.CLAIM_SECONDS`` (on its own machine, nothing at all), and the batch Ray retries in a
@@ -153,6 +153,8 @@ def summarize(
     limiter: Any = None,
     budget: Any = None,
     journal: str | os.PathLike[str] | None = None,
+    store: str | None = None,
+    refresh: bool = False,
     progress: bool = True,
     long_texts: str = "skip",
     max_wait: float = DEFAULT_MAX_WAIT,

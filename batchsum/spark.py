@@ -8,9 +8,9 @@ it, against the key's budget, so every executor together holds the plan's rate. 
 and prepared once, on the driver, before anything is sent; it travels to the executors pickled, with
 the key inside it as a ``Secret``: no query plan, task description, log or error shows the key.
 
-What is shared where. Answers go to the budget's store: with the machine budget (the default; local
-mode, or every executor on one machine), a SQLite journal beside it in the user's cache folder; with
-``budget="redis://HOST:PORT/DB"`` (a cluster), Redis. A request is claimed before it is sent, and
+What is shared where. Answers go to the answer store every job shares: with the machine budget (the
+default; local mode, or every executor on one machine), the machine's, in the user's cache folder;
+with ``budget="redis://HOST:PORT/DB"`` (a cluster), Redis. A request is claimed before it is sent, and
 another task asking for it waits for the answer instead of paying for it; so a task Spark runs again
 (a failure, speculation, a lost executor) pays nothing for what the first attempt was answered.
 
@@ -174,6 +174,8 @@ def summarize(
     limiter: Any = None,
     budget: Any = None,
     journal: str | os.PathLike[str] | None = None,
+    store: str | None = None,
+    refresh: bool = False,
     progress: bool = True,
     long_texts: str = "skip",
     max_wait: float = DEFAULT_MAX_WAIT,
@@ -220,6 +222,8 @@ def register(
     limiter: Any = None,
     budget: Any = None,
     journal: str | os.PathLike[str] | None = None,
+    store: str | None = None,
+    refresh: bool = False,
     progress: bool = True,
     long_texts: str = "skip",
     max_wait: float = DEFAULT_MAX_WAIT,

@@ -143,7 +143,8 @@ def summarize_once(
     tree: Tree, inp: Path, journal: Path, service: scale.Server, folder: Path, name: str
 ) -> dict[str, Any]:
     """One measured `batchsum summarize` of INP with TREE's package, its output checked and removed."""
-    env = {**tree.env, "BATCHSUM_BASE_URL": service.url, "BATCHSUM_API_KEY": "bench"}
+    cache = tempfile.mkdtemp(prefix="cache-", dir=folder)  # no earlier run's answers in its answer store
+    env = {**tree.env, "BATCHSUM_BASE_URL": service.url, "BATCHSUM_API_KEY": "bench", "XDG_CACHE_HOME": cache}
     out = folder / f"{name}-{tree.label}.parquet"
     before = service.requests()
     done = measured(summarize_command(inp, out, journal, service), env, folder / f"{name}-{tree.label}.log")

@@ -41,6 +41,7 @@ read + that column.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
@@ -131,10 +132,16 @@ def note(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+_CACHES = tempfile.mkdtemp(prefix="batchsum-scale-caches-")
+atexit.register(shutil.rmtree, _CACHES, ignore_errors=True)
+
+
 def child_env(**extra: str) -> dict[str, str]:
-    """This checkout's batchsum first on the path of every child process."""
+    """This checkout's batchsum first on the path of every child process, and a cache folder of its
+    own (the machine budget and the answer store every run shares live there: a first run must not
+    find an earlier run's answers)."""
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, **extra}
+    return {**os.environ, "PYTHONPATH": path, "XDG_CACHE_HOME": tempfile.mkdtemp(dir=_CACHES), **extra}
 
 
 def free_port() -> int:

@@ -7,7 +7,7 @@ unreachable for a single text), 2 bad usage or input (nothing sent), 130 interru
 terminated (SIGTERM; after two signals, the last one's code). Every stop says how to resume.
 
 The command lives by idea: ``parser`` (the commands and their flags), ``summarize`` (a dataset, one
-text), ``show`` (report, journal, limits), ``serve`` (the local service), ``signals`` (how a signal
+text), ``show`` (report, journal, limits, store), ``serve`` (the local service), ``signals`` (how a signal
 stops a run) and ``console`` (what the command says, its exit codes); this module runs the command.
 """
 
@@ -28,7 +28,7 @@ from .console import JsonLogs, Stop, say
 from .parser import as_flags
 from .parser import build_parser as build_parser
 from .serve import serve_command
-from .show import journal_command, limits_command, report_command
+from .show import journal_command, limits_command, report_command, store_command
 from .signals import CommandSignals
 from .summarize import summarize_command, text_command
 
@@ -49,6 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "journal": journal_command,
         "report": report_command,
         "limits": limits_command,
+        "store": store_command,
     }
     args.argv = list(argv) if argv is not None else sys.argv[1:]
     args.own_process = argv is None

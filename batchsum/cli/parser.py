@@ -61,6 +61,44 @@ def _share(text: str) -> float:
     return value
 
 
+_AGE_UNITS = {"m": 1 / 1440, "h": 1 / 24, "d": 1.0, "w": 7.0}
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+
+def _age(text: str) -> float:
+    """An age in days: ``30d``, ``12h``, ``2w``, ``90m`` (minutes), or a number of days."""
+    spelled = text.strip().lower()
+    unit = spelled[-1:] if spelled[-1:] in _AGE_UNITS else "d"
+    try:
+        value = float(spelled.removesuffix(unit) if spelled[-1:] in _AGE_UNITS else spelled)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an age: use e.g. 30d, 12h, 2w") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be an age of 0 or more")
+    return value * _AGE_UNITS[unit]
+
+
+def _whole_days(text: str) -> int:
+    days = _age(text)
+    if days < 1 or days != int(days):
+        raise argparse.ArgumentTypeError(f"{text!r}: the retention is a whole number of days (e.g. 90d), at least 1")
+    return int(days)
+
+
+def _size(text: str) -> int:
+    """A size in bytes: ``500MB``, ``2GB``, ``1GiB``, or a number of bytes."""
+    spelled = text.strip().lower().replace(" ", "")
+    number = spelled.rstrip("kmgib")
+    unit = spelled[len(number) :]
+    try:
+        value = float(number) * _SIZE_UNITS[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: use e.g. 500MB, 2GB, 1GiB") from None
+    if not 1 << 20 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: the size cap is at least 1 MiB")
+    return int(value)
+
+
 _MODES = [str(int(m)) for m in contract.Mode] + [m.name.lower() for m in contract.Mode]
 
 # How each option is typed on the command line; its name, default and help come from ``OPTIONS``.
@@ -82,6 +120,8 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "concurrency": {"type": _number(1, whole=True), "metavar": "N"},
     "budget": {"metavar": "WHERE"},
     "journal": {"metavar": "PATH"},
+    "store": {"metavar": "WHERE"},
+    "refresh": {"action": "store_true"},
     "max_wait": {"type": _number(0), "metavar": "SECONDS"},
     "long_texts": {"choices": LONG_TEXT_POLICIES, "type": str.lower},
     "max_requests": {"type": _number(1, whole=True), "metavar": "N"},
@@ -224,6 +264,47 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--service", default=None, metavar="URL", help="only the limits at this service (base URL)")
     limits.add_argument("--this-key", action="store_true", help=f"only the limits of the key in ${ENV_API_KEY}")
     limits.add_argument("--forget", action="store_true", help="forget the limits listed (all, or those chosen)")
+
+    store = commands.add_parser(
+        "store",
+        help="show the answer store (entries by service and age), remove entries, set its retention and size",
+        description="Show the answer store every run shares (so that no job pays twice for a text): where it "
+        "is, its size, and its answers by service and age. --remove removes answers (--older-than, --service, or "
+        "--all); a run then asks the service again for those. --retention and --max-size set how long answers are "
+        "kept and how large the store may grow, for every run using it (pruned in small steps that never hold a "
+        "run up).",
+    )
+    store.add_argument(
+        "--store",
+        default=None,
+        metavar="WHERE",
+        help="the store: machine (default, or $BATCHSUM_STORE; with a redis:// $BATCHSUM_BUDGET, that Redis), "
+        "sqlite:///PATH or redis://HOST:PORT/DB",
+    )
+    store.add_argument("--remove", action="store_true", help="remove the answers chosen by the flags below")
+    store.add_argument(
+        "--older-than",
+        type=_age,
+        default=None,
+        metavar="AGE",
+        help="with --remove: written before AGE ago (30d, 12h, 2w)",
+    )
+    store.add_argument("--service", default=None, metavar="URL", help="with --remove: of this service (base URL)")
+    store.add_argument("--all", action="store_true", help="with --remove: every answer")
+    store.add_argument(
+        "--retention",
+        type=_whole_days,
+        default=None,
+        metavar="AGE",
+        help="keep answers this long after they were written (default 90d), for every run using the store",
+    )
+    store.add_argument(
+        "--max-size",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="the machine store's size cap (default 1GiB; 500MB, 2GB): the oldest answers go first beyond it",
+    )
 
     one = commands.add_parser(
         "text",

@@ -1,5 +1,6 @@
 """The commands that show what runs left behind: ``batchsum report`` (a run report), ``journal``
-(what a journal holds) and ``limits`` (the rate limits the budget remembers; ``--forget``)."""
+(what a journal holds), ``limits`` (the rate limits the budget remembers; ``--forget``) and
+``store`` (the answer store: entries by service and age; removed, its retention and size cap set)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from typing import Any
 from ..service import contract
 from ..service.errors import InputError, redact_location
 from ..service.settings import ENV_API_KEY
-from .console import EXIT_OK, EXIT_USAGE, Stop
+from .console import EXIT_FATAL, EXIT_OK, EXIT_USAGE, Stop
 
-__all__ = ["journal_command", "limits_command", "report_command"]
+__all__ = ["journal_command", "limits_command", "report_command", "store_command", "AGES"]
+
+AGES = ((86400, "< 1 day"), (7 * 86400, "< 7 days"), (30 * 86400, "< 30 days"), (None, "older"))
 
 
 def report_command(args: argparse.Namespace) -> int:
@@ -104,3 +107,82 @@ def journal_command(args: argparse.Namespace) -> int:
         "paying again for answers already received"
     )
     return EXIT_OK
+
+
+def _open_upkeep(where: str) -> Any:
+    """The upkeep of the store ``where`` names, or None when it is a machine's not made yet."""
+    from ..data.scopes import store_path
+
+    if where.lower().startswith(("redis://", "rediss://", "unix://")):
+        from ..data.redis_store import RedisUpkeep
+
+        return RedisUpkeep(where)
+    from ..data.store_upkeep import MachineUpkeep
+
+    path = store_path(where)
+    return MachineUpkeep(path) if path.exists() else None
+
+
+def _mib(size: int | None) -> str:
+    if size is None:
+        return "Redis' own"
+    return f"{size / 1024:.0f} KiB" if size < 1 << 20 else f"{size / (1 << 20):.1f} MiB"
+
+
+def store_command(args: argparse.Namespace) -> int:
+    """``batchsum store``: the answer store's size and entries by service and age; ``--remove`` with
+    ``--older-than``, ``--service`` or ``--all``; ``--retention`` and ``--max-size`` set."""
+    import time
+
+    from ..data.stores import StoreError
+    from ..service.settings import budget_spec, check_base_url, store_spec
+
+    where = store_spec(args.store, budget_spec(None))
+    if where == "none":
+        print("the store 'none' keeps nothing: answers stay in each output's journal")
+        return EXIT_OK
+    choice = args.older_than is not None or args.service is not None or args.all
+    if args.remove and not choice:
+        raise Stop(EXIT_USAGE, "error: --remove needs --older-than AGE, --service URL or --all")
+    if choice and not args.remove:
+        raise Stop(EXIT_USAGE, "error: --older-than, --service and --all choose what --remove removes: add --remove")
+    service = args.service
+    if service is not None and service != contract.LOCAL_SERVICE:
+        service = contract.service_identity(check_base_url(service))
+    try:
+        upkeep = _open_upkeep(where)
+        if upkeep is None:
+            print(f"no answer store yet at {where}: the first run makes it")
+            return EXIT_OK
+        try:
+            if args.retention is not None or args.max_size is not None:
+                upkeep.configure(retention_days=args.retention, max_bytes=args.max_size)
+            if args.remove:
+                before = time.time() - args.older_than * 86400 if args.older_than is not None else None
+                gone = upkeep.remove(before=before, service=service)
+                print(f"removed {gone} answers from {upkeep.where}; a run asks the service again for those")
+            settings, entries = upkeep.settings(), upkeep.inventory()
+        finally:
+            upkeep.close()
+    except StoreError as exc:
+        raise Stop(EXIT_FATAL, f"error: {exc}") from None
+    cap = "" if settings["max_bytes"] is None else f" (cap {_mib(settings['max_bytes'])})"
+    print(f"store:      {upkeep.where}")
+    print(f"size:       {_mib(settings['bytes'])}{cap}; answers kept {settings['retention_days']} days")
+    print(f"answers:    {len(entries)}")
+    print(_inventory(entries, time.time()))
+    return EXIT_OK
+
+
+def _inventory(entries: list[tuple[str, float]], now: float) -> str:
+    """Answers by service and age, a line per service."""
+    by: dict[str, list[int]] = {}
+    for service, written in entries:
+        counts = by.setdefault(service, [0] * len(AGES))
+        age = now - written
+        counts[next(i for i, (limit, _) in enumerate(AGES) if limit is None or age < limit)] += 1
+    width = max([len("service"), *map(len, by)])
+    lines = [f"{'service':<{width}}  {'answers':>8}" + "".join(f"  {name:>9}" for _, name in AGES)]
+    for service, counts in sorted(by.items()):
+        lines.append(f"{service:<{width}}  {sum(counts):>8}" + "".join(f"  {n:>9}" for n in counts))
+    return "\n".join(lines)

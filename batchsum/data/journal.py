@@ -11,18 +11,19 @@ transient failures are tried again on the next run.
 A file that is not a batchsum journal (another program's database, any other file) is refused and
 left as it was; a new journal is created exclusively, never through a link planted at its name.
 
-Several runs at once (Dask partitions on several workers) share answers through a ``SharedJournal``
-(one machine) or a ``RedisStore`` (many machines): both add claims, so that a request another run is
-already sending is awaited, not paid for again.
+Several runs at once (Dask partitions with a named journal) share it as a ``SharedJournal``, with
+claims, so that a request another run is already sending is awaited, not paid for again. What every
+job of the machine or the cluster shares is the answer store (``machine_store``, ``redis_store``).
 
 The journal's file format is in ``journal_file``, its side file of answers it could not take in
-``side_file``, the Redis store in ``redis_store``; all are importable from here as before.
+``side_file``; both, and the run's lock, are importable from here as before.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -33,14 +34,13 @@ from .journal_file import CACHE_KIB as CACHE_KIB
 from .journal_file import FORMAT as FORMAT
 from .journal_file import INSERT, adopt, columns, connect, insert_all, problem
 from .journal_file import create as create_journal
-from .redis_store import RedisStore as RedisStore
+from .leases import SQLiteClaims
 from .results import Answer
 from .run_lock import RunLock as RunLock
 from .side_file import SideFile
-from .stores import CLAIM_SECONDS, claim_owner, holder_is_gone
 from .stores import LOOKUP_CHUNK as LOOKUP_CHUNK
 
-__all__ = ["Journal", "SharedJournal", "RedisStore", "RunLock", "FORMAT"]
+__all__ = ["Journal", "SharedJournal", "RunLock", "FORMAT"]
 
 
 class Journal:
@@ -56,20 +56,7 @@ class Journal:
         self._readonly = readonly
         self._unstamped = False
         self._side = SideFile(self.path)  # answers it could not take, until the next run
-        if not self.path.parent.is_dir():
-            raise InputError(f"cannot create the journal {self.path}: folder {self.path.parent} does not exist")
-        if self.path.is_dir():
-            raise InputError(f"the journal {self.path} is a folder; pass a file path with --journal")
-        if os.path.lexists(self.path):
-            why = problem(self.path)
-            if why is not None:
-                raise InputError(
-                    f"the journal {self.path} {why}; it was left as it is (a run can take another with --journal)"
-                )
-        elif not create or readonly:
-            raise InputError(f"no journal at {self.path}")
-        else:
-            create_journal(self.path)
+        _check_or_create(self.path, create=create and not readonly)
         self._db = connect(self.path, readonly=readonly)
         if not readonly:
             self._import_spilled()
@@ -152,6 +139,15 @@ class Journal:
         """Keep ``answer``; committed at once (autocommit). ``JournalError`` when it cannot be written."""
         self._query(INSERT, (self._key(key), *answer, time.time(), self.service))
 
+    def put_many(self, answers: list[tuple[str, Answer]]) -> None:
+        """Keep ``answers`` in one transaction (the answer store's, copied into the journal of the
+        output they answer). ``JournalError`` when they cannot be written."""
+        now = time.time()
+        try:
+            insert_all(self._db, [(self._key(key), *answer, now, self.service) for key, answer in answers])
+        except sqlite3.Error as exc:
+            raise JournalError(f"the journal {self.path}: {exc}") from None
+
     def note_output(self, output: str) -> None:
         """Remember which output this journal served (``batchsum journal`` shows it), without the
         credentials its location may hold (``redact_location``)."""
@@ -190,6 +186,22 @@ class Journal:
         return f"Journal({str(self.path)!r})"
 
 
+def _check_or_create(path: Path, *, create: bool) -> None:
+    """``path`` is a batchsum journal in good order, or is made one (``create``); else ``InputError``."""
+    if not path.parent.is_dir():
+        raise InputError(f"cannot create the journal {path}: folder {path.parent} does not exist")
+    if path.is_dir():
+        raise InputError(f"the journal {path} is a folder; pass a file path with --journal")
+    if os.path.lexists(path):
+        why = problem(path)
+        if why is not None:
+            raise InputError(f"the journal {path} {why}; it was left as it is (a run can take another with --journal)")
+    elif not create:
+        raise InputError(f"no journal at {path}")
+    else:
+        create_journal(path)
+
+
 def _service_of(stored: str) -> str | None:
     """The service of a stored fingerprint (``Journal._key``), None for one written before services."""
     service, space, _ = stored.rpartition(" ")
@@ -198,38 +210,33 @@ def _service_of(stored: str) -> str | None:
 
 class SharedJournal(Journal):
     """A journal several runs use at once, with claims (``engine.SharedAnswerStore``): a request
-    is sent by the run that claims it; a claim is a lease (``stores.Leases``) that lapses within
-    ``CLAIM_SECONDS`` of its holder's death, at once when the holder was a process of this machine."""
+    is sent by the run that claims it; a claim is a lease (``leases``) that lapses within
+    ``CLAIM_SECONDS`` of its holder's death (measured on the machine's monotonic clock), at once when
+    its holder was surely a process of this machine that is gone."""
 
     def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
         super().__init__(path, create=create)
-        self._owner = claim_owner()
-        self._query(
-            "CREATE TABLE IF NOT EXISTS claims (fingerprint TEXT PRIMARY KEY, owner TEXT NOT NULL, "
-            "expires REAL NOT NULL)"
-        )
+        try:
+            SQLiteClaims.set_up(self._db)
+        except sqlite3.Error as exc:
+            raise JournalError(f"the journal {self.path}: {exc}") from None
+        self._claims = SQLiteClaims(self._db, threading.Lock())
 
     def claim(self, key: str) -> bool:
-        now = time.time()
-        cursor = self._query(
-            "INSERT INTO claims VALUES (?, ?, ?) ON CONFLICT (fingerprint) DO UPDATE SET owner=excluded.owner, "
-            "expires=excluded.expires WHERE claims.expires < ?",
-            (key, self._owner, now + CLAIM_SECONDS, now),
-        )
-        if cursor.rowcount == 1:
-            return True
-        row = self._query("SELECT owner FROM claims WHERE fingerprint=?", (key,)).fetchone()
-        if row is None or not holder_is_gone(row[0]):
-            return False
-        cursor = self._query(  # its holder died on this machine: take it over (one taker wins)
-            "UPDATE claims SET owner=?, expires=? WHERE fingerprint=? AND owner=?",
-            (self._owner, now + CLAIM_SECONDS, key, row[0]),
-        )
-        return cursor.rowcount == 1
+        try:
+            return self._claims.claim(key)
+        except sqlite3.Error as exc:
+            raise JournalError(f"the journal {self.path}: {exc}") from None
 
     def release(self, key: str) -> None:
-        self._query("DELETE FROM claims WHERE fingerprint=? AND owner=?", (key, self._owner))
+        try:
+            self._claims.release(key)
+        except sqlite3.Error as exc:
+            raise JournalError(f"the journal {self.path}: {exc}") from None
 
     def renew(self, keys: Collection[str]) -> None:
         """Extend every claim this run still holds (one statement; ``keys`` are all of them)."""
-        self._query("UPDATE claims SET expires=? WHERE owner=?", (time.time() + CLAIM_SECONDS, self._owner))
+        try:
+            self._claims.renew()
+        except sqlite3.Error as exc:
+            raise JournalError(f"the journal {self.path}: {exc}") from None

@@ -1,16 +1,26 @@
-"""``RedisStore``: answers and claims in Redis, for runs on many machines (``budget="redis://..."``),
-one key per answer and per claim, with the claims' leases of ``stores``."""
+"""``RedisStore``: the cluster's answer store (``budget="redis://..."``, or ``store=`` naming a Redis),
+one key per answer under ``batchsum:store:{SERVICE}:``, kept for the store's retention; claims with
+the leases of ``leases``; and its upkeep (``RedisUpkeep``: entries listed, removed, the retention set)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+import re
+import time
+from collections.abc import Collection, Iterator
+from typing import Any
 
-from ..service.errors import BudgetError
-from .results import Answer
-from .stores import CLAIM_SECONDS, LOOKUP_CHUNK, claim_owner, holder_is_gone
+from .leases import CLAIM_SECONDS, claim_owner, holder_is_gone
+from .results import OK, Answer
+from .stores import LOOKUP_CHUNK, StoreError
 
-__all__ = ["RedisStore"]
+__all__ = ["RedisStore", "RedisUpkeep", "PREFIX", "DEFAULT_RETENTION_DAYS"]
+
+PREFIX = "batchsum:store:"
+CONFIG = PREFIX + "config"
+DEFAULT_RETENTION_DAYS = 90
+_OLD = "batchsum:answers:{{{identity}}}:"  # a key's answers before the one store (30 days' TTL)
+_ANSWER = re.compile(r"\{(?P<service>.*)\}:(?P<fingerprint>[0-9a-f]{64})$")
 
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 _TAKE_OVER = (
@@ -23,40 +33,62 @@ _RENEW = (
 )
 
 
-class RedisStore:
-    """Answers in Redis, for runs on many machines (``budget="redis://..."``): one key per answer
-    under ``batchsum:answers:{IDENTITY}:`` (the key's identity, a hash), kept ``ttl`` seconds
-    (30 days) after the last write; claims as ``SharedJournal``'s."""
+def _connect(url: str) -> Any:
+    try:
+        import redis
+    except ImportError:
+        raise StoreError("a redis:// answer store needs the redis package: pip install 'batchsum[redis]'") from None
+    return redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
 
-    def __init__(self, url: str, identity: str, *, ttl: int = 30 * 86400) -> None:
-        try:
-            import redis
-        except ImportError:
-            raise BudgetError("a redis:// budget needs the redis package: pip install 'batchsum[redis]'") from None
-        self._redis = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
-        self._prefix = f"batchsum:answers:{{{identity}}}:"
-        self._ttl = ttl
+
+def _retention(client: Any) -> int:
+    days = client.hget(CONFIG, "retention_days")
+    return int(days) if days is not None else DEFAULT_RETENTION_DAYS
+
+
+class RedisStore:
+    """The answers of ``service`` in the Redis at ``url``, one key each (``batchsum:store:{SERVICE}:FP``,
+    the service as the hash tag: a cluster keeps a service's answers on one node), kept the store's
+    retention after they were written; claims as ``MachineStore``'s, their lease on Redis' own clock.
+    ``StoreError`` when Redis cannot be reached."""
+
+    claims = True
+
+    def __init__(self, url: str, service: str) -> None:
+        from ..service.errors import redact_location
+
+        self.where = f"Redis ({redact_location(url)})"
+        self._redis = _connect(url)
+        self._prefix = f"{PREFIX}{{{service}}}:"
         self._owner = claim_owner()
+        try:
+            self._ttl = _retention(self._redis) * 86400
+        except Exception as exc:  # noqa: BLE001 - redis' errors, without importing them here
+            self._redis.close()
+            raise StoreError(f"the answer store at {self.where} cannot be reached: {exc}") from None
         self._release = self._redis.register_script(_RELEASE)
         self._take_over = self._redis.register_script(_TAKE_OVER)
         self._renew = self._redis.register_script(_RENEW)
 
     def get(self, key: str) -> Answer | None:
-        raw = self._redis.get(self._prefix + key)
-        return Answer(*json.loads(raw)) if raw is not None else None
+        return self.get_many([key]).get(key)
 
     def get_many(self, keys: list[str]) -> dict[str, Answer]:
-        """The answers known for ``keys``: one ``MGET`` per ``LOOKUP_CHUNK`` keys."""
+        """The answers kept for ``keys``: one ``MGET`` per ``LOOKUP_CHUNK`` keys."""
         found: dict[str, Answer] = {}
         for start in range(0, len(keys), LOOKUP_CHUNK):
             chunk = keys[start : start + LOOKUP_CHUNK]
             for key, raw in zip(chunk, self._redis.mget([self._prefix + key for key in chunk])):
                 if raw is not None:
-                    found[key] = Answer(*json.loads(raw))
+                    summary, attempts, _ = json.loads(raw)
+                    found[key] = Answer(summary, OK, None, None, 200, attempts)
         return found
 
     def put(self, key: str, answer: Answer) -> None:
-        self._redis.set(self._prefix + key, json.dumps(list(answer)), ex=self._ttl)
+        """Keep ``answer`` when it is a summary; it replaces what was kept (``refresh``)."""
+        if answer.status == OK and answer.summary is not None:
+            value = json.dumps([answer.summary, answer.attempts, time.time()])
+            self._redis.set(self._prefix + key, value, ex=self._ttl)
 
     def claim(self, key: str) -> bool:
         name = f"{self._prefix}claim:{key}"
@@ -64,7 +96,7 @@ class RedisStore:
         if self._redis.set(name, self._owner, nx=True, px=lease):
             return True
         holder = self._redis.get(name)
-        if holder is None or not holder_is_gone(holder if isinstance(holder, str) else holder.decode()):
+        if holder is None or not holder_is_gone(holder):  # gone only when surely a dead process of this machine
             return False
         return bool(self._take_over(keys=[name], args=[holder, self._owner, lease]))
 
@@ -76,6 +108,93 @@ class RedisStore:
         names = [f"{self._prefix}claim:{key}" for key in keys]
         for start in range(0, len(names), LOOKUP_CHUNK):
             self._renew(keys=names[start : start + LOOKUP_CHUNK], args=[self._owner, int(CLAIM_SECONDS * 1000)])
+
+    def take_in_old(self, identity: str) -> int:
+        """The summaries a key (``identity``) kept under the per-key store of earlier versions, taken
+        in as this service's once (a marker says it was done); how many."""
+        marker = f"{PREFIX}imported:{identity}"
+        try:
+            if self._redis.exists(marker):
+                return 0
+            old = _OLD.format(identity=identity)
+            names = [n for n in self._redis.scan_iter(match=old + "*", count=1000) if b":claim:" not in n]
+            taken = 0
+            for start in range(0, len(names), LOOKUP_CHUNK):
+                chunk = names[start : start + LOOKUP_CHUNK]
+                pipe = self._redis.pipeline(transaction=False)
+                for name, raw in zip(chunk, self._redis.mget(chunk)):
+                    fields = json.loads(raw) if raw is not None else None
+                    if fields and fields[1] == OK and fields[0] is not None:
+                        value = json.dumps([fields[0], fields[5], time.time()])
+                        pipe.set(self._prefix + name.decode()[len(old) :], value, ex=self._ttl, nx=True)
+                        taken += 1
+                pipe.execute()
+            self._redis.set(marker, taken)
+        except Exception as exc:  # noqa: BLE001 - redis' errors, without importing them here
+            raise StoreError(f"the answer store at {self.where}: {exc}") from None
+        return taken
+
+    def close(self) -> None:
+        self._redis.close()
+
+
+class RedisUpkeep:
+    """What ``batchsum store`` does on the cluster's store: entries by service and age, removed by age
+    or service, the retention set (new answers are kept that long; Redis' own memory policy is its
+    size cap)."""
+
+    def __init__(self, url: str) -> None:
+        from ..service.errors import redact_location
+
+        self.where = f"Redis ({redact_location(url)})"
+        self._redis = _connect(url)
+
+    def _entries(self) -> Iterator[tuple[bytes, str, float]]:
+        """Every answer: its key, service and when it was written."""
+        names = [n for n in self._redis.scan_iter(match=PREFIX + "{*", count=1000) if b":claim:" not in n]
+        for start in range(0, len(names), LOOKUP_CHUNK):
+            chunk = names[start : start + LOOKUP_CHUNK]
+            for name, raw in zip(chunk, self._redis.mget(chunk)):
+                found = _ANSWER.match(name.decode()[len(PREFIX) :])
+                if found is not None and raw is not None:
+                    yield name, found["service"], float(json.loads(raw)[2])
+
+    def inventory(self) -> list[tuple[str, float]]:
+        """Every answer's service and when it was written."""
+        try:
+            return [(service, written) for _, service, written in self._entries()]
+        except StoreError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - redis' errors
+            raise StoreError(f"the answer store at {self.where}: {exc}") from None
+
+    def remove(self, *, before: float | None = None, service: str | None = None) -> int:
+        """The answers written before ``before`` and of ``service`` (None: any) removed; how many."""
+        try:
+            gone = [
+                name
+                for name, of, written in self._entries()
+                if (before is None or written < before) and (service is None or of == service)
+            ]
+            for start in range(0, len(gone), LOOKUP_CHUNK):
+                self._redis.delete(*gone[start : start + LOOKUP_CHUNK])
+        except Exception as exc:  # noqa: BLE001 - redis' errors
+            raise StoreError(f"the answer store at {self.where}: {exc}") from None
+        return len(gone)
+
+    def settings(self) -> dict[str, Any]:
+        try:
+            return {"retention_days": _retention(self._redis), "max_bytes": None, "bytes": None}
+        except Exception as exc:  # noqa: BLE001 - redis' errors
+            raise StoreError(f"the answer store at {self.where}: {exc}") from None
+
+    def configure(self, *, retention_days: int | None = None, max_bytes: int | None = None) -> None:
+        if max_bytes is not None:
+            raise StoreError(
+                "a Redis store's size is Redis' own (maxmemory and its eviction policy): --max-size is for a machine's store"
+            )
+        if retention_days is not None:
+            self._redis.hset(CONFIG, "retention_days", retention_days)
 
     def close(self) -> None:
         self._redis.close()

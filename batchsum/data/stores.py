@@ -1,31 +1,34 @@
-"""Answer stores: where finished answers are kept by request fingerprint, and claims.
+"""Answer stores: the protocol (``AnswerStore``, ``SharedAnswerStore`` with claims), answers in
+this process's memory (``MemoryStore``; ``process_cache``, what a run without a journal keeps that no
+store on disk keeps; ``shared_memory``, with claims, for the partitions of one process's job with
+``store="none"``), and the scratch store of a streamed frame.
 
-``MemoryStore`` keeps them in this process (``process_cache`` gives the one every notebook call
-with the same service shares). A ``SharedAnswerStore`` is used by several runs at once (Dask
-partitions on many workers): before sending, a run claims the request; the others wait for its
-answer instead of paying for it again.
-
-A claim is a lease: it lasts ``CLAIM_SECONDS`` and the run holding it renews it every
-``CLAIM_RENEW_SECONDS`` while it waits for the answer (``Leases``), so a run that died (a killed
-worker, a lost executor) holds nothing for more than ``CLAIM_SECONDS``, and on its own machine a
-holder whose process is gone is passed over at once (``holder_is_gone``). An answer that arrives
-after its claim lapsed is still kept. The SQLite journal is in ``journal.py``, the Redis store in
-``redis_store.py``.
+A ``SharedAnswerStore`` is used by several runs at once: before sending, a run claims the request;
+the others wait for its answer instead of paying for it again. A claim is a lease (``leases``): it
+lasts ``CLAIM_SECONDS`` and the run holding it renews it every ``CLAIM_RENEW_SECONDS`` while it waits
+for the answer, so a run that died holds nothing for long. An answer that arrives after its claim
+lapsed is still kept. The answer store every job shares is ``machine_store`` (SQLite, this machine)
+or ``redis_store`` (the cluster); a run's scopes are ``scopes``; the output's journal is ``journal``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import threading
 from collections.abc import Collection
 from typing import Protocol
 
+from ..service.errors import BatchsumError
+from .leases import CLAIM_POLL_SECONDS as CLAIM_POLL_SECONDS
+from .leases import CLAIM_RENEW_SECONDS as CLAIM_RENEW_SECONDS
+from .leases import CLAIM_SECONDS as CLAIM_SECONDS
+from .leases import Leases as Leases
+from .leases import claim_owner as claim_owner
+from .leases import holder_is_gone as holder_is_gone
 from .results import Answer
 
 __all__ = [
@@ -36,7 +39,7 @@ __all__ = [
     "process_cache",
     "shared_memory",
     "clear_process_caches",
-    "scratch_journal",
+    "scratch_store",
     "Leases",
     "claim_owner",
     "holder_is_gone",
@@ -44,14 +47,17 @@ __all__ = [
     "CLAIM_RENEW_SECONDS",
     "CLAIM_POLL_SECONDS",
     "LOOKUP_CHUNK",
+    "StoreError",
 ]
 
 log = logging.getLogger("batchsum")
 
-CLAIM_SECONDS = 20.0  # a lease: renewed while its holder lives, lapsed within this long of its death
-CLAIM_RENEW_SECONDS = 5.0  # four renewals per lease: a stalled loop or a slow store does not lose it
-CLAIM_POLL_SECONDS = 0.5
 LOOKUP_CHUNK = 500  # keys per query of a look-up in bulk (SQLite allows 999 parameters at the least)
+
+
+class StoreError(BatchsumError):
+    """The answer store shared beyond a run's output (the machine's, the cluster's) cannot be opened
+    or used: a run says so in one line and goes on with its own journal."""
 
 
 class AnswerStore(Protocol):
@@ -72,61 +78,6 @@ class SharedAnswerStore(AnswerStore, Protocol):
     def renew(self, keys: Collection[str]) -> None:
         """Extend this run's claims on ``keys`` by ``CLAIM_SECONDS`` (claims it no longer holds stay
         lapsed)."""
-
-
-def claim_owner() -> str:
-    """Who holds a claim: ``host:pid:random`` (the random part tells two runs of one process apart)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(6).hex()}"
-
-
-def holder_is_gone(owner: str) -> bool:
-    """Is ``owner`` (``claim_owner``) a process of this machine that no longer runs? A holder on
-    another machine is never judged here: its lease lapses on its own."""
-    host, _, rest = owner.partition(":")
-    pid_text = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid_text.isdigit() or int(pid_text) == os.getpid():
-        return False
-    try:
-        os.kill(int(pid_text), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # PermissionError: alive, another user's
-        return False
-    return False
-
-
-class Leases:
-    """The claims one run holds, renewed every ``CLAIM_RENEW_SECONDS`` while any is held (one
-    renewal call for all of them). ``hold`` after a claim is won, ``drop`` after its release,
-    ``close`` at the run's end."""
-
-    def __init__(self, store: SharedAnswerStore) -> None:
-        self._store = store
-        self.held: set[str] = set()
-        self._keeper: asyncio.Task[None] | None = None
-
-    def hold(self, key: str) -> None:
-        self.held.add(key)
-        if self._keeper is None or self._keeper.done():
-            self._keeper = asyncio.ensure_future(self._keep())
-
-    def drop(self, key: str) -> None:
-        self.held.discard(key)
-
-    async def _keep(self) -> None:
-        while self.held:
-            await asyncio.sleep(CLAIM_RENEW_SECONDS)
-            if not self.held:
-                return
-            try:
-                self._store.renew(list(self.held))
-            except Exception:  # noqa: BLE001 - a lease not renewed lapses: at worst paid twice
-                log.warning("could not renew claims in the shared answer store", exc_info=True)
-
-    def close(self) -> None:
-        if self._keeper is not None:
-            self._keeper.cancel()
-        self.held.clear()
 
 
 class MemoryStore:
@@ -212,15 +163,16 @@ def shared_memory(identity: str) -> MemoryClaims:
 _scratch: list[str] = []
 
 
-def scratch_journal() -> str:
-    """A journal file for this process's answers on disk, removed when the process exits: what a
-    streamed front-end (a Polars LazyFrame) keeps its answers in when no journal is named, so that
-    memory stays bounded however many rows pass and a second collect pays for nothing again."""
+def scratch_store() -> str:
+    """An answer store for this process alone, on disk (``sqlite:///...``), removed when the process
+    exits: what a streamed front-end (a Polars LazyFrame) keeps its answers in with ``store="none"``,
+    so that memory stays bounded however many rows pass, frames collected together claim their
+    texts, and a second collect pays for nothing again."""
     with _lock:
         if not _scratch:
             folder = tempfile.mkdtemp(prefix="batchsum-answers-")
             atexit.register(shutil.rmtree, folder, ignore_errors=True)
-            _scratch.append(os.path.join(folder, "answers.sqlite"))
+            _scratch.append("sqlite://" + os.path.join(folder, "answers.sqlite"))
         return _scratch[0]
 
 

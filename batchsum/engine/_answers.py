@@ -26,33 +26,42 @@ class Answers:
         self._stop = stop
         self.unsaved = MemoryStore()
         self.refusing = False  # the store refused a write: keep the rest here
-        self.shared = callable(getattr(store, "claim", None))
+        # Claims: a store says whether it has them (``Scopes``), else a store with claim() has.
+        self.shared = bool(getattr(store, "claims", callable(getattr(store, "claim", None))))
         self.leases = Leases(store) if self.shared else None  # type: ignore[arg-type]
 
     def get(self, key: str) -> Answer | None:
-        known = self.unsaved.get(key)
-        if known is not None:
-            return known
-        try:
-            return self.store.get(key)
-        except Exception as exc:  # a damaged journal: a stop, not a traceback
-            self._stop(JournalError(f"cannot read the journal: {exc}"))
-            return None
+        return self.known(key)[0]
+
+    def known(self, key: str) -> tuple[Answer | None, bool]:
+        """The known answer of ``key``, and whether the answer store shared beyond the run gave it."""
+        found, stored = self.lookup([key])
+        return found.get(key), key in stored
 
     def get_many(self, keys: list[str]) -> dict[str, Answer]:
-        """The known answers of ``keys``, looked up in bulk where the store can (``get_many``)."""
+        return self.lookup(keys)[0]
+
+    def lookup(self, keys: list[str]) -> tuple[dict[str, Answer], set[str]]:
+        """The known answers of ``keys``, looked up in bulk where the store can, and which of them the
+        answer store shared beyond the run gave (``Scopes.lookup``)."""
+        stored: set[str] = set()
         try:
+            scoped = getattr(self.store, "lookup", None)
             many = getattr(self.store, "get_many", None)
-            if many is not None:
-                found: dict[str, Answer] = many(keys)
+            if scoped is not None:
+                found, stored = scoped(keys)
+            elif many is not None:
+                found = many(keys)
             else:
                 found = {key: answer for key in keys if (answer := self.store.get(key)) is not None}
         except Exception as exc:  # a damaged journal: a stop, not a traceback
             self._stop(JournalError(f"cannot read the journal: {exc}"))
-            return {}
+            return {}, set()
         if self.unsaved:
-            found.update(self.unsaved.get_many(keys))
-        return found
+            mine = self.unsaved.get_many(keys)
+            found.update(mine)
+            stored -= set(mine)
+        return found, stored
 
     def put(self, key: str, answer: Answer) -> None:
         if not self.refusing:
@@ -64,9 +73,10 @@ class Answers:
                 self._stop(JournalError(f"cannot write the journal ({exc}): stopped sending"))
         self.unsaved.put(key, answer)
 
-    async def claim(self, key: str, stopped: asyncio.Event) -> Answer | None:
-        """None once this run holds the claim on ``key`` (it sends); else the answer another run
-        got while this one waited (the first to claim a request sends it, the others wait)."""
+    async def claim(self, key: str, stopped: asyncio.Event) -> tuple[Answer | None, bool]:
+        """(None, False) once this run holds the claim on ``key`` (it sends); else the answer another
+        run got while this one waited (the first to claim a request sends it, the others wait), and
+        whether it came through the answer store shared beyond the run."""
         store: SharedAnswerStore = self.store  # type: ignore[assignment]
         while True:
             if stopped.is_set():
@@ -76,15 +86,15 @@ class Answers:
             except Exception as exc:
                 self._stop(JournalError(f"cannot use the shared answer store: {exc}"))
                 raise asyncio.CancelledError from None
-            known = self.get(key)  # answered meanwhile, whether or not the claim is ours
+            known, stored = self.known(key)  # answered meanwhile, whether or not the claim is ours
             if known is not None:
                 if claimed:
                     self.release(key)
-                return known
+                return known, stored
             if claimed:
                 assert self.leases is not None
                 self.leases.hold(key)
-                return None
+                return None, False
             await asyncio.sleep(CLAIM_POLL_SECONDS)
 
     def release(self, key: str) -> None:

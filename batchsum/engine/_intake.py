@@ -84,6 +84,10 @@ class Intake:
         except TypeError:  # a cell that cannot be a key (a list)
             rows = [None] * len(texts)
         skips = known.skips
+        if known.stored:  # rows a text seen before answers, which came from the store
+            self.stats.from_store += sum(
+                1 for text, row in zip(texts, rows) if row is not None and text in known.stored
+            )
         if None in rows:
             skips += self._resolve(texts, rows)
         resolved = [row for row in rows if row is not None]
@@ -128,10 +132,12 @@ class Intake:
                 continue
             missing.setdefault(identify(text), []).append(i)
         wanted = [key for key in missing if key not in self.requests.under_way]
-        found = self.requests.answers.get_many(wanted) if wanted else {}
+        found, stored = self.requests.answers.lookup(wanted) if wanted else ({}, set())
         for key, answer in found.items():
             result = answer.row()
-            self.known.put(texts[missing[key][0]], result)
+            self.known.put(texts[missing[key][0]], result, stored=key in stored)
             for i in missing[key]:
                 rows[i] = result
+            if key in stored:
+                self.stats.from_store += len(missing[key])
         return skips

@@ -15,20 +15,24 @@ class KnownTexts:
     that repeats (200,000 rows may hold 20,000 texts) is checked, fingerprinted and looked up once.
     Bounded by the texts' characters (``KNOWN_TEXT_BYTES``): the oldest are forgotten first."""
 
-    __slots__ = ("rows", "size", "limit", "skips")
+    __slots__ = ("rows", "size", "limit", "skips", "stored")
 
     def __init__(self, limit: int = KNOWN_TEXT_BYTES) -> None:
         self.rows: dict[str, RowResult] = {}
         self.size = 0
         self.limit = limit
         self.skips = 0  # skipped rows among them (not answers: not counted as reused)
+        self.stored: set[str] = set()  # those the answer store shared beyond the run answered
 
-    def put(self, text: str, result: RowResult) -> None:
+    def put(self, text: str, result: RowResult, *, stored: bool = False) -> None:
         if text in self.rows:
             return
         self.rows[text] = result
         self.size += len(text)
         self.skips += result.status == SKIPPED
+        if stored:
+            self.stored.add(text)
         while self.size > self.limit:
             self.size -= len(text := next(iter(self.rows)))
             self.skips -= self.rows.pop(text).status == SKIPPED
+            self.stored.discard(text)

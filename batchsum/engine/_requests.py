@@ -113,9 +113,10 @@ class Requests:
         if task is not None:
             self.stats.reused += 1
             return task
-        known = self.answers.get(key)
+        known, stored = self.answers.known(key)
         if known is not None:
             self.stats.reused += 1
+            self.stats.from_store += stored
             return known
         if not new:
             return None
@@ -132,9 +133,10 @@ class Requests:
     async def fetch(self, key: str, request: PreparedRequest, kind: str = ROW) -> Answer:
         if not self.answers.shared:
             return await self.send(key, request, kind)
-        known = await self.answers.claim(key, self.stopped)
-        if known is not None:
+        known, stored = await self.answers.claim(key, self.stopped)
+        if known is not None:  # another run answered it while this one waited
             self.stats.reused += 1
+            self.stats.from_store += stored
             return known
         try:
             return await self.send(key, request, kind)

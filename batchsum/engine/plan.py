@@ -25,7 +25,8 @@ class BatchPlan:
     rows: int = 0
     to_send: int = 0  # distinct requests the store does not answer (rows, and long texts' parts)
     duplicates: int = 0  # rows that share a request with an earlier row
-    known: int = 0  # rows the store already answers
+    known: int = 0  # rows the journal or the answer store already answers
+    known_store: int = 0  # of those, rows the answer store shared beyond the output answers
     skipped_by_reason: Counter[str] = field(default_factory=Counter)
     long_rows: int = 0  # rows over the limit that long_texts="split" or "truncate" sends
     parts: int = 0  # part requests to send: exact
@@ -51,7 +52,7 @@ class BatchPlan:
         lines = [
             f"rows:             {self.rows}",
             f"would send:       {sends}; {pace}",
-            f"already answered: {_count(self.known, 'row')} (journal)",
+            f"already answered: {_count(self.known, 'row')} ({self._where_known()})",
             f"duplicates:       {_count(self.duplicates, 'row')} share a request with an earlier row",
             f"would skip:       {_count(sum(self.skipped_by_reason.values()), 'row')} ({skipped})",
         ]
@@ -67,6 +68,12 @@ class BatchPlan:
                 f"part requests and at most {reduce} reduce requests with --long-texts split"
             )
         return "\n".join(lines)
+
+    def _where_known(self) -> str:
+        if not self.known_store:
+            return "journal"
+        journal = self.known - self.known_store
+        return f"{self.known_store} in the store" + (f", {journal} in the journal" if journal else "")
 
 
 def _count(n: int, noun: str) -> str:
@@ -89,20 +96,30 @@ def plan_batch(
     params: contract.Params | None = None,
     store: AnswerStore | None = None,
     long_texts_policy: str = SKIP,
+    shared: AnswerStore | None = None,
 ) -> BatchPlan:
-    """Classify every row as the engine would, and send nothing."""
+    """Classify every row as the engine would, and send nothing. ``store``: the output's journal;
+    ``shared``: the answer store shared beyond it (the machine's, the cluster's)."""
     params = params if params is not None else validate_params(mode, percentage, type)
     plan = BatchPlan()
     seen: set[bytes] = set()
 
+    def known(key: str) -> str | None:
+        """Where the answer is kept: the journal, else the store; None when nowhere."""
+        if store is not None and store.get(key) is not None:
+            return "journal"
+        if shared is not None and shared.get(key) is not None:
+            return "store"
+        return None
+
     def count(text: str, request_params: contract.Params) -> bool:
-        """True when this request is new: neither an earlier row's nor in the store."""
+        """True when this request is new: neither an earlier row's nor kept."""
         key = text_fingerprint(request_params)(text)
         digest = bytes.fromhex(key)
         if digest in seen:
             return False
         seen.add(digest)
-        if store is not None and store.get(key) is not None:
+        if known(key):
             return False
         plan.to_send += 1
         return True
@@ -128,9 +145,10 @@ def plan_batch(
         key = text_fingerprint(params)(text)
         if bytes.fromhex(key) in seen:
             plan.duplicates += 1
-        elif store is not None and store.get(key) is not None:
+        elif (where := known(key)) is not None:
             seen.add(bytes.fromhex(key))
             plan.known += 1
+            plan.known_store += where == "store"
         else:
             count(text, params)
     return plan

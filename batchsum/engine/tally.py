@@ -80,6 +80,7 @@ class BatchStats:
     sent: int = 0  # requests that went to the service (each may take several attempts)
     attempts: int = 0
     reused: int = 0  # rows answered from the store or by an identical request of this run
+    from_store: int = 0  # of those, rows the answer store shared beyond the run answered (other jobs' answers)
     skipped_by_reason: Counter[str] = field(default_factory=Counter)
     failed_by_code: Counter[str] = field(default_factory=Counter)
     sent_by_kind: Counter[str] = field(default_factory=Counter)  # "row", "part", "reduce"
@@ -179,6 +180,7 @@ class BatchStats:
             "sent": self.sent,
             "sent_by_kind": dict(self.sent_by_kind),
             "reused": self.reused,
+            "from_store": self.from_store,
             "rate_limited": self.rate_limited,
             "skipped_by_reason": dict(self.skipped_by_reason),
             "failed_by_code": dict(self.failed_by_code),
@@ -209,8 +211,9 @@ class BatchStats:
         """One line: rows, sent, reused, skipped by reason, failed by code, 429s, wall time."""
         parts, reduces = self.sent_by_kind["part"], self.sent_by_kind["reduce"]
         long = f" ({parts} long-text parts, {reduces} reduces)" if parts or reduces else ""
+        store = f" ({self.from_store} from the store)" if self.from_store else ""
         return (
             f"{self.done} rows: {self.ok} ok, {self.skipped} skipped{_by(self.skipped_by_reason)}, "
-            f"{self.failed} failed{_by(self.failed_by_code)}; {self.sent} sent{long}, {self.reused} reused, "
+            f"{self.failed} failed{_by(self.failed_by_code)}; {self.sent} sent{long}, {self.reused} reused{store}, "
             f"{self.rate_limited} 429s, {self.elapsed:.1f}s"
         ) + self.long_work.skipped_cost(self.skipped_by_reason["too_long"])

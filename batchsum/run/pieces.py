@@ -9,17 +9,18 @@ from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
-from ..data.journal import Journal, RedisStore, RunLock, SharedJournal
-from ..data.stores import AnswerStore, process_cache, shared_memory
+from ..data.journal import Journal, RunLock, SharedJournal
+from ..data.scopes import Scopes, open_store
+from ..data.stores import AnswerStore, StoreError, process_cache, shared_memory
 from ..engine.options import RunOptions
 from ..engine.tally import BatchStats
 from ..engine.timeline import Timeline
 from ..pacing import KeyRecord, PaceChange, Pacer
-from ..pacing.budget import Budget, RedisBudget, Share, open_budget
+from ..pacing.budget import Budget, Share, open_budget
 from ..service.client import AsyncClient
 from ..service.errors import InvalidParameterError, JournalError
 from .binding import spec_key_hash
-from .logs import event
+from .logs import event, log
 from .progress import ProgressBar
 from .spec import RunSpec
 
@@ -69,7 +70,7 @@ class Pieces:
         self.client: AsyncClient
         self.budget: Budget
         self.record: KeyRecord
-        self.store: AnswerStore
+        self.store: Scopes
         self.bar: ProgressBar
         self.options: RunOptions
         self.pacer: Pacer
@@ -159,25 +160,35 @@ class Pieces:
             return self._final - self._kept
         return _size(self.store) - self._kept if hasattr(self, "store") else 0
 
-    def _open_store(self, spec: RunSpec, run_id: str, shared: bool) -> AnswerStore:
-        """The journal when the spec names one; else this process's answers (one run at a time) or,
-        for shared runs, the budget's store: Redis answers for a Redis budget, memory for the rest
-        (``prepare_shared`` names a shared journal for the machine budget)."""
-        stack = self._stack
+    def _open_store(self, spec: RunSpec, run_id: str, shared: bool) -> Scopes:
+        """The run's answers (``Scopes``): its own scope (the journal when the spec names one; else
+        this process's memory, or for shared runs nothing: their store is what they share) and the
+        answer store ``spec.store`` names, opened here; one that cannot be is said in one line, and
+        the run goes on with its own scope alone."""
+        own, keeps_all = self._own_scope(spec, run_id, shared)
+        try:
+            store = open_store(spec.store, spec.client.service, self.client.identity)
+        except StoreError as exc:
+            alone = "its journal" if spec.journal is not None else "this process's answers"
+            log.warning("batchsum: %s; this run goes on with %s alone", exc, alone, extra={"event": "store"})
+            store = None
+        if store is not None:
+            self._stack.callback(store.close)
+        return Scopes(own, store, keeps_all=keeps_all, refresh=spec.refresh)
+
+    def _own_scope(self, spec: RunSpec, run_id: str, shared: bool) -> tuple[AnswerStore | None, bool]:
+        """The run's own answers, and whether they keep every answer (a journal) or only what no
+        store on disk keeps (this process's memory)."""
         if spec.journal is not None:
             journal = SharedJournal(spec.journal) if shared else Journal(spec.journal)
-            stack.callback(journal.close)
+            self._stack.callback(journal.close)
             adopted = journal.serve(spec.client.service)
             if adopted is not None:  # said once: the journal is stamped now
                 event("journal", adopted, run_id=run_id)
                 self._adopted = adopted
             if self.output is not None:
                 journal.note_output(self.output.path)
-            return journal
-        if not shared:
-            return process_cache(spec.client.base_url)
-        if isinstance(self.budget, RedisBudget):
-            store = RedisStore(self.budget.url, self.client.identity)
-            stack.callback(store.close)
-            return store
-        return shared_memory(self.client.identity)
+            return journal, True
+        if shared:  # the workers of one job share the store; with none, this process's memory (one process)
+            return (shared_memory(self.client.identity) if spec.store == "none" else None), True
+        return process_cache(spec.client.service), False

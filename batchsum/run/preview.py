@@ -10,7 +10,9 @@ from contextlib import ExitStack
 from typing import Any
 
 from ..data.journal import Journal
-from ..engine.plan import plan_batch
+from ..data.scopes import look_at_store
+from ..data.stores import StoreError
+from ..engine.plan import BatchPlan, plan_batch
 from ..pacing import KeyRecord
 from ..pacing.budget import open_budget
 from ..service.client import AsyncClient
@@ -19,7 +21,7 @@ from ..service.settings import AUTO_MAX_RPM
 from .binding import spec_key_hash
 from .spec import RunSpec
 
-__all__ = ["dry_run"]
+__all__ = ["dry_run", "estimate"]
 
 
 async def _budget_lines(spec: RunSpec) -> tuple[str, KeyRecord | None]:
@@ -59,15 +61,42 @@ def _limit_line(spec: RunSpec, record: KeyRecord | None) -> tuple[str, float | N
     return f"limit:            {rpm:g}/min, remembered ({found.describe()}) for this key at this service", rpm
 
 
+def _stores(spec: RunSpec, stack: ExitStack) -> tuple[Journal | None, Any, str]:
+    """The journal (when it exists) and the answer store (when it can be read), opened to look only
+    (nothing is created or written), and a line about the store; none with ``refresh``."""
+    if spec.refresh:
+        return None, None, "store:            not looked at: --refresh asks the service again for every request"
+    journal = None
+    if spec.journal is not None and os.path.exists(spec.journal):
+        journal = stack.enter_context(Journal(spec.journal, readonly=True))
+        journal.serve(spec.client.service)
+    if spec.store == "none":
+        return journal, None, "store:            none (the journal alone)"
+    try:
+        store = look_at_store(spec.store, spec.client.service)
+    except StoreError as exc:
+        return journal, None, f"store:            not usable ({exc}); a run goes on with its journal alone"
+    if store is None:
+        return journal, None, "store:            empty (not made yet)"
+    stack.callback(store.close)
+    return journal, store, f"store:            {store.where}"
+
+
+def estimate(spec: RunSpec, texts: Iterable[Any]) -> BatchPlan:
+    """What a run of ``spec`` over ``texts`` would send, reuse and skip (``BatchPlan``), sending
+    nothing and creating no file."""
+    with ExitStack() as stack:
+        journal, store, _ = _stores(spec, stack)
+        return plan_batch(texts, params=spec.params, store=journal, shared=store, long_texts_policy=spec.long_texts)
+
+
 def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
     """What a run of ``spec`` over ``texts`` would do, sending nothing and creating no file: rows to
-    send, skip, reuse (from the journal, when it exists), the least time, and the budget it joins."""
+    send, skip, reuse (from the journal, when it exists, and the answer store), the least time, and
+    the budget it joins."""
     with ExitStack() as stack:
-        store = None
-        if spec.journal is not None and os.path.exists(spec.journal):
-            store = stack.enter_context(Journal(spec.journal, readonly=True))
-            store.serve(spec.client.service)
-        batch = plan_batch(texts, params=spec.params, store=store, long_texts_policy=spec.long_texts)
+        journal, store, store_line = _stores(spec, stack)
+        batch = plan_batch(texts, params=spec.params, store=journal, shared=store, long_texts_policy=spec.long_texts)
     record: KeyRecord | None = None
     try:
         budget, record = asyncio.run(_budget_lines(spec))
@@ -88,4 +117,4 @@ def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
     plan = f"{plan}\n{needed}"
     if limit:
         plan = f"{plan}\n{limit}"
-    return f"{plan}\n{budget}"
+    return f"{plan}\n{store_line}\n{budget}"

@@ -66,10 +66,12 @@ class ProgressBar:
     @staticmethod
     def describe(stats: BatchStats) -> str:
         """``ok 10 · skipped 1 · failed 0 · 429s 2 · waiting 41 s: the service answered 429
-        (Retry-After 41) · pace 480/min · in flight 12``."""
+        (Retry-After 41) · pace 480/min · in flight 12``; ``ok 10 · from the store 8 · ...`` when the
+        answer store answered rows."""
         state = stats.pacer_state()
         pacer = state.describe() if state is not None else "no pacing"
-        return f"ok {stats.ok} · skipped {stats.skipped} · failed {stats.failed} · 429s {stats.rate_limited} · {pacer}"
+        store = f" · from the store {stats.from_store}" if stats.from_store else ""
+        return f"ok {stats.ok}{store} · skipped {stats.skipped} · failed {stats.failed} · 429s {stats.rate_limited} · {pacer}"
 
     async def follow(self, stats: BatchStats, every: float = 1.0) -> None:
         """Refresh the line while no row finishes (a pause, slow answers), so it never looks frozen."""

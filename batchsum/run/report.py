@@ -125,6 +125,7 @@ def run_report(
             "retried": max(0, stats.paid - stats.sent),
             "texts_sent": stats.sent,
             "reused": stats.reused,
+            "from_store": stats.from_store,
             "skipped": stats.skipped,
             "by_outcome": dict(sorted(stats.outcomes.items())),
             "max_requests": options.get("max_requests"),
@@ -172,7 +173,7 @@ def _pace(stats: BatchStats) -> dict[str, Any]:
 
 _SUMMED = {
     "rows": ("total", "done", "ok", "skipped", "failed"),
-    "requests": ("sent", "paid", "rate_limited", "retried", "texts_sent", "reused", "skipped"),
+    "requests": ("sent", "paid", "rate_limited", "retried", "texts_sent", "reused", "from_store", "skipped"),
 }
 
 
@@ -301,7 +302,8 @@ def describe_report(report: dict[str, Any]) -> str:
         f"{by(rows['skipped_by_reason'])}, {rows['failed']} failed{by(rows['failed_by_code'])}",
         f"requests:     {requests['sent']} sent, {requests['paid']} paid"
         + (f" (cap {cap})" if cap is not None else "")
-        + f", {requests['rate_limited']} 429s, {requests['retried']} retries; {requests['reused']} rows reused",
+        + f", {requests['rate_limited']} 429s, {requests['retried']} retries; {requests['reused']} rows reused"
+        + (f" ({requests['from_store']} from the store)" if requests.get("from_store") else ""),
         f"pauses:       {len(report['pauses'])}",
         f"utilization:  {use}",
         f"latency:      {latencies}",

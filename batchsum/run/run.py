@@ -72,7 +72,8 @@ class Run:
     """One run of ``spec``, an async context manager: the pieces open on entry, close on exit.
 
     ``total``: rows expected (the bar's length). ``shared``: several runs use the answers at once
-    (Dask partitions, Spark tasks): claims, and the budget's store. ``stats``: counts to update live
+    (Dask partitions, Spark tasks): no answers in this process's memory, only the answer store
+    (with its claims) and a shared journal when one is named. ``stats``: counts to update live
     (a front-end that draws them, such as the app, passes its own). ``on_result``: called with the
     stats after each row. ``locks``: files this run owns while it runs (``RunLock``), ``wait``: wait
     for another run holding them. ``output``: makes the dataset output (``write_dataset``), after the
@@ -246,6 +247,8 @@ async def summarize_texts(
     limiter: Any = None,
     budget: Any = None,
     journal: str | os.PathLike[str] | None = None,
+    store: str | None = None,
+    refresh: bool = False,
     progress: bool = True,
     long_texts: str = "skip",
     max_wait: float = DEFAULT_MAX_WAIT,

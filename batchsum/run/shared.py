@@ -9,9 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ..data.journal import SharedJournal
+from ..data.machine_store import default_store_path
+from ..data.scopes import open_store
+from ..data.stores import StoreError
 from ..pacing.budget import Budget, ProcessBudget, SQLiteBudget, check_budget, open_budget
-from ..service.errors import BudgetError, redact_location
+from ..service.errors import BudgetError, InvalidParameterError, redact_location
 from .binding import bind
+from .logs import log
 from .spec import RunSpec
 
 __all__ = ["Workers", "prepare_shared"]
@@ -56,7 +60,8 @@ def prepare_shared(spec: RunSpec, workers: Callable[[], Workers | None] | None =
     """A spec that many workers can open at once (Dask partitions, Spark tasks, Ray actors), checked
     here, once, before anything is sent: the local service started, the budget reachable and one the
     ``workers`` can share (asked after the budget answered; None: this process alone), the machine
-    budget named by its file (the same on every worker, whatever their cache folder), and the shared
+    budget and the machine's answer store named by their files (the same on every worker, whatever
+    their cache folder), the store opened once (made, and the old stores taken in), and the shared
     journal created."""
     from .background import run_in_worker
 
@@ -70,9 +75,30 @@ def prepare_shared(spec: RunSpec, workers: Callable[[], Workers | None] | None =
     changes: dict[str, Any] = {"run_id": spec.run_id or uuid.uuid4().hex[:16]}  # one share for all the workers
     if isinstance(budget, SQLiteBudget):
         changes["budget"] = f"sqlite://{budget.path}"
-        if spec.journal is None:
-            changes["journal"] = str(budget.path.with_name(f"answers-{identity[:16]}.sqlite"))
-    journal = changes.get("journal", spec.journal)
-    if journal is not None:
-        SharedJournal(journal).close()  # created here, once, before the workers open it
+    changes["store"] = _shared_store(spec, identity, who)
+    if spec.journal is not None:
+        SharedJournal(spec.journal).close()  # created here, once, before the workers open it
     return spec.replace(**changes)
+
+
+def _shared_store(spec: RunSpec, identity: str, workers: Workers | None) -> str:
+    """The store every worker opens: the machine's by its file; opened here once. One that cannot be
+    opened is said in one line and the workers go on without it; ``none`` is refused when the
+    workers are several processes (each would keep its own answers, and pay for another's texts)."""
+    several = workers is not None and (workers.processes > 1 or workers.hosts > 1)
+    if spec.store == "none":
+        if several and spec.journal is None:
+            assert workers is not None
+            raise InvalidParameterError(
+                f"invalid store 'none' here: {workers.described}, and without a store each would keep its own "
+                "answers, paying again for a text another worker was answered; leave the default (the machine's "
+                "or the cluster's store), or pass store='sqlite:///PATH' for a store of this job's own"
+            )
+        return spec.store
+    where = f"sqlite://{default_store_path()}" if spec.store == "machine" else spec.store
+    try:
+        open_store(where, spec.client.service, identity).close()
+    except StoreError as exc:
+        log.warning("batchsum: %s; the workers go on without it", exc, extra={"event": "store"})
+        return "none"
+    return where

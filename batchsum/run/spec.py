@@ -35,6 +35,7 @@ from ..service.settings import (
     ENV_BASE_URL,
     ENV_BUDGET,
     ENV_RPM,
+    ENV_STORE,
     LONG_TEXT_POLICIES,
     ClientSettings,
     Secret,
@@ -57,6 +58,7 @@ from ..service.settings import (
     is_loopback,
     key_hash,
     resolve_rate,
+    store_spec,
 )
 
 __all__ = [
@@ -71,6 +73,7 @@ __all__ = [
     "ENV_BASE_URL",
     "ENV_RPM",
     "ENV_BUDGET",
+    "ENV_STORE",
     "DEFAULT_RPM",
     "ENCODINGS",
     "LONG_TEXT_POLICIES",
@@ -149,6 +152,20 @@ OPTIONS: tuple[Option, ...] = (
         "sqlite:///PATH, or none (this process only)",
     ),
     Option("journal", None, "a SQLite file that keeps finished answers across runs, so nothing is paid for twice"),
+    Option(
+        "store",
+        None,
+        f"where answers are shared beyond this run's output, so that no job pays twice for a text: machine "
+        f"(every run of yours on this machine, in your cache folder; the default, or ${ENV_STORE}), "
+        "redis://HOST:PORT/DB (every machine; the default with a redis:// budget), sqlite:///PATH (a store "
+        "of your own), or none (the output's journal alone)",
+    ),
+    Option(
+        "refresh",
+        False,
+        "ask the service again for every request this run sends, even when the store or the journal holds its "
+        "answer; the new answer replaces the stored one",
+    ),
     Option("progress", True, "show a progress bar (tqdm: a widget in Jupyter, a line on a terminal)"),
     Option(
         "long_texts",
@@ -215,16 +232,17 @@ EXCEPTIONS: dict[str, Difference] = {
         "worker (Dask, Spark and Ray refuse one, naming the budget that paces every worker instead)",
     ),
     "max_requests": Difference(
-        ("spark", "ray"),
+        ("spark", "ray", "duckdb"),
         "refused",
-        "Spark's SQL function and Ray see rows a batch at a time, handed out as workers free up, and cannot "
-        "divide a job's cap beforehand (Spark's DataFrame function divides it among the partitions, as Dask does)",
+        "Spark's SQL function, Ray and DuckDB's function see rows a batch at a time, handed out as workers "
+        "free up, and cannot divide a job's cap beforehand (Spark's DataFrame function divides it among the "
+        "partitions, as Dask does)",
     ),
     "sample": Difference(
-        ("spark", "ray"),
+        ("spark", "ray", "duckdb"),
         "refused",
-        "Spark's SQL function and Ray see rows a batch at a time and cannot spread a sample over the job "
-        "(Spark's DataFrame function divides the sample among the partitions, as Dask does)",
+        "Spark's SQL function, Ray and DuckDB's function see rows a batch at a time and cannot spread a sample "
+        "over the job (Spark's DataFrame function divides the sample among the partitions, as Dask does)",
     ),
     "progress": Difference(
         ("cli", "widgets"),
@@ -234,8 +252,8 @@ EXCEPTIONS: dict[str, Difference] = {
     "journal": Difference(
         ("cli", "dask", "spark"),
         "other default",
-        "None means: the CLI keeps one beside its output (OUTPUT.journal.sqlite); Dask and Spark share "
-        "answers through the budget's store; elsewhere answers are kept in this process unless a journal is named",
+        "None means: the CLI keeps one beside its output (OUTPUT.journal.sqlite); elsewhere there is none, and "
+        "what the answer store does not keep (a refusal) stays in this process's memory",
     ),
 }
 
@@ -264,6 +282,8 @@ class RunSpec:
     limiter: Any = None
     budget: Any = DEFAULT_BUDGET  # a spec string, or a budget.Budget object (in-process only)
     journal: str | None = None
+    store: str = DEFAULT_BUDGET  # the answer store: machine, none, sqlite:///PATH or a Redis URL (store_spec)
+    refresh: bool = False
     progress: bool = True
     output_column: str = "summary"
     max_wait: float = DEFAULT_MAX_WAIT
@@ -298,6 +318,8 @@ class RunSpec:
         limiter: Any = None,
         budget: Any = None,
         journal: str | os.PathLike[str] | None = None,
+        store: str | None = None,
+        refresh: bool = False,
         progress: bool = True,
         long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
@@ -333,6 +355,8 @@ class RunSpec:
             limiter=limiter,
             budget=budget_spec(budget, env),
             journal=None if journal is None else check_path("journal", journal),
+            store=store_spec(store, budget_spec(budget, env), env),
+            refresh=check_flag("refresh", refresh),
             progress=progress,
             output_column=output_column,
             max_wait=check_seconds("max_wait", max_wait, zero=True),
@@ -375,20 +399,27 @@ class RunSpec:
 
     def describe(self) -> dict[str, Any]:
         """The options as plain data, for a report or a log line: the key never, locations redacted."""
-        return {
-            "mode": int(self.params.mode),
-            "percentage": self.params.percentage,
-            "type": self.params.type.value if self.params.type is not None else None,
-            "output_column": self.output_column,
-            **self.client.describe(),  # base_url (redacted), local, timeout, max_retries, encoding
-            "rpm": describe_rate(self.rpm, self.auto),
-            "concurrency": self.concurrency,
-            "budget": redact_location(self.budget) if isinstance(self.budget, str) else repr(self.budget),
-            "journal": self.journal,
-            "max_wait": self.max_wait,
-            "long_texts": self.long_texts,
-            "max_requests": self.max_requests,
-            "sample": self.sample,
-            "share": self.share,
-            "report": self.report,
-        }
+        return describe_spec(self)
+
+
+def describe_spec(spec: RunSpec) -> dict[str, Any]:
+    """``RunSpec.describe``: the options as plain data, the key never, locations redacted."""
+    return {
+        "mode": int(spec.params.mode),
+        "percentage": spec.params.percentage,
+        "type": spec.params.type.value if spec.params.type is not None else None,
+        "output_column": spec.output_column,
+        **spec.client.describe(),  # base_url (redacted), local, timeout, max_retries, encoding
+        "rpm": describe_rate(spec.rpm, spec.auto),
+        "concurrency": spec.concurrency,
+        "budget": redact_location(spec.budget) if isinstance(spec.budget, str) else repr(spec.budget),
+        "journal": spec.journal,
+        "store": redact_location(spec.store),
+        "refresh": spec.refresh,
+        "max_wait": spec.max_wait,
+        "long_texts": spec.long_texts,
+        "max_requests": spec.max_requests,
+        "sample": spec.sample,
+        "share": spec.share,
+        "report": spec.report,
+    }

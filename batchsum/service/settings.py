@@ -29,8 +29,10 @@ __all__ = [
     "ENV_BASE_URL",
     "ENV_RPM",
     "ENV_BUDGET",
+    "ENV_STORE",
     "DEFAULT_RPM",
     "DEFAULT_BUDGET",
+    "STORE_KINDS",
     "DEFAULT_MAX_WAIT",
     "DEFAULT_WINDOW",
     "DEFAULT_WINDOW_BYTES",
@@ -45,6 +47,7 @@ __all__ = [
     "is_loopback",
     "client_settings",
     "budget_spec",
+    "store_spec",
     "resolve_rate",
     "check_key",
     "check_base_url",
@@ -66,8 +69,10 @@ ENV_API_KEY = "BATCHSUM_API_KEY"
 ENV_BASE_URL = "BATCHSUM_BASE_URL"
 ENV_RPM = "BATCHSUM_RPM"
 ENV_BUDGET = "BATCHSUM_BUDGET"
+ENV_STORE = "BATCHSUM_STORE"
 DEFAULT_RPM = 60.0
 DEFAULT_BUDGET = "machine"
+STORE_KINDS = "machine, none, sqlite:///PATH or redis://HOST:PORT/DB"
 DEFAULT_MAX_WAIT = 1800.0  # seconds a row may wait out 429s before it fails as rate_limited
 ENCODINGS = ("json", "form", "multipart")
 LONG_TEXT_POLICIES = ("skip", "split", "truncate")
@@ -412,6 +417,34 @@ def budget_spec(budget: Any, environ: Mapping[str, str] | None = None) -> Any:
     if isinstance(budget, str) or callable(getattr(budget, "reserve", None)):
         return budget
     raise BudgetError(f"invalid budget {budget!r}: use 'machine', 'none', 'redis://HOST:PORT/DB' or a Budget")
+
+
+def store_spec(store: object, budget: object, environ: Mapping[str, str] | None = None) -> str:
+    """Where a run's answers are shared beyond its output: ``store`` as given, or for None
+    ``$BATCHSUM_STORE``, else the budget's: its Redis (``redis://``, ``rediss://``, ``unix://``; a
+    budget object says its ``url``) for a cluster's budget, the machine's otherwise. One of
+    ``machine``, ``none``, ``sqlite:///PATH``, a Redis URL; ``InvalidParameterError`` for anything else."""
+    if store is None:
+        store = environment(environ).get(ENV_STORE, "").strip()
+        source = f"${ENV_STORE}"  # named as itself in the message, not as the option
+        if not store:
+            url = budget if isinstance(budget, str) else getattr(budget, "url", None)
+            redis = isinstance(url, str) and url.strip().lower().startswith(("redis://", "rediss://", "unix://"))
+            return url.strip() if redis and isinstance(url, str) else DEFAULT_BUDGET
+    else:
+        source = "store"
+    if not isinstance(store, str):
+        raise InvalidParameterError(f"invalid store {store!r}: use {STORE_KINDS}")
+    spelled = store.strip()
+    lowered = spelled.lower()
+    if lowered in ("machine", "none"):
+        return lowered
+    if (lowered.startswith("sqlite:///") and len(spelled) > len("sqlite:///")) or lowered.startswith(
+        ("redis://", "rediss://", "unix://")
+    ):
+        return spelled
+    shown = redact_location(spelled)
+    raise InvalidParameterError(f"invalid {source} {shown!r}: use {STORE_KINDS}")
 
 
 def check_path(name: str, value: Any) -> str:

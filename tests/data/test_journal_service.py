@@ -147,7 +147,7 @@ def test_after_a_resume_the_eta_counts_only_the_rows_sent():
     from batchsum.run.progress import ProgressBar
 
     stats = types.SimpleNamespace(
-        work_total=1000, work_done=950, total=1000, done=950, reused=900, ok=950, skipped=0, failed=0,
+        work_total=1000, work_done=950, total=1000, done=950, reused=900, from_store=0, ok=950, skipped=0, failed=0,
         rate_limited=0, pacer_state=lambda: None,
     )  # fmt: skip
     bar = ProgressBar(1000, file=io.StringIO())

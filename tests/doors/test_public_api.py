@@ -29,7 +29,13 @@ def listed() -> dict[str, list[str]]:
 
 
 SECTIONS = listed()
-OPTIONAL = {"batchsum.spark": "pyspark", "batchsum.dask": "dask", "batchsum.polars": "polars", "batchsum.ray": "ray"}
+OPTIONAL = {
+    "batchsum.spark": "pyspark",
+    "batchsum.dask": "dask",
+    "batchsum.polars": "polars",
+    "batchsum.ray": "ray",
+    "batchsum.duckdb": "duckdb",
+}
 
 
 def test_the_page_lists_every_public_module():
@@ -39,6 +45,7 @@ def test_the_page_lists_every_public_module():
         "batchsum.dask",
         "batchsum.polars",
         "batchsum.ray",
+        "batchsum.duckdb",
         "batchsum.widgets",
         "batchsum.local",
         "batchsum.options",

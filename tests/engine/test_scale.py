@@ -143,7 +143,7 @@ def test_the_journal_looks_up_many_answers_in_one_go(tmp_path):
 
 
 def test_the_redis_store_looks_up_many_answers_in_one_go(redis_url):
-    from batchsum.data.journal import RedisStore
+    from batchsum.data.redis_store import RedisStore
 
     store = RedisStore(redis_url, "scale-test")
     try:

@@ -15,6 +15,7 @@ import pytest
 
 import batchsum
 import batchsum.dask  # noqa: F401  (registers ddf.batchsum)
+import batchsum.duckdb
 import batchsum.ray
 import batchsum.spark
 from batchsum import RunSpec
@@ -46,6 +47,7 @@ FRONT_ENDS = {
     "widgets": [FrameApp.__init__],
     "spark": [batchsum.spark.summarize, batchsum.spark.register],
     "ray": [batchsum.ray.summarize],
+    "duckdb": [batchsum.duckdb.register],
     "polars": [
         DataFrameNamespace.summarize,
         DataFrameNamespace.asummarize,

@@ -1,0 +1,210 @@
+"""A run's answers in their two scopes (``Scopes``): its own (the output's journal, or this process's
+memory when it has none) and the answer store shared beyond it (the machine's, the cluster's), which
+``open_store`` opens from what ``store=`` names."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Iterable
+from pathlib import Path
+from typing import Any
+
+from .results import OK, Answer
+from .stores import AnswerStore, StoreError
+
+__all__ = ["Scopes", "open_store", "look_at_store", "store_path"]
+
+log = logging.getLogger("batchsum")
+
+
+def open_store(where: str, service: str, identity: str | None = None) -> Any:
+    """The answer store ``where`` names (``service.settings.store_spec``) for ``service``'s answers:
+    ``machine`` (the user's cache folder), ``sqlite:///PATH``, a Redis URL (the cluster's; the old
+    answers of the key ``identity`` are taken in the first time), or None for ``none``.
+    ``StoreError`` when it cannot be opened."""
+    if where == "none":
+        return None
+    if where.lower().startswith(("redis://", "rediss://", "unix://")):
+        from .redis_store import RedisStore
+
+        cluster = RedisStore(where, service)
+        try:
+            if identity is not None:
+                cluster.take_in_old(identity)
+        except StoreError:
+            cluster.close()
+            raise
+        return cluster
+    from .machine_store import MachineStore
+    from .store_upkeep import keep_up
+
+    path = store_path(where)
+    store = MachineStore(path, service)
+    keep_up(path)  # the old stores taken in before anything is looked up; pruning when due
+    return store
+
+
+def store_path(where: str) -> Path:
+    """The file of a machine's store ``where`` names (``machine``, ``sqlite:///PATH``)."""
+    from .machine_store import default_store_path
+
+    return default_store_path() if where == "machine" else Path(where[len("sqlite://") :])
+
+
+def look_at_store(where: str, service: str) -> Any:
+    """The answer store ``where`` names, to look only (a dry run): nothing is made or written; None
+    when it is ``none`` or not made yet. ``StoreError`` when it cannot be read."""
+    if where == "none":
+        return None
+    if where.lower().startswith(("redis://", "rediss://", "unix://")):
+        from .redis_store import RedisStore
+
+        return RedisStore(where, service)
+    from .machine_store import MachineStore
+
+    path = store_path(where)
+    return MachineStore(path, service, readonly=True) if path.exists() else None
+
+
+class Scopes:
+    """A run's answers: its own (``own``: the output's journal, or this process's memory for a run with
+    none; ``keeps_all``: a journal keeps every answer, memory only what no store on disk keeps) and
+    the store shared beyond it (``store``: None for none). Looked up in that order, the store's
+    answers copied into a journal; a summary goes to both, a refusal to its own scope only. Claims
+    are the store's when it has some, else its own's (a shared journal). ``refresh``: nothing is
+    looked up (every request sent again; its answer replaces the stored one).
+
+    A store that fails (a full disk, Redis gone) is said once and left: the run goes on with its own
+    scope. Its own scope's failures are the run's (``JournalError``: the run stops)."""
+
+    def __init__(
+        self, own: AnswerStore | None, store: Any = None, *, keeps_all: bool = True, refresh: bool = False
+    ) -> None:
+        self.own = own
+        self.store = store
+        self.keeps_all = keeps_all
+        self.refresh = refresh
+        self.where = getattr(store, "where", None)
+
+    @property
+    def claims(self) -> bool:
+        return self._claimer is not None
+
+    @property
+    def _claimer(self) -> Any:
+        for scope in (self.store, self.own):
+            if scope is not None and getattr(scope, "claims", callable(getattr(scope, "claim", None))):
+                return scope
+        return None
+
+    def _failed(self, exc: BaseException) -> None:
+        """The store is left for the rest of the run, said once."""
+        if self.store is None:
+            return
+        log.warning(
+            "batchsum: the answer store %s failed (%s): this run goes on with its own answers alone",
+            self.where,
+            exc,
+            extra={"event": "store", "fields": {"where": self.where}},
+        )
+        store, self.store = self.store, None
+        try:
+            store.close()
+        except Exception:  # noqa: BLE001 - it failed already
+            pass
+
+    def lookup(self, keys: list[str]) -> tuple[dict[str, Answer], set[str]]:
+        """The answers known for ``keys``, and which of them the store gave (not its own scope)."""
+        if self.refresh:
+            return {}, set()
+        found: dict[str, Answer] = {}
+        if self.own is not None:
+            many = getattr(self.own, "get_many", None)
+            found = many(keys) if many is not None else {k: a for k in keys if (a := self.own.get(k)) is not None}
+        missing = [key for key in keys if key not in found] if found else keys
+        if self.store is None or not missing:
+            return found, set()
+        try:
+            stored: dict[str, Answer] = self.store.get_many(missing)
+        except Exception as exc:  # noqa: BLE001 - a store is a help, never a stop
+            self._failed(exc)
+            return found, set()
+        if stored and self.keeps_all and self.own is not None:
+            self._copy(stored.items())
+        found.update(stored)
+        return found, set(stored)
+
+    def _copy(self, answers: Iterable[tuple[str, Answer]]) -> None:
+        """The store's answers into the journal, which then holds every answer of its output."""
+        put_many = getattr(self.own, "put_many", None)
+        if put_many is not None:
+            put_many(list(answers))
+        else:
+            for key, answer in answers:
+                self.own.put(key, answer)  # type: ignore[union-attr]
+
+    def get_many(self, keys: list[str]) -> dict[str, Answer]:
+        return self.lookup(keys)[0]
+
+    def get(self, key: str) -> Answer | None:
+        return self.lookup([key])[0].get(key)
+
+    def put(self, key: str, answer: Answer) -> None:
+        """``answer`` kept: in the run's own scope (memory: only when no store keeps it) and, a
+        summary, in the store."""
+        kept = False
+        if self.store is not None and answer.status == OK:
+            try:
+                self.store.put(key, answer)
+                kept = True
+            except Exception as exc:  # noqa: BLE001 - a store is a help, never a stop
+                self._failed(exc)
+        if self.own is not None and (self.keeps_all or not kept):
+            self.own.put(key, answer)
+
+    def claim(self, key: str) -> bool:
+        claimer = self._claimer
+        if claimer is None:
+            return True
+        try:
+            won: bool = claimer.claim(key)
+            return won
+        except Exception as exc:
+            if claimer is not self.store:
+                raise
+            self._failed(exc)
+            return self.claim(key)
+
+    def release(self, key: str) -> None:
+        claimer = self._claimer
+        if claimer is not None:
+            try:
+                claimer.release(key)
+            except Exception as exc:
+                if claimer is not self.store:
+                    raise
+                self._failed(exc)
+
+    def renew(self, keys: Collection[str]) -> None:
+        claimer = self._claimer
+        if claimer is not None:
+            try:
+                claimer.renew(keys)
+            except Exception as exc:
+                if claimer is not self.store:
+                    raise
+                self._failed(exc)
+
+    def spill(self, answers: list[tuple[str, Answer]]) -> str | None:
+        """The answers its own scope refused, to the journal's side file (``Journal.spill``)."""
+        spill = getattr(self.own, "spill", None)
+        where: str | None = spill(answers) if spill is not None else None
+        return where
+
+    def __len__(self) -> int:
+        """Answers in its own scope (what a rerun of the same output finds there)."""
+        return len(self.own) if self.own is not None else 0  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()

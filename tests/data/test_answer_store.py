@@ -1,0 +1,288 @@
+"""The answer store every job shares: kept by service and request fingerprint, summaries only, a file
+of the user's own (0600) that many processes open at once, pruned by age and size in small steps,
+the per-key stores of earlier versions taken in when it first opens; on Redis the same by service."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from batchsum.data import store_upkeep
+from batchsum.data.journal import Journal, SharedJournal
+from batchsum.data.machine_store import MachineStore, default_store_path
+from batchsum.data.redis_store import PREFIX, RedisStore, RedisUpkeep
+from batchsum.data.results import FAILED, OK, Answer
+from batchsum.data.scopes import Scopes, look_at_store, open_store
+from batchsum.data.store_upkeep import MachineUpkeep
+from batchsum.data.stores import MemoryStore, StoreError
+
+ROOT = Path(__file__).parents[2]
+SUMMARY = Answer("a summary", OK, None, None, 200, 1)
+REFUSAL = Answer(None, FAILED, "unprocessable", "the text was refused", 422, 1)
+SERVICE = "https://api.example.com"
+
+
+def test_the_machine_store_is_a_file_of_the_users_own_in_the_cache_folder(tmp_path):
+    store = open_store("machine", SERVICE)
+    try:
+        assert store.path == default_store_path() == Path(os.environ["XDG_CACHE_HOME"]) / "batchsum" / "answers.sqlite"
+        store.put("k", SUMMARY)
+        for path in store.path.parent.glob("answers.sqlite*"):
+            assert path.stat().st_mode & 0o777 == 0o600, path  # the WAL and its index too
+    finally:
+        store.close()
+    loose = tmp_path / "loose.sqlite"  # made by someone else before, readable by others
+    loose.touch(mode=0o644)
+    loose.chmod(0o644)
+    MachineStore(loose, SERVICE).close()
+    assert loose.stat().st_mode & 0o777 == 0o600
+
+
+def test_answers_are_kept_by_service_and_fingerprint_and_only_summaries(tmp_path):
+    path = tmp_path / "store.sqlite"
+    one, other = MachineStore(path, SERVICE), MachineStore(path, "https://other.example.com")
+    one.put("k", SUMMARY)
+    one.put("refused", REFUSAL)  # a refusal stays with its output: never shared
+    assert one.get_many(["k", "refused"]) == {"k": SUMMARY}
+    assert other.get("k") is None  # another service's answer to the same request is not this one's
+    one.put("k", SUMMARY._replace(summary="a newer summary"))  # refresh: the new answer replaces it
+    assert MachineStore(path, SERVICE).get("k").summary == "a newer summary"
+
+
+def test_a_file_that_is_not_a_store_is_refused_and_left_as_it_was(tmp_path):
+    other = tmp_path / "other.sqlite"
+    db = sqlite3.connect(other)
+    db.execute("CREATE TABLE mine (x)")
+    db.commit()
+    db.close()
+    before = other.read_bytes()
+    with pytest.raises(StoreError, match="not a batchsum answer store"):
+        MachineStore(other, SERVICE)
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_bytes(b"not a database at all" * 100)
+    with pytest.raises(StoreError):
+        MachineStore(garbage, SERVICE)
+    assert other.read_bytes() == before and garbage.read_bytes() == b"not a database at all" * 100
+
+
+def test_many_processes_opening_a_new_store_at_once_all_open_it(tmp_path):
+    path = tmp_path / "store.sqlite"
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from batchsum.data.machine_store import MachineStore
+        store = MachineStore({str(path)!r}, "s")
+        store.put(sys.argv[1], __import__("batchsum.data.results", fromlist=["Answer"]).Answer("x", "ok", None, None, 200, 1))
+        print("ok")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    processes = [
+        subprocess.Popen([sys.executable, "-c", code, f"k{i}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        for i in range(8)
+    ]
+    outcomes = [p.communicate(timeout=60) for p in processes]
+    assert [p.returncode for p in processes] == [0] * 8, [err.decode()[-500:] for _, err in outcomes]
+    assert len(MachineStore(path, "s")) == 8
+
+
+def test_a_store_that_cannot_be_opened_says_why_in_one_error(tmp_path):
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        if os.access(folder, os.W_OK):  # root writes anywhere: a path under a file fails for everyone
+            target = tmp_path / "a-file"
+            target.write_text("")
+            where = f"sqlite://{target}/answers.sqlite"
+        else:
+            where = f"sqlite://{folder}/answers.sqlite"
+        with pytest.raises(StoreError, match="cannot be opened"):
+            open_store(where, SERVICE)
+    finally:
+        folder.chmod(0o700)
+
+
+def _aged(path: Path, service: str, count: int, written: float, size: int = 50) -> None:
+    db = sqlite3.connect(path)
+    db.executemany(
+        "INSERT INTO answers VALUES (?, ?, ?, 1, ?)",
+        [(service, f"{service}-{written}-{i}", "x" * size, written) for i in range(count)],
+    )
+    db.commit()
+    db.close()
+
+
+def test_the_retention_prunes_old_answers_in_small_transactions(tmp_path, monkeypatch):
+    path = tmp_path / "store.sqlite"
+    MachineStore(path, SERVICE).close()
+    now = time.time()
+    _aged(path, SERVICE, 1200, now - 91 * 86400)  # past the 90 days
+    _aged(path, SERVICE, 30, now - 10 * 86400)
+    statements: list[str] = []
+    upkeep = MachineUpkeep(path)
+    upkeep._db.set_trace_callback(statements.append)
+    assert upkeep.prune(now) == 1200
+    deletes = [s for s in statements if s.startswith("DELETE FROM answers")]
+    assert len(deletes) == 3 and all(f"LIMIT {store_upkeep.PRUNE_ROWS}" in s for s in deletes)  # 500 at a time
+    assert not any("BEGIN" in s for s in statements)  # each its own short transaction (autocommit)
+    assert len(MachineStore(path, SERVICE)) == 30
+    upkeep.configure(retention_days=5)  # set for every process using the store
+    assert MachineUpkeep(path).prune(now) == 30
+
+
+def test_the_size_cap_removes_the_oldest_first_and_gives_the_space_back(tmp_path):
+    path = tmp_path / "store.sqlite"
+    MachineStore(path, SERVICE).close()
+    now = time.time()
+    _aged(path, SERVICE, 2000, now - 3 * 86400, size=2000)  # about 4 MB, the oldest
+    _aged(path, SERVICE, 200, now - 86400, size=2000)
+    upkeep = MachineUpkeep(path)
+    assert upkeep.size() > 4_000_000
+    upkeep.configure(max_bytes=2 << 20)
+    gone = upkeep.prune(now)
+    assert upkeep.size() <= 2 << 20 and gone >= 1000
+    young = sqlite3.connect(path).execute("SELECT COUNT(*) FROM answers WHERE written > ?", (now - 2 * 86400,))
+    assert young.fetchone()[0] == 200  # the oldest went first
+    assert os.path.getsize(path) < 4_000_000  # pages back to the disk (incremental vacuum)
+
+
+def test_pruning_is_due_once_an_hour_whoever_opens_the_store(tmp_path):
+    path = tmp_path / "store.sqlite"
+    MachineStore(path, SERVICE).close()
+    upkeep = MachineUpkeep(path)
+    now = 1_000_000_000.0
+    assert upkeep.due(now)
+    assert not MachineUpkeep(path).due(now + 60)  # another process, a minute later
+    assert MachineUpkeep(path).due(now + store_upkeep.PRUNE_EVERY + 1)
+    assert MachineUpkeep(path).due(now - 2 * store_upkeep.PRUNE_EVERY)  # the clock stepped back: due
+
+
+def test_pruning_never_holds_a_writer_up_for_long(tmp_path):
+    """A run writes while the store prunes 20,000 old answers: each of its writes waits at most for
+    one small transaction."""
+    path = tmp_path / "store.sqlite"
+    MachineStore(path, SERVICE).close()
+    _aged(path, SERVICE, 20_000, time.time() - 100 * 86400)
+    import threading
+
+    upkeep = MachineUpkeep(path)
+    pruner = threading.Thread(target=upkeep.prune)
+    writer = MachineStore(path, SERVICE)
+    writes = 0
+    pruner.start()
+    while pruner.is_alive():
+        writer.put(f"new-{writes}", SUMMARY)
+        writes += 1
+    pruner.join()
+    assert writes > 1 and len(writer) == writes  # it kept writing the whole time, nothing lost
+
+
+def _old_store(folder: Path, name: str, rows: list[tuple[str, Answer]], service: str | None) -> Path:
+    path = folder / name
+    with SharedJournal(path) as journal:
+        if service is not None:
+            journal.serve(service)
+        for key, answer in rows:
+            journal.put(key, answer)
+    return path
+
+
+def test_the_old_per_key_stores_are_taken_in_the_first_time_the_store_opens(tmp_path, caplog):
+    folder = default_store_path().parent
+    folder.mkdir(parents=True)
+    _old_store(folder, "answers-0123456789abcdef.sqlite", [("a", SUMMARY), ("b", REFUSAL)], SERVICE)
+    _old_store(folder, "answers-fedcba9876543210.sqlite", [("c", SUMMARY)], "batchsum-local")
+    (folder / "answers-ffffffffffffffff.sqlite").write_text("not a journal")  # left alone
+    with caplog.at_level(logging.INFO, logger="batchsum"):
+        store = open_store("machine", SERVICE)
+    try:
+        assert store.get_many(["a", "b", "c"]) == {"a": SUMMARY}  # a summary of this service; no refusal
+        assert MachineStore(store.path, "batchsum-local").get("c") == SUMMARY
+        assert any("2 answers of earlier versions' stores" in r.getMessage() for r in caplog.records)
+        assert MachineUpkeep(store.path).take_in_old() == 0  # once
+    finally:
+        store.close()
+
+
+def test_the_cluster_store_keeps_answers_by_service_and_takes_in_a_keys_old_answers(redis_url):
+    import redis
+
+    raw = redis.Redis.from_url(redis_url)
+    service = f"https://cluster-{os.urandom(4).hex()}.example"
+    identity = os.urandom(8).hex()
+    a, b = "a" * 64, "b" * 64  # fingerprints (SHA-256, hex)
+    old = f"batchsum:answers:{{{identity}}}:"
+    raw.set(old + a, json.dumps(list(SUMMARY)))
+    raw.set(old + b, json.dumps(list(REFUSAL)))
+    raw.set(old + "claim:" + a, "someone")
+    store = open_store(redis_url, service, identity)
+    try:
+        assert store.get_many([a, b]) == {a: SUMMARY}
+        assert raw.exists(f"{PREFIX}imported:{identity}")
+        assert 0 < raw.ttl(f"{PREFIX}{{{service}}}:{a}") <= 90 * 86400
+        store.put("c" * 64, REFUSAL)
+        assert store.get("c" * 64) is None
+        assert RedisStore(redis_url, "https://another.example").get(a) is None
+        upkeep = RedisUpkeep(redis_url)
+        assert (service, pytest.approx(time.time(), abs=60)) in upkeep.inventory()
+        assert upkeep.remove(service=service) == 1 and store.get(a) is None
+    finally:
+        store.close()
+        raw.close()
+
+
+def test_scopes_copy_the_stores_answers_into_the_journal_and_keep_refusals_out_of_the_store(tmp_path):
+    journal = Journal(tmp_path / "j.sqlite")
+    journal.serve(SERVICE)
+    store = MachineStore(tmp_path / "store.sqlite", SERVICE)
+    store.put("known", SUMMARY)
+    scopes = Scopes(journal, store)
+    assert scopes.lookup(["known", "new"]) == ({"known": SUMMARY}, {"known"})
+    assert journal.get("known") == SUMMARY  # the journal holds every answer of its output
+    scopes.put("refused", REFUSAL)
+    assert journal.get("refused") == REFUSAL and store.get("refused") is None
+    assert scopes.lookup(["known"]) == ({"known": SUMMARY}, set())  # now the journal's own
+    assert Scopes(journal, store, refresh=True).lookup(["known"]) == ({}, set())
+
+
+def test_memory_keeps_only_what_no_store_on_disk_keeps(tmp_path):
+    memory = MemoryStore()
+    store = MachineStore(tmp_path / "store.sqlite", SERVICE)
+    scopes = Scopes(memory, store, keeps_all=False)
+    scopes.put("ok", SUMMARY)
+    scopes.put("refused", REFUSAL)
+    assert memory.items() == [("refused", REFUSAL)] and store.get("ok") == SUMMARY
+    assert scopes.get("ok") == SUMMARY and scopes.get("refused") == REFUSAL
+
+
+def test_a_store_that_fails_mid_run_is_said_once_and_left(tmp_path, caplog):
+    memory = MemoryStore()
+    store = MachineStore(tmp_path / "store.sqlite", SERVICE)
+    scopes = Scopes(memory, store, keeps_all=False)
+    store.close()  # as good as a disk gone
+    with caplog.at_level(logging.WARNING, logger="batchsum"):
+        scopes.put("ok", SUMMARY)
+        assert scopes.get("ok") == SUMMARY  # kept in memory instead
+        assert scopes.claim("k")  # no store, no claims: the run sends
+        scopes.put("other", SUMMARY)
+    said = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert len(said) == 1 and "goes on with its own answers alone" in said[0].getMessage()
+
+
+def test_a_dry_run_looks_at_the_store_without_making_or_writing_it(tmp_path):
+    assert look_at_store("machine", SERVICE) is None and not default_store_path().exists()
+    open_store("machine", SERVICE).close()
+    looking = look_at_store("machine", SERVICE)
+    with pytest.raises(StoreError):
+        looking.put("k", SUMMARY)
+    looking.close()

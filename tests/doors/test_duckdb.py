@@ -1,0 +1,165 @@
+"""DuckDB: ``batchsum_summarize(text)`` on a real connection, called from DuckDB's threads at once, one
+run per connection (opened at the first call, closed with the connection or when idle), through the
+answer store (a query run again pays nothing), a struct per row (no silent NULL), and the estimate."""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+duckdb = pytest.importorskip("duckdb")
+
+import batchsum.duckdb  # noqa: E402
+from batchsum.data.stores import clear_process_caches  # noqa: E402
+from batchsum.errors import InvalidParameterError  # noqa: E402
+from batchsum.local import Faults  # noqa: E402
+from tests.conftest import EXPIRED_KEY, KEY, article  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fresh_process_answers():
+    """Each test starts without the answers earlier tests left in this process's memory."""
+    clear_process_caches()
+
+
+@pytest.fixture
+def con():
+    connection = duckdb.connect()
+    yield connection
+    connection.close()
+
+
+def register(con, svc, **options):
+    return batchsum.duckdb.register(con, api_key=KEY, base_url=svc.url, rpm=0, progress=False, **options)
+
+
+def table(con, rows: list[str | None], name: str = "tickets") -> None:
+    con.register("source", pa.table({"id": list(range(len(rows))), "text": rows}))
+    con.execute(f"CREATE TABLE {name} AS SELECT * FROM source")
+    con.unregister("source")
+
+
+def test_a_query_summarizes_every_row_into_a_struct_and_a_second_run_pays_nothing(con, svc, tmp_path):
+    texts = [article(25, seed=i) for i in range(30)]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "in.parquet")
+    registration = register(con, svc, report=str(tmp_path / "run.json"))
+    query = f"SELECT s.summary, s.status, s.error, s.message FROM (SELECT batchsum_summarize(text) AS s FROM '{tmp_path}/in.parquet')"
+    rows = con.execute(query).fetchall()
+    assert len(rows) == 30 and all(status == "ok" and summary for summary, status, _, _ in rows)
+    assert svc.stats()["requests"] == 30
+    assert con.execute(query).fetchall() == rows  # the same query again: the answers are kept
+    assert svc.stats()["requests"] == 30 and registration.runs == 1  # one run for the connection
+    kinds = con.execute("SELECT typeof(batchsum_summarize('x'))").fetchone()[0]
+    assert kinds == 'STRUCT(summary VARCHAR, status VARCHAR, "error" VARCHAR, message VARCHAR)'
+    con.close()  # the connection closed: the run ends, its report written
+    report = json.loads((tmp_path / "run.json").read_text())
+    assert report["rows"]["ok"] == 60 and report["requests"]["from_store"] == 30
+
+
+def test_no_failure_is_a_silent_null(con, svc):
+    register(con, svc)
+    svc.faults = Faults(script=["422"])
+    table(con, [None, "too short", article(20, seed=1)])
+    rows = con.execute("SELECT s.status, s.error FROM (SELECT batchsum_summarize(text) AS s FROM tickets ORDER BY id)")
+    assert rows.fetchall() == [("skipped", "empty"), ("skipped", "too_short"), ("failed", "unprocessable")]
+
+
+def test_a_refused_key_fails_the_query_with_the_services_message(con, svc):
+    batchsum.duckdb.register(con, api_key=EXPIRED_KEY, base_url=svc.url, rpm=0, progress=False)
+    table(con, [article(20, seed=i) for i in range(5)])
+    with pytest.raises(duckdb.Error, match="expired|not premium|401"):
+        con.execute("SELECT batchsum_summarize(text) FROM tickets").fetchall()
+    assert svc.stats()["requests"] == 1  # a new key's first request goes alone
+
+
+def test_duckdbs_threads_call_it_at_once_and_each_text_is_paid_once(con, svc):
+    con.execute("SET threads = 4")
+    svc.faults = Faults(latency=0.01)
+    distinct = [article(12, seed=i) for i in range(1500)]
+    table(con, [distinct[i % 1500] for i in range(9000)])  # every text six times, spread over the chunks
+    calls: list[int] = []
+    registration = register(con, svc)
+    original = registration.summarize
+
+    def counted(texts):
+        calls.append(len(texts))
+        return original(texts)
+
+    registration.summarize = counted
+    rows = con.execute("SELECT s.status FROM (SELECT batchsum_summarize(text) AS s FROM tickets)").fetchall()
+    assert len(rows) == 9000 and {status for (status,) in rows} == {"ok"}
+    assert len(calls) > 2  # chunks, from DuckDB's threads
+    assert svc.stats()["requests"] == 1500 and svc.stats()["answered_twice"] == 0
+    assert registration.runs == 1
+
+
+def test_it_is_never_folded_when_the_query_is_planned(con, svc):
+    register(con, svc)
+    text = article(20, seed=7)
+    con.execute(f"EXPLAIN SELECT batchsum_summarize('{text}') FROM range(3)").fetchall()
+    assert svc.stats()["requests"] == 0  # planning sends nothing
+    assert len(con.execute(f"SELECT batchsum_summarize('{text}') FROM range(3)").fetchall()) == 3
+    assert svc.stats()["requests"] == 1
+
+
+def test_the_run_closes_after_a_minute_idle_and_the_next_call_opens_another(con, svc, monkeypatch, tmp_path):
+    monkeypatch.setattr(batchsum.duckdb, "IDLE_SECONDS", 0.3)
+    registration = register(con, svc, report=str(tmp_path / "run.json"))
+    con.execute(f"SELECT batchsum_summarize('{article(20)}')").fetchall()
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "run.json").exists() and time.monotonic() < deadline:  # written as the run closes
+        time.sleep(0.05)
+    assert repr(registration).endswith("closed)") and (tmp_path / "run.json").exists()
+    con.execute(f"SELECT batchsum_summarize('{article(21)}')").fetchall()
+    assert registration.runs == 2
+
+
+def test_the_run_ends_when_the_connection_is_let_go(svc, tmp_path):
+    con = duckdb.connect()
+    register(con, svc, report=str(tmp_path / "run.json"))
+    con.execute(f"SELECT batchsum_summarize('{article(20)}')").fetchall()
+    del con
+    gc.collect()
+    assert json.loads((tmp_path / "run.json").read_text())["rows"]["ok"] == 1
+
+
+def test_the_estimate_says_what_a_query_would_send(con, svc):
+    register(con, svc)
+    texts = [article(20, seed=i) for i in range(8)] + [article(20, seed=0), "too short", None]
+    table(con, texts)
+    estimate = "SELECT batchsum_estimate(list(text)) FROM tickets"
+    (before,) = con.execute(estimate).fetchone()
+    assert before == {
+        "rows": 11,
+        "would_send": 8,
+        "already_answered": 0,
+        "from_store": 0,
+        "duplicates": 1,
+        "skipped": 2,
+        "least_seconds": 0.0,
+    }
+    con.execute("SELECT batchsum_summarize(text) FROM tickets WHERE id < 4").fetchall()
+    (after,) = con.execute(estimate).fetchone()
+    assert (after["would_send"], after["already_answered"], after["from_store"]) == (4, 4, 4)
+    assert svc.stats()["requests"] == 4
+
+
+def test_a_second_registration_carries_other_parameters(con, svc):
+    register(con, svc)
+    register(con, svc, name="short_summary", percentage=1, output_column="short")
+    text = article(600, seed=3)
+    row = con.execute(f"SELECT batchsum_summarize('{text}').summary, short_summary('{text}').short").fetchone()
+    assert len(row[1]) < len(row[0]) and svc.stats()["requests"] == 2
+    assert con.execute("SELECT short_summary_estimate(['x'])").fetchone()[0]["skipped"] == 1
+
+
+def test_a_cap_and_a_sample_are_refused(con, svc):
+    for option in ({"max_requests": 5}, {"sample": 3}):
+        with pytest.raises(InvalidParameterError, match="a chunk at a time"):
+            register(con, svc, **option)
+    assert svc.stats()["requests"] == 0
