@@ -75,10 +75,10 @@ _kept_lock = threading.Lock()
 
 
 def _keep(spec: RunSpec) -> tuple[RunSpec, str]:
-    """``spec`` without its secrets (the key; the credentials in its base URL or budget), and the
-    opaque token this process keeps them under: what a lazy plan holds, so that no serialized,
-    explained or printed plan holds a piece of them."""
-    secrets = (spec.client.api_key, spec.client.base_url, spec.budget)
+    """``spec`` without its secrets (the key; the credentials in its base URL, budget or answer
+    store), and the opaque token this process keeps them under: what a lazy plan holds, so that no
+    serialized, explained or printed plan holds a piece of them."""
+    secrets = (spec.client.api_key, spec.client.base_url, spec.budget, spec.store)
     with _kept_lock:
         try:
             token = _tokens.get(secrets)
@@ -91,20 +91,22 @@ def _keep(spec: RunSpec) -> tuple[RunSpec, str]:
                 _tokens[secrets] = token
     budget = redact_location(spec.budget) if isinstance(spec.budget, str) else spec.budget
     client = dataclasses.replace(spec.client, api_key=None, base_url=redact_location(spec.client.base_url))
-    return spec.replace(client=client, budget=budget), token
+    return spec.replace(client=client, budget=budget, store=redact_location(spec.store)), token
 
 
 def _kept_spec(bare: RunSpec, token: str) -> RunSpec:
     """The spec a lazy plan runs with, where it runs: in the process that made the plan, its secrets
     as kept; in another one (a plan serialized and loaded there), the key from that process's
-    ``$BATCHSUM_API_KEY``, and no other secret (a base URL or budget that held credentials is refused)."""
+    ``$BATCHSUM_API_KEY``, and no other secret (a base URL, budget or store that held credentials is
+    refused)."""
     with _kept_lock:
         secrets = _kept.get(token)
     if secrets is not None:
-        key, base_url, budget = secrets
-        return bare.replace(client=dataclasses.replace(bare.client, api_key=key, base_url=base_url), budget=budget)
+        key, base_url, budget, store = secrets
+        client = dataclasses.replace(bare.client, api_key=key, base_url=base_url)
+        return bare.replace(client=client, budget=budget, store=store)
     elsewhere = "this lazy plan was made in another process, which kept its"
-    for name, value in (("base URL", bare.client.base_url), ("budget", bare.budget)):
+    for name, value in (("base URL", bare.client.base_url), ("budget", bare.budget), ("store", bare.store)):
         if isinstance(value, str) and "***" in value:
             raise ConfigurationError(f"{elsewhere} {name}'s credentials: collect it in the process that made it")
     if bare.client.local:
