@@ -69,8 +69,8 @@ def last_run() -> dict[str, Any] | None:
 
 # A lazy plan's secrets by token, kept in the process that made the plan (and the token by secrets,
 # so that a process making many plans with one key keeps it once).
-_kept: dict[str, tuple[Secret | None, str, Any]] = {}
-_tokens: dict[tuple[Secret | None, str, Any], str] = {}
+_kept: dict[str, tuple[Secret | None, str, Any, str]] = {}
+_tokens: dict[tuple[Secret | None, str, Any, str], str] = {}
 _kept_lock = threading.Lock()
 
 
