@@ -24,6 +24,7 @@ from .budget import ProcessBudget
 from .evidence import Evidence
 from .exchange import Budget, Share
 from .in_flight import InFlight
+from .lead import Lead
 from .limit import AutoLimit
 from .owed import Owed
 from .paces import PaceChange, PaceLog, Paces
@@ -79,7 +80,19 @@ class Pacer:
     remembered, or found (``limit.AutoLimit``), and stands for the plan in every rule here.
     """
 
-    __slots__ = ("rpm", "auto", "in_flight", "_clock", "_paces", "_pause", "_room", "_sharing", "_turn", "_answers")
+    __slots__ = (
+        "rpm",
+        "auto",
+        "in_flight",
+        "_clock",
+        "_paces",
+        "_pause",
+        "_room",
+        "_sharing",
+        "_turn",
+        "_answers",
+        "_lead",
+    )
 
     def __init__(
         self,
@@ -113,8 +126,11 @@ class Pacer:
             clock, paces, pause, room, company, evidence, self._sharing, alarm, self.auto, limiter, share, alone
         )
         self.in_flight = InFlight(self, max_in_flight)
+        self._lead = None
+        if self.auto is not None:
+            self._lead = Lead(clock, budget, self.auto, paces, self._sharing, record, lambda: self._turn.last_start)
         self._answers = Answers(
-            clock, paces, pause, evidence, room, self._sharing, alarm, self.in_flight, self.auto, record
+            clock, paces, pause, evidence, room, self._sharing, alarm, self.in_flight, self._lead, record
         )
 
     @property
@@ -151,6 +167,8 @@ class Pacer:
 
     async def before_attempt(self) -> float:
         """Wait for this attempt's turn; returns the time it starts (pass it to ``after_attempt``)."""
+        if self._lead is not None:
+            await self._lead.start()  # under auto: the key's level before the first start
         return await self._turn.take()
 
     def room_left(self, now: float) -> int:
@@ -159,7 +177,10 @@ class Pacer:
 
     async def flush(self) -> None:
         """Tell the budget what it has not heard yet (the last starts, a pause, a pace) and write the
-        key's record: at the end of a batch, so that others' counts are whole."""
+        key's record: at the end of a batch, so that others' counts are whole. Under auto, the lead
+        of the key's search, if this batch held it, goes to another run."""
+        if self._lead is not None:
+            await self._lead.close()
         await self._sharing.flush(self._turn.last_start)
 
     def after_attempt(
