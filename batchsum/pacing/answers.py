@@ -53,7 +53,6 @@ class Answers:
         if headers is not None:
             self._read(headers, started_at, now)
         if not rate_limited and answered:
-            self.evidence.answered_at(started_at, now)
             self.sharing.owed.answered.append(started_at)
             self.pause.clean_answer()
             self._climb(now)

@@ -53,11 +53,11 @@ from ..service.errors import BudgetError, redact_location
 from ..service.settings import DEFAULT_BUDGET, ENV_BUDGET, budget_spec
 from .exchange import (
     COMMIT,
+    LEASE_SECONDS,
     LOOK,
     NO_REPORT,
     RECORD_SECONDS,
     RESERVE,
-    LEASE_SECONDS,
     RESERVE_ONLY,
     SETTING,
     SHARED_SECONDS,
@@ -178,9 +178,7 @@ class ProcessBudget(Budget):
         self.shared = shared
         self._clock = clock
         self._lock = threading.Lock()
-        self._state = State(
-            tat=-math.inf, paused_until=-math.inf, last=-math.inf, pace_at=-math.inf, updated=-math.inf
-        )
+        self._state = State(tat=-math.inf, paused_until=-math.inf, last=-math.inf, pace_at=-math.inf, updated=-math.inf)
         self._tallies = _Tallies()
         self._shares: dict[str, float] = {}  # holder -> its own tat
         self._lead: tuple[str | None, float, str | None, float] = (None, -math.inf, None, -math.inf)

@@ -6,7 +6,6 @@ entries remembered of a key at a service.
 from __future__ import annotations
 
 import abc
-import math
 from dataclasses import dataclass
 
 from .ledger import LEDGER_SECONDS, Ledger

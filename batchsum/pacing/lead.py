@@ -114,6 +114,9 @@ class Lead:
         await asyncio.gather(task, return_exceptions=True)
         if self.leading:
             self.leading = False
+            partly = self.auto.partly_found()
+            if partly is not None and self.record is not None:
+                self.record.limit_found(partly)  # told with the batch's last exchange
             try:
                 await self.budget.lead(self.holder, self.auto.state(), release=True)
             except BudgetError as exc:

@@ -30,7 +30,7 @@ from typing import Any
 
 from .ledger import TICK, Ledger
 from .search import BUCKET_SECONDS, Search, Settle, adopt_seconds, sent_evenly
-from .spacing import MIN_RPM, WINDOW
+from .spacing import JITTER_MARGIN, MIN_RPM, WINDOW
 
 __all__ = ["AutoLimit", "Found", "LIMIT_SECONDS", "START_RPM", "SETTLE", "MAX_RPM"]
 
@@ -42,8 +42,8 @@ PROBE_STEP = 1.05  # ... this much above
 STRIKE_SECONDS = 5.0  # a refusal after this long of even sending at the pace is a strike ...
 STRIKES_WITHIN = 70.0  # ... and two this close are the limit
 STEADY_ADMITTED = 5  # ... as is one with at least this many admitted since the last episode
-SNAPS = (60.0, 10.0, 1.0)  # the windows services count in: a span within SNAP_WITHIN of a whole
-SNAP_WITHIN = 0.15  # number of one of them (a window's) is that many windows
+SNAPS = (60.0, 10.0)  # the windows services count in: strikes each within SNAP_WITHIN of a whole
+SNAP_WITHIN = 0.15  # number of windows after the one before are that many windows apart
 LOWER = 0.98  # a limit the strikes show lower than this share of the one in force replaces it
 LIMIT_SECONDS = 7 * 86400.0  # a remembered limit is a starting point for a week
 MAX_RPM = 1_000_000.0  # the most a limit may be (stated or capped): beyond is not a plan
@@ -76,14 +76,27 @@ class Found:
         return f"{self.how} {when}"
 
 
-def snapped(span: float) -> float:
-    """``span`` seconds, or the whole number of windows (of the largest kind) it is within
-    ``SNAP_WITHIN`` of a window of."""
+def window_of(strikes: list[float]) -> float | None:
+    """The kind of window the strikes point to: each came within ``SNAP_WITHIN`` of a whole number of
+    that window after the one before (a fixed window refuses once full, at the same point of each),
+    or None (a bucket's strikes are as far apart as it took to run dry)."""
+    gaps = [b - a for a, b in zip(strikes, strikes[1:])]
     for window in SNAPS:
-        count = round(span / window)
-        if count >= 1 and abs(span - count * window) <= SNAP_WITHIN * window:
-            return count * window
-    return span
+        if all(
+            round(gap / window) >= 1 and abs(gap - round(gap / window) * window) <= SNAP_WITHIN * window for gap in gaps
+        ):
+            return window
+    return None
+
+
+def shown_by(ledger: Ledger, strikes: list[float]) -> float:
+    """What the service admits a minute, by its strikes: a window's full count (each window of that
+    length ending at a strike holds the whole window that refused, and at most the end of the one
+    before: the least of them), or a bucket's rate from the first strike to the last."""
+    window = window_of(strikes)
+    if window is None:
+        return ledger.admitted(strikes[0] + TICK, strikes[-1] + TICK) * WINDOW / (strikes[-1] - strikes[0])
+    return min(ledger.admitted(at + TICK - window, at + TICK) for at in strikes) * WINDOW / window
 
 
 class AutoLimit:
@@ -112,7 +125,7 @@ class AutoLimit:
         self._wall = wall
         self.value: float | None = None
         self.source = "searching"
-        self.standing = "settled"  # once the search ended: settled, stated, or probe
+        self.standing = "settled"  # once the search ended: settled, stated, probe, or capped
         self.search: Search | None = Search(self.cap, level=min(self.cap, START_RPM))
         self.since = -math.inf  # when the settled limit (or the probe) began, on the budget's clock
         self.probe_level = 0.0
@@ -128,7 +141,8 @@ class AutoLimit:
 
     @property
     def phase(self) -> str:
-        """The search's phase (climb, verify, refine), or once it ended: settled, stated, probe."""
+        """The search's phase (climb, verify, refine, confirm), or once it ended: settled, stated,
+        probe, or capped (by ``auto:N``)."""
         return self.search.phase if self.search is not None else self.standing
 
     # -- what the pacer runs at ------------------------------------------------------------------
@@ -217,7 +231,7 @@ class AutoLimit:
             previous = self.watermark
             self.watermark = max(resumed, first + TICK)
             steady = first - previous >= 1.0 and ledger.admitted(previous, first) >= STEADY_ADMITTED
-            if not (sent_evenly(ledger, first - STRIKE_SECONDS, first, pace) or (steady and self.strikes)):
+            if not (sent_evenly(ledger, first - STRIKE_SECONDS, first, pace) or steady):
                 continue
             self.strikes = [t for t in self.strikes if first - t <= STRIKES_WITHIN] + [first]
             if len(self.strikes) < 2:
@@ -225,8 +239,7 @@ class AutoLimit:
             start = self.strikes[0]
             if first - start < STRIKE_SECONDS:
                 continue  # too close to tell a window by: the next one will
-            window = snapped(first - start)
-            shown = ledger.admitted(start, first) * WINDOW / window
+            shown = shown_by(ledger, self.strikes)
             if shown < self.value * LOWER:
                 self.strikes = []
                 return self._settle(max(MIN_RPM, shown), "found", now, lowered=True)
@@ -236,14 +249,20 @@ class AutoLimit:
         self.value = max(MIN_RPM, min(self.cap, value))
         self.search, self.standing, self.since, self.watermark = None, "settled", now, now
         stamp = self._wall()
-        if how == "capped":
-            self.source = f"the cap (auto:{self.cap:g})"
+        if how == "capped":  # not a finding: a run without the cap searches on from here
+            self.standing, self.source = "capped", f"the cap (auto:{self.cap:g})"
             return f"the search reached the cap, {self.cap:g}/min"
         self.source = f"{how} {time.strftime('%Y-%m-%d %H:%M', time.localtime(stamp))}"
         self.found = Found(self.value, how, stamp)
         if lowered:
             return f"the service refused twice at {self.value / LOWER:.0f}/min or more; it admits {self.value:.0f}/min"
         return f"the service refused above {self.value:.0f}/min"
+
+    def partly_found(self) -> Found | None:
+        """A search that did not end (its run did): the highest level it proved, to start from."""
+        if self.search is None or self.search.lo <= 0 or self.search.phase not in ("refine", "confirm"):
+            return None
+        return Found(self.search.lo / (1 + JITTER_MARGIN), "found in part", self._wall())
 
     # -- what the service states ----------------------------------------------------------------------
 
@@ -302,6 +321,10 @@ class AutoLimit:
             return False
         self.value = None if value is None else min(self.cap, value)
         self.search = search
+        if self.standing == "capped" and value is not None and value < self.cap:
+            # Another run's cap held the key there: it admitted that much; search on from it.
+            self.search, self.value, self.source = Search(self.cap, level=value, since=-math.inf), None, "searching"
+            search = self.search
         if search is not None:
             search.level = min(self.cap, search.lo if resume and search.lo > 0 else search.level)
             if resume:

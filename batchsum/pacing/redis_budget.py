@@ -150,11 +150,11 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local holder, state, release, lease = ARGV[1], ARGV[2], ARGV[3] == '1', tonumber(ARGV[4])
 local l = redis.call('HMGET', KEYS[1], 'holder', 'until', 'state', 'state_at')
-local held, until, published, at = l[1] or '', tonumber(l[2]) or 0, l[3] or '', tonumber(l[4]) or 0
-if held == '' or held == holder or until < now or until > now + 2 * lease then
+local held, lapses, published, at = l[1] or '', tonumber(l[2]) or 0, l[3] or '', tonumber(l[4]) or 0
+if held == '' or held == holder or lapses < now or lapses > now + 2 * lease then
   if state ~= '' then published = state; at = now end
-  if release then held = ''; until = 0 else held = holder; until = now + lease end
-  redis.call('HSET', KEYS[1], 'holder', held, 'until', string.format('%.6f', until), 'state', published,
+  if release then held = ''; lapses = 0 else held = holder; lapses = now + lease end
+  redis.call('HSET', KEYS[1], 'holder', held, 'until', string.format('%.6f', lapses), 'state', published,
     'state_at', string.format('%.6f', at))
   redis.call('EXPIRE', KEYS[1], 86400)
 end

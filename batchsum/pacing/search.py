@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
 from .ledger import TICK, Ledger
-from .spacing import MIN_RPM, WINDOW
+from .spacing import JITTER_MARGIN, MIN_RPM, WINDOW
 
 __all__ = [
     "Search",
@@ -55,7 +55,9 @@ SENT = 0.8  # a level is tested when the key sent at least this share of it
 SUSPECT_SECONDS = STEP_SECONDS  # a refusal this soon after a climb may be the level before's (a window holds both)
 FIXED_GAP = 5.0  # a refusal followed by this long with nothing admitted: a fixed window, full until it reset
 FIXED_RESET = 15.0  # ... and this long: a minute's (a 10 s window resets sooner)
-RESET_SLACK = 1.0  # the resume comes up to a second or so after the reset (the 429's answer, a Retry-After in whole seconds)
+RESET_SLACK = (
+    1.0  # the resume comes up to a second or so after the reset (the 429's answer, a Retry-After in whole seconds)
+)
 VERIFY_SPARE = 5  # (a start counts from when it goes: those on the wire are among these)
 VERIFY_MARGIN = 1  # ... and admitted this many more than it held: no minute's window refused then
 PENDING_SECONDS = 10.0  # starts this recent and not yet answered are on the wire
@@ -163,7 +165,8 @@ class Search:
             self._proven()
             return self._narrowed(now)
         if self.phase == "confirm" and held >= CONFIRM_SECONDS:
-            return Settle(self.lo, "found")
+            # What the service admitted: the level's starts, which go the spacing's margin under it.
+            return Settle(self.lo / (1 + JITTER_MARGIN), "found")
         return False
 
     def _proven(self) -> None:

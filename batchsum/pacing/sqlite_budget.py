@@ -16,9 +16,9 @@ from typing import TypeVar
 
 from ..service.errors import BudgetError
 from .exchange import (
+    LEASE_SECONDS,
     LOOK,
     NO_REPORT,
-    LEASE_SECONDS,
     RECORD_SECONDS,
     RESERVE,
     RESERVE_ONLY,
@@ -200,9 +200,7 @@ class SQLiteBudget(Budget):
                 if state is not None:
                     published, at = state, now
                 held, until = (None, 0.0) if release else (holder, now + LEASE_SECONDS)
-                db.execute(
-                    "INSERT OR REPLACE INTO leads VALUES (?, ?, ?, ?, ?)", (self.id, held, until, published, at)
-                )
+                db.execute("INSERT OR REPLACE INTO leads VALUES (?, ?, ?, ?, ?)", (self.id, held, until, published, at))
             return Lead(held, published if now - at <= SHARED_SECONDS else None, at, now)
 
         return self._transaction(step)
@@ -251,7 +249,7 @@ class SQLiteBudget(Budget):
 
     async def look(self) -> Slot:
         if not self.path.exists():
-            return State().slot(time.time(), None, 0, 0)
+            return State().slot(time.time(), None, 0, 0, 0)
         return await self.reserve(0.0, start=False)
 
     async def aclose(self) -> None:

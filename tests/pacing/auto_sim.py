@@ -15,8 +15,11 @@ import httpx
 
 import batchsum
 from batchsum.engine import summarize_stream
+from batchsum.errors import BudgetError
 from batchsum.pacing import KeyRecord, Pacer
-from batchsum.pacing.budget import ProcessBudget, Remembered
+from batchsum.pacing.budget import Budget, ProcessBudget, Remembered, Report, Share, Slot
+from batchsum.pacing.exchange import Lead
+from batchsum.pacing.ledger import LEDGER_SECONDS, Ledger
 from batchsum.pacing.limit import Found
 from batchsum.run.spec import AUTO_MAX_RPM
 from tests import virtual_clock
@@ -43,6 +46,40 @@ class Machine(ProcessBudget):
     def limit(self) -> Found | None:
         entry = self.entries.get("limit")
         return None if entry is None else Found.from_json(entry.value, entry.at)
+
+
+class Connection(Budget):
+    """One process's connection to the machine's budget; ``dead``: the process was killed (it says
+    nothing more to the budget, its lead least of all)."""
+
+    shared = True
+
+    def __init__(self, machine: Machine) -> None:
+        self.machine = machine
+        self.dead = False
+
+    def _alive(self) -> None:
+        if self.dead:
+            raise BudgetError("this process is gone")
+
+    async def _call(self, what: int, interval: float, report: Report, share: Share | None) -> Slot:
+        self._alive()
+        return await self.machine._call(what, interval, report, share)
+
+    async def ledger(self, seconds: float = LEDGER_SECONDS) -> Ledger:
+        self._alive()
+        return await self.machine.ledger(seconds)
+
+    async def lead(self, holder: str, state: str | None = None, *, release: bool = False) -> Lead:
+        self._alive()
+        return await self.machine.lead(holder, state, release=release)
+
+    async def recall(self, key_hash: str, service: str) -> list[Remembered]:
+        return await self.machine.recall(key_hash, service)
+
+    async def remember(self, key_hash: str, service: str, entries: dict[str, str]) -> None:
+        self._alive()
+        await self.machine.remember(key_hash, service, entries)
 
 
 @dataclass
@@ -85,9 +122,12 @@ async def wave(
     seed: int = 0,
     starts: tuple[float, ...] = (),
     budget: Callable[[int], Any] | None = None,
+    share: Share | None = None,
+    on_pacer: Callable[[Pacer], None] | None = None,
 ) -> Wave:
     """``runs`` runs of ``n`` texts each with ``rpm="auto"`` on ``machine``'s budget (or
-    ``budget(i)``'s), started at the offsets ``starts`` (default: together)."""
+    ``budget(i)``'s), started at the offsets ``starts`` (default: together); ``share`` each run's;
+    ``on_pacer`` told of each run's pacer as it starts."""
     loop = asyncio.get_running_loop()
     out = Wave(began=loop.time())
     arrived, refused = len(service.arrivals), service.refused
@@ -98,7 +138,9 @@ async def wave(
             await asyncio.sleep(delay)
         on = machine if budget is None else budget(number)
         record = KeyRecord(on, "keyhash", "https://svc", await machine.recall("keyhash", "https://svc"))
-        pacer = Pacer(cap, auto=True, record=record, budget=on)
+        pacer = Pacer(cap, auto=True, record=record, budget=on, share=share)
+        if on_pacer is not None:
+            on_pacer(pacer)
         async with batchsum.AsyncClient(KEY, "http://127.0.0.1:9", transport=httpx.MockTransport(service)) as c:
             rows = [r async for r in summarize_stream(texts(n, number, seed), c, rpm=cap, pacer=pacer, record=record)]
         return rows, loop.time(), pacer
@@ -122,3 +164,19 @@ def service_with(limit: Any, latency: tuple[float, float] = (0.3, 0.7)) -> Servi
     service = Service("sliding", latency=uniform(*latency))
     service.limit = limit
     return service
+
+
+async def told(service: Service, n: int, rpm: float) -> Wave:
+    """One run of ``n`` texts told ``rpm`` (no search), on a budget of its own: what a run that knows
+    the limit costs, beside one that finds it."""
+    loop = asyncio.get_running_loop()
+    out = Wave(began=loop.time())
+    arrived, refused = len(service.arrivals), service.refused
+    pacer = Pacer(rpm, budget=ProcessBudget(loop.time))
+    async with batchsum.AsyncClient(KEY, "http://127.0.0.1:9", transport=httpx.MockTransport(service)) as c:
+        out.rows.append([r async for r in summarize_stream(texts(n, 0, 9), c, rpm=rpm, pacer=pacer)])
+    out.ends.append(loop.time())
+    out.pacers.append(pacer)
+    out.arrivals = service.arrivals[arrived:]
+    out.refused = service.refused - refused
+    return out
