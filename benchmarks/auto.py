@@ -123,35 +123,45 @@ def lowered() -> None:
             print(f"run 3: {third} -> {rate_of(service, since) / 300:.3f} of 300/min at the service", flush=True)
 
 
-def search(limits: list[int]) -> None:
+def judges(rpm: int) -> dict[str, object]:
+    """The window kinds of the search, each strict at ``rpm`` a minute."""
+    from batchsum.local.state import ClockWindow, SlidingWindow, TokenBucket
+
+    return {
+        "sliding minute": lambda: SlidingWindow(rpm, 60.0),
+        "fixed 10 s windows": lambda: ClockWindow(rpm // 6, 10.0),
+        "bucket of 2.5 s": lambda: TokenBucket(rpm // 24, rpm // 24 * 60 / rpm),
+    }
+
+
+def search_one(rpm: int, kind: str, make: object) -> str:
+    """A job of ten minutes at ``rpm`` with ``--rpm auto`` on a fresh key, and told ``--rpm``."""
     import random
 
-    from batchsum.local.state import ClockWindow, SlidingWindow, TokenBucket
     from tests.pacing.auto_sim import Machine as Simulated
     from tests.pacing.auto_sim import scenario, service_with, told, wave
 
+    random.seed(rpm)
+    latency = (0.05, 0.2) if rpm >= 3000 else (0.3, 0.7)
+    n = rpm * 10
+    searching, knowing, machine = service_with(make(), latency), service_with(make(), latency), Simulated()  # type: ignore[operator]
+
+    async def both():  # type: ignore[no-untyped-def]
+        return await wave(searching, machine, n), await told(knowing, n, rpm)
+
+    searched, known = scenario(both)
+    found, ideal = machine.limit(), n / rpm * 60
+    return (
+        f"{rpm:>5}/min {kind:<19} told --rpm: {known.refused:>3} 429s {known.seconds / ideal:.3f}x"
+        f" | auto: {searched.refused:>3} 429s {searched.seconds / ideal:.3f}x,"
+        f" found {found.rpm if found else None} ({found.how if found else '-'})"
+    )
+
+
+def search(limits: list[int]) -> None:
     for rpm in limits:
-        latency = (0.05, 0.2) if rpm >= 3000 else (0.3, 0.7)
-        for kind, make in (
-            ("sliding minute", lambda: SlidingWindow(rpm, 60.0)),
-            ("fixed 10 s windows", lambda: ClockWindow(rpm // 6, 10.0)),
-            ("bucket of 2.5 s", lambda: TokenBucket(rpm // 24, rpm // 24 * 60 / rpm)),
-        ):
-            random.seed(rpm)
-            n = rpm * 10
-            auto_service, told_service, machine = service_with(make(), latency), service_with(make(), latency), Simulated()
-
-            async def both():
-                return await wave(auto_service, machine, n), await told(told_service, n, rpm)
-
-            searched, known = scenario(both)
-            found = machine.limit()
-            print(
-                f"{rpm:>5}/min {kind:<19} told --rpm: {known.refused:>3} 429s {known.seconds / (n / rpm * 60):.3f}x"
-                f" | auto: {searched.refused:>3} 429s {searched.seconds / (n / rpm * 60):.3f}x,"
-                f" found {found.rpm if found else None} ({found.how if found else '-'})",
-                flush=True,
-            )
+        for kind, make in judges(rpm).items():
+            print(search_one(rpm, kind, make), flush=True)
 
 
 def main() -> None:
