@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from ..service.errors import BudgetError
 from .exchange import LOOK, Budget
+from .handover import published, taken_on
 from .limit import AutoLimit
 from .paces import Paces
 from .record import KeyRecord
@@ -79,7 +80,7 @@ class Lead:
             why = self.auto.step(await self.budget.ledger())
             if why is not None:
                 self.moved(why)
-            state = self.auto.state()
+            state = published(self.auto)
             if state != self.published:
                 self.published = state
                 await self.budget.lead(self.holder, state)
@@ -90,7 +91,7 @@ class Lead:
         """Take on a limit (or a search) another run published (``resume``: to lead it on)."""
         self.published = state
         before = (self.auto.value, self.auto.source)
-        if self.auto.adopt(state, resume=resume):
+        if taken_on(self.auto, state, resume=resume):
             moved = (self.auto.value, self.auto.source) != before and self.auto.value is not None
             self.moved("as the run leading the key's search found" if moved else None, publish=False)
 
@@ -118,6 +119,6 @@ class Lead:
             if partly is not None and self.record is not None:
                 self.record.limit_found(partly)  # told with the batch's last exchange
             try:
-                await self.budget.lead(self.holder, self.auto.state(), release=True)
+                await self.budget.lead(self.holder, published(self.auto), release=True)
             except BudgetError as exc:
                 log.debug("the key's lead could not be let go: %s", exc)

@@ -183,9 +183,9 @@ def _decode_entries(key_hash: str, service: str, raw: dict[Any, Any]) -> list[Re
     return sorted(out, key=lambda e: e.name)
 
 
-class RedisBudget(Budget):
-    """Every process on every machine: GCRA in one Lua script on Redis' clock. The connection is
-    made in the event loop that first uses it (one per loop)."""
+class _RedisConnection(Budget):
+    """A budget's Redis: a connection per event loop (made in the loop that first uses it), commands
+    tried again when the connection fails, and the entries remembered of each key there."""
 
     def __init__(self, url: str, key_id: str) -> None:
         try:
@@ -210,63 +210,9 @@ class RedisBudget(Budget):
             client = redis.asyncio.Redis.from_url(
                 self.url, socket_connect_timeout=5, socket_timeout=10, health_check_interval=30
             )
-            entry = (loop, client, client.register_script(_LUA))
+            entry = (loop, client, client.register_script(_LUA))  # the budget's step, loaded once a connection
             self._clients[id(loop)] = entry
         return entry
-
-    async def _call(self, what: int, interval: float, report: Report, share: Share | None) -> Slot:
-        _, _, script = self._client()
-        keys = self._keys if share is None else [*self._keys, f"{self._keys[0]}:share:{share.holder}"]
-        args = [
-            f"{max(0.0, interval):.6f}",
-            str(what),
-            f"{max(0.0, report.pause_for):.6f}",
-            (report.pause_reason or "")[:REASON_CHARS],
-            "" if report.pace is None else f"{report.pace:.6f}",
-            " ".join(f"{age:.4f}" for age in report.refused),
-            str(MAX_AHEAD),
-            str(MAX_PAUSE),
-            str(KEEP_SECONDS),
-            str(MINUTE),
-            " ".join(f"{age:.4f}" for age in report.answered),
-            "" if report.pace_base is None else str(report.pace_base),
-            "" if share is None or what not in (RESERVE, RESERVE_ONLY) else f"{share.own_interval(interval):.6f}",
-            str(ON_TIME),
-            str(SHARED_SECONDS),
-            str(TICK),
-        ]
-        raw = await self._redis(lambda: script(keys=keys, args=args))
-        wait, at, paused_for, mark, reason, pace, version, starts, refused, deferred, committed, answered = (
-            _text(v) for v in raw
-        )
-        return Slot(
-            wait=float(deferred) if deferred else float(wait),
-            deferred=bool(deferred),
-            at=float(at) if at else None,
-            paused_for=min(MAX_PAUSE, max(0.0, float(paused_for))),
-            pause_mark=float(mark),
-            pause_reason=reason or None,
-            pace=float(pace) if pace else None,
-            pace_version=int(version),
-            starts=int(starts),
-            refused=int(refused),
-            answered=int(answered),
-            committed=committed == "1",
-        )
-
-    async def ledger(self, seconds: float = LEDGER_SECONDS) -> Ledger:
-        _, client, _ = self._client()
-        raw = [_text(v) for v in await self._redis(lambda: client.eval(_LEDGER_LUA, 1, self._keys[1], str(seconds)))]
-        tallies = [Tally(*(int(n) for n in raw[i : i + 4])) for i in range(1, len(raw) - 3, 4)]
-        return Ledger.of(float(raw[0]), tallies, seconds)
-
-    async def lead(self, holder: str, state: str | None = None, *, release: bool = False) -> Lead:
-        _, client, _ = self._client()
-        args = [holder, state or "", "1" if release else "0", str(LEASE_SECONDS)]
-        raw = await self._redis(lambda: client.eval(_LEAD_LUA, 1, f"{self._keys[0]}:lead", *args))
-        held, published, at, now = (_text(v) for v in raw)
-        fresh = published if published and float(now) - float(at) <= SHARED_SECONDS else None
-        return Lead(held or None, fresh, float(at), float(now))
 
     async def _redis(self, command: Callable[[], Awaitable[T]]) -> T:
         """``command`` on the budget's Redis, tried up to three times when the connection fails."""
@@ -367,6 +313,64 @@ class RedisBudget(Budget):
         entry = self._clients.pop(id(loop), None)
         if entry is not None:
             await entry[1].aclose()
+
+
+class RedisBudget(_RedisConnection):
+    """Every process on every machine: GCRA in one Lua script on Redis' clock."""
+
+    async def _call(self, what: int, interval: float, report: Report, share: Share | None) -> Slot:
+        _, _, script = self._client()
+        keys = self._keys if share is None else [*self._keys, f"{self._keys[0]}:share:{share.holder}"]
+        args = [
+            f"{max(0.0, interval):.6f}",
+            str(what),
+            f"{max(0.0, report.pause_for):.6f}",
+            (report.pause_reason or "")[:REASON_CHARS],
+            "" if report.pace is None else f"{report.pace:.6f}",
+            " ".join(f"{age:.4f}" for age in report.refused),
+            str(MAX_AHEAD),
+            str(MAX_PAUSE),
+            str(KEEP_SECONDS),
+            str(MINUTE),
+            " ".join(f"{age:.4f}" for age in report.answered),
+            "" if report.pace_base is None else str(report.pace_base),
+            "" if share is None or what not in (RESERVE, RESERVE_ONLY) else f"{share.own_interval(interval):.6f}",
+            str(ON_TIME),
+            str(SHARED_SECONDS),
+            str(TICK),
+        ]
+        raw = await self._redis(lambda: script(keys=keys, args=args))
+        wait, at, paused_for, mark, reason, pace, version, starts, refused, deferred, committed, answered = (
+            _text(v) for v in raw
+        )
+        return Slot(
+            wait=float(deferred) if deferred else float(wait),
+            deferred=bool(deferred),
+            at=float(at) if at else None,
+            paused_for=min(MAX_PAUSE, max(0.0, float(paused_for))),
+            pause_mark=float(mark),
+            pause_reason=reason or None,
+            pace=float(pace) if pace else None,
+            pace_version=int(version),
+            starts=int(starts),
+            refused=int(refused),
+            answered=int(answered),
+            committed=committed == "1",
+        )
+
+    async def ledger(self, seconds: float = LEDGER_SECONDS) -> Ledger:
+        _, client, _ = self._client()
+        raw = [_text(v) for v in await self._redis(lambda: client.eval(_LEDGER_LUA, 1, self._keys[1], str(seconds)))]
+        tallies = [Tally(*(int(n) for n in raw[i : i + 4])) for i in range(1, len(raw) - 3, 4)]
+        return Ledger.of(float(raw[0]), tallies, seconds)
+
+    async def lead(self, holder: str, state: str | None = None, *, release: bool = False) -> Lead:
+        _, client, _ = self._client()
+        args = [holder, state or "", "1" if release else "0", str(LEASE_SECONDS)]
+        raw = await self._redis(lambda: client.eval(_LEAD_LUA, 1, f"{self._keys[0]}:lead", *args))
+        held, published, at, now = (_text(v) for v in raw)
+        fresh = published if published and float(now) - float(at) <= SHARED_SECONDS else None
+        return Lead(held or None, fresh, float(at), float(now))
 
 
 def _text(value: Any) -> str:

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
 from .ledger import TICK, Ledger
+from .minute import minute_reset, window_count
 from .spacing import JITTER_MARGIN, MIN_RPM, WINDOW
 
 __all__ = [
@@ -39,6 +40,9 @@ __all__ = [
     "adopt_seconds",
     "proof_seconds",
     "sent_evenly",
+    "probed",
+    "search_data",
+    "search_from",
 ]
 
 START_RPM = 60.0  # with nothing known, the search starts here (or at the cap, if lower) ...
@@ -53,8 +57,6 @@ CONFIRM_SECONDS = 2.5 / (LANDS - 1)  # (the time a bucket of 2.5 s of a limit 2%
 MINUTE_BINDS = 0.97  # a trailing minute that admitted this share of the proven level was a full minute
 SENT = 0.8  # a level is tested when the key sent at least this share of it
 SUSPECT_SECONDS = STEP_SECONDS  # a refusal this soon after a climb may be the level before's (a window holds both)
-FIXED_GAP = 5.0  # a refusal followed by this long with nothing admitted: a fixed window, full until it reset
-FIXED_RESET = 15.0  # ... and this long: a minute's (a 10 s window resets sooner)
 RESET_SLACK = (
     1.0  # the resume comes up to a second or so after the reset (the 429's answer, a Retry-After in whole seconds)
 )
@@ -77,6 +79,20 @@ def proof_seconds(level: float, below: float) -> float:
     if below <= 0 or level <= below:
         return REFINE_SECONDS
     return min(MAX_PROOF, max(REFINE_SECONDS, BUCKET_SECONDS * below / (level - below)))
+
+
+def probed(ledger: Ledger, since: float, value: float, level: float, pace: float) -> bool | None:
+    """A probe at ``level`` above a limit ``value``, its starts at ``pace`` from ``since``: refused
+    (False), or clean for long enough that every window kind would have refused it (True): through a
+    whole minute of the clock after it began, and a bucket's drain time at its excess; else None."""
+    if ledger.first_refused(since) is not None:
+        return False
+    minute_after = (math.floor(since / WINDOW) + 2) * WINDOW
+    drained = since + BUCKET_SECONDS * value / max(level - value, 1e-9)
+    last = ledger.answered_until(since)
+    if last is not None and last >= max(minute_after, drained) and sent_evenly(ledger, since, last, pace):
+        return True
+    return None
 
 
 def sent_evenly(ledger: Ledger, since: float, before: float, level: float) -> bool:
@@ -116,26 +132,6 @@ class Search:
     refused_first: float | None = None  # the first refusal's start (verifying after it)
     cap_count: int | None = None  # verifying: the most the key's trailing minute may hold
 
-    @classmethod
-    def start(cls, cap: float, now: float) -> Search:
-        search = cls(cap, level=min(cap, START_RPM))
-        search.since = search.previous = now
-        return search
-
-    def to_data(self) -> dict[str, Any]:
-        return {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in asdict(self).items()}
-
-    @classmethod
-    def from_data(cls, data: dict[str, Any], cap: float) -> Search:
-        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "cap"}
-        search = cls(cap, **fields)
-        for name, missing in (("since", -math.inf), ("previous", -math.inf), ("lo_since", -math.inf)):
-            if getattr(search, name) is None:
-                setattr(search, name, missing)
-        if search.hi is None:
-            search.hi = math.inf
-        return search
-
     def step(self, ledger: Ledger) -> bool | Settle:
         """One look at the key's ledger: whether the level moved, or the limit the search ends on."""
         now = ledger.now
@@ -156,9 +152,9 @@ class Search:
                 self.phase = "refine"
                 self._proven()
                 return self._narrowed(now)
-            reset = self._reset(ledger)
+            reset = minute_reset(ledger, self.refused_first, self.verify_above, self.cap_count is not None)
             if reset is not None:
-                return reset
+                return Settle(max(MIN_RPM, min(float(reset), self.hi)), "found")
             if now - self.since >= VERIFY_MAX:  # held at what the minute held, and never refused: its limit
                 return Settle(max(MIN_RPM, min(float(self.verify_above), self.hi)), "found")
         if self.phase == "refine" and held >= proof_seconds(self.level, self.lo):
@@ -230,7 +226,8 @@ class Search:
             if self.lo > 0 or admitted >= MINUTE_BINDS * level:
                 # Refused again at a level the climb held (or with its minute full): a minute's
                 # window, full; it admitted its limit.
-                return Settle(max(MIN_RPM, min(float(self._window_count(ledger, at, admitted)), level)), "found")
+                count = window_count(ledger, self.refused_first, at, admitted)
+                return Settle(max(MIN_RPM, min(float(count), level)), "found")
             # Nothing proven yet (the cautious start was above the limit) and refused before the
             # minute was full: a shorter window (or a bucket) under this level too. A step lower.
             self.verify_above = max(self.verify_above, admitted)
@@ -245,31 +242,6 @@ class Search:
         a few more than when it refused: a minute's window, full, refuses those few, not a level's
         worth on the wire."""
         return self.cap_count if self.phase == "verify" else None
-
-    def _reset(self, ledger: Ledger) -> Settle | None:
-        """After the first refusal the service admitted nothing until long after: a minute's window
-        was full until it reset. When the key had sent for less than a minute before the refusal, the
-        window held everything it sent (the trailing minute's count); else it began a minute before
-        that reset, and what it admitted from then until the refusal is its limit."""
-        first = self.refused_first
-        resumed = None if first is None else ledger.first_admitted(first + TICK)
-        if first is None or resumed is None or resumed - first < FIXED_RESET:
-            return None
-        held = self.verify_above
-        if self.cap_count is not None:  # the key had sent through the whole minute before it
-            held = min(held, ledger.admitted(resumed - WINDOW - RESET_SLACK, first + TICK))
-        return Settle(max(MIN_RPM, min(float(held), self.hi)), "found")
-
-    def _window_count(self, ledger: Ledger, at: float, trailing: int) -> int:
-        """What a minute's window admitted when it refused again at ``at``: the trailing minute's
-        count, unless the service admitted nothing for a while after the first refusal (a fixed
-        window, full until it reset): then what it admitted since it did (the trailing minute may
-        hold the end of the window before)."""
-        first = self.refused_first
-        resumed = None if first is None else ledger.first_admitted(first + TICK)
-        if first is None or resumed is None or resumed >= at or resumed - first < FIXED_GAP:
-            return trailing
-        return min(trailing, ledger.admitted(resumed, at))
 
     def _narrowed(self, now: float) -> bool | Settle:
         """The bracket moved: narrow enough, its lower end is held until it is proven against a bucket
@@ -287,3 +259,18 @@ class Search:
         self.before, self.previous = self.level, self.since
         self.level, self.since = level, now
         return changed
+
+
+def search_data(search: Search) -> dict[str, Any]:
+    """``search`` as plain data (JSON: no infinities), for the run that takes it over."""
+    return {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in asdict(search).items()}
+
+
+def search_from(data: dict[str, Any], cap: float) -> Search:
+    """The search ``search_data`` made, under this run's ``cap``."""
+    fields = {k: data[k] for k in Search.__dataclass_fields__ if k in data and k != "cap"}
+    search = Search(cap, **fields)
+    for name, missing in (("since", -math.inf), ("previous", -math.inf), ("lo_since", -math.inf), ("hi", math.inf)):
+        if getattr(search, name) is None:
+            setattr(search, name, missing)
+    return search

@@ -69,9 +69,9 @@ _TALLY = (
 )
 
 
-class SQLiteBudget(Budget):
-    """Every process on this machine: one row per budget in a SQLite file, advanced in a
-    ``BEGIN IMMEDIATE`` transaction on the machine's wall clock (the same in every process)."""
+class _SQLiteFile(Budget):
+    """A budget's SQLite file: its connection, its transactions (``BEGIN IMMEDIATE``), and the
+    entries remembered of each key there."""
 
     def __init__(self, path: str | os.PathLike[str], key_id: str, *, default: bool = False) -> None:
         self.path = Path(path)
@@ -128,6 +128,59 @@ class SQLiteBudget(Budget):
                     raise
             except sqlite3.Error as exc:
                 raise self._fail(exc) from None
+
+    async def recall(self, key_hash: str, service: str) -> list[Remembered]:
+        if not self.path.exists():  # a dry run creates nothing
+            return []
+
+        def read(db: sqlite3.Connection) -> list[Remembered]:
+            db.execute("INSERT OR REPLACE INTO names VALUES (?, ?, ?)", (self.id, key_hash, service))
+            return _entries(db, "key_hash=? AND service=?", (key_hash, service))
+
+        return self._transaction(read)
+
+    async def remember(self, key_hash: str, service: str, entries: dict[str, str]) -> None:
+        now = time.time()
+
+        def write(db: sqlite3.Connection) -> None:
+            db.executemany(
+                "INSERT OR REPLACE INTO remembered VALUES (?, ?, ?, ?, ?)",
+                [(key_hash, service, name, value, now) for name, value in entries.items()],
+            )
+            db.execute("DELETE FROM remembered WHERE at < ?", (now - RECORD_SECONDS,))
+
+        self._transaction(write)
+
+    async def remembered(self) -> list[Remembered]:
+        if not self.path.exists():
+            return []
+        return self._transaction(lambda db: _entries(db, "1=1", ()))
+
+    async def forget(self, key_hash: str | None = None, service: str | None = None, name: str | None = None) -> int:
+        if not self.path.exists():
+            return 0
+        where, args = _matching(key_hash=key_hash, service=service, name=name)
+
+        def delete(db: sqlite3.Connection) -> int:
+            if name is None:  # the keys' shared pace, counts and search go with what is remembered
+                ids = f"SELECT id FROM names WHERE {where}"
+                db.execute(f"UPDATE budgets SET pace = NULL, pace_at = 0 WHERE id IN ({ids})", args)
+                for table in ("tallies", "leads", "shares"):
+                    db.execute(f"DELETE FROM {table} WHERE id IN ({ids})", args)
+            return int(db.execute(f"DELETE FROM remembered WHERE {where}", args).rowcount)
+
+        return self._transaction(delete)
+
+    async def aclose(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+
+class SQLiteBudget(_SQLiteFile):
+    """Every process on this machine: one row per budget in a SQLite file, advanced in a
+    ``BEGIN IMMEDIATE`` transaction on the machine's wall clock (the same in every process)."""
 
     async def _call(self, what: int, interval: float, report: Report, share: Share | None) -> Slot:
         return self._transaction(lambda db: self._step(db, what, interval, report, share))
@@ -205,58 +258,10 @@ class SQLiteBudget(Budget):
 
         return self._transaction(step)
 
-    async def recall(self, key_hash: str, service: str) -> list[Remembered]:
-        if not self.path.exists():  # a dry run creates nothing
-            return []
-
-        def read(db: sqlite3.Connection) -> list[Remembered]:
-            db.execute("INSERT OR REPLACE INTO names VALUES (?, ?, ?)", (self.id, key_hash, service))
-            return _entries(db, "key_hash=? AND service=?", (key_hash, service))
-
-        return self._transaction(read)
-
-    async def remember(self, key_hash: str, service: str, entries: dict[str, str]) -> None:
-        now = time.time()
-
-        def write(db: sqlite3.Connection) -> None:
-            db.executemany(
-                "INSERT OR REPLACE INTO remembered VALUES (?, ?, ?, ?, ?)",
-                [(key_hash, service, name, value, now) for name, value in entries.items()],
-            )
-            db.execute("DELETE FROM remembered WHERE at < ?", (now - RECORD_SECONDS,))
-
-        self._transaction(write)
-
-    async def remembered(self) -> list[Remembered]:
-        if not self.path.exists():
-            return []
-        return self._transaction(lambda db: _entries(db, "1=1", ()))
-
-    async def forget(self, key_hash: str | None = None, service: str | None = None, name: str | None = None) -> int:
-        if not self.path.exists():
-            return 0
-        where, args = _matching(key_hash=key_hash, service=service, name=name)
-
-        def delete(db: sqlite3.Connection) -> int:
-            if name is None:  # the keys' shared pace, counts and search go with what is remembered
-                ids = f"SELECT id FROM names WHERE {where}"
-                db.execute(f"UPDATE budgets SET pace = NULL, pace_at = 0 WHERE id IN ({ids})", args)
-                for table in ("tallies", "leads", "shares"):
-                    db.execute(f"DELETE FROM {table} WHERE id IN ({ids})", args)
-            return int(db.execute(f"DELETE FROM remembered WHERE {where}", args).rowcount)
-
-        return self._transaction(delete)
-
     async def look(self) -> Slot:
         if not self.path.exists():
             return State().slot(time.time(), None, 0, 0, 0)
         return await self.reserve(0.0, start=False)
-
-    async def aclose(self) -> None:
-        with self._lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
 
 
 def _matching(**columns: str | None) -> tuple[str, tuple[str, ...]]:

@@ -284,12 +284,12 @@ def test_when_the_leader_dies_a_follower_carries_its_search_on():
             for i, c in enumerate(connections)
         ]
         await asyncio.sleep(45)
-        dead = next(i for i, p in enumerate(pacers) if p._lead.leading)
+        dead = next(i for i, p in enumerate(pacers) if p.leading)
         follower = pacers[1 - dead]
         connections[dead].dead = True
         runs[dead].cancel()
         died = asyncio.get_running_loop().time()
-        while not follower._lead.leading:
+        while not follower.leading:
             await asyncio.sleep(TICK_SECONDS)
         seen["after"] = asyncio.get_running_loop().time() - died
         seen["level"] = follower.auto.limit()
