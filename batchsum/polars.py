@@ -1,8 +1,10 @@
 """``df.batchsum`` and ``series.batchsum`` for Polars, registered through Polars' own namespace API
 by ``import batchsum.polars`` (extra ``polars``).
 
-Arrow in and out: the text column leaves Polars as an Arrow array and the result columns come back
-as Arrow arrays (``pl.String``, ``pl.Int32``), with no pandas in between. The same run as every other
+The text column leaves Polars as an Arrow array (a LazyFrame's as Python values) and the result
+columns are made by Polars from the results (``pl.String``, ``pl.Int32``), with no pandas in between:
+an Arrow array made from Python values would load pandas, 40 MB, only to ask whether they are pandas
+objects. The same run as every other
 front-end (``run.Run``): the same options, budget, journal and answers; the synchronous calls run on a
 worker thread's event loop, so they work inside a running loop (Jupyter) too. A Polars frame has no
 ``attrs``: the run's record (its account and timeline, what ``batchsum.plot_run`` draws) is
@@ -10,12 +12,17 @@ worker thread's event loop, so they work inside a running loop (Jupyter) too. A 
 
 A ``LazyFrame`` (``pl.scan_parquet(...)``) has the namespace too: ``lf.batchsum.summarize("text")`` is
 a LazyFrame whose collecting or sinking streams the input's batches through one run
-(``batches.BatchStream``) in bounded memory, with the eager frame's answers.
+(``batches.BatchStream``) in bounded memory, with the eager frame's answers, with neither pyarrow nor
+pandas loaded. Its plan holds no secret: the key stays in this process (``_keep``), and a plan run
+in another process reads the key from that process's environment.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import threading
+import uuid
 from collections.abc import Hashable
 from typing import Any
 
@@ -24,22 +31,32 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("batchsum.polars needs Polars: pip install 'batchsum[polars]'") from exc
 
-import pyarrow as pa
 from polars.io.plugins import register_io_source
 
 from ._frame_accessor import ColumnSummarize, ColumnSummarizeAsync, ValuesSummarize, ValuesSummarizeAsync
-from .data.results import RowBlocks, RowResult, arrow_columns, arrow_types, check_columns, result_columns
+from .data.results import RowBlocks, RowResult, check_columns, result_columns
 from .data.stores import scratch_journal
 from .engine.tally import BatchStats
 from .run.background import run_in_worker
 from .run.batches import BatchStream
 from .run.run import run_texts
 from .run.spec import RunSpec
-from .service.errors import InputError
+from .service.errors import ConfigurationError, InputError, redact_location
+from .service.settings import ENV_API_KEY, Secret, check_key, environment
 
 __all__ = ["DataFrameNamespace", "LazyFrameNamespace", "SeriesNamespace", "last_run", "LAZY_BATCH_ROWS"]
 
-LAZY_BATCH_ROWS = 10_000  # rows a LazyFrame's input is read in, when Polars does not say
+LAZY_BATCH_ROWS = 2048  # rows of a LazyFrame's input handed to the run at a time (Polars' chunks are cut to it)
+# The result columns' Polars types: what ``data.results.arrow_types`` are in Arrow (string x4, int32 x3).
+_RESULT_TYPES: tuple[type[pl.DataType], ...] = (
+    pl.String,
+    pl.String,
+    pl.String,
+    pl.String,
+    pl.Int32,
+    pl.Int32,
+    pl.Int32,
+)
 
 _last = threading.local()
 
@@ -48,6 +65,78 @@ def last_run() -> dict[str, Any] | None:
     """The record of this thread's last Polars run: its account and timeline (``plot_run`` draws it)."""
     record: dict[str, Any] | None = getattr(_last, "record", None)
     return record
+
+
+# A lazy plan's secrets by token, kept in the process that made the plan (and the token by secrets,
+# so that a process making many plans with one key keeps it once).
+_kept: dict[str, tuple[Secret | None, str, Any]] = {}
+_tokens: dict[tuple[Secret | None, str, Any], str] = {}
+_kept_lock = threading.Lock()
+
+
+def _keep(spec: RunSpec) -> tuple[RunSpec, str]:
+    """``spec`` without its secrets (the key; the credentials in its base URL or budget), and the
+    opaque token this process keeps them under: what a lazy plan holds, so that no serialized,
+    explained or printed plan holds a piece of them."""
+    secrets = (spec.client.api_key, spec.client.base_url, spec.budget)
+    with _kept_lock:
+        try:
+            token = _tokens.get(secrets)
+        except TypeError:  # a budget object that cannot be a key: kept once per plan
+            token = None
+        if token is None:
+            token = uuid.uuid4().hex
+            _kept[token] = secrets
+            with contextlib.suppress(TypeError):
+                _tokens[secrets] = token
+    budget = redact_location(spec.budget) if isinstance(spec.budget, str) else spec.budget
+    client = dataclasses.replace(spec.client, api_key=None, base_url=redact_location(spec.client.base_url))
+    return spec.replace(client=client, budget=budget), token
+
+
+def _kept_spec(bare: RunSpec, token: str) -> RunSpec:
+    """The spec a lazy plan runs with, where it runs: in the process that made the plan, its secrets
+    as kept; in another one (a plan serialized and loaded there), the key from that process's
+    ``$BATCHSUM_API_KEY``, and no other secret (a base URL or budget that held credentials is refused)."""
+    with _kept_lock:
+        secrets = _kept.get(token)
+    if secrets is not None:
+        key, base_url, budget = secrets
+        return bare.replace(client=dataclasses.replace(bare.client, api_key=key, base_url=base_url), budget=budget)
+    elsewhere = "this lazy plan was made in another process, which kept its"
+    for name, value in (("base URL", bare.client.base_url), ("budget", bare.budget)):
+        if isinstance(value, str) and "***" in value:
+            raise ConfigurationError(f"{elsewhere} {name}'s credentials: collect it in the process that made it")
+    if bare.client.local:
+        return bare
+    here = environment().get(ENV_API_KEY, "")
+    if not here.strip():
+        raise ConfigurationError(f"{elsewhere} key: set {ENV_API_KEY} where the plan runs")
+    return bare.replace(client=dataclasses.replace(bare.client, api_key=Secret(check_key(here, ENV_API_KEY))))
+
+
+def _results_frame(results: list[RowResult], output_column: str) -> pl.DataFrame:
+    """The results as a Polars frame of the result columns (built by Polars from the values: no
+    Arrow conversion of Python values, which would load pandas into the process)."""
+    columns: list[tuple[Any, ...]] = list(zip(*results)) if results else [() for _ in RowResult._fields]
+    names = result_columns(output_column)
+    return pl.DataFrame(
+        [pl.Series(name, values, dtype=kind) for name, values, kind in zip(names, columns, _RESULT_TYPES)]
+    )
+
+
+class _Frames:
+    """A LazyFrame's input chunks as ``BatchStream`` reads them: the texts of ``column`` as Python
+    values (straight from Polars), the result columns appended as Polars columns."""
+
+    def __init__(self, column: str, output_column: str) -> None:
+        self.column, self.output_column = column, output_column
+
+    def texts(self, frame: pl.DataFrame) -> list[Any]:
+        return frame.get_column(self.column).to_list()
+
+    def with_results(self, frame: pl.DataFrame, results: list[RowResult]) -> pl.DataFrame:
+        return frame.hstack(_results_frame(results, self.output_column))
 
 
 class _Namespace:
@@ -81,10 +170,7 @@ class _Namespace:
 
     def _frame(self, results: list[RowResult], spec: RunSpec, stats: BatchStats) -> pl.DataFrame:
         _last.record = stats.record()
-        names = result_columns(spec.output_column)
-        table = pa.Table.from_arrays(arrow_columns(results), names=names)
-        out = pl.from_arrow(table)
-        assert isinstance(out, pl.DataFrame)
+        out = _results_frame(results, spec.output_column)
         if isinstance(self._data, pl.Series):
             return out
         return self._data.hstack(out)
@@ -131,22 +217,23 @@ class LazyFrameNamespace(ColumnSummarize[pl.LazyFrame]):
         text_column: str = column
         if spec.journal is None:  # answers on disk, not in memory: a LazyFrame may be larger than memory
             spec = spec.replace(journal=scratch_journal())
-        kinds = pl.from_arrow(pa.schema(list(zip(result_columns(spec.output_column), arrow_types()))).empty_table())
-        assert isinstance(kinds, pl.DataFrame)
-        out_schema = {**dict(schema), **dict(kinds.schema)}
+        out_schema: dict[str, Any] = {**dict(schema), **dict(zip(result_columns(spec.output_column), _RESULT_TYPES))}
+        frames = _Frames(text_column, spec.output_column)
+        bare, token = _keep(spec)  # what the plan holds: the spec without its secrets
 
         def source(
             with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None, batch_size: int | None
         ) -> Any:
             frame = data if n_rows is None else data.head(n_rows)
+            rows = min(batch_size or LAZY_BATCH_ROWS, LAZY_BATCH_ROWS)
+            # Polars' chunks follow the input (a Parquet row group can be 100,000 rows): each is cut
+            # into slices of ``rows`` (views, no copy), so that what the run holds stays small.
             batches = (
-                batch
-                for chunk in frame.collect_batches(chunk_size=batch_size or LAZY_BATCH_ROWS)
-                for batch in chunk.to_arrow().to_batches()
+                chunk.slice(start, rows)
+                for chunk in frame.collect_batches(chunk_size=rows)
+                for start in range(0, chunk.height, rows)
             )
-            for done in BatchStream(spec, batches, text_column, shared=False):
-                out = pl.from_arrow(done)
-                assert isinstance(out, pl.DataFrame)
+            for out in BatchStream(_kept_spec(bare, token), batches, text_column, shared=False, frames=frames):
                 if predicate is not None:
                     out = out.filter(predicate)
                 yield out.select(with_columns) if with_columns is not None else out

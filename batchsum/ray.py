@@ -8,6 +8,12 @@ key's budget, so every worker together holds the plan's rate, not each worker al
 ``qps`` would.
 The rows come back in input order (batchsum asks Ray Data to keep it, on this dataset only).
 
+The actors hold no CPU (``num_cpus=0``). They wait on the network: one actor's run keeps as many
+requests in flight as the pace needs (rate x latency), whatever CPUs it was given, and a whole CPU
+each held while waiting would starve the tasks that feed them: on ``ray.init(num_cpus=2)`` two actors
+took both CPUs and a ``read_parquet`` task waited for one forever. With none held, the read (and
+anything else in the pipeline) has every CPU of the cluster, however busy it is.
+
 What is shared where, and what a dead worker costs. Answers go to the budget's store: with the
 machine budget (the default; a Ray on one machine), a SQLite journal beside it in the user's cache
 folder; with ``budget="redis://HOST:PORT/DB"`` (a Ray cluster), Redis. Each request is claimed before
@@ -29,6 +35,7 @@ path every worker can write (on one machine, any local path).
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -57,9 +64,12 @@ DEFAULT_BATCH_ROWS = 256
 
 class _Summarize:
     """One actor of the map stage, long-lived: it keeps one shared run open (``batches.OpenRun``)
-    and streams every Arrow batch it is handed through it; the batch comes back with the result
-    columns. The run ends (its report written) when Ray shuts the actor down. Its repr (Ray's logs,
-    the state API, the dashboard) is its name."""
+    and streams every Arrow batch it is handed through it, one batch at a time; the batch comes back
+    with the result columns. One run per actor, whatever the calls in flight: the lock makes the run
+    once and lets one batch through it at a time (Ray hands an actor more than one call at once). The
+    run ends (its report written, to be merged) when Ray shuts the actor down, or when a stop (a
+    refused key) ends it; a later batch then opens the next. Its repr (Ray's logs, the state API,
+    the dashboard) is its name."""
 
     __name__ = "batchsum_summarize"
 
@@ -67,19 +77,27 @@ class _Summarize:
         self.spec = spec
         self.column = column
         self._run: OpenRun | None = None
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return self.__name__
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        if self._run is None or self._run.closed:
-            self._run = OpenRun(self.spec)
-        results = self._run.summarize(batch.column(self.column).to_pylist())
+        texts = batch.column(self.column).to_pylist()
+        with self._lock:
+            if self._run is None or self._run.closed:
+                self._run = OpenRun(self.spec)
+            results = self._run.summarize(texts)
         return with_results(batch, results, self.spec.output_column)
 
+    def close(self) -> None:
+        """End the actor's run (its report written); what Ray Data does when it shuts the actor down."""
+        with self._lock:
+            if self._run is not None:
+                self._run.close()
+
     def __del__(self) -> None:  # Ray Data deletes the UDF when it shuts the actor down gracefully
-        if self._run is not None:
-            self._run.close()
+        self.close()
 
 
 def _restarts() -> dict[str, Any]:
@@ -149,12 +167,12 @@ def summarize(
     ``summary_status``, ``summary_error``, ``summary_message``, ``summary_http_status``,
     ``summary_attempts``, ``summary_requests``), rows in input order. Lazy: nothing is sent until the
     dataset is consumed (``take_all``, ``write_parquet``, ``iter_batches``...). ``workers``: how many
-    actors send (all on the key's one budget); ``batch_rows``: rows per batch (one run each). Raises,
-    before anything is sent: ``InputError`` (the column), ``InvalidParameterError``,
-    ``ConfigurationError``, ``BudgetError``. ``limiter`` is refused (it cannot travel to a worker);
-    ``max_requests`` and ``sample`` are refused (Ray hands rows out a batch at a time as workers free
-    up, so a job's cap cannot be divided beforehand): cap or sample with the CLI or pandas.
-    ``progress``: a bar per batch, in the worker's log."""
+    actors send (all on the key's one budget; each holds no CPU and one run, across its batches);
+    ``batch_rows``: rows per batch. Raises, before anything is sent: ``InputError`` (the column),
+    ``InvalidParameterError``, ``ConfigurationError``, ``BudgetError``. ``limiter`` is refused (it
+    cannot travel to a worker); ``max_requests`` and ``sample`` are refused (Ray hands rows out a
+    batch at a time as workers free up, so a job's cap cannot be divided beforehand): cap or sample
+    with the CLI or pandas. ``progress``: a bar per batch, in the worker's log."""
     spec = RunSpec.from_options(
         {name: value for name, value in locals().items() if name not in ("workers", "batch_rows")}
     )
@@ -180,9 +198,10 @@ def summarize(
         batch_format="pyarrow",
         batch_size=batch_rows,
         zero_copy_batch=True,
-        # Two batches at once in an actor's run: no pause while a batch's last answers arrive.
+        # Two calls at once in an actor: Ray prepares the next batch while one goes through the run.
         compute=ray.data.ActorPoolStrategy(size=workers, max_concurrent_calls_per_actor=2),
         ray_remote_args_fn=_restarts,
+        num_cpus=0,  # waiting on the network holds no CPU: the read that feeds the actors has them all
     )
     # Rows in input order. Ray Data keeps the setting in the dataset's context, which a transformed
     # dataset shares with the one it came from: ``ds`` keeps its order from here on too.

@@ -1,9 +1,10 @@
 """The ``batchsum`` command: ``summarize`` Parquet files, summarize one ``text``, ``serve`` locally.
 
-Exit codes: 0 the run finished (per-row failures are in the output), 1 stopped by a fatal error
-(wrong key, expired plan, a journal that cannot be written, the request cap reached, service
-unreachable for a single text),
-2 bad usage or input, 130 interrupted (SIGINT), 143 terminated (SIGTERM). Every stop says how to resume.
+Exit codes (docs/cli.md's table): 0 the run finished (per-row failures are in the output), 1 stopped
+after it began (wrong key, expired plan, a journal that cannot be written, an input broken midway, the
+request cap reached, the rate budget lost, an output that cannot be written at the end; service
+unreachable for a single text), 2 bad usage or input (nothing sent), 130 interrupted (SIGINT), 143
+terminated (SIGTERM; after two signals, the last one's code). Every stop says how to resume.
 
 The command lives by idea: ``parser`` (the commands and their flags), ``summarize`` (a dataset, one
 text), ``show`` (report, journal, limits), ``serve`` (the local service), ``signals`` (how a signal
@@ -13,9 +14,7 @@ stops a run) and ``console`` (what the command says, its exit codes); this modul
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +29,7 @@ from .parser import as_flags
 from .parser import build_parser as build_parser
 from .serve import serve_command
 from .show import journal_command, limits_command, report_command
-from .signals import Late, StopOnSignal
+from .signals import CommandSignals
 from .summarize import summarize_command, text_command
 
 __all__ = ["main"]
@@ -53,23 +52,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     args.argv = list(argv) if argv is not None else sys.argv[1:]
     args.own_process = argv is None
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = {signum: signal.getsignal(signum) for signum in StopOnSignal.SIGNALS} if in_main_thread else {}
-    if previous.get(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: answers on the wire are kept
+    # Outside a run, SIGINT (and SIGTERM) stop the command with their exit code; in its own process the
+    # command never hands a signal back to its default disposition (see signals.CommandSignals).
+    signals = args.signals = CommandSignals(say, own_process=args.own_process)
     try:
-        with JsonLogs(getattr(args, "log_format", "human") == "json"):
-            return _dispatch(handlers[args.command], args)
-    except KeyboardInterrupt:
-        say("interrupted")
-        return EXIT_INTERRUPTED
-    finally:
-        # The command in its own process (no argv) ignores signals once its run is finished: a late
-        # one changes nothing (and the interpreter's exit would restore the default, which kills).
-        # Called in-process, every handler is put back as it was.
-        finished = isinstance(signal.getsignal(signal.SIGTERM), Late)
-        for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_IGN if argv is None and finished else handler)
+        with signals, JsonLogs(getattr(args, "log_format", "human") == "json"):
+            try:
+                return _dispatch(handlers[args.command], args)
+            except KeyboardInterrupt:
+                name = "terminated (SIGTERM)" if signals.code == EXIT_TERMINATED else "interrupted"
+                say(f"{name}; what was done is kept")
+                return signals.code
+    except KeyboardInterrupt:  # a signal while the logs were being put back
+        return signals.code
 
 
 def _dispatch(handler: Any, args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ from ..service.errors import (
     explain,
     redact_location,
 )
-from .console import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE, Stop, say
+from .console import EXIT_FATAL, EXIT_OK, EXIT_USAGE, Stop, say
 from .signals import StopOnSignal
 
 __all__ = ["summarize_command", "text_command"]
@@ -99,7 +99,7 @@ def summarize_command(args: argparse.Namespace) -> int:
         output=lambda: DatasetOutput(target, schema, spec.output_column, source, raw_csv=args.raw_csv),
     )
     resume = f"run the same command again to resume (answers are kept in {journal_path})"
-    stop = StopOnSignal(say)
+    stop = StopOnSignal(say, command=getattr(args, "signals", None))
 
     async def main() -> None:
         current = asyncio.current_task()
@@ -153,14 +153,20 @@ def summarize_command(args: argparse.Namespace) -> int:
             "mend or replace the input, then run the same command again"
         )
         return EXIT_FATAL
+    except InputError as exc:
+        if not run.opened:
+            raise  # refused before anything was sent: a usage error
+        # What the input or the output refused once the run was under way (the output's final rename,
+        # a remote output's put): every answer is journaled, so this is a stop, not a usage error.
+        say(f"stopped: {exc}")
+        return EXIT_FATAL
     except (KeyboardInterrupt, asyncio.CancelledError):
-        signum = stop.received
-        why = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+        why = "terminated (SIGTERM)" if stop.received == signal.SIGTERM else "interrupted"
         say(
             f"{why}: {stats.done} rows were done ({stats.ok} ok); {run.new_answers} new answers kept in "
             f"the journal, with those that arrived while stopping; {resume}"
         )
-        return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
+        return stop.code
     late = f" (a {signal.Signals(stop.late).name} came after every row was done)" if stop.late else ""
     say(f"wrote {shown}: {stats.account()}{late}")
     unreachable = stats.failed_by_code["connection_error"] + stats.failed_by_code["timeout"]

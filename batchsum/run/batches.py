@@ -1,6 +1,7 @@
-"""Batches through one run, for a synchronous caller: ``BatchStream`` (a caller that hands Arrow
-batches over as an iterator and wants them back as they finish: a Spark task, a Polars sink) and
-``OpenRun`` (a caller that calls once per batch and keeps the run open between calls: a Ray actor).
+"""Batches through one run, for a synchronous caller: ``BatchStream`` (a caller that hands batches
+over as an iterator and wants them back as they finish: a Spark task's Arrow batches, a Polars sink's
+frames) and ``OpenRun`` (a caller that calls once per batch and keeps the run open between calls: a
+Ray actor).
 
 The run (``run.Run``) lives on its own event loop in a worker thread (``background``); it reads the
 caller's batches as its window has room, and hands each batch back with its results as soon as its
@@ -16,9 +17,7 @@ import threading
 import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from ..data.results import RowResult, with_results
 from ..service.errors import RequestCapReached
@@ -26,34 +25,71 @@ from .background import BackgroundRun
 from .run import Run
 from .spec import RunSpec
 
-__all__ = ["BatchStream", "OpenRun", "AHEAD"]
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["BatchStream", "Frames", "ArrowFrames", "OpenRun", "AHEAD"]
 
 AHEAD = 2  # finished batches that may wait for the caller
 _END = object()
+B = TypeVar("B")
 
 
-class BatchStream:
+class Frames(Protocol[B]):
+    """What ``BatchStream`` asks of a caller's batches: the texts of its rows, in order, and the batch
+    with its rows' results appended."""
+
+    def texts(self, batch: B) -> list[Any]: ...
+
+    def with_results(self, batch: B, results: list[RowResult]) -> B: ...
+
+
+class ArrowFrames:
+    """Arrow record batches (or tables): the texts of ``column``, the result columns appended."""
+
+    def __init__(self, column: str, output_column: str) -> None:
+        self.column, self.output_column = column, output_column
+
+    def texts(self, batch: pa.RecordBatch) -> list[Any]:
+        texts: list[Any] = batch.column(self.column).to_pylist()
+        return texts
+
+    def with_results(self, batch: pa.RecordBatch, results: list[RowResult]) -> pa.RecordBatch:
+        return with_results(batch, results, self.output_column)
+
+
+class BatchStream(Generic[B]):
     """``for batch in BatchStream(spec, batches, column): ...``: each of ``batches`` (Arrow record
-    batches) with the result columns appended, in order, from one shared run over their ``column``.
-    At the request cap every row still has its record and a ``RuntimeWarning`` says so (as the frame
-    front-ends do). Closing the stream early (the caller stopped) cancels the run, which lets
-    requests on the wire finish and keeps their answers."""
+    batches, or what ``frames`` reads) with the result columns appended, in order, from one shared
+    run over their ``column``. At the request cap every row still has its record and a
+    ``RuntimeWarning`` says so (as the frame front-ends do). Closing the stream early (the caller
+    stopped) cancels the run, which lets requests on the wire finish and keeps their answers."""
 
-    def __init__(self, spec: RunSpec, batches: Iterator[pa.RecordBatch], column: str, *, shared: bool = True) -> None:
+    def __init__(
+        self,
+        spec: RunSpec,
+        batches: Iterator[B],
+        column: str,
+        *,
+        shared: bool = True,
+        frames: Frames[B] | None = None,
+    ) -> None:
         self.spec = spec
         self.column = column
         self.shared = shared
+        self._frames: Frames[Any] = frames if frames is not None else ArrowFrames(column, spec.output_column)
         self._batches = batches
         self._done: queue.Queue[Any] = queue.Queue(maxsize=AHEAD)
-        self._waiting: deque[pa.RecordBatch] = deque()  # read, not yet handed back
+        self._waiting: deque[tuple[B, int]] = deque()  # read, not yet handed back (with its rows)
 
     async def _texts(self) -> AsyncIterator[Any]:
         while True:
             batch = await asyncio.to_thread(next, self._batches, None)
             if batch is None:
                 return
-            self._waiting.append(batch)
-            for text in batch.column(self.column).to_pylist():
+            texts = self._frames.texts(batch)
+            self._waiting.append((batch, len(texts)))
+            for text in texts:
                 yield text
 
     async def _hand_back(self, item: Any) -> None:
@@ -62,10 +98,10 @@ class BatchStream:
     async def _hand_back_done(self, results: list[RowResult]) -> list[RowResult]:
         """Hand back, in order, every batch read whose rows all have their results (an empty batch
         keeps its place); the results not handed back yet."""
-        while self._waiting and len(results) >= self._waiting[0].num_rows:
-            batch = self._waiting.popleft()
-            done, results = results[: batch.num_rows], results[batch.num_rows :]
-            await self._hand_back(with_results(batch, done, self.spec.output_column))
+        while self._waiting and len(results) >= self._waiting[0][1]:
+            batch, rows = self._waiting.popleft()
+            done, results = results[:rows], results[rows:]
+            await self._hand_back(self._frames.with_results(batch, done))
         return results
 
     async def _run(self) -> None:
@@ -80,7 +116,7 @@ class BatchStream:
             warnings.warn(f"{exc}; call it again to continue (answers are kept)", RuntimeWarning, stacklevel=2)
         await self._hand_back(_END)
 
-    def __iter__(self) -> Iterator[pa.RecordBatch]:
+    def __iter__(self) -> Iterator[B]:
         worker = BackgroundRun(self._run)
         try:
             while True:

@@ -134,3 +134,147 @@ def test_a_lazy_frame_refuses_a_missing_column_when_summarize_is_called(svc, opt
     with pytest.raises(InputError, match="no column 'text'"):
         lazy.batchsum.summarize("text", **opts)
     assert svc.state.stats()["requests"] == 0
+
+
+LONG_KEY = "bs-lazy-plan-secret-0123456789-abcdefghij"
+PASSWORD = "hunter2-redis-password-9876"
+
+
+def _pieces(secret: str) -> list[bytes]:
+    return [secret[i : i + 10].encode() for i in range(len(secret) - 9)]
+
+
+def _blobs(lazy: pl.LazyFrame) -> dict[str, bytes]:
+    """Every form a lazy plan takes outside the process: serialized (binary, JSON, pickled),
+    explained and printed. JSON carries pickled Python as arrays of byte values: those are decoded too."""
+    import json
+    import pickle
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Polars deprecates its JSON format
+        as_json = lazy.serialize(format="json")
+    arrays: list[bytes] = []
+
+    def walk(value: object) -> None:
+        if isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            if value and all(isinstance(item, int) for item in value):
+                arrays.append(bytes(item & 0xFF for item in value))
+            for item in value:
+                walk(item)
+
+    walk(json.loads(as_json))
+    return {
+        "binary": lazy.serialize(),
+        "json": as_json.encode(),
+        "json byte arrays": b"\n".join(arrays),
+        "pickle": pickle.dumps(lazy),
+        "explain": lazy.explain().encode(),
+        "explain unoptimized": lazy.explain(optimized=False).encode(),
+        "str": str(lazy).encode(),
+        "repr": repr(lazy).encode(),
+        "html": lazy._repr_html_().encode(),
+    }
+
+
+def test_a_lazy_plan_holds_no_piece_of_the_key_serialized_explained_or_printed(svc, opts, tmp_path):
+    texts = [article(20, seed=7000 + i) for i in range(6)]
+    options = {**opts, "api_key": KEY, "budget": f"redis://:{PASSWORD}@127.0.0.1:1/0"}
+    secret_lazy = pl.LazyFrame({"text": texts}).batchsum.summarize("text", **{**options, "api_key": LONG_KEY})
+    blobs = _blobs(secret_lazy)
+    assert len(blobs["json byte arrays"]) > 1000  # the pickled source is there, and was read
+    for secret in (LONG_KEY, PASSWORD):
+        held = [name for name, blob in blobs.items() for piece in _pieces(secret) if piece in blob]
+        assert not held, f"a piece of {secret[:3]}... in {sorted(set(held))}"
+
+    # The plan still runs where it was made, as it is and loaded back from its serialized form.
+    import io
+
+    lazy = pl.LazyFrame({"text": texts}).batchsum.summarize("text", **opts)
+    assert lazy.collect()["summary_status"].to_list() == ["ok"] * 6
+    again = pl.LazyFrame.deserialize(io.BytesIO(lazy.serialize()))
+    assert again.collect()["summary_status"].to_list() == ["ok"] * 6
+    assert svc.state.stats()["requests"] == 6  # loaded back, it found the same answers
+
+
+def test_a_lazy_plan_run_in_another_process_reads_the_key_there_or_says_so(svc, opts, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    texts = [article(20, seed=7100 + i) for i in range(3)]
+    plan = tmp_path / "plan.bin"
+    plan.write_bytes(pl.LazyFrame({"text": texts}).batchsum.summarize("text", **opts).serialize())
+    script = (
+        "import sys, polars as pl, batchsum.polars\n"
+        "try:\n"
+        "    out = pl.LazyFrame.deserialize(open(sys.argv[1], 'rb')).collect()\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc); sys.exit(1)\n"
+        "print(out['summary_status'].to_list())\n"
+    )
+    env = {name: value for name, value in os.environ.items() if not name.startswith("BATCHSUM_")}
+    with_key = subprocess.run(
+        [sys.executable, "-c", script, str(plan)], env={**env, "BATCHSUM_API_KEY": KEY}, capture_output=True, text=True
+    )
+    assert with_key.returncode == 0 and with_key.stdout.strip() == "['ok', 'ok', 'ok']", with_key.stderr
+    without = subprocess.run([sys.executable, "-c", script, str(plan)], env=env, capture_output=True, text=True)
+    assert without.returncode == 1
+    assert without.stdout.strip() == (
+        "ConfigurationError this lazy plan was made in another process, which kept its key: "
+        "set BATCHSUM_API_KEY where the plan runs"
+    )
+
+
+def test_the_polars_result_types_are_the_arrow_ones():
+    import pyarrow as pa
+
+    from batchsum.data.results import arrow_types
+
+    empty = pl.from_arrow(pa.schema([(str(i), t) for i, t in enumerate(arrow_types())]).empty_table())
+    assert tuple(empty.schema.values()) == batchsum.polars._RESULT_TYPES
+
+
+def test_a_lazy_run_loads_neither_pyarrow_nor_pandas_and_cuts_polars_chunks_small(svc, tmp_path):
+    """pandas (about 40 MB, loaded by pyarrow's first conversion of Python values) and pyarrow
+    (about 40 MB) stay out of a process that streams a LazyFrame; a chunk as large as a Parquet
+    row group reaches the run in slices of LAZY_BATCH_ROWS."""
+    import subprocess
+    import sys
+
+    rows = 5000
+    texts = [article(12, seed=7200 + i % 40) for i in range(rows)]
+    pl.DataFrame({"id": range(rows), "text": texts}).write_parquet(tmp_path / "in.parquet", row_group_size=rows)
+    script = (
+        "import sys, polars as pl, batchsum.polars, batchsum.run.batches as b\n"
+        "seen, init = [], b.BatchStream.__init__\n"
+        "def counted(batches):\n"
+        "    for batch in batches:\n"
+        "        seen.append(len(batch))\n"
+        "        yield batch\n"
+        "b.BatchStream.__init__ = lambda self, spec, batches, *a, **k: init(self, spec, counted(batches), *a, **k)\n"
+        "lazy = pl.scan_parquet(sys.argv[1]).batchsum.summarize('text', api_key=sys.argv[3], base_url=sys.argv[4],\n"
+        "    rpm=0, budget='none', progress=False)\n"
+        "lazy.sink_parquet(sys.argv[2])\n"
+        "print(max(seen), sum(seen), 'pyarrow' in sys.modules, 'pandas' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "in.parquet"), str(tmp_path / "out.parquet"), KEY, svc.url],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(batchsum.polars.LAZY_BATCH_ROWS), str(rows), "False", "False"]
+    assert (pl.read_parquet(tmp_path / "out.parquet")["summary_status"] == "ok").all()
+
+
+def test_a_lazy_plan_with_a_budget_object_keeps_it_in_this_process_and_runs(svc, opts):
+    from batchsum.pacing.budget import open_budget
+
+    budget = open_budget("none", "lazy-budget-object")
+    texts = [article(20, seed=7300 + i) for i in range(3)]
+    lazy = pl.LazyFrame({"text": texts}).batchsum.summarize("text", **{**opts, "budget": budget})
+    assert lazy.collect()["summary_status"].to_list() == ["ok"] * 3

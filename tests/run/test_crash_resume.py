@@ -120,3 +120,50 @@ def test_a_second_signal_aborts_at_once(setup):
     assert proc.returncode == 143, err
     service.faults = Faults()
     finish(service, argv, env, tmp_path)
+
+
+# The CLI in a process of its own (main() without argv, as the `batchsum` command runs), with a second
+# signal injected at once after one of the steps that follow a run's end: its loop, the command, main.
+SECOND_SIGNAL = """
+import asyncio, os, signal, sys
+import batchsum.cli
+where, second = sys.argv[1], getattr(signal, sys.argv[2])
+sys.argv = ["batchsum", *sys.argv[3:]]
+def then_signal(step):
+    def wrapped(*args, **kwargs):
+        try:
+            return step(*args, **kwargs)
+        finally:
+            os.kill(os.getpid(), second)
+    return wrapped
+if where == "loop":
+    asyncio.run = then_signal(asyncio.run)
+elif where == "command":
+    batchsum.cli.summarize_command = then_signal(batchsum.cli.summarize_command)
+code = then_signal(batchsum.cli.main)() if where == "main" else batchsum.cli.main()
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize(
+    "where, first, second, code",
+    [("main", signal.SIGINT, "SIGINT", 130)]  # the Ctrl-C twice of issue 41: a raw -2 before
+    + [(where, signal.SIGINT, "SIGTERM", 143) for where in ("loop", "command", "main")]
+    + [(where, signal.SIGTERM, "SIGINT", 130) for where in ("loop", "command", "main")],
+)
+def test_a_second_signal_right_after_the_run_returns_leaves_with_its_code_never_a_raw_signal(
+    setup, where, first, second, code
+):
+    service, argv, env, tmp_path = setup
+    service.faults = Faults(latency=0.2)
+    script = [sys.executable, "-c", SECOND_SIGNAL, where, second, *argv[3:]]  # argv[:3]: python -m batchsum.cli
+    proc = subprocess.Popen(script, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_answers(service, 20, proc)
+    proc.send_signal(first)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err  # the last signal's code: never -2 or -15
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"batchsum: {second}") and "leaving at once" in last and "kept" in last, err
+    if where != "loop":  # the run's own stop line came first
+        assert "run the same command again to resume" in err
+    assert service.stats()["answered"] == journal_rows(tmp_path)  # every answer the service gave is kept

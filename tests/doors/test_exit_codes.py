@@ -1,0 +1,249 @@
+"""Every way the command stops, with the exit code docs/cli.md states for it: one table, each path
+driven for real (a refused key at the service, a journal on a full quota, a Parquet file broken
+midway, the request cap, a Redis budget that goes away mid-run, an output folder that refuses the
+final rename, a signal in the command's own process), and each row's words on the docs' row of
+its code, so the page and the code cannot part ways."""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from batchsum.cli import main
+from batchsum.local import Faults, LocalService
+from tests.conftest import EXPIRED_KEY, KEY, article, free_port, need
+from tests.run.test_stops import corrupt_last_row_group
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+
+
+def docs_rows() -> dict[int, str]:
+    """docs/cli.md's exit-code table: code -> its meaning."""
+    text = DOCS.read_text(encoding="utf-8").split("### Exit codes", 1)[1]
+    return {int(code): meaning for code, meaning in re.findall(r"^\| (\d+) \| (.+) \|$", text, re.MULTILINE)}
+
+
+@dataclass
+class Case:
+    """One way to stop: ``drive(service, tmp_path)`` runs the command and returns its exit code and
+    what it said; ``code`` is what the docs promise; ``docs`` are words of that code's row."""
+
+    name: str
+    drive: Callable[[LocalService, Path], tuple[int, str]]
+    code: int
+    docs: str
+
+
+def texts(n: int, seed: int = 0) -> list[str]:
+    return [article(20, seed=seed + i) + f" Row {seed + i}." for i in range(n)]
+
+
+def source(tmp_path: Path, n: int = 30, seed: int = 0) -> str:
+    path = tmp_path / "in.parquet"
+    pd.DataFrame({"n": range(n), "text": texts(n, seed)}).to_parquet(path)
+    return str(path)
+
+
+def summarize(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(["summarize", *argv, "--column", "text", "--rpm", "0", "--quiet"])
+    return code, capsys.readouterr().err
+
+
+def command(service: LocalService, *argv: str) -> list[str]:
+    return [sys.executable, "-m", "batchsum", "summarize", *argv, "--column", "text", "--rpm", "0", "--quiet"]
+
+
+def environment(service: LocalService, key: str = KEY) -> dict[str, str]:
+    return {**os.environ, "BATCHSUM_API_KEY": key, "BATCHSUM_BASE_URL": service.url}
+
+
+def when_answered(service: LocalService, count: int, then: Callable[[], None]) -> threading.Thread:
+    """``then()`` once the service has answered ``count`` requests (or after a minute)."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while service.stats()["answered"] < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        then()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    return watcher
+
+
+# -- the paths ------------------------------------------------------------------------------------
+
+
+def finished(service, tmp_path, capsys, monkeypatch):
+    return summarize(source(tmp_path), "-o", str(tmp_path / "out.parquet"), capsys=capsys)
+
+
+def finished_with_failed_rows(service, tmp_path, capsys, monkeypatch):
+    service.faults = Faults(script=["ok", "422"])
+    code, err = summarize(source(tmp_path), "-o", str(tmp_path / "out.parquet"), capsys=capsys)
+    assert (pd.read_parquet(tmp_path / "out.parquet")["summary_status"] == "failed").sum() == 1
+    return code, err
+
+
+def refused_key(service, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("BATCHSUM_API_KEY", "test-key-wrong-0123456789")
+    return summarize(source(tmp_path), "-o", str(tmp_path / "out.parquet"), capsys=capsys)
+
+
+def expired_plan(service, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("BATCHSUM_API_KEY", EXPIRED_KEY)
+    return summarize(source(tmp_path), "-o", str(tmp_path / "out.parquet"), capsys=capsys)
+
+
+def journal_not_written(service, tmp_path, capsys, monkeypatch):
+    """The journal's writes fail once its file reaches a size limit (a full quota), in a process of
+    its own."""
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+
+    service.faults = Faults(latency=0.01)
+    argv = command(service, source(tmp_path, 200), "-o", str(tmp_path / "out.parquet"), "--budget", "none")
+    done = subprocess.run(argv, env=environment(service), capture_output=True, text=True, timeout=120, preexec_fn=limit)
+    assert "cannot write the journal" in done.stderr
+    return done.returncode, done.stderr
+
+
+def input_breaks_midway(service, tmp_path, capsys, monkeypatch):
+    rows = texts(50)
+    table = pa.table({"n": list(range(5000)), "text": [rows[i % 50] for i in range(5000)]})
+    src = tmp_path / "in.parquet"
+    pq.write_table(table, src, row_group_size=1000, compression="none", use_dictionary=False)
+    corrupt_last_row_group(src)
+    code, err = summarize(str(src), "-o", str(tmp_path / "out.csv"), capsys=capsys)
+    assert "cannot be read as Parquet" in err
+    return code, err
+
+
+def request_cap(service, tmp_path, capsys, monkeypatch):
+    return summarize(source(tmp_path), "-o", str(tmp_path / "out.parquet"), "--max-requests", "5", capsys=capsys)
+
+
+def budget_lost(service, tmp_path, capsys, monkeypatch):
+    """A Redis budget whose server goes away mid-run."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        need("a real redis-server", "apt-get install redis-server (Debian's package)")
+    port = free_port()
+    redis = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(0.3)
+        service.faults = Faults(latency=0.05)
+        when_answered(service, 10, redis.kill)
+        argv = ["-o", str(tmp_path / "out.parquet"), "--budget", f"redis://127.0.0.1:{port}/0", "--concurrency", "2"]
+        code, err = summarize(source(tmp_path, 200), *argv, capsys=capsys)
+    finally:
+        redis.kill()
+        redis.wait()
+    assert "rate budget" in err
+    return code, err
+
+
+def output_refused_at_the_end(service, tmp_path, capsys, monkeypatch):
+    # The final rename refused, as a folder made read-only refuses it (root, who runs CI here, writes to
+    # read-only folders, so chmod cannot produce it).
+    real = os.replace
+
+    def refuse(src, dst, *args, **kwargs):
+        if str(dst).endswith("out.parquet"):
+            raise PermissionError(13, "Permission denied")
+        return real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", refuse)
+    code, err = summarize(source(tmp_path), "-o", str(tmp_path / "out.parquet"), capsys=capsys)
+    assert "cannot write" in err and "every answer is in the journal" in err and service.stats()["answered"] == 30
+    return code, err
+
+
+def bad_usage(service, tmp_path, capsys, monkeypatch):
+    return summarize(source(tmp_path), "-o", str(tmp_path / "out.parquet"), "--no-such-flag", capsys=capsys)
+
+
+def bad_input(service, tmp_path, capsys, monkeypatch):
+    code, err = summarize(source(tmp_path), "-o", str(tmp_path / "out.txt"), capsys=capsys)
+    assert service.stats()["requests"] == 0 and not list(tmp_path.glob("out*"))
+    return code, err
+
+
+def no_key(service, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("BATCHSUM_API_KEY")
+    return summarize(source(tmp_path), "-o", str(tmp_path / "out.parquet"), capsys=capsys)
+
+
+def unreachable_for_one_text(service, tmp_path, capsys, monkeypatch):
+    code = main(["text", article(20), "--base-url", f"http://127.0.0.1:{free_port()}", "--max-retries", "0"])
+    return code, capsys.readouterr().err
+
+
+def signalled(signum: int) -> Callable[..., tuple[int, str]]:
+    def drive(service, tmp_path, capsys, monkeypatch):
+        service.faults = Faults(latency=0.2)
+        argv = command(service, source(tmp_path, 200), "-o", str(tmp_path / "out.parquet"), "--concurrency", "4")
+        proc = subprocess.Popen(argv, env=environment(service), stderr=subprocess.PIPE, text=True)
+        when_answered(service, 10, lambda: proc.send_signal(signum)).join()
+        _, err = proc.communicate(timeout=60)
+        return proc.returncode, err
+
+    return drive
+
+
+CASES = [
+    Case("finished", finished, 0, "finished"),
+    Case("finished, a row failed", finished_with_failed_rows, 0, "per-row failures are in the output"),
+    Case("a refused key", refused_key, 1, "wrong key"),
+    Case("an expired plan", expired_plan, 1, "expired plan"),
+    Case("a journal that cannot be written", journal_not_written, 1, "a journal that cannot be written"),
+    Case("an input that breaks midway", input_breaks_midway, 1, "an input that breaks midway"),
+    Case("the request cap", request_cap, 1, "the request cap"),
+    Case("a budget lost mid-run", budget_lost, 1, "a rate budget that can no longer be reached"),
+    Case("an output refused at the end", output_refused_at_the_end, 1, "an output that cannot be written at the end"),
+    Case("`batchsum text`, service unreachable", unreachable_for_one_text, 1, "service unreachable"),
+    Case("an unknown flag", bad_usage, 2, "bad usage"),
+    Case("an output format refused", bad_input, 2, "nothing sent, no file created"),
+    Case("no key", no_key, 2, "bad usage or input"),
+    Case("SIGINT", signalled(signal.SIGINT), 130, "interrupted (Ctrl-C, SIGINT)"),
+    Case("SIGTERM", signalled(signal.SIGTERM), 143, "terminated (SIGTERM)"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_each_stop_exits_with_the_code_the_docs_state(case, env, tmp_path, capsys, monkeypatch):
+    rows = docs_rows()
+    assert case.docs in rows[case.code], f"docs/cli.md's row {case.code} does not say {case.docs!r}"
+    code, err = case.drive(env, tmp_path, capsys, monkeypatch)
+    assert code == case.code, err
+    if code != 0:
+        assert "Traceback" not in err
+        assert err.strip().splitlines()[-1].startswith("batchsum: ")  # its reason, said in a line of its own
+
+
+def test_the_table_lists_every_code_the_command_leaves_with():
+    from batchsum.cli import console
+
+    codes = {value for name, value in vars(console).items() if name.startswith("EXIT_")}
+    assert set(docs_rows()) == codes == {case.code for case in CASES}
