@@ -10,6 +10,7 @@ and the run is judged by what it found, what the service refused, and that every
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -264,3 +265,52 @@ def test_batchsum_limits_forget_clears_the_keys_proof_and_its_budgets_shared_pac
     assert main(["limits", "--forget"]) == 0 and "forgot 1 remembered limits" in capsys.readouterr().out
     entries, slot, lead = asyncio.run(look())
     assert entries == [] and slot.pace is None and lead.state is None
+
+
+@pytest.mark.parametrize("budget", ["default", "redis"])
+def test_cli_processes_started_together_under_auto_share_one_lead(budget, tmp_path, request, monkeypatch):
+    """Three ``batchsum summarize --rpm auto`` processes on one key, at once: one holds the lead of
+    the key's search (a lease on the budget), the others follow what it publishes; every row ok, no
+    429, each report names the one limit, and the lead is let go at the end with its state kept."""
+    import os
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    from batchsum.local import LocalService
+    from batchsum.pacing.budget import open_budget
+    from tests.conftest import article
+
+    key = "bs-auto-lead-key-0123456789"
+    flag = [] if budget == "default" else ["--budget", request.getfixturevalue("redis_url")]
+    env = {**os.environ, "BATCHSUM_API_KEY": key, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    with LocalService([key], rpm=900, room_headers="ratelimit") as service:
+        env["BATCHSUM_BASE_URL"] = service.url
+        runs = []
+        for n in range(3):
+            pd.DataFrame({"text": [article(30, seed=100 * n + i) for i in range(30)]}).to_parquet(
+                tmp_path / f"{n}.parquet"
+            )
+            argv = [sys.executable, "-m", "batchsum.cli", "summarize", str(tmp_path / f"{n}.parquet")]
+            argv += ["-o", str(tmp_path / f"{n}-out.parquet"), "--column", "text", "--rpm", "auto", "--quiet"]
+            argv += ["--report", str(tmp_path / f"{n}.json"), *flag]
+            runs.append(subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True))
+        errors = [p.communicate(timeout=120)[1] for p in runs]
+        assert [p.returncode for p in runs] == [0, 0, 0], errors
+        stats = service.state.stats()
+        identity = __import__("batchsum").AsyncClient(key, service.url).identity
+    assert stats["by_status"] == {"200": 90}, stats
+    sources = {json.loads((tmp_path / f"{n}.json").read_text())["pace"]["limit_source"] for n in range(3)}
+    assert sources == {"stated by the service"}, sources
+
+    async def lead():
+        on = open_budget(flag[1] if flag else "machine", identity)
+        try:
+            return await on.lead("a test")
+        finally:
+            await on.aclose()
+
+    monkeypatch.setenv("XDG_CACHE_HOME", env["XDG_CACHE_HOME"])  # the machine the processes shared
+    after = asyncio.run(lead())
+    assert after.holder == "a test" and after.state is not None and '"stated by the service"' in after.state
