@@ -1,14 +1,24 @@
-"""``--rpm auto`` by hand: what finding a limit costs, side by side with a run told the right ``--rpm``.
+"""``--rpm auto`` by hand: what finding a limit costs, with every process on the key judged as one.
 
-    python benchmarks/auto.py                       # the CLI scenario, then the search at 60, 600, 3000
-    python benchmarks/auto.py --only search --limits 600
+    python -m benchmarks.auto                      # all three
+    python -m benchmarks.auto --only four          # four CLI processes at once, then a fifth
+    python -m benchmarks.auto --only lowered       # a limit found at 600, then the plan at 300
+    python -m benchmarks.auto --only search        # the first search, side by side with --rpm told
 
-The CLI scenario (``batchsum summarize``, the whole command timed, start-up included): a local
-service strict at a sliding 240 a minute that states nothing, answers in 0.3-0.7 s; run 1, 500 texts
-with ``--rpm auto`` on a fresh machine budget; run 2, 300 more texts right after on the same budget
-(the limit remembered). Then the search: for each limit, a run of 3.5 minutes' texts with
-``--rpm auto`` and one told ``--rpm`` = the limit, each against its own service: wall time, 429s, and
-the limit in force at the end.
+``four`` and ``lowered`` are real ``batchsum summarize`` processes (start-up included) against the
+local service over loopback on one machine budget (a fresh cache folder), answers in 0.3-0.7 s:
+
+- four: a strict sliding 240/min that states nothing; four processes of 300 distinct texts each
+  started together with ``--rpm auto``; then ``batchsum limits``; then a fifth process of 300.
+- lowered: run 1, 1500 texts on a sliding 600/min; then the service, at the same address with the
+  same key, admits 300/min in fixed 10 s windows (50 per 10 s); 600 texts with ``--rpm auto``; the
+  record; then 300 texts more.
+
+``search`` runs on the virtual clock (``tests/pacing/auto_sim.py``: the real engine, client and pacer
+against a simulated service, every window kind exact), since a real-time grid would take hours: the
+first search at 60, 600 and 3000/min on a sliding minute, fixed 10 s windows and a token bucket
+holding 2.5 s of the limit, each a job of ten minutes at the limit, beside the same job told the
+right ``--rpm``: 429s, time, and the limit found.
 """
 
 from __future__ import annotations
@@ -27,85 +37,144 @@ import pandas as pd
 from batchsum.local import Faults, LocalService
 from benchmarks.rate import texts
 
-
-def cli(service: LocalService, rows: list[str], rpm: str, folder: Path, name: str, cache: Path) -> dict:
-    source, out, report = folder / f"{name}.parquet", folder / f"{name}-out.parquet", folder / f"{name}.json"
-    pd.DataFrame({"text": rows}).to_parquet(source)
-    env = {
-        **os.environ,
-        "BATCHSUM_API_KEY": service.key,
-        "BATCHSUM_BASE_URL": service.url,
-        "XDG_CACHE_HOME": str(cache),
-    }
-    argv = [
-        "summarize",
-        str(source),
-        "-o",
-        str(out),
-        "--column",
-        "text",
-        "--rpm",
-        rpm,
-        "--quiet",
-        "--report",
-        str(report),
-    ]
-    before = service.stats()["by_status"].get("429", 0)
-    started = time.monotonic()
-    subprocess.run([str(Path(sys.executable).parent / "batchsum"), *argv], env=env, check=True)
-    wall = time.monotonic() - started
-    done = json.loads(report.read_text())
-    ok = int((pd.read_parquet(out)["summary_status"] == "ok").sum())
-    return {
-        "rows": len(rows),
-        "ok": ok,
-        "wall": wall,
-        "429s": service.stats()["by_status"].get("429", 0) - before,
-        "limit": done["pace"]["limit"],
-        "source": done["pace"]["limit_source"],
-        "of_plan": done["utilization"].get("of_plan"),
-    }
+BATCHSUM = str(Path(sys.executable).parent / "batchsum")
 
 
-def scenario() -> None:
+class Machine:
+    """One machine's budget (a cache folder) and the service the CLI processes use."""
+
+    def __init__(self, service: LocalService, folder: Path) -> None:
+        self.service, self.folder = service, folder
+        self.env = {
+            **os.environ,
+            "BATCHSUM_API_KEY": service.key,
+            "BATCHSUM_BASE_URL": service.url,
+            "XDG_CACHE_HOME": str(folder / "cache"),
+        }
+
+    def start(self, rows: list[str], name: str, rpm: str = "auto") -> tuple[subprocess.Popen[bytes], Path, Path]:
+        source, out = self.folder / f"{name}.parquet", self.folder / f"{name}-out.parquet"
+        pd.DataFrame({"text": rows}).to_parquet(source)
+        report = self.folder / f"{name}.json"
+        argv = [BATCHSUM, "summarize", str(source), "-o", str(out), "--column", "text", "--rpm", rpm]
+        argv += ["--quiet", "--report", str(report)]
+        return subprocess.Popen(argv, env=self.env), out, report
+
+    def runs(self, batches: list[list[str]], name: str, rpm: str = "auto") -> dict[str, object]:
+        """``batches`` as processes started together: rows ok, 429s at the service, the slowest's wall
+        time, and what each report says of the limit."""
+        before = self.service.stats()["by_status"].get("429", 0)
+        started = time.monotonic()
+        procs = [self.start(rows, f"{name}-{i}", rpm) for i, rows in enumerate(batches)]
+        ends = []
+        for proc, _, _ in procs:
+            proc.wait()
+            ends.append(time.monotonic() - started)
+        reports = [json.loads(report.read_text()) for _, _, report in procs]
+        ok = sum(int((pd.read_parquet(out)["summary_status"] == "ok").sum()) for _, out, _ in procs)
+        return {
+            "rows": sum(len(rows) for rows in batches),
+            "ok": ok,
+            "429s": self.service.stats()["by_status"].get("429", 0) - before,
+            "wall": max(ends),
+            "limits": sorted({f"{r['pace']['limit']} ({r['pace']['limit_source']})" for r in reports}),
+            "exit": [proc.returncode for proc, _, _ in procs],
+        }
+
+    def limits(self) -> str:
+        return subprocess.run([BATCHSUM, "limits"], env=self.env, capture_output=True, text=True).stdout.strip()
+
+
+def rate_of(service: LocalService, since: int) -> float:
+    """Starts a minute at the service from its ``since``-th arrival on."""
+    arrivals = list(service.state.arrivals)[since:]
+    return (len(arrivals) - 1) / (arrivals[-1] - arrivals[0]) * 60 if len(arrivals) > 1 else 0.0
+
+
+def four() -> None:
     faults = Faults(latency=0.3, latency_spread=0.4, seed=3)
     with tempfile.TemporaryDirectory() as tmp, LocalService(rpm=240, faults=faults) as service:
-        folder, cache = Path(tmp), Path(tmp) / "cache"
-        first = cli(service, texts(500), "auto", folder, "run1", cache)
-        ideal = 500 / 240 * 60
-        print(f"run 1: {first} -> {first['wall'] / ideal:.3f}x of 500/240 min ({ideal:.0f} s)", flush=True)
-        second = cli(service, texts(800)[500:], "auto", folder, "run2", cache)
-        print(f"run 2: {second} -> {300 / second['wall'] * 60 / 240:.3f} of 240/min over the whole command", flush=True)
+        machine = Machine(service, Path(tmp))
+        pool = texts(1500)
+        together = machine.runs([pool[i * 300 : (i + 1) * 300] for i in range(4)], "together")
+        ideal = 1200 / 240 * 60
+        print(f"four together: {together} -> {together['wall'] / ideal:.3f}x of {ideal:.0f} s", flush=True)
+        print(f"batchsum limits: {machine.limits()}", flush=True)
+        since = len(service.state.arrivals)
+        fifth = machine.runs([pool[1200:1500]], "fifth")
+        print(f"fifth: {fifth} -> {rate_of(service, since) / 240:.3f} of 240/min at the service", flush=True)
+
+
+def lowered() -> None:
+    faults = Faults(latency=0.3, latency_spread=0.4, seed=3)
+    pool = texts(2500)
+    with tempfile.TemporaryDirectory() as tmp:
+        with LocalService(rpm=600, faults=faults) as service:
+            key, port = service.key, service.port
+            machine = Machine(service, Path(tmp))
+            first = machine.runs([pool[:1500]], "first")
+            print(f"run 1 (sliding 600/min): {first}; {machine.limits()}", flush=True)
+        with LocalService([key], rpm=300, limit_kind="clock-10s", faults=faults, port=port) as service:
+            machine.service = service
+            second = machine.runs([pool[1500:2100]], "second")
+            print(f"run 2 (50 per 10 s): {second}; {machine.limits()}", flush=True)
+            since = len(service.state.arrivals)
+            third = machine.runs([pool[2100:2400]], "third")
+            print(f"run 3: {third} -> {rate_of(service, since) / 300:.3f} of 300/min at the service", flush=True)
+
+
+def judges(rpm: int) -> dict[str, object]:
+    """The window kinds of the search, each strict at ``rpm`` a minute."""
+    from batchsum.local.state import ClockWindow, SlidingWindow, TokenBucket
+
+    return {
+        "sliding minute": lambda: SlidingWindow(rpm, 60.0),
+        "fixed 10 s windows": lambda: ClockWindow(rpm // 6, 10.0),
+        "bucket of 2.5 s": lambda: TokenBucket(rpm // 24, rpm // 24 * 60 / rpm),
+    }
+
+
+def search_one(rpm: int, kind: str, make: object) -> str:
+    """A job of ten minutes at ``rpm`` with ``--rpm auto`` on a fresh key, and told ``--rpm``."""
+    import random
+
+    from tests.pacing.auto_sim import Machine as Simulated
+    from tests.pacing.auto_sim import scenario, service_with, told, wave
+
+    random.seed(rpm)
+    latency = (0.05, 0.2) if rpm >= 3000 else (0.3, 0.7)
+    n = rpm * 10
+    searching, knowing, machine = service_with(make(), latency), service_with(make(), latency), Simulated()  # type: ignore[operator]
+
+    async def both():  # type: ignore[no-untyped-def]
+        return await wave(searching, machine, n), await told(knowing, n, rpm)
+
+    searched, known = scenario(both)
+    found, ideal = machine.limit(), n / rpm * 60
+    return (
+        f"{rpm:>5}/min {kind:<19} told --rpm: {known.refused:>3} 429s {known.seconds / ideal:.3f}x"
+        f" | auto: {searched.refused:>3} 429s {searched.seconds / ideal:.3f}x,"
+        f" found {found.rpm if found else None} ({found.how if found else '-'})"
+    )
 
 
 def search(limits: list[int]) -> None:
-    print("| limit | told --rpm: wall, 429s | --rpm auto: wall, 429s, limit at the end |")
-    print("| --- | --- | --- |")
-    for limit in limits:
-        rows = texts(int(limit * 3.5))
-        cells = []
-        for rpm in (str(limit), "auto"):
-            faults = Faults(latency=0.3, latency_spread=0.4, seed=5)
-            with tempfile.TemporaryDirectory() as tmp, LocalService(rpm=limit, faults=faults) as service:
-                r = cli(service, rows, rpm, Path(tmp), "run", Path(tmp) / "cache")
-            cells.append(r)
-        told, auto = cells
-        print(
-            f"| {limit}/min | {told['wall']:.0f} s, {told['429s']} | {auto['wall']:.0f} s "
-            f"({auto['wall'] / told['wall']:.2f}x), {auto['429s']}, {auto['limit']} ({auto['source']}) |",
-            flush=True,
-        )
+    for rpm in limits:
+        for kind, make in judges(rpm).items():
+            print(search_one(rpm, kind, make), flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["cli", "search"], default=None, help="one part only")
-    parser.add_argument("--limits", type=int, nargs="+", default=[60, 600, 3000], help="limits to search for")
+    parser.add_argument("--only", choices=["four", "lowered", "search"], help="one part only")
+    parser.add_argument("--limits", default="60,600,3000", help="the plans of the search (a minute)")
     args = parser.parse_args()
-    if args.only in (None, "cli"):
-        scenario()
+    if args.only in (None, "four"):
+        four()
+    if args.only in (None, "lowered"):
+        lowered()
     if args.only in (None, "search"):
-        search(args.limits)
+        search([int(x) for x in args.limits.split(",")])
 
 
 if __name__ == "__main__":

@@ -252,7 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="List what the rate budget remembers of each key's limit at each service (found by "
         "--rpm auto, or stated by the service): the service, the limit, how and when it was known, and "
         "the key as a short hash (never a piece of it; 'this key' marks the one in "
-        f"${ENV_API_KEY}). A remembered limit is where --rpm auto starts for a week; --forget removes it.",
+        f"${ENV_API_KEY}). A remembered limit is where --rpm auto starts for a week; --forget removes it "
+        "with everything the budget knows of that key at that service (whether it was answered, the pace "
+        "and counts its runs share, a search under way), never answers.",
     )
     limits.add_argument(
         "--budget",
@@ -263,7 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     limits.add_argument("--service", default=None, metavar="URL", help="only the limits at this service (base URL)")
     limits.add_argument("--this-key", action="store_true", help=f"only the limits of the key in ${ENV_API_KEY}")
-    limits.add_argument("--forget", action="store_true", help="forget the limits listed (all, or those chosen)")
+    limits.add_argument(
+        "--forget",
+        action="store_true",
+        help="forget the limits listed (all, or those chosen), with their keys' proof, shared pace and counts",
+    )
 
     store = commands.add_parser(
         "store",

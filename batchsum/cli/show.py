@@ -64,8 +64,9 @@ def limits_command(args: argparse.Namespace) -> int:
                 and (not args.this_key or e.key_hash == mine)
             ]
             gone = 0
-            for entry in chosen if args.forget else ():
-                gone += await budget.forget(entry.key_hash, entry.service, LIMIT)
+            for entry in chosen if args.forget else ():  # the key's proof and its budget's pace and
+                await budget.forget(entry.key_hash, entry.service)  # counts go with its limit
+                gone += 1
             return chosen, gone
         finally:
             await budget.aclose()

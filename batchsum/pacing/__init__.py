@@ -16,6 +16,8 @@ The pieces, each with its invariant in its docstring:
 - ``paces``: the pace in force, its ceiling, and the log of its changes.
 - ``turn``: the schedule of starts (reserve on the budget, wait, commit); ``sharing``: what a pacer
   and the other users of its budget tell each other; ``answers``: what a pacer learns from answers.
+- ``limit``, ``search``, ``lead``: ``--rpm auto``, the key's limit found once for every run on it
+  (one leads the search, the others follow), judged by the key's ``ledger``.
 - ``pacer``: ``Pacer``, which composes them for a batch.
 - ``budget`` (with ``exchange``, ``gcra``, ``sqlite_budget``, ``redis_budget``): the key's budget.
 """

@@ -1,5 +1,6 @@
-"""What a pacer learns from each answer: a 429 pauses every sender and, on evidence, lowers the pace
-(or moves the auto limit); rate-limit headers state a limit and room; clean answers let it climb.
+"""What a pacer learns from each answer: a 429 pauses every sender and, on evidence, lowers the pace;
+rate-limit headers state a limit and room; clean answers let it climb. Under ``--rpm auto`` the limit
+moves on the key's ledger instead (``lead.py``): each answer goes there, told to the budget.
 """
 
 from __future__ import annotations
@@ -7,15 +8,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .evidence import Evidence, count_between
+from .evidence import Evidence
 from .in_flight import InFlight
-from .limit import AutoLimit
+from .lead import Lead
 from .paces import Paces
 from .pause import Alarm, Pause
 from .record import KeyRecord
 from .room import StatedRoom, Statement
 from .sharing import Sharing
-from .spacing import MIN_RPM, WINDOW
+from .spacing import MIN_RPM
 
 __all__ = ["Answers"]
 
@@ -23,7 +24,7 @@ __all__ = ["Answers"]
 @dataclass(eq=False, slots=True)
 class Answers:
     """The pacer's conclusions from the attempts that ended (``ended``), and the 429s seen
-    (``rate_limited``). Under ``auto`` the limit it finds or is told goes to the key's ``record``."""
+    (``rate_limited``). Under ``auto`` (``lead``), a limit the service states is the lead's to take."""
 
     clock: Callable[[], float]
     paces: Paces
@@ -33,7 +34,7 @@ class Answers:
     sharing: Sharing
     alarm: Alarm
     in_flight: InFlight
-    auto: AutoLimit | None
+    lead: Lead | None
     record: KeyRecord | None
     rate_limited: int = 0  # 429s seen
 
@@ -52,17 +53,17 @@ class Answers:
         if headers is not None:
             self._read(headers, started_at, now)
         if not rate_limited and answered:
-            self.evidence.answered_at(started_at, now)
+            self.sharing.owed.answered.append(started_at)
             self.pause.clean_answer()
-            self._climb(now, started_at)
+            self._climb(now)
 
     def _read(self, statement: Statement, started_at: float, now: float) -> None:
         """What the service's headers state: a limit below ours lowers the ceiling (said once); and,
         while its statements are trusted, the room left, or a pause when none is left."""
         stated, paces = statement.per_minute, self.paces
-        if self.auto is not None:
-            if stated is not None and self.room.trusted and self.auto.stated(stated, now):
-                self._follow_limit(now, f"the service's rate-limit headers state {stated:g}/min")
+        if self.lead is not None:
+            if stated is not None and self.room.trusted and self.lead.leading and self.lead.auto.stated(stated, now):
+                self.lead.moved(f"the service's rate-limit headers state {stated:g}/min")
         elif stated is not None and stated < paces.ceiling:
             paces.ceiling = max(MIN_RPM, stated)
             if paces.pace > paces.ceiling or not paces.pace:
@@ -85,63 +86,30 @@ class Answers:
             self.paces.note("the service refused while its headers stated room left; its room is not used again", now)
             if self.record is not None:
                 self.record.room_contradicted()
-            if self.auto is not None and self.auto.distrusted(now):
-                self._follow_limit(now, "the limit its headers stated is searched for again")
+            if self.lead is not None and self.lead.leading and self.lead.auto.distrusted(now):
+                self.lead.moved("the limit its headers stated is searched for again")
         self.rate_limited += 1
         self.paces.log.refused(now)
-        self.sharing.owed.refused += 1
+        self.sharing.owed.refused.append(started_at)
         new_episode = started_at >= self.pause.until  # else it was sent before the pause in force
         stretch = self.evidence.refused_at(started_at, now, self.paces.pace)
         wait, why = self.pause.after_429(retry_after, new_episode)
         self.sharing.hold(now + wait, why)
-        # A 429 for a start on stated room says the room was not there, not that the pace is too high.
-        if on_room or not self.paces.pace:
+        # A 429 for a start on stated room says the room was not there, not that the pace is too high;
+        # under auto, what it says of the limit is read from the key's ledger by the search's lead.
+        if on_room or not self.paces.pace or self.lead is not None:
             return
-        if self.auto is not None:
-            level, admitted = self.paces.at(started_at), self.evidence.admitted_surely(started_at)
-            stretched = bool(stretch) and new_episode
-            if self.auto.refused(started_at, level, now, stretched, admitted, self._admitted_since(now)):
-                self._follow_limit(
-                    now, f"the service refused at {level:.0f}/min after admitting {admitted} in a minute"
-                )
-        elif new_episode and stretch is not None:
+        if new_episode and stretch is not None:
             lowered = self.evidence.lowered_pace(started_at, stretch, self.paces.pace)
             if lowered is not None:
                 self.paces.set(*lowered, now)
 
-    def _climb(self, now: float, started_at: float) -> None:
+    def _climb(self, now: float) -> None:
         """Additive increase toward the ceiling while answers come back clean (under auto, the
-        search's next step; the answer's start tells how long the level held)."""
-        if self.auto is not None:
-            quiet = self.evidence.unpaused_since
-            if quiet is not None:
-                quiet = max(quiet, self.pause.steady_since)  # a level holds once the ramp is done
-            if quiet is not None and self.auto.clean(now, quiet, self.evidence.admitted_surely(now), started_at):
-                self._follow_limit(now, "answers came back clean")
+        search's lead moves the level instead)."""
+        if self.lead is not None:
             return
         paces = self.paces
         pace = self.evidence.climbed_pace(now, self.pause.until, paces.pace, paces.rpm, paces.ceiling)
         if pace is not None:
             paces.set(pace, "answers came back clean" if pace >= paces.ceiling else None, now)
-
-    def _follow_limit(self, now: float, why: str) -> None:
-        """Under auto: the limit in force or the level tried moved; the pace follows, and a limit
-        found (or stated) goes to the key's record."""
-        assert self.auto is not None
-        self.paces.ceiling = self.auto.limit()
-        found, self.auto.found = self.auto.found, None
-        if found is not None and self.record is not None:
-            self.record.limit_found(found)
-        reason = f"limit {self.auto.describe()}: {why}" if found is not None else None
-        self.paces.set(self.auto.pace(), reason, now)
-
-    def _admitted_since(self, now: float) -> float | None:
-        """Under auto, what the service admitted a minute since the last contradicting refusal
-        (None: none, or too long ago to count)."""
-        assert self.auto is not None
-        since = self.auto.contradicted_at
-        starts = self.evidence.starts
-        if since is None or not starts or since < starts[0] or now - since < 1.0:
-            return None
-        admitted = count_between(self.evidence.answered, since, now)
-        return admitted * WINDOW / (now - since)

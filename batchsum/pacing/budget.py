@@ -42,6 +42,7 @@ F x window / interval + 1 starts, and the others the rest, in the order they ask
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
@@ -52,19 +53,23 @@ from ..service.errors import BudgetError, redact_location
 from ..service.settings import DEFAULT_BUDGET, ENV_BUDGET, budget_spec
 from .exchange import (
     COMMIT,
+    LEASE_SECONDS,
     LOOK,
     NO_REPORT,
     RECORD_SECONDS,
     RESERVE,
     RESERVE_ONLY,
     SETTING,
+    SHARED_SECONDS,
     Budget,
+    Lead,
     Remembered,
     Report,
     Share,
     Slot,
 )
 from .gcra import KEEP_SECONDS, MAX_AHEAD, MAX_PAUSE, MINUTE, ON_TIME, REASON_CHARS, State, deferred, share_wait
+from .ledger import KEEP_TICKS, LEDGER_SECONDS, Ledger, Tally, tick_of
 from .redis_budget import RedisBudget
 from .sqlite_budget import SQLiteBudget
 
@@ -106,28 +111,58 @@ def default_budget_path() -> Path:
     return Path(platformdirs.user_cache_dir("batchsum", appauthor=False)) / "budget.sqlite"
 
 
-class _Counts:
-    """Starts and 429s per second, for the last few minutes."""
+class _Tallies:
+    """The key's counts per tick (``ledger.TICK``) for the last three minutes, in memory, with the
+    trailing minute's sums kept as the minute moves (a look is not a walk over every tick)."""
 
     def __init__(self) -> None:
-        self._seconds: dict[int, list[int]] = {}
+        self._ticks: dict[int, list[int]] = {}
+        self._order: list[int] = []  # the ticks held, ascending
+        self._since: int | None = None  # the ticks from this one on are in the sums
+        self._sums = [0, 0, 0]
 
-    def add(self, second: int, starts: int, refused: int) -> None:
-        entry = self._seconds.setdefault(second, [0, 0])
-        entry[0] += starts
-        entry[1] += refused
-        if len(self._seconds) > KEEP_SECONDS:
-            for old in [s for s in self._seconds if s < second - KEEP_SECONDS]:
-                del self._seconds[old]
+    def add(self, tick: int, starts: int = 0, answered: int = 0, refused: int = 0) -> None:
+        entry = self._ticks.get(tick)
+        if entry is None:
+            entry = self._ticks[tick] = [0, 0, 0]
+            if self._order and tick < self._order[-1]:
+                bisect.insort(self._order, tick)
+            else:
+                self._order.append(tick)
+        for at, n in enumerate((starts, answered, refused)):
+            entry[at] += n
+            if self._since is not None and tick >= self._since:
+                self._sums[at] += n
 
-    def last_minute(self, now: float) -> tuple[int, int]:
-        since = math.floor(now) - MINUTE
-        starts = refused = 0
-        for second, (s, r) in self._seconds.items():
-            if second >= since:
-                starts += s
-                refused += r
-        return starts, refused
+    def ended(self, now: float, report: Report) -> None:
+        """The answers ``report`` tells of, each at the tick of its start."""
+        for age in report.answered:
+            self.add(tick_of(now - age), answered=1)
+        for age in report.refused:
+            self.add(tick_of(now - age), refused=1)
+
+    def last_minute(self, now: float) -> tuple[int, int, int]:
+        """(starts, refused, answered) of the last minute."""
+        since = tick_of(now - MINUTE)
+        order = self._order
+        if self._since is None or since < self._since:  # the first look, or a clock that went back
+            self._sums = [0, 0, 0]
+            for tick in order[bisect.bisect_left(order, since) :]:
+                self._sums = [a + b for a, b in zip(self._sums, self._ticks[tick])]
+        else:
+            for tick in order[bisect.bisect_left(order, self._since) : bisect.bisect_left(order, since)]:
+                self._sums = [a - b for a, b in zip(self._sums, self._ticks[tick])]
+        self._since = since
+        if len(order) > 2 * KEEP_TICKS:  # forget what is older than three minutes
+            gone = bisect.bisect_left(order, since - KEEP_TICKS)
+            for tick in order[:gone]:
+                del self._ticks[tick]
+            del order[:gone]
+        starts, answered, refused = self._sums
+        return starts, refused, answered
+
+    def since(self, tick: int) -> list[Tally]:
+        return [Tally(t, *self._ticks[t]) for t in self._order[bisect.bisect_left(self._order, tick) :]]
 
 
 class ProcessBudget(Budget):
@@ -143,9 +178,10 @@ class ProcessBudget(Budget):
         self.shared = shared
         self._clock = clock
         self._lock = threading.Lock()
-        self._state = State(tat=-math.inf, paused_until=-math.inf, last=-math.inf)
-        self._counts = _Counts()
+        self._state = State(tat=-math.inf, paused_until=-math.inf, last=-math.inf, pace_at=-math.inf, updated=-math.inf)
+        self._tallies = _Tallies()
         self._shares: dict[str, float] = {}  # holder -> its own tat
+        self._lead: tuple[str | None, float, str | None, float] = (None, -math.inf, None, -math.inf)
 
     @classmethod
     def for_key(cls, key_id: str) -> ProcessBudget:
@@ -163,9 +199,27 @@ class ProcessBudget(Budget):
                 if len(self._shares) > 1024:  # forget runs long gone
                     self._shares = {h: t for h, t in self._shares.items() if t > now - KEEP_SECONDS}
                 self._shares[share.holder] = at + share.own_interval(interval)
-            if report.started or report.refused:
-                self._counts.add(math.floor(now), report.started, report.refused)
-            return deferred(self._state.slot(now, at, *self._counts.last_minute(now), committed), turn)
+            if committed:
+                self._tallies.add(tick_of(now), starts=1)
+            self._tallies.ended(now, report)
+            return deferred(self._state.slot(now, at, *self._tallies.last_minute(now), committed), turn)
+
+    async def ledger(self, seconds: float = LEDGER_SECONDS) -> Ledger:
+        with self._lock:
+            now = self._clock()
+            return Ledger.of(now, self._tallies.since(tick_of(now - seconds)), seconds)
+
+    async def lead(self, holder: str, state: str | None = None, *, release: bool = False) -> Lead:
+        with self._lock:
+            now = self._clock()
+            held, until, published, at = self._lead
+            if held is None or held == holder or until < now:
+                if state is not None:
+                    published, at = state, now
+                held, until = (None, -math.inf) if release else (holder, now + LEASE_SECONDS)
+            self._lead = (held, until, published, at)
+            fresh = published if now - at <= SHARED_SECONDS else None
+            return Lead(held, fresh, at, now)
 
 
 async def check_budget(budget: Budget) -> None:

@@ -39,12 +39,11 @@ class Evidence:
     shared budget, the key's counts (``seen``: the budget's state at the last exchange) stand in for
     this process's share of them."""
 
-    __slots__ = ("starts", "refused", "answered", "unpaused_since", "shown_limit", "last_climb", "seen", "_shared")
+    __slots__ = ("starts", "refused", "unpaused_since", "shown_limit", "last_climb", "seen", "_shared")
 
     def __init__(self, shared: bool) -> None:
         self.starts: list[float] = []  # start times of the last two minutes or so, in order
         self.refused: list[float] = []  # start times of attempts answered 429, same span, sorted
-        self.answered: list[float] = []  # start times of attempts answered clean, same span, sorted
         self.unpaused_since: float | None = None
         self.shown_limit: float | None = None
         self.last_climb = -math.inf
@@ -57,17 +56,6 @@ class Evidence:
         self.starts.append(now)
         if self.starts[0] < now - 3 * WINDOW:  # forget what is older than two minutes, now and then
             del self.starts[: bisect.bisect_left(self.starts, now - 2 * WINDOW)]
-
-    def answered_at(self, started_at: float, now: float) -> None:
-        """A clean answer to the attempt that started at ``started_at``."""
-        bisect.insort(self.answered, started_at)
-        if self.answered[0] < now - 3 * WINDOW:
-            del self.answered[: bisect.bisect_left(self.answered, now - 2 * WINDOW)]
-
-    def admitted_surely(self, before: float) -> int:
-        """This process's attempts started in the minute before ``before`` and answered clean by
-        now: what the service surely admitted (those still on the wire not counted)."""
-        return count_between(self.answered, before - WINDOW, before)
 
     def paused(self) -> None:
         """A pause began: the next stretch of sending at the pace starts after it."""

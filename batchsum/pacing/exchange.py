@@ -1,11 +1,14 @@
 """What a pacer and its key's budget exchange: the ``Budget`` protocol, the report a pacer pushes,
-the slot it gets back, a run's share of the key, and the entries remembered of a key at a service.
+the slot it gets back, a run's share of the key, the lead of the key's search (``Lead``), and the
+entries remembered of a key at a service.
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+
+from .ledger import LEDGER_SECONDS, Ledger
 
 __all__ = [
     "Budget",
@@ -14,6 +17,9 @@ __all__ = [
     "Slot",
     "Share",
     "Remembered",
+    "Lead",
+    "LEASE_SECONDS",
+    "SHARED_SECONDS",
     "LOOK",
     "RESERVE",
     "COMMIT",
@@ -23,22 +29,30 @@ __all__ = [
 ]
 
 RECORD_SECONDS = 7 * 86400  # remembered entries older than this are dropped (readers use their own ages)
+LEASE_SECONDS = 15.0  # a lead not renewed for this long has lapsed (its holder renews it every second)
+SHARED_SECONDS = 300.0  # a shared pace or a search's state not written for this long is not adopted
 SETTING = "--budget (or $BATCHSUM_BUDGET)"
 
 
 @dataclass(frozen=True)
 class Report:
     """What a pacer tells the budget with its next reservation: a pause it must share, a pace it
-    set, the attempts it started and the 429s it got since its last report. A pace lowered on
-    evidence always applies; a pace raised while climbing (``pace_base``: the version it climbed
-    from) applies only if nobody wrote one since, so a climb never undoes another's lowering."""
+    set, and how its attempts ended since its last report: the ages (seconds before this report) of
+    the starts answered clean (``answered``) and answered 429 (``refused``), which the budget counts
+    at the tick of each start. (The starts themselves are counted by the budget when committed.) A pace
+    lowered on evidence always applies; a pace raised while climbing (``pace_base``: the version it
+    climbed from) applies only if nobody wrote one since, so a climb never undoes another's lowering."""
 
     pause_for: float = 0.0
     pause_reason: str | None = None
     pace: float | None = None
     pace_base: int | None = None
-    started: int = 0
-    refused: int = 0
+    answered: tuple[float, ...] = ()
+    refused: tuple[float, ...] = ()
+
+    def ended(self) -> bool:
+        """Whether it tells of attempts that ended."""
+        return bool(self.answered or self.refused)
 
 
 NO_REPORT = Report()
@@ -68,8 +82,9 @@ class Slot:
     pause_reason: str | None
     pace: float | None  # the shared pace in force; None: nobody set one
     pace_version: int  # bumped at every pace written: a value not seen before is someone else's
-    starts: int  # attempts started in the last minute, every process together (as reported)
-    refused: int  # 429s in the last minute, every process together (as reported)
+    starts: int  # attempts started in the last minute, every process together
+    refused: int  # of those, answered 429 (as reported so far)
+    answered: int = 0  # of those, answered clean (as reported so far)
     deferred: bool = False  # a shared run's own turn has not come: nothing reserved; ask again after ``wait``
     committed: bool = False  # the start is recorded as the key's last: it goes now (``wait`` is 0)
 
@@ -84,6 +99,18 @@ class Remembered:
     name: str
     value: str
     at: float
+
+
+@dataclass(frozen=True)
+class Lead:
+    """Who leads the key's search under ``--rpm auto`` (``holder``; None: nobody), the state it last
+    published (``state``, plain text, written at ``state_at``; None when older than
+    ``SHARED_SECONDS``), and the budget's clock when asked (``now``)."""
+
+    holder: str | None
+    state: str | None
+    state_at: float
+    now: float
 
 
 # What a call to the budget does besides taking the report: look; reserve (committed at once when
@@ -130,6 +157,17 @@ class Budget(abc.ABC):
         """The budget's state now, reserving nothing and creating nothing (``--dry-run``)."""
         return await self.reserve(0.0, start=False)
 
+    async def ledger(self, seconds: float = LEDGER_SECONDS) -> Ledger:
+        """The key's counts of the last ``seconds``, every process together (``ledger.Ledger``)."""
+        return Ledger.empty(0.0)
+
+    async def lead(self, holder: str, state: str | None = None, *, release: bool = False) -> Lead:
+        """Ask for the lead of the key's search as ``holder``: granted when nobody holds it, its
+        lease lapsed, or ``holder`` has it (renewed for ``LEASE_SECONDS``); ``state``, the holder's
+        to publish (kept with the lead). ``release``: the holder lets it go (its state stays for a
+        successor). What the budget holds after the call."""
+        return Lead(holder, state, 0.0, 0.0)
+
     async def recall(self, key_hash: str, service: str) -> list[Remembered]:
         """What is remembered of ``key_hash`` at ``service`` (nothing, for a budget that remembers nothing)."""
         return []
@@ -142,7 +180,8 @@ class Budget(abc.ABC):
         return []
 
     async def forget(self, key_hash: str | None = None, service: str | None = None, name: str | None = None) -> int:
-        """Forget the entries that match (None matches all); how many were forgotten."""
+        """Forget the entries that match (None matches all), and with no ``name``, the shared pace,
+        counts and search of the keys' budgets there too; how many entries were forgotten."""
         return 0
 
     async def aclose(self) -> None:  # noqa: B027 - most budgets hold nothing to let go of

@@ -11,31 +11,34 @@ __all__ = ["Owed"]
 
 class Owed:
     """What a pacer owes its budget, told with its next exchange (its own pause, the pace it set,
-    the starts and 429s since), and what it last saw there (to tell others' news from its own)."""
+    the starts answered clean and answered 429 since), and what it last saw there (to tell others'
+    news from its own). Starts are the budget's to count: it commits them."""
 
-    __slots__ = ("pause", "pace", "started", "refused", "seen", "pace_version", "pause_mark")
+    __slots__ = ("pause", "pace", "answered", "refused", "seen", "pace_version", "pause_mark")
 
     def __init__(self) -> None:
         self.pause = False  # our own pause, not yet told
         self.pace: str | None = None  # our own pace, not yet told: "lowered" (always applies) or "climbed"
-        self.started = 0
-        self.refused = 0
+        self.answered: list[float] = []  # start times (our clock) of attempts answered clean, not yet told
+        self.refused: list[float] = []  # start times of attempts answered 429, not yet told
         self.seen: Slot | None = None  # the budget's state at the last exchange
         self.pace_version = 0
         self.pause_mark: float | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.pause or self.pace or self.started or self.refused)
+        return bool(self.pause or self.pace or self.answered or self.refused)
 
-    def take(self, pause_for: float, pause_reason: str | None, pace: float | None) -> Report:
-        """The report of what is owed (``pace``: the pace in force, None without pacing); owed no more."""
+    def take(self, now: float, pause_for: float, pause_reason: str | None, pace: float | None) -> Report:
+        """The report of what is owed at ``now`` (``pace``: the pace in force, None without pacing);
+        owed no more."""
         report = Report(
             pause_for=pause_for if self.pause else 0.0,
             pause_reason=pause_reason if self.pause else None,
             pace=pace if self.pace else None,
             pace_base=self.pace_version if self.pace == "climbed" else None,
-            started=self.started,
-            refused=self.refused,
+            answered=tuple(max(0.0, now - at) for at in self.answered),
+            refused=tuple(max(0.0, now - at) for at in self.refused),
         )
-        self.pause, self.pace, self.started, self.refused = False, None, 0, 0
+        self.pause, self.pace = False, None
+        self.answered, self.refused = [], []
         return report

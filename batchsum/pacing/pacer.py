@@ -24,6 +24,7 @@ from .budget import ProcessBudget
 from .evidence import Evidence
 from .exchange import Budget, Share
 from .in_flight import InFlight
+from .lead import Lead
 from .limit import AutoLimit
 from .owed import Owed
 from .paces import PaceChange, PaceLog, Paces
@@ -74,12 +75,21 @@ class Pacer:
     of the key's rate (``budget.Share``). ``alone``: False for one of several runs of one job at once
     (Dask partitions, Spark tasks), which never spend stated room (each would take it as its own).
     ``log``: told of starts, 429s, pauses and pace changes (``engine.timeline.Timeline``). ``record``: the
-    key's record at its service (room it stated and a 429 contradicted is not trusted again; the
-    limit last found). ``auto``: ``rpm`` is only a cap; the limit is stated by the service,
-    remembered, or found (``limit.AutoLimit``), and stands for the plan in every rule here.
+    key's record at its service (room it stated and a 429 contradicted is not trusted again; the limit
+    last found). ``auto``: ``rpm`` is only a cap; the limit (``limit.AutoLimit``) stands for the plan.
     """
 
-    __slots__ = ("rpm", "auto", "in_flight", "_clock", "_paces", "_pause", "_room", "_sharing", "_turn", "_answers")
+    __slots__ = (
+        "rpm",
+        "auto",
+        "in_flight",
+        "_clock",
+        "_paces",
+        "_pause",
+        "_sharing",
+        "_turn",
+        "_answers",
+    )
 
     def __init__(
         self,
@@ -107,15 +117,20 @@ class Pacer:
         self._paces = paces = Paces(self.rpm, pace, ceiling, owed, log, on_pace_change)
         self._pause = pause = Pause()
         evidence, company = Evidence(budget.shared), Company(budget.shared)
-        self._room = room = StatedRoom(trusted=record is None or not record.room_distrusted)
+        room = StatedRoom(trusted=record is None or not record.room_distrusted)
         self._sharing = Sharing(clock, budget, share, paces, pause, evidence, company, alarm, record, owed)
         self._turn = Turn(
             clock, paces, pause, room, company, evidence, self._sharing, alarm, self.auto, limiter, share, alone
         )
         self.in_flight = InFlight(self, max_in_flight)
-        self._answers = Answers(
-            clock, paces, pause, evidence, room, self._sharing, alarm, self.in_flight, self.auto, record
-        )
+        last_start = lambda: self._turn.last_start  # noqa: E731
+        lead = None if self.auto is None else Lead(clock, budget, self.auto, paces, self._sharing, record, last_start)
+        self._answers = Answers(clock, paces, pause, evidence, room, self._sharing, alarm, self.in_flight, lead, record)
+
+    @property
+    def leading(self) -> bool:
+        """Under auto, whether this run leads its key's search (the others follow it)."""
+        return self._answers.lead is not None and self._answers.lead.leading
 
     @property
     def pace(self) -> float:
@@ -151,6 +166,8 @@ class Pacer:
 
     async def before_attempt(self) -> float:
         """Wait for this attempt's turn; returns the time it starts (pass it to ``after_attempt``)."""
+        if self._answers.lead is not None:
+            await self._answers.lead.start()  # under auto: the key's level before the first start
         return await self._turn.take()
 
     def room_left(self, now: float) -> int:
@@ -159,7 +176,10 @@ class Pacer:
 
     async def flush(self) -> None:
         """Tell the budget what it has not heard yet (the last starts, a pause, a pace) and write the
-        key's record: at the end of a batch, so that others' counts are whole."""
+        key's record: at the end of a batch, so that others' counts are whole. Under auto, the lead
+        of the key's search, if this batch held it, goes to another run."""
+        if self._answers.lead is not None:
+            await self._answers.lead.close()
         await self._sharing.flush(self._turn.last_start)
 
     def after_attempt(
@@ -183,7 +203,7 @@ class Pacer:
         """What a progress line shows."""
         now = self._clock()
         paused_for, reason = self._pause.left(now), self._pause.reason
-        if (wait := self._room.reset_wait(now)) > paused_for:
+        if (wait := self._turn.room.reset_wait(now)) > paused_for:
             paused_for, reason = wait, "the room the service stated is used up until its reset"
         return PacerState(
             rpm=self.rpm,

@@ -134,7 +134,8 @@ class Company:
         the earliest our own state allows it (a pause, our last start and the interval now)."""
         if not self._shared:
             return
-        ours = len(starts) - bisect.bisect_left(starts, before - WINDOW - 1)  # at least what it counted of ours
+        # At least what it counted of ours (the start it just committed, if it did, among them).
+        ours = len(starts) - bisect.bisect_left(starts, before - WINDOW - 1) + slot.committed
         due = before + slot.wait
         expected = max(before, self.next_due, floor)
         ahead = reserved is not None and not slot.deferred and due > expected + OTHERS_SLACK

@@ -42,7 +42,7 @@ class Sharing:
         our last start (with the pause, the earliest our own state allows the next one)."""
         before = self.clock()
         pace = self.paces.pace if self.paces.rpm else None
-        report = self.owed.take(self.pause.left(before), self.pause.reason, pace)
+        report = self.owed.take(before, self.pause.left(before), self.pause.reason, pace)
         if what == RESERVE:
             slot = await self.budget.reserve(interval, report, share=self.share, commit=commit)
         elif what == COMMIT:

@@ -1,5 +1,6 @@
 """``SQLiteBudget``: a key's budget shared by every process on this machine, one row per budget in a
-SQLite file (the default, ``"machine"``), with the entries remembered of each key.
+SQLite file (the default, ``"machine"``), with the key's counts per tick, the lead of its search, and
+the entries remembered of each key.
 """
 
 from __future__ import annotations
@@ -15,19 +16,23 @@ from typing import TypeVar
 
 from ..service.errors import BudgetError
 from .exchange import (
+    LEASE_SECONDS,
     LOOK,
     NO_REPORT,
     RECORD_SECONDS,
     RESERVE,
     RESERVE_ONLY,
     SETTING,
+    SHARED_SECONDS,
     Budget,
+    Lead,
     Remembered,
     Report,
     Share,
     Slot,
 )
 from .gcra import KEEP_SECONDS, MINUTE, State, deferred, share_wait
+from .ledger import KEEP_TICKS, LEDGER_SECONDS, Ledger, Tally, tick_of
 
 __all__ = ["SQLiteBudget"]
 
@@ -46,16 +51,27 @@ CREATE TABLE IF NOT EXISTS remembered (
 CREATE TABLE IF NOT EXISTS shares (
     id TEXT NOT NULL, holder TEXT NOT NULL, tat REAL NOT NULL, PRIMARY KEY (id, holder)
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS counts (
-    id TEXT NOT NULL, second INTEGER NOT NULL, starts INTEGER NOT NULL, refused INTEGER NOT NULL,
-    PRIMARY KEY (id, second)
+CREATE TABLE IF NOT EXISTS tallies (
+    id TEXT NOT NULL, tick INTEGER NOT NULL, starts INTEGER NOT NULL, answered INTEGER NOT NULL,
+    refused INTEGER NOT NULL, PRIMARY KEY (id, tick)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS leads (
+    id TEXT PRIMARY KEY, holder TEXT, until REAL NOT NULL, state TEXT, state_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS names (
+    id TEXT PRIMARY KEY, key_hash TEXT NOT NULL, service TEXT NOT NULL
+);
 """
+_COLUMNS = {"last": "REAL NOT NULL DEFAULT 0", "pace_at": "REAL NOT NULL DEFAULT 0"}  # added to old files
+_TALLY = (
+    "INSERT INTO tallies VALUES (?, ?, ?, ?, ?) ON CONFLICT (id, tick) DO UPDATE SET "
+    "starts = starts + excluded.starts, answered = answered + excluded.answered, refused = refused + excluded.refused"
+)
 
 
-class SQLiteBudget(Budget):
-    """Every process on this machine: one row per budget in a SQLite file, advanced in a
-    ``BEGIN IMMEDIATE`` transaction on the machine's wall clock (the same in every process)."""
+class _SQLiteFile(Budget):
+    """A budget's SQLite file: its connection, its transactions (``BEGIN IMMEDIATE``), and the
+    entries remembered of each key there."""
 
     def __init__(self, path: str | os.PathLike[str], key_id: str, *, default: bool = False) -> None:
         self.path = Path(path)
@@ -113,51 +129,15 @@ class SQLiteBudget(Budget):
             except sqlite3.Error as exc:
                 raise self._fail(exc) from None
 
-    async def _call(self, what: int, interval: float, report: Report, share: Share | None) -> Slot:
-        return self._transaction(lambda db: self._step(db, what, interval, report, share))
-
-    def _step(self, db: sqlite3.Connection, what: int, interval: float, report: Report, share: Share | None) -> Slot:
-        now = time.time()
-        row = db.execute(
-            "SELECT tat, paused_until, reason, pace, pace_version, last FROM budgets WHERE id=?", (self.id,)
-        ).fetchone()
-        state = State(*row) if row else State()
-        turn = None
-        if what in (RESERVE, RESERVE_ONLY) and share is not None:
-            own = db.execute("SELECT tat FROM shares WHERE id=? AND holder=?", (self.id, share.holder)).fetchone()
-            turn = share_wait(own[0] if own else -math.inf, now, share.own_interval(interval))
-        at, committed = state.advance(now, interval, report, LOOK if turn is not None else what)
-        if share is not None and what in (RESERVE, RESERVE_ONLY) and at is not None:
-            db.execute(
-                "INSERT OR REPLACE INTO shares VALUES (?, ?, ?)",
-                (self.id, share.holder, at + share.own_interval(interval)),
-            )
-            db.execute("DELETE FROM shares WHERE id=? AND tat < ?", (self.id, now - KEEP_SECONDS))
-        if row or what != LOOK or report != NO_REPORT:
-            db.execute(
-                "INSERT OR REPLACE INTO budgets (id, tat, paused_until, reason, pace, pace_version, updated, last) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (self.id, state.tat, state.paused_until, state.reason, state.pace, state.pace_version, now, state.last),
-            )
-        if report.started or report.refused:
-            db.execute(
-                "INSERT INTO counts VALUES (?, ?, ?, ?) ON CONFLICT (id, second) DO UPDATE SET "
-                "starts = starts + excluded.starts, refused = refused + excluded.refused",
-                (self.id, math.floor(now), report.started, report.refused),
-            )
-            db.execute("DELETE FROM counts WHERE id=? AND second < ?", (self.id, math.floor(now) - KEEP_SECONDS))
-        starts, refused = db.execute(
-            "SELECT COALESCE(SUM(starts), 0), COALESCE(SUM(refused), 0) FROM counts WHERE id=? AND second >= ?",
-            (self.id, math.floor(now) - MINUTE),
-        ).fetchone()
-        return deferred(state.slot(now, at, int(starts), int(refused), committed), turn)
-
     async def recall(self, key_hash: str, service: str) -> list[Remembered]:
-        if not self.path.exists():
+        if not self.path.exists():  # a dry run creates nothing
             return []
-        return self._transaction(
-            lambda db: _entries(db, "key_hash=? AND service=?", (key_hash, service)),
-        )
+
+        def read(db: sqlite3.Connection) -> list[Remembered]:
+            db.execute("INSERT OR REPLACE INTO names VALUES (?, ?, ?)", (self.id, key_hash, service))
+            return _entries(db, "key_hash=? AND service=?", (key_hash, service))
+
+        return self._transaction(read)
 
     async def remember(self, key_hash: str, service: str, entries: dict[str, str]) -> None:
         now = time.time()
@@ -180,18 +160,108 @@ class SQLiteBudget(Budget):
         if not self.path.exists():
             return 0
         where, args = _matching(key_hash=key_hash, service=service, name=name)
-        return self._transaction(lambda db: db.execute(f"DELETE FROM remembered WHERE {where}", args).rowcount)
 
-    async def look(self) -> Slot:
-        if not self.path.exists():
-            return State().slot(time.time(), None, 0, 0)
-        return await self.reserve(0.0, start=False)
+        def delete(db: sqlite3.Connection) -> int:
+            if name is None:  # the keys' shared pace, counts and search go with what is remembered
+                ids = f"SELECT id FROM names WHERE {where}"
+                db.execute(f"UPDATE budgets SET pace = NULL, pace_at = 0 WHERE id IN ({ids})", args)
+                for table in ("tallies", "leads", "shares"):
+                    db.execute(f"DELETE FROM {table} WHERE id IN ({ids})", args)
+            return int(db.execute(f"DELETE FROM remembered WHERE {where}", args).rowcount)
+
+        return self._transaction(delete)
 
     async def aclose(self) -> None:
         with self._lock:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+
+
+class SQLiteBudget(_SQLiteFile):
+    """Every process on this machine: one row per budget in a SQLite file, advanced in a
+    ``BEGIN IMMEDIATE`` transaction on the machine's wall clock (the same in every process)."""
+
+    async def _call(self, what: int, interval: float, report: Report, share: Share | None) -> Slot:
+        return self._transaction(lambda db: self._step(db, what, interval, report, share))
+
+    def _step(self, db: sqlite3.Connection, what: int, interval: float, report: Report, share: Share | None) -> Slot:
+        now = time.time()
+        row = db.execute(
+            "SELECT tat, paused_until, reason, pace, pace_version, last, pace_at, updated FROM budgets WHERE id=?",
+            (self.id,),
+        ).fetchone()
+        state = State(*row) if row else State()
+        turn = None
+        if what in (RESERVE, RESERVE_ONLY) and share is not None:
+            own = db.execute("SELECT tat FROM shares WHERE id=? AND holder=?", (self.id, share.holder)).fetchone()
+            turn = share_wait(own[0] if own else -math.inf, now, share.own_interval(interval))
+        at, committed = state.advance(now, interval, report, LOOK if turn is not None else what)
+        if share is not None and what in (RESERVE, RESERVE_ONLY) and at is not None:
+            db.execute(
+                "INSERT OR REPLACE INTO shares VALUES (?, ?, ?)",
+                (self.id, share.holder, at + share.own_interval(interval)),
+            )
+            db.execute("DELETE FROM shares WHERE id=? AND tat < ?", (self.id, now - KEEP_SECONDS))
+        if row or what != LOOK or report != NO_REPORT:
+            db.execute(
+                "INSERT OR REPLACE INTO budgets (id, tat, paused_until, reason, pace, pace_version, updated, last, "
+                "pace_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    self.id,
+                    state.tat,
+                    state.paused_until,
+                    state.reason,
+                    state.pace,
+                    state.pace_version,
+                    state.updated,
+                    state.last,
+                    state.pace_at,
+                ),
+            )
+        tallies = [(self.id, tick_of(now), 1, 0, 0)] if committed else []
+        tallies += [(self.id, tick_of(now - age), 0, 1, 0) for age in report.answered]
+        tallies += [(self.id, tick_of(now - age), 0, 0, 1) for age in report.refused]
+        if tallies:
+            db.executemany(_TALLY, tallies)
+            if committed and tick_of(now) % 100 == 0:  # now and then, the old ticks go
+                db.execute("DELETE FROM tallies WHERE id=? AND tick < ?", (self.id, tick_of(now) - KEEP_TICKS))
+        starts, answered, refused = db.execute(
+            "SELECT COALESCE(SUM(starts), 0), COALESCE(SUM(answered), 0), COALESCE(SUM(refused), 0) FROM tallies "
+            "WHERE id=? AND tick >= ?",
+            (self.id, tick_of(now - MINUTE)),
+        ).fetchone()
+        return deferred(state.slot(now, at, int(starts), int(refused), int(answered), committed), turn)
+
+    async def ledger(self, seconds: float = LEDGER_SECONDS) -> Ledger:
+        def read(db: sqlite3.Connection) -> Ledger:
+            now = time.time()
+            rows = db.execute(
+                "SELECT tick, starts, answered, refused FROM tallies WHERE id=? AND tick >= ?",
+                (self.id, tick_of(now - seconds)),
+            ).fetchall()
+            return Ledger.of(now, [Tally(*row) for row in rows], seconds)
+
+        return self._transaction(read)
+
+    async def lead(self, holder: str, state: str | None = None, *, release: bool = False) -> Lead:
+        def step(db: sqlite3.Connection) -> Lead:
+            now = time.time()
+            row = db.execute("SELECT holder, until, state, state_at FROM leads WHERE id=?", (self.id,)).fetchone()
+            held, until, published, at = row if row else (None, 0.0, None, 0.0)
+            if held is None or held == holder or until < now or until > now + 2 * LEASE_SECONDS:
+                if state is not None:
+                    published, at = state, now
+                held, until = (None, 0.0) if release else (holder, now + LEASE_SECONDS)
+                db.execute("INSERT OR REPLACE INTO leads VALUES (?, ?, ?, ?, ?)", (self.id, held, until, published, at))
+            return Lead(held, published if now - at <= SHARED_SECONDS else None, at, now)
+
+        return self._transaction(step)
+
+    async def look(self) -> Slot:
+        if not self.path.exists():
+            return State().slot(time.time(), None, 0, 0, 0)
+        return await self.reserve(0.0, start=False)
 
 
 def _matching(**columns: str | None) -> tuple[str, tuple[str, ...]]:
@@ -202,7 +272,7 @@ def _matching(**columns: str | None) -> tuple[str, tuple[str, ...]]:
 
 
 def _set_up(db: sqlite3.Connection) -> None:
-    """WAL, and the tables (a file from before commits gains its column), in one transaction."""
+    """WAL, and the tables (a file from an earlier version gains its columns), in one transaction."""
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")  # a budget lost in a power cut costs nothing
     db.execute("BEGIN IMMEDIATE")
@@ -211,8 +281,9 @@ def _set_up(db: sqlite3.Connection) -> None:
             if statement.strip():
                 db.execute(statement)
         columns = {row[1] for row in db.execute("PRAGMA table_info(budgets)")}
-        if "last" not in columns:
-            db.execute("ALTER TABLE budgets ADD COLUMN last REAL NOT NULL DEFAULT 0")
+        for column, kind in _COLUMNS.items():
+            if column not in columns:
+                db.execute(f"ALTER TABLE budgets ADD COLUMN {column} {kind}")
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")

@@ -10,16 +10,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .evidence import Evidence, count_between
-from .exchange import COMMIT, RESERVE, Share
+from .evidence import Evidence
+from .exchange import COMMIT, LOOK, RESERVE, Share
 from .limit import AutoLimit
 from .paces import Paces
 from .pause import ON_TIME, Alarm, Pause
 from .room import Company, StatedRoom
 from .sharing import Sharing
-from .spacing import ROOM_SPEEDUP, WINDOW, interval_of
+from .spacing import ROOM_SPEEDUP, interval_of
 
 __all__ = ["Turn", "Limiter"]
+
+MINUTE_LOOK = 0.5  # a turn held by a full minute looks at the key's count again this often
 
 
 class Limiter(Protocol):
@@ -65,8 +67,11 @@ class Turn:
         spacing against every process's last start); the interval it was committed with, and
         whether it is on stated room. A pause that begins meanwhile sends it back to reserve."""
         while True:
-            while (wait := max(self.room.reset_wait(self.clock()), self._minute_full())) > ON_TIME:
+            while (wait := self.room.reset_wait(self.clock())) > ON_TIME:
                 await self.alarm.nap(min(wait, 1.0))  # used up: wait for the reset, or a newer statement
+            while self._minute_full():
+                await self.alarm.nap(MINUTE_LOOK)
+                await self.sharing.exchange(LOOK, 0.0, self.last_start)
             interval, on_room = self._spacing(self.clock())
             # With a limiter of the user's, no start is committed before it has been asked.
             slot = await self.sharing.exchange(RESERVE, interval, self.last_start, commit=self.limiter is None)
@@ -87,16 +92,14 @@ class Turn:
                     return interval, on_room
                 await self.alarm.nap(slot.wait)  # another start went out meanwhile, or a pause began
 
-    def _minute_full(self) -> float:
-        """Under auto, how long until our starts of the trailing minute are under the limit in force
-        (0: they are). After a search's burst, a per-minute window is full of it: the next starts
-        wait for what leaves it, not for a 429 to say so."""
-        if self.auto is None or not self.paces.pace:
-            return 0.0
-        now, starts = self.clock(), self.evidence.starts
-        allowed = max(1, math.floor(self.auto.limit() * 0.99))
-        recent = len(starts) - count_between(starts, -math.inf, now - WINDOW)
-        return starts[-allowed] + WINDOW - now if recent >= allowed else 0.0
+    def _minute_full(self) -> bool:
+        """Under auto, whether the key's starts of the trailing minute (every process's, less those
+        refused) already reach the limit in force. After a search's burst, a per-minute window is full
+        of it: the next starts wait for what leaves it, not for a 429 to say so."""
+        seen = self.evidence.seen
+        if self.auto is None or not self.paces.pace or seen is None:
+            return False
+        return seen.starts - seen.refused >= self.auto.minute_cap()
 
     def _spacing(self, now: float) -> tuple[float, bool]:
         """The interval to start with, and whether it is on stated room: the pace's (wider during
@@ -115,15 +118,12 @@ class Turn:
         return self.room.left(now)
 
     def _started(self, now: float, interval: float, on_room: bool) -> None:
-        if self.auto is not None:
-            self.auto.start(now)
         self.last_start = now
         self.room.used(now)
         if on_room:
             self.room.spent(now)
         self.company.started(now, interval)
         self.paces.log.started(now)
-        self.sharing.owed.started += 1
         self.evidence.started(now)
         if self.paces.pace:
             self.pause.started(now)

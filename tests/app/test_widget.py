@@ -233,3 +233,21 @@ def test_the_frame_app_explains_a_wrong_key(svc, frame):
 def test_widget_refuses_other_data():
     with pytest.raises(TypeError, match="DataFrame"):
         batchsum.widget([1, 2, 3])
+
+
+def test_the_frame_app_takes_auto_per_minute_and_says_where_the_limit_came_from(frame):
+    """The "Per minute" field takes ``auto``; the state line then names the limit in force and its
+    source, as the progress line does."""
+    from batchsum.local import LocalService
+
+    clear_cache()
+    with LocalService([KEY], rpm=600, room_headers="ratelimit") as service:
+        app = batchsum.widget(frame, api_key=KEY, base_url=service.url)
+        app.rpm.value = "auto"
+        app.run_button.click()
+        app.wait()
+    assert app.error is None and (app.result["summary_status"] != "failed").all()
+    assert "limit 600/min (stated by the service)" in app.status.value
+    app.rpm.value = "auto:x"
+    app.run_button.click()
+    assert app.error is not None and "invalid rpm" in app.status.value
