@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 from ..run.spec import OPTIONS
 from ..service import contract
 from ..service.errors import InvalidParameterError
+from ..service.keys import ENV_API_KEYS, parse_quota
 from ..service.settings import ENCODINGS, ENV_API_KEY, LONG_TEXT_POLICIES, check_rate
 from ..service.version import __version__
 from .console import EXIT_USAGE, say
@@ -61,6 +62,15 @@ def _share(text: str) -> float:
     return value
 
 
+def _quota(text: str) -> str:
+    """``--quota``: N/hour, N/day or N/month."""
+    try:
+        parse_quota(text)
+    except InvalidParameterError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("invalid quota ")) from None
+    return text
+
+
 _MODES = [str(int(m)) for m in contract.Mode] + [m.name.lower() for m in contract.Mode]
 
 # How each option is typed on the command line; its name, default and help come from ``OPTIONS``.
@@ -88,6 +98,8 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "sample": {"type": _number(1, whole=True), "metavar": "N"},
     "share": {"type": _share, "metavar": "F"},
     "report": {"metavar": "PATH"},
+    "keys": {"metavar": "FILE"},
+    "quota": {"type": _quota, "metavar": "N/PERIOD"},
 }
 _REQUEST = ("mode", "percentage", "type", "base_url", "local", "timeout", "max_retries", "encoding")
 # Options the CLI takes otherwise (options.EXCEPTIONS says why): the key from the environment only,
@@ -124,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="batchsum",
         description="Summarize text in bulk through a rate-limited summarization API.",
-        epilog=f"The API key comes from ${ENV_API_KEY}.",
+        epilog=f"The API keys come from --keys FILE, else ${ENV_API_KEYS}, else ${ENV_API_KEY}.",
     )
     parser.add_argument(
         "--version", action="version", version=f"batchsum {__version__}", help="print the version and exit"

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from .structured import Item, read_dictionary, read_list
+
 __all__ = ["RateStatement", "parse_rate_headers", "FORMS", "MAX_PER_MINUTE", "MAX_RESET", "MINUTE_BOUND"]
 
 MAX_PER_MINUTE = 1_000_000  # a stated rate above this is garbage, not a plan
@@ -127,27 +129,27 @@ def parse_rate_headers(headers: Mapping[str, str], now: Callable[[], float] = ti
 def _read_ietf(fields: dict[str, str], reading: _Reading) -> None:
     """``RateLimit-Limit/-Remaining/-Reset`` (drafts 00-06), ``RateLimit`` as a dictionary (draft-07)
     or as a list of service limits (08 on), and ``RateLimit-Policy`` in either shape."""
-    dictionary = _dictionary(fields.get("ratelimit"))
+    dictionary = read_dictionary(fields.get("ratelimit"))
     if dictionary is not None and not {"limit", "remaining", "reset"} & dictionary.keys():
         dictionary = None  # a list of service limits named by tokens also parses as a dictionary
     units: dict[str, object] = {}  # the structured policies by name: the unit each counts
-    for value, params in _list(fields.get("ratelimit-policy")) or []:
+    for value, params in read_list(fields.get("ratelimit-policy")) or []:
         if isinstance(value, str):  # drafts 08 on: "name";q=100;w=60
             units[value] = params.get("qu", "requests")
             if units[value] == "requests":
                 reading.quota("structured", params.get("q"), params)
         elif "w" in params:  # drafts 04-07: 100;w=60 (the window is required)
             reading.quota("draft-06" if dictionary is None else "draft-07", value, params)
-    for value, params in _list(fields.get("ratelimit-limit")) or []:
+    for value, params in read_list(fields.get("ratelimit-limit")) or []:
         reading.quota("list" if "w" in params else "draft-06", value, params)
-    remaining, reset = _list(fields.get("ratelimit-remaining")), _list(fields.get("ratelimit-reset"))
+    remaining, reset = read_list(fields.get("ratelimit-remaining")), read_list(fields.get("ratelimit-reset"))
     if remaining is not None or reset is not None:
         reading.room("draft-06", _fewest(remaining), _latest(reset))
     if dictionary is not None:
         reading.quota("draft-07", _member(dictionary, "limit"), {})
         reading.room("draft-07", _count(_member(dictionary, "remaining")), _delay(_member(dictionary, "reset")))
         return
-    for value, params in _list(fields.get("ratelimit")) or []:
+    for value, params in read_list(fields.get("ratelimit")) or []:
         if isinstance(value, str) and units.get(value, "requests") == "requests" and "r" in params:
             reading.room("structured", _count(params["r"]), _delay(params["t"]) if "t" in params else None)
 
@@ -155,18 +157,18 @@ def _read_ietf(fields: dict[str, str], reading: _Reading) -> None:
 def _read_x_ratelimit(fields: dict[str, str], reading: _Reading) -> None:
     """``X-RateLimit-Limit/-Remaining/-Reset`` and the ``X-Rate-Limit-*`` spelling."""
     for prefix in ("x-ratelimit-", "x-rate-limit-"):
-        for value, params in _list(fields.get(prefix + "limit")) or []:
+        for value, params in read_list(fields.get(prefix + "limit")) or []:
             reading.quota("x-ratelimit", value, params)
-        remaining, reset = _list(fields.get(prefix + "remaining")), fields.get(prefix + "reset")
+        remaining, reset = read_list(fields.get(prefix + "remaining")), fields.get(prefix + "reset")
         if remaining is not None or reset is not None:
             reading.room("x-ratelimit", _fewest(remaining), None if reset is None else reading.until(reset))
 
 
 def _read_openai(fields: dict[str, str], reading: _Reading) -> None:
     """``x-ratelimit-limit-requests`` / ``-remaining-requests`` / ``-reset-requests`` (a Go duration)."""
-    for value, _ in _list(fields.get("x-ratelimit-limit-requests")) or []:
+    for value, _ in read_list(fields.get("x-ratelimit-limit-requests")) or []:
         reading.quota("openai", value, {})
-    remaining, reset = _list(fields.get("x-ratelimit-remaining-requests")), fields.get("x-ratelimit-reset-requests")
+    remaining, reset = read_list(fields.get("x-ratelimit-remaining-requests")), fields.get("x-ratelimit-reset-requests")
     if remaining is not None or reset is not None:
         durations = [_go_duration(part) for part in (reset or "").split(",")]
         longest = None if None in durations else max(d for d in durations if d is not None)
@@ -176,16 +178,16 @@ def _read_openai(fields: dict[str, str], reading: _Reading) -> None:
 def _read_kong(fields: dict[str, str], reading: _Reading) -> None:
     """Kong's ``X-RateLimit-Limit-<Window>`` and ``X-RateLimit-Remaining-<Window>``."""
     for name, window in KONG_WINDOWS.items():
-        for value, _ in _list(fields.get(f"x-ratelimit-limit-{name}")) or []:
+        for value, _ in read_list(fields.get(f"x-ratelimit-limit-{name}")) or []:
             reading.quota("kong", value, {"w": window})
-        if (remaining := _list(fields.get(f"x-ratelimit-remaining-{name}"))) is not None:
+        if (remaining := read_list(fields.get(f"x-ratelimit-remaining-{name}"))) is not None:
             reading.room("kong", _fewest(remaining), None, window)
 
 
 def _read_retry_after(fields: dict[str, str], reading: _Reading) -> None:
     """``Retry-After`` (seconds, or an HTTP date) and ``retry-after-ms``, as the service said them."""
     if (text := fields.get("retry-after-ms")) is not None:
-        number = _list(text)
+        number = read_list(text)
         if number is not None and len(number) == 1 and (value := _delay(number[0][0])) is not None:
             reading.retry_after = value / 1000.0
             return
@@ -259,7 +261,7 @@ class _Reading:
         dates = [_unix_date(part) for part in _DATES.split(text.strip(" \t"))]
         if None not in dates:
             return max(d for d in dates if d is not None) - self.now()
-        values = [_delay(value) for value, _ in _list(text) or [(None, {})]]
+        values = [_delay(value) for value, _ in read_list(text) or [(None, {})]]
         if None in values:
             return None
         return max(v - self.now() if v >= UNIX_AFTER else v for v in values if v is not None)
@@ -325,17 +327,17 @@ def _delay(value: object) -> float | None:
     return None
 
 
-def _member(dictionary: dict[str, _Item], key: str) -> object:
+def _member(dictionary: dict[str, Item], key: str) -> object:
     return dictionary[key][0] if key in dictionary else None
 
 
-def _fewest(items: list[_Item] | None) -> int | None:
+def _fewest(items: list[Item] | None) -> int | None:
     """The fewest of a count's values (a field sent twice); None if any value is not a count."""
     counts = [_count(value) for value, _ in items or []]
     return None if not counts or None in counts else min(c for c in counts if c is not None)
 
 
-def _latest(items: list[_Item] | None) -> float | None:
+def _latest(items: list[Item] | None) -> float | None:
     """The longest of a delay's values; None if any value is not a delay."""
     delays = [_delay(value) for value, _ in items or []]
     return None if not delays or None in delays else max(d for d in delays if d is not None)
@@ -384,177 +386,3 @@ def _unix_date(text: str) -> float | None:
     except (ValueError, OverflowError):  # a 31st of February, an hour 25, an offset of a day
         return None
     return None
-
-
-# -- structured fields (RFC 8941): the Lists and Dictionaries these headers use ------------------------------
-
-_Item = tuple[object, dict[str, object]]  # a bare item and its parameters
-
-
-class _Malformed(Exception):
-    """Not a structured field: the whole field is ignored (RFC 8941, section 4.2)."""
-
-
-class _Token(str):
-    """A Token, as distinct from a String (either names a policy)."""
-
-
-def _list(text: str | None) -> list[_Item] | None:
-    """``text`` as a List of Items, or None when absent or malformed."""
-    if text is None:
-        return None
-    try:
-        return _StructuredField(text).list()
-    except _Malformed:
-        return None
-
-
-def _dictionary(text: str | None) -> dict[str, _Item] | None:
-    """``text`` as a Dictionary of Items, or None when absent or malformed."""
-    if text is None:
-        return None
-    try:
-        return _StructuredField(text).dictionary()
-    except _Malformed:
-        return None
-
-
-_TCHAR = frozenset("!#$%&'*+-.^_`|~:/0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-_KEY_FIRST = frozenset("abcdefghijklmnopqrstuvwxyz*")
-_KEY_CHAR = _KEY_FIRST | frozenset("0123456789_-.")
-_BASE64 = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
-_NUMBER = re.compile(r"-?([0-9]{1,15})(?:\.([0-9]{1,3}))?")
-_DIGIT_GROUP = re.compile(r"[0-9]{3}")
-
-
-class _StructuredField:
-    """One field value read left to right. Inner lists, Dates and Display Strings are used by none
-    of the forms and make a field malformed."""
-
-    __slots__ = ("text", "at")
-
-    def __init__(self, text: str) -> None:
-        self.text = text.strip(" \t")
-        self.at = 0
-
-    def list(self) -> list[_Item]:
-        members: list[_Item] = []
-        while self.at < len(self.text):
-            glued = self.at > 0 and self.text[self.at - 1] == ","
-            start = self.at
-            members.append((self.bare_item(), self.parameters()))
-            if glued and _DIGIT_GROUP.fullmatch(self.text, start, self.at):
-                raise _Malformed  # "1,000": a thousands separator, not a list of 1 and 0
-            if not self._next_member():
-                break
-        return members
-
-    def dictionary(self) -> dict[str, _Item]:
-        members: dict[str, _Item] = {}
-        while self.at < len(self.text):
-            key = self.key()
-            if self._peek() == "=":
-                self.at += 1
-                members[key] = (self.bare_item(), self.parameters())
-            else:
-                members[key] = (True, self.parameters())
-            if not self._next_member():
-                break
-        return members
-
-    def parameters(self) -> dict[str, object]:
-        params: dict[str, object] = {}
-        while True:
-            mark = self.at
-            self._skip(" \t")  # lenient: the first drafts' grammar allowed spaces before ";"
-            if self._peek() != ";":
-                self.at = mark
-                return params
-            self.at += 1
-            self._skip(" ")
-            key = self.key()
-            if self._peek() == "=":
-                self.at += 1
-                params[key] = self.bare_item()
-            else:
-                params[key] = True
-
-    def key(self) -> str:
-        start = self.at
-        if self._peek() not in _KEY_FIRST:
-            raise _Malformed
-        while self._peek() in _KEY_CHAR:
-            self.at += 1
-        return self.text[start : self.at]
-
-    def bare_item(self) -> object:
-        char = self._peek()
-        if char == "-" or "0" <= char <= "9":
-            return self._number()
-        if char == '"':
-            return self._string()
-        if char == "*" or ("a" <= char.lower() <= "z" and char.isascii()):
-            start = self.at
-            self.at += 1
-            while self._peek() in _TCHAR:
-                self.at += 1
-            return _Token(self.text[start : self.at])
-        if char == ":":
-            end = self.text.find(":", self.at + 1)
-            content = self.text[self.at + 1 : end]
-            if end < 0 or not set(content) <= _BASE64:
-                raise _Malformed
-            self.at = end + 1
-            return content.encode()
-        if char == "?" and self.text[self.at + 1 : self.at + 2] in ("0", "1"):
-            self.at += 2
-            return self.text[self.at - 1] == "1"
-        raise _Malformed
-
-    def _number(self) -> int | float:
-        match = _NUMBER.match(self.text, self.at)
-        if match is None:
-            raise _Malformed
-        whole, fraction = match.groups()
-        self.at = match.end()
-        if (fraction is not None and len(whole) > 12) or "0" <= self._peek() <= "9" or self._peek() == ".":
-            raise _Malformed  # 16 digits or more, 13 before a point, 4 after it, or a second point
-        return float(match.group()) if fraction is not None else int(match.group())
-
-    def _string(self) -> str:
-        chars: list[str] = []
-        self.at += 1
-        while self.at < len(self.text):
-            char = self.text[self.at]
-            self.at += 1
-            if char == '"':
-                return "".join(chars)
-            if char == "\\":
-                char = self._peek()
-                if char not in ('"', "\\"):
-                    raise _Malformed
-                self.at += 1
-            elif not " " <= char <= "~":
-                raise _Malformed
-            chars.append(char)
-        raise _Malformed  # no closing quote
-
-    def _next_member(self) -> bool:
-        """Past the comma to the next member; False at the end; malformed on anything else."""
-        self._skip(" \t")
-        if self.at == len(self.text):
-            return False
-        if self._peek() != ",":
-            raise _Malformed
-        self.at += 1
-        self._skip(" \t")
-        if self.at == len(self.text):
-            raise _Malformed  # a trailing comma
-        return True
-
-    def _peek(self) -> str:
-        return self.text[self.at] if self.at < len(self.text) else ""
-
-    def _skip(self, chars: str) -> None:
-        while self.at < len(self.text) and self.text[self.at] in chars:
-            self.at += 1
