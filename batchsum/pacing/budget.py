@@ -167,6 +167,14 @@ class ProcessBudget(Budget):
                 self._counts.add(math.floor(now), report.started, report.refused)
             return deferred(self._state.slot(now, at, *self._counts.last_minute(now), committed), turn)
 
+    async def quota_claim(self, period: str, limit: int, keep: float) -> int | None:
+        with self._lock:  # shared by threads and event loops: one count at a time
+            return await super().quota_claim(period, limit, keep)
+
+    async def quota_give_back(self, period: str) -> None:
+        with self._lock:
+            await super().quota_give_back(period)
+
 
 async def check_budget(budget: Budget) -> None:
     """``budget.check()``, then let go of the connection made for it (it belongs to this loop)."""

@@ -186,6 +186,7 @@ class Run:
             stats=self.stats,
             pacer=self.pacer,
             on_result=self._result,
+            lanes=self.pieces.lanes,
         )
 
     async def write_dataset(self, source: DatasetInput, batch_rows: int | None = None) -> None:

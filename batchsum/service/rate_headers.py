@@ -275,16 +275,17 @@ class _Reading:
     def statement(self) -> RateStatement | None:
         retry_after = self.retry_after if self.retry_after is not None and 0 < self.retry_after <= MAX_RESET else None
         quota_forms = {room.form for room in self.rooms if room.long}  # forms whose bare limit is a quota
-        minute, longer = [], []
-        for quota in self.quotas:
-            long = quota.window > MINUTE_BOUND if quota.window is not None else quota.form in quota_forms
-            (longer if long else minute).append(quota)
+        minute: list[_Quota] = []
+        longer: list[_Quota] = []
+        for each in self.quotas:
+            long = each.window > MINUTE_BOUND if each.window is not None else each.form in quota_forms
+            (longer if long else minute).append(each)
         stated = [q for q in minute if q.window is not None]
         limit = min(stated or minute, key=lambda q: q.per_minute, default=None)
         room = _fewest_room([r for r in self.rooms if not r.long])
         quota_room = _fewest_room([r for r in self.rooms if r.long])
         holding = [q for q in longer if q.window is not None and quota_room and q.window >= (quota_room.reset or 0.0)]
-        quota = min(holding, key=lambda q: q.window or 0) if holding else None
+        quota: _Quota | None = min(holding, key=lambda q: q.window or 0) if holding else None
         if quota is None:
             windowed = [q for q in longer if q.window is not None]
             quota = min(windowed or longer, key=lambda q: q.per_minute, default=None)
