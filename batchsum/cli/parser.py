@@ -220,9 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     limits = commands.add_parser(
         "limits",
-        help="list the rate limits --rpm auto found, and forget them",
+        help="list the rate limits --rpm auto found and the quotas services stated, and forget them",
         description="List what the rate budget remembers of each key's limit at each service (found by "
-        "--rpm auto, or stated by the service): the service, the limit, how and when it was known, and "
+        "--rpm auto, or stated by the service) and of its quotas longer than a minute (stated, and spent "
+        "until when): the service, the limit or quota, how and when it was known, and "
         "the key as a short hash (never a piece of it; 'this key' marks the one in "
         f"${ENV_API_KEY}). A remembered limit is where --rpm auto starts for a week; --forget removes it.",
     )
@@ -236,6 +237,13 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--service", default=None, metavar="URL", help="only the limits at this service (base URL)")
     limits.add_argument("--this-key", action="store_true", help=f"only the limits of the key in ${ENV_API_KEY}")
     limits.add_argument("--forget", action="store_true", help="forget the limits listed (all, or those chosen)")
+    limits.add_argument(
+        "--keys",
+        default=None,
+        metavar="FILE",
+        help="a key file (as summarize takes): each of its keys is marked with its line (default: the keys of "
+        f"${ENV_API_KEYS}, if set)",
+    )
 
     one = commands.add_parser(
         "text",

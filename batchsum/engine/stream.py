@@ -251,7 +251,7 @@ async def stream_results(
         await asyncio.gather(stop_waiter, return_exceptions=True)
         for lane in lanes:
             try:
-                if lane.record is not None and lane.stated.news:
+                if lane.record is not None and lane.stated.left is not None:  # the quota as the run ends
                     lane.record.quota_stated(lane.stated)
                 await lane.pacer.flush()
             except BudgetError as exc:  # the budget is gone: its counts are only advice

@@ -111,7 +111,7 @@ class StatedQuota:
         self.left = left if fresh or self.left is None else max(self.left, left)
         if fresh or now + reset > self.until:
             self.until, self.wall_until = now + reset, self._wall() + reset
-            self.news = True
+        self.news = self.news or fresh
 
     def allows(self, now: float, reserved: int = 0) -> bool:
         """May another start go on this quota, with ``reserved`` admitted and not started yet? Yes,
