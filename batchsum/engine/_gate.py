@@ -105,6 +105,8 @@ class Gate:
             state.reserved -= 1
             state.lane.stated.started(started)
             state.lane.requests += 1
+            state.started(started)
+            self.quotas.started()  # a key's queue moved: requests waiting for a key may go now
         if task is not None:
             self.on_wire.add(task)
         if self.stats is not None:

@@ -23,6 +23,7 @@ __all__ = ["Keys", "KeyOut", "LaneState", "FirstRequest"]
 
 T = TypeVar("T")
 RECHECK = 0.5  # seconds between looks while requests wait for a key (capacity grows with latency)
+HORIZON = 1.0  # seconds: a key is given a request only when it would start it about this soon
 
 
 class FirstRequest:
@@ -67,7 +68,7 @@ class LaneState:
     and not done with it (``assigned``), the attempts it holds reserved on a stated quota, and the
     future that resolves when it leaves the run."""
 
-    __slots__ = ("lane", "first", "alone", "assigned", "reserved", "answered", "_gone")
+    __slots__ = ("lane", "first", "alone", "assigned", "reserved", "answered", "starts", "_gone")
 
     def __init__(self, lane: KeyLane, first: FirstRequest, alone: bool = False) -> None:
         self.lane = lane
@@ -76,10 +77,16 @@ class LaneState:
         self.assigned = 0
         self.reserved = 0
         self.answered = asyncio.Event()  # rung at each answer: a wait on a stated quota looks again
+        self.starts: deque[float] = deque(maxlen=6)  # this run's last starts on the key
         self._gone: asyncio.Future[None] | None = None
 
     def out(self, now: float) -> bool:
         return now < self.lane.out_until
+
+    def sending(self, now: float) -> bool:
+        """In the run and past its first request's answer, with its stated quota's room: a key that
+        requests may queue for."""
+        return not self.out(now) and self.first.answered.is_set() and self.lane.stated.allows(now, self.reserved)
 
     def capacity(self, now: float) -> int:
         """How many more requests this key may be given now."""
@@ -92,11 +99,23 @@ class LaneState:
             return 0
         return lane.pacer.in_flight.limit(now) - self.assigned
 
+    def interval(self, now: float) -> float:
+        """Seconds between this run's starts on the key: the pacer's, or slower when other runs share
+        the key's budget (as the last starts showed, while requests waited here)."""
+        interval, starts = self.lane.pacer.interval, self.starts
+        if len(starts) == starts.maxlen and now - starts[-1] < 4 * max(interval, 0.05):
+            interval = max(interval, (starts[-1] - starts[0]) / (len(starts) - 1))
+        return interval
+
     def expected(self, now: float) -> float:
-        """Seconds until a request given now would start here: those waiting before it, at the pace."""
+        """Seconds until a request given now would start here: those waiting before it, at the pace
+        this run sees on the key."""
         pacer = self.lane.pacer
         waiting = max(0, self.assigned - pacer.in_flight.on_wire)
-        return waiting * pacer.interval + pacer.state().paused_for
+        return waiting * self.interval(now) + pacer.state().paused_for
+
+    def started(self, now: float) -> None:
+        self.starts.append(now)
 
     def gone(self) -> asyncio.Future[None]:
         if self._gone is None or self._gone.done():
@@ -172,18 +191,26 @@ class Keys:
                 return future.result()  # type: ignore[return-value]
 
     def _pick(self, now: float) -> LaneState | None:
-        """The key with room whose next start comes first; a key whose first request is unsent first."""
+        """The key where this request would start first, among those with room that would start it
+        soon (within ``HORIZON``, or two of its intervals): a request is not queued long behind a key
+        that other runs slow down, while a key sending now may free up; a key whose first request is
+        unsent first. None: wait."""
         if self.single:
             state = self.states[0]
             return None if state.out(now) else state
-        best, best_key = None, (math.inf, 0)
+        best, best_key = None, (math.inf, math.inf, 0)
         for index, state in enumerate(self.states):
             room = state.capacity(now)
             if room <= 0:
                 continue
             if not state.first.sent:
                 return state
-            key = (state.expected(now), index)
+            if not state.sending(now):
+                continue
+            expected = state.expected(now)
+            if expected > max(HORIZON, 2 * state.interval(now)):
+                continue
+            key = (expected, state.assigned / max(1, room + state.assigned), index)
             if key < best_key:
                 best, best_key = state, key
         return best

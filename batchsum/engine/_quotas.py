@@ -24,6 +24,10 @@ class Quotas:
         self.keys = keys
         self._giving: set[asyncio.Task[None]] = set()  # counts given back, under way
 
+    def started(self) -> None:
+        if self.keys is not None and not self.keys.single:
+            self.keys.changed()
+
     async def admit(self, state: LaneState) -> str | None:
         """The key's quotas let this attempt go: it is counted on a configured quota (the period to
         give it back by) and reserved on a stated one; ``KeyOut`` when the key is out or spent."""
