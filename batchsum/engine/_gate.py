@@ -15,7 +15,7 @@ from ..pacing.quota import LONG_RETRY_AFTER
 from ..service.errors import APIError, APIResponseValidationError, APIStatusError, RateLimitError, RequestCapReached
 from ..service.rate_headers import RateStatement
 from ..service.settings import DEFAULT_MAX_WAIT
-from ._keys import Keys, LaneState
+from ._keys import KeyOut, Keys, LaneState
 from ._quotas import Quotas
 from .tally import BatchStats
 
@@ -88,6 +88,8 @@ class Gate:
                 started = await _guarded(state, pacer.before_attempt())
                 if self.closing:
                     raise asyncio.CancelledError
+                if state is not None and state.out(started):  # the key left the run while this waited
+                    raise KeyOut
             except BaseException:
                 in_flight.release()
                 raise

@@ -45,20 +45,22 @@ class Quotas:
                 raise KeyOut
             state.answered.clear()  # answers on the wire may state more room, or none left
             await state.guard(state.answered.wait())
-        state.reserved += 1
         if lane.counted is None:
+            state.reserved += 1
             return None
-        try:
+        while True:
             period = await lane.counted.claim()
-        except BaseException:
-            state.reserved -= 1
-            raise
-        if period is None:
-            state.reserved -= 1
-            lane.spent = lane.counted.spent()
-            keys.take_out(state, lane.pacer.now() + max(1.0, lane.spent.until - time.time()))
-            raise KeyOut
-        return period
+            if period is not None:
+                state.reserved += 1
+                return period
+            if not state.reserved and not lane.pacer.in_flight.on_wire:  # nothing of ours may give one back
+                lane.spent = lane.counted.spent()
+                keys.take_out(state, lane.pacer.now() + max(1.0, lane.spent.until - time.time()))
+                raise KeyOut
+            state.answered.clear()  # ours under way: a 429 among them gives its count back
+            await state.guard(state.answered.wait())
+            if state.out(lane.pacer.now()):
+                raise KeyOut
 
     def give_back(self, state: LaneState, period: str) -> None:
         counted = state.lane.counted
