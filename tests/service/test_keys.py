@@ -68,7 +68,9 @@ def test_a_malformed_line_is_named_by_its_number_and_never_echoed(tmp_path, line
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), min_size=12, max_size=40), st.text(max_size=20))
+@given(
+    st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), min_size=12, max_size=40), st.text(max_size=20)
+)
 def test_no_line_of_a_key_file_ever_reaches_a_message(secret, rest):
     import tempfile
     from pathlib import Path
