@@ -15,8 +15,8 @@ Parts:
 - ``quota``: one key at 600 a minute with a quota of 300 a day stated in the list form, 1000 texts;
   and the same quota unstated (a 429 with a Retry-After to the day's end): exit code, ok, not_sent,
   429s, seconds from the 300th answer to the run's end, the stop line.
-- ``compare``: the three keys in one run against three single-key runs side by side (the 600 texts
-  split in three, one run per key, started together), and LiteLLM's Router over the same keys (its
+- ``compare``: the three keys in one run against three single-key runs side by side (``--texts``,
+  default 1800, three minutes at the summed limits, split in three, one run per key, started together), and LiteLLM's Router over the same keys (its
   usage-based routing with each key's rpm; through an OpenAI-style shim of the service) when
   ``--litellm PYTHON`` names a Python that has litellm: seconds, 429s, utilization of the summed limits.
 """
@@ -245,32 +245,43 @@ def shim(service: LocalService) -> tuple[str, Any]:
     return f"http://127.0.0.1:{port}/v1", server
 
 
-def compare(litellm_python: str | None) -> dict[str, Any]:
+def compare(litellm_python: str | None, n: int) -> dict[str, Any]:
     total = sum(TEAM.values())
     results: dict[str, Any] = {}
     accounts = {key: Account(rpm=rpm) for key, rpm in TEAM.items()}
     with LocalService(list(TEAM), accounts=accounts, faults=LATENCY) as service:
-        folder = folder_with(texts(600, 3), TEAM)
+        folder = folder_with(texts(n, 3), TEAM)
         started = time.monotonic()
         run = finish(cli(folder, service, "--keys", "keys.txt"), started)
         results["batchsum, 3 keys in one run"] = {
             "seconds": run["seconds"],
             "429s": service.stats()["by_status"].get("429", 0),
-            "utilization of the summed limits": round(600 / run["seconds"] * 60 / total, 3),
+            "utilization of the summed limits": round(n / run["seconds"] * 60 / total, 3),
         }
     accounts = {key: Account(rpm=rpm) for key, rpm in TEAM.items()}
     with LocalService(list(TEAM), accounts=accounts, faults=LATENCY) as service:
         started = time.monotonic()
         runs = []
         for part, (key, rpm) in enumerate(TEAM.items()):
-            folder = folder_with(texts(600, 4)[part::3])
+            folder = folder_with(texts(n, 4)[part::3])
             runs.append(cli(folder, service, env={"BATCHSUM_API_KEY": key, "BATCHSUM_RPM": str(rpm)}))
-        seconds = [finish(process, started)["seconds"] for process in runs]
-        results["batchsum, 3 single-key runs side by side (200 texts each)"] = {
+        ended: dict[int, float] = {}
+
+        def wait(number: int, process: subprocess.Popen[str]) -> None:
+            process.communicate(timeout=3600)
+            ended[number] = round(time.monotonic() - started, 1)
+
+        waiters = [threading.Thread(target=wait, args=(i, p)) for i, p in enumerate(runs)]
+        for waiter in waiters:
+            waiter.start()
+        for waiter in waiters:
+            waiter.join()
+        seconds = [ended[i] for i in range(len(runs))]
+        results[f"batchsum, 3 single-key runs side by side ({n // 3} texts each)"] = {
             "seconds": max(seconds),
-            "each run's seconds": seconds,
+            "each run's seconds (120, 180, 300/min)": seconds,
             "429s": service.stats()["by_status"].get("429", 0),
-            "utilization of the summed limits": round(600 / max(seconds) * 60 / total, 3),
+            "utilization of the summed limits": round(n / max(seconds) * 60 / total, 3),
         }
     if litellm_python:
         accounts = {key: Account(rpm=rpm) for key, rpm in TEAM.items()}
@@ -278,7 +289,11 @@ def compare(litellm_python: str | None) -> dict[str, Any]:
             url, server = shim(service)
             keys = ",".join(f"{key}={rpm}" for key, rpm in TEAM.items())
             done = subprocess.run(
-                [litellm_python, str(ROOT / "benchmarks" / "litellm_router.py"), "--url", url, "--keys", keys],
+                [
+                    litellm_python,
+                    str(ROOT / "benchmarks" / "litellm_router.py"),
+                    *("--url", url, "--keys", keys, "--texts", str(n)),
+                ],
                 capture_output=True,
                 text=True,
                 timeout=1800,
@@ -292,7 +307,7 @@ def compare(litellm_python: str | None) -> dict[str, Any]:
             results["LiteLLM Router (usage-based-routing-v2, each key's rpm)"] = {
                 **figures,
                 "429s": stats["by_status"].get("429", 0),
-                "utilization of the summed limits": round(600 / figures["seconds"] * 60 / total, 3)
+                "utilization of the summed limits": round(n / figures["seconds"] * 60 / total, 3)
                 if "seconds" in figures
                 else None,
             }
@@ -303,6 +318,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", nargs="+", default=["team", "expire", "quota", "compare"])
     parser.add_argument("--litellm", default=None, metavar="PYTHON", help="a Python with litellm installed")
+    parser.add_argument("--texts", type=int, default=1800, help="texts of the compare part (default 1800: 3 minutes)")
     args = parser.parse_args()
     figures: dict[str, Any] = {}
     if "team" in args.parts:
@@ -316,7 +332,7 @@ def main() -> None:
         figures["quota unstated"] = quota(False)
         print(json.dumps({k: figures[k] for k in ("quota stated", "quota unstated")}, indent=1), flush=True)
     if "compare" in args.parts:
-        figures["compare"] = compare(args.litellm)
+        figures["compare"] = compare(args.litellm, args.texts)
         print(json.dumps({"compare": figures["compare"]}, indent=1), flush=True)
 
 
