@@ -118,8 +118,11 @@ class LaneState:
         self.starts.append(now)
 
     def gone(self) -> asyncio.Future[None]:
-        if self._gone is None or self._gone.done():
+        """A future that resolves when the key leaves the run (at once while it is out)."""
+        if self._gone is None or (self._gone.done() and not self.out(self.lane.pacer.now())):
             self._gone = asyncio.get_running_loop().create_future()
+            if self.out(self.lane.pacer.now()):
+                self._gone.set_result(None)
         return self._gone
 
     def leave(self) -> None:
