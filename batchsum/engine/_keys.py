@@ -253,18 +253,8 @@ class Keys:
     def _check_all_out(self, now: float) -> None:
         """Every key out: raise the last refusal when none can come back; a quota's stop when the
         first back is further than ``max_wait``; else return (the caller waits for it)."""
-        if not all(state.out(now) for state in self.states):
-            return
-        back = [s.lane for s in self.states if s.lane.refusal is None and s.lane.spent is not None]
-        if not back:
-            assert self.refusal is not None
-            raise self.refusal
-        first = min(lane.out_until for lane in back)
-        if first - now > self.max_wait:
-            spent = [(lane.key_hash, lane.spent.name, lane.spent.until) for lane in back if lane.spent is not None]
-            stop = QuotaSpent(spent)
-            self.on_quota(stop)
-            raise asyncio.CancelledError
+        if all(state.out(now) for state in self.states):
+            _none_back(self, now)
 
     # -- a key leaves the run -----------------------------------------------------------------------
 
@@ -313,3 +303,17 @@ def _abandon(waiters: deque[asyncio.Future[LaneState | None]], future: asyncio.F
         waiters.remove(future)
     except ValueError:
         pass
+
+
+def _none_back(keys: Keys, now: float) -> None:
+    """Every key of ``keys`` is out: the last refusal when none can come back; ``QuotaSpent`` (told
+    to ``on_quota``) when the first back is further than ``max_wait``; else nothing (wait for it)."""
+    back = [s.lane for s in keys.states if s.lane.refusal is None and s.lane.spent is not None]
+    if not back:
+        assert keys.refusal is not None
+        raise keys.refusal
+    first = min(lane.out_until for lane in back)
+    if first - now > keys.max_wait:
+        spent = [(lane.key_hash, lane.spent.name, lane.spent.until) for lane in back if lane.spent is not None]
+        keys.on_quota(QuotaSpent(spent))
+        raise asyncio.CancelledError
