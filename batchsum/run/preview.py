@@ -139,7 +139,7 @@ def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
     if len(spec.keys) > 1:
         rates = [plan.limit(spec.rpm, spec.auto) for plan in spec.keys]
         rate = None if any(auto for _, auto in rates) else sum(rpm for rpm, _ in rates)
-    plan = batch.describe(rate)
+    plan = batch.describe(rate, first=max(1, len(spec.keys)))
     most = batch.to_send + batch.reduce_max
     bound = " (at most; long texts' reduce requests are a bound)" if batch.reduce_max else ""
     needed = f"requests needed:  {most} paid requests for the whole job{bound} (more only for retries)"
@@ -156,6 +156,6 @@ def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
     if len(keys) > 1:
         plan += (
             f"\nkeys:             {len(keys)}, the requests spread over them by free capacity (the time above is "
-            "at their summed limits, after each key's lone first request)\n" + "\n".join(keys)
+            "at their summed limits, each key's lone first request going at once)\n" + "\n".join(keys)
         )
     return f"{plan}\n{budget}"
