@@ -38,7 +38,7 @@ class ColumnSummarize(Generic[FrameT]):
         type: Any = None,
         *,
         output_column: str = "summary",
-        api_key: str | None = None,
+        api_key: str | list[str] | None = None,
         base_url: str | None = None,
         local: bool = False,
         timeout: float = DEFAULT_TIMEOUT,
@@ -58,6 +58,8 @@ class ColumnSummarize(Generic[FrameT]):
         sample: int | None = None,
         share: float = 1.0,
         report: str | os.PathLike[str] | None = None,
+        keys: str | os.PathLike[str] | None = None,
+        quota: str | None = None,
     ) -> FrameT:
         """Every column of the frame, then the result columns (``summary``, ``summary_status``,
         ``summary_error``, ``summary_message``, ``summary_http_status``, ``summary_attempts``,
@@ -83,7 +85,7 @@ class ColumnSummarizeAsync(Generic[FrameT]):
         type: Any = None,
         *,
         output_column: str = "summary",
-        api_key: str | None = None,
+        api_key: str | list[str] | None = None,
         base_url: str | None = None,
         local: bool = False,
         timeout: float = DEFAULT_TIMEOUT,
@@ -103,6 +105,8 @@ class ColumnSummarizeAsync(Generic[FrameT]):
         sample: int | None = None,
         share: float = 1.0,
         report: str | os.PathLike[str] | None = None,
+        keys: str | os.PathLike[str] | None = None,
+        quota: str | None = None,
     ) -> FrameT:
         """``summarize``, awaited in the running event loop."""
         return await self._asummarize(column, RunSpec.from_options(locals()))
@@ -122,7 +126,7 @@ class ValuesSummarize(Generic[FrameT]):
         type: Any = None,
         *,
         output_column: str = "summary",
-        api_key: str | None = None,
+        api_key: str | list[str] | None = None,
         base_url: str | None = None,
         local: bool = False,
         timeout: float = DEFAULT_TIMEOUT,
@@ -142,6 +146,8 @@ class ValuesSummarize(Generic[FrameT]):
         sample: int | None = None,
         share: float = 1.0,
         report: str | os.PathLike[str] | None = None,
+        keys: str | os.PathLike[str] | None = None,
+        quota: str | None = None,
     ) -> FrameT:
         """The result columns for every value, one row each, in order (see ``summarize`` of the
         DataFrame accessor for what they are and what is raised)."""
@@ -162,7 +168,7 @@ class ValuesSummarizeAsync(Generic[FrameT]):
         type: Any = None,
         *,
         output_column: str = "summary",
-        api_key: str | None = None,
+        api_key: str | list[str] | None = None,
         base_url: str | None = None,
         local: bool = False,
         timeout: float = DEFAULT_TIMEOUT,
@@ -182,6 +188,8 @@ class ValuesSummarizeAsync(Generic[FrameT]):
         sample: int | None = None,
         share: float = 1.0,
         report: str | os.PathLike[str] | None = None,
+        keys: str | os.PathLike[str] | None = None,
+        quota: str | None = None,
     ) -> FrameT:
         """``summarize``, awaited in the running event loop."""
         return await self._asummarize(None, RunSpec.from_options(locals()))

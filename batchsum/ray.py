@@ -142,7 +142,7 @@ def summarize(
     type: Any = None,
     *,
     output_column: str = "summary",
-    api_key: str | None = None,
+    api_key: str | list[str] | None = None,
     base_url: str | None = None,
     local: bool = False,
     timeout: float = DEFAULT_TIMEOUT,
@@ -162,6 +162,8 @@ def summarize(
     sample: int | None = None,
     share: float = 1.0,
     report: str | os.PathLike[str] | None = None,
+    keys: str | os.PathLike[str] | None = None,
+    quota: str | None = None,
     workers: int = DEFAULT_WORKERS,
     batch_rows: int = DEFAULT_BATCH_ROWS,
 ) -> ray.data.Dataset:

@@ -163,7 +163,7 @@ def summarize(
     type: Any = None,
     *,
     output_column: str = "summary",
-    api_key: str | None = None,
+    api_key: str | list[str] | None = None,
     base_url: str | None = None,
     local: bool = False,
     timeout: float = DEFAULT_TIMEOUT,
@@ -183,6 +183,8 @@ def summarize(
     sample: int | None = None,
     share: float = 1.0,
     report: str | os.PathLike[str] | None = None,
+    keys: str | os.PathLike[str] | None = None,
+    quota: str | None = None,
 ) -> DataFrame:
     """A Spark DataFrame: every column of ``sdf``, then the result columns (``summary``,
     ``summary_status``, ``summary_error``, ``summary_message``, ``summary_http_status``,
@@ -211,7 +213,7 @@ def register(
     type: Any = None,
     *,
     output_column: str = "summary",
-    api_key: str | None = None,
+    api_key: str | list[str] | None = None,
     base_url: str | None = None,
     local: bool = False,
     timeout: float = DEFAULT_TIMEOUT,
@@ -231,6 +233,8 @@ def register(
     sample: int | None = None,
     share: float = 1.0,
     report: str | os.PathLike[str] | None = None,
+    keys: str | os.PathLike[str] | None = None,
+    quota: str | None = None,
 ) -> Any:
     """Register a SQL function ``name(text)`` with the options fixed here:
     ``SELECT id, batchsum_summarize(text).summary AS summary FROM tickets``. It returns a struct of

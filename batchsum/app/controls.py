@@ -84,7 +84,7 @@ class App:
         mode: Any = 1,
         percentage: Any = contract.PERCENTAGE_DEFAULT,
         type: Any = None,
-        api_key: str | None = None,
+        api_key: str | list[str] | None = None,
         base_url: str | None = None,
         local: bool = False,
         timeout: float = DEFAULT_TIMEOUT,

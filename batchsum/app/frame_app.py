@@ -41,6 +41,8 @@ _RUN_OPTIONS = (
     "sample",
     "share",
     "report",
+    "keys",
+    "quota",
 )
 
 
@@ -58,7 +60,7 @@ class FrameApp(App):
         type: Any = None,
         *,
         output_column: str = "summary",
-        api_key: str | None = None,
+        api_key: str | list[str] | None = None,
         base_url: str | None = None,
         local: bool = False,
         timeout: float = DEFAULT_TIMEOUT,
@@ -78,6 +80,8 @@ class FrameApp(App):
         sample: int | None = None,
         share: float = 1.0,
         report: str | os.PathLike[str] | None = None,
+        keys: str | os.PathLike[str] | None = None,
+        quota: str | None = None,
     ) -> None:
         """The app for ``frame``: the request controls start at ``mode``, ``percentage`` and ``type``,
         "Per minute" at ``rpm`` (``$BATCHSUM_RPM`` or 60; 0 with the local service); the other

@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 from ..run.spec import OPTIONS
 from ..service import contract
 from ..service.errors import InvalidParameterError
+from ..service.keys import ENV_API_KEYS, parse_quota
 from ..service.settings import ENCODINGS, ENV_API_KEY, LONG_TEXT_POLICIES, check_rate
 from ..service.version import __version__
 from .console import EXIT_USAGE, say
@@ -99,6 +100,15 @@ def _size(text: str) -> int:
     return int(value)
 
 
+def _quota(text: str) -> str:
+    """``--quota``: N/hour, N/day or N/month."""
+    try:
+        parse_quota(text)
+    except InvalidParameterError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("invalid quota ")) from None
+    return text
+
+
 _MODES = [str(int(m)) for m in contract.Mode] + [m.name.lower() for m in contract.Mode]
 
 # How each option is typed on the command line; its name, default and help come from ``OPTIONS``.
@@ -128,6 +138,8 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "sample": {"type": _number(1, whole=True), "metavar": "N"},
     "share": {"type": _share, "metavar": "F"},
     "report": {"metavar": "PATH"},
+    "keys": {"metavar": "FILE"},
+    "quota": {"type": _quota, "metavar": "N/PERIOD"},
 }
 _REQUEST = ("mode", "percentage", "type", "base_url", "local", "timeout", "max_retries", "encoding")
 # Options the CLI takes otherwise (options.EXCEPTIONS says why): the key from the environment only,
@@ -164,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="batchsum",
         description="Summarize text in bulk through a rate-limited summarization API.",
-        epilog=f"The API key comes from ${ENV_API_KEY}.",
+        epilog=f"The API keys come from --keys FILE, else ${ENV_API_KEYS}, else ${ENV_API_KEY}.",
     )
     parser.add_argument(
         "--version", action="version", version=f"batchsum {__version__}", help="print the version and exit"
@@ -248,9 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     limits = commands.add_parser(
         "limits",
-        help="list the rate limits --rpm auto found, and forget them",
+        help="list the rate limits --rpm auto found and the quotas services stated, and forget them",
         description="List what the rate budget remembers of each key's limit at each service (found by "
-        "--rpm auto, or stated by the service): the service, the limit, how and when it was known, and "
+        "--rpm auto, or stated by the service) and of its quotas longer than a minute (stated, and spent "
+        "until when): the service, the limit or quota, how and when it was known, and "
         "the key as a short hash (never a piece of it; 'this key' marks the one in "
         f"${ENV_API_KEY}). A remembered limit is where --rpm auto starts for a week; --forget removes it "
         "with everything the budget knows of that key at that service (whether it was answered, the pace "
@@ -268,7 +281,14 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument(
         "--forget",
         action="store_true",
-        help="forget the limits listed (all, or those chosen), with their keys' proof, shared pace and counts",
+        help="forget the limits listed (all, or those chosen), with their keys' proof, quotas, shared pace and counts",
+    )
+    limits.add_argument(
+        "--keys",
+        default=None,
+        metavar="FILE",
+        help="a key file (as summarize takes): each of its keys is marked with its line (default: the keys of "
+        f"${ENV_API_KEYS}, if set)",
     )
 
     store = commands.add_parser(

@@ -41,7 +41,7 @@ def limits_command(args: argparse.Namespace) -> int:
 
     from ..pacing.budget import ProcessBudget, open_budget
     from ..pacing.limit import Found
-    from ..pacing.record import LIMIT
+    from ..pacing.record import LIMIT, QUOTA, QUOTA_SPENT
     from ..service.settings import budget_spec, check_base_url, key_hash_from_environment
 
     budget = open_budget(budget_spec(args.budget), "")
@@ -49,6 +49,7 @@ def limits_command(args: argparse.Namespace) -> int:
         print("the budget 'none' remembers nothing: there are no limits to list")
         return EXIT_OK
     mine = key_hash_from_environment()
+    marked = _marked_keys(args)  # the keys of --keys FILE (or $BATCHSUM_API_KEYS), by hash: where each came from
     if args.this_key and mine is None:
         raise Stop(EXIT_USAGE, f"error: --this-key needs ${ENV_API_KEY}")
     service = contract.service_identity(check_base_url(args.service)) if args.service else None
@@ -59,30 +60,66 @@ def limits_command(args: argparse.Namespace) -> int:
             chosen = [
                 e
                 for e in await budget.remembered()
-                if e.name == LIMIT
+                if e.name in (LIMIT, QUOTA, QUOTA_SPENT)
                 and (service is None or e.service == service)
                 and (not args.this_key or e.key_hash == mine)
             ]
             gone = 0
-            for entry in chosen if args.forget else ():  # the key's proof and its budget's pace and
-                await budget.forget(entry.key_hash, entry.service)  # counts go with its limit
-                gone += 1
+            # With its limits and quotas go the key's proof, and its budget's pace, counts and search.
+            for key_hash, at in {(e.key_hash, e.service) for e in chosen} if args.forget else ():
+                await budget.forget(key_hash, at)
+                gone += sum(1 for e in chosen if (e.key_hash, e.service) == (key_hash, at))
             return chosen, gone
         finally:
             await budget.aclose()
 
     found, gone = asyncio.run(look())
     for entry in found:
-        limit = Found.from_json(entry.value, entry.at)
         when = datetime.datetime.fromtimestamp(entry.at).astimezone().strftime("%Y-%m-%d %H:%M %Z")
         this = " (this key)" if entry.key_hash == mine else ""
-        shown = f"{limit.rpm:g}/min, {limit.how} {when}" if limit is not None else "unreadable"
+        this += f" ({marked[entry.key_hash]})" if entry.key_hash in marked else ""
+        if entry.name == LIMIT:
+            limit = Found.from_json(entry.value, entry.at)
+            shown = f"{limit.rpm:g}/min, {limit.how} {when}" if limit is not None else "unreadable"
+        else:
+            shown = _quota_shown(entry.name, entry.value, when)
         print(f"{entry.service}  {shown}  key {entry.key_hash}{this}")
     if not found:
         print(f"no limits remembered in {budget.where}" + (" for that choice" if service or args.this_key else ""))
     elif args.forget:
-        print(f"forgot {gone} remembered limits; --rpm auto searches again for those keys")
+        print(f"forgot {gone} remembered limits and quotas; --rpm auto searches again for those keys")
     return EXIT_OK
+
+
+def _marked_keys(args: argparse.Namespace) -> dict[str, str]:
+    """The hashes of the keys ``--keys FILE`` names (else ``$BATCHSUM_API_KEYS``), each with its source."""
+    from ..service.keys import ENV_API_KEYS, resolve_keys
+    from ..service.settings import environment
+
+    if getattr(args, "keys", None) is None and not environment().get(ENV_API_KEYS, "").strip():
+        return {}
+    plans = resolve_keys(None, args.keys) if args.keys is not None else resolve_keys(None, None)
+    return {plan.hash: plan.source for plan in plans}
+
+
+def _quota_shown(name: str, value: str, when: str) -> str:
+    """A remembered quota as ``batchsum limits`` lists it."""
+    import json
+
+    from ..pacing.quota import Spent, utc, window_name
+    from ..pacing.record import QUOTA_SPENT
+
+    if name == QUOTA_SPENT:
+        spent = Spent.from_json(value)
+        return f"quota spent: {spent.describe()} (seen {when})" if spent is not None else "unreadable"
+    try:
+        data = json.loads(value)
+        quota = f"{window_name(data.get('window'))} quota" + (f" of {data['limit']}" if data.get("limit") else "")
+        left = f", about {data['remaining']} left" if data.get("remaining") is not None else ""
+        until = f" until {utc(data['reset_at'])}" if data.get("reset_at") else ""
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return "unreadable"
+    return f"{quota}, stated by the service {when}{left}{until}"
 
 
 def journal_command(args: argparse.Namespace) -> int:

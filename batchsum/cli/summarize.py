@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..pacing.quota import utc
 from ..run.spec import RunSpec
 from ..service.errors import (
     APIError,
@@ -21,6 +22,7 @@ from ..service.errors import (
     InputError,
     JournalError,
     NotPremiumError,
+    QuotaSpent,
     RequestCapReached,
     explain,
     redact_location,
@@ -126,6 +128,14 @@ def summarize_command(args: argparse.Namespace) -> int:
             say(f"stopped: {explain(exc)}; nothing was kept, so fix the key or the plan and run the command again")
         else:
             say(f"stopped after {stats.done} rows: {explain(exc)}; {run.new_answers} new answers kept; {resume}")
+        return EXIT_FATAL
+    except QuotaSpent as exc:
+        command = shlex.join(["batchsum", *getattr(args, "argv", [])])
+        say(
+            f"stopped: {exc}. {target.spec} holds every row (the {exc.remaining} not sent: failed, not_sent); "
+            f"{run.new_answers} new answers are kept in {journal_path}. The same command continues once a quota "
+            f"resets ({utc(exc.resets_at)}): {command}"
+        )
         return EXIT_FATAL
     except RequestCapReached as exc:
         command = shlex.join(["batchsum", *getattr(args, "argv", [])])

@@ -1,7 +1,8 @@
 """The engine: rows in, one result per row out, in input order (``stream``; the parts of a run in its
 ``_`` modules), how a batch runs (``options``), a request's identity (``fingerprints``), the dry run
-(``plan``), what it counts of a run (``tally``, ``timeline``), and the plan of texts over the service's
-limit (``long_texts``, pure: the engine sends).
+(``plan``), what it counts of a run (``tally``, ``timeline``), a run's keys (``keys``: ``KeyLane``, a
+client and a pacer per key), and the plan of texts over the service's limit (``long_texts``, pure: the
+engine sends).
 
 ``from batchsum.engine import summarize_stream`` names what ``stream`` exports. They are loaded on
 first use, so that ``batchsum.engine.long_texts`` imports alone, without the engine, and ``stream``

@@ -9,16 +9,16 @@ from collections import deque
 from typing import Any
 
 from ..data.stores import AnswerStore
-from ..pacing import Pacer
 from ..service import contract
-from ..service.client import AsyncClient
 from ..service.errors import BatchsumError, JournalError, RequestCapReached
 from ._answers import Answers
 from ._gate import Gate
 from ._intake import Intake
-from ._requests import FirstRequest, Requests
+from ._keys import FirstRequest, Keys
+from ._requests import Requests
 from ._stop import Stop
 from ._window import Known, Pending
+from .keys import KeyLane
 from .options import RunOptions
 from .tally import BatchStats
 
@@ -34,19 +34,30 @@ class Batch:
 
     def __init__(
         self,
-        client: AsyncClient,
+        lanes: list[KeyLane],
         params: contract.Params,
         options: RunOptions,
         store: AnswerStore,
         stats: BatchStats,
-        pacer: Pacer,
     ) -> None:
         self.options = options
         self.answers = Answers(store, self.stop)
-        self.gate = Gate(pacer, options.max_wait, stats=stats, cap=options.max_requests, on_cap=self.cap_reached)
+        mode = params.mode
+        firsts = [
+            FirstRequest(lane.record, mode, alone=lane.record is None or lane.record.proven(mode) is None)
+            for lane in lanes
+        ]
+        self.keys = Keys(list(zip(lanes, firsts)), options.max_wait, self.cap_reached)
+        self.gate = Gate(
+            lanes[0].pacer,
+            options.max_wait,
+            stats=stats,
+            cap=options.max_requests,
+            on_cap=self.cap_reached,
+            keys=self.keys,
+        )
         self.halt = Stop(self.gate.on_wire, options.drain_seconds)
-        first = FirstRequest(options.record, params.mode, alone=options.first_alone(params.mode))
-        self.requests = Requests(client, stats, self.answers, self.gate, first, self.halt.stopped, self.stop)
+        self.requests = Requests(self.keys, stats, self.answers, self.gate, self.halt.stopped, self.stop)
         self.intake = Intake(params, options, stats, self.requests, self.halt)
 
     def stop(self, error: BatchsumError, *, unsent_rows: bool = False) -> None:
@@ -57,7 +68,8 @@ class Batch:
         self.requests.stop_sending()
 
     def cap_reached(self, error: RequestCapReached) -> None:
-        """The cap is used up: stop, and give every row, read or not yet, its record."""
+        """The cap (or every key's quota: ``QuotaSpent``) is used up: stop, and give every row, read
+        or not yet, its record."""
         self.stop(error, unsent_rows=True)
 
     async def close(self, pending: deque[Pending | Known]) -> None:

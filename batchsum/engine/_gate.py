@@ -1,5 +1,7 @@
-"""The gate every attempt passes (``Gate``: the client's attempt hooks): the request cap's count, a
-slot in flight, the pacer's turn; and what a stop must know: the tasks on the wire, nothing new starts."""
+"""The gate every attempt passes (``Gate``; ``LaneHooks``, the client's attempt hooks for one key):
+the request cap's count, the key's quotas, a slot in flight, the key's pacer's turn; what each answer
+says of the key (a quota stated or spent); and what a stop must know: the tasks on the wire, nothing
+new starts."""
 
 from __future__ import annotations
 
@@ -9,12 +11,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ..pacing import Pacer
+from ..pacing.quota import LONG_RETRY_AFTER
 from ..service.errors import APIError, APIResponseValidationError, APIStatusError, RateLimitError, RequestCapReached
 from ..service.rate_headers import RateStatement
 from ..service.settings import DEFAULT_MAX_WAIT
+from ._keys import KeyOut, Keys, LaneState
+from ._quotas import Quotas
 from .tally import BatchStats
 
-__all__ = ["Gate"]
+__all__ = ["Gate", "LaneHooks", "RequestCap"]
 
 
 class Gate:
@@ -22,9 +27,7 @@ class Gate:
     and what the engine must know when it stops: which tasks have a request on the wire, and that
     nothing new starts.
 
-    The cap counts paid requests: an attempt claims one before it waits for its turn, and a 429
-    gives it back (the service said "later": not paid). When the cap is used up the attempt waits
-    while claimed attempts may still give one back; when none can, ``on_cap`` stops the batch."""
+    The cap counts paid requests (``RequestCap``); a key's quotas are ``_quotas.Quotas``'s."""
 
     __slots__ = (
         "pacer",
@@ -34,10 +37,7 @@ class Gate:
         "_ids",
         "stats",
         "cap",
-        "paid",
-        "claims",
-        "on_cap",
-        "_settled",
+        "quotas",
     )
 
     def __init__(
@@ -48,6 +48,7 @@ class Gate:
         stats: BatchStats | None = None,
         cap: int | None = None,
         on_cap: Callable[[RequestCapReached], None] | None = None,
+        keys: Keys | None = None,
     ) -> None:
         self.pacer = pacer
         self.max_wait = max_wait
@@ -55,16 +56,118 @@ class Gate:
         self.on_wire: set[asyncio.Task[Any]] = set()
         self._ids = itertools.count()
         self.stats = stats
+        self.cap = RequestCap(cap, on_cap, self) if cap is not None else None
+        self.quotas = Quotas(keys)  # the batch's keys, and their quotas
+
+    def hooks(self, state: LaneState) -> LaneHooks:
+        """The client's attempt hooks for one key of the batch (the gate's, with that key's pacer)."""
+        return LaneHooks(self, state)
+
+    async def before_attempt(self) -> tuple[int, float, asyncio.Task[Any] | None, Any]:
+        return await self._before(self.pacer, None)
+
+    def after_attempt(
+        self, ticket: tuple[int, float, asyncio.Task[Any] | None, Any], error: BaseException | None, limits: Any
+    ) -> None:
+        self._after(self.pacer, None, ticket, error, limits)
+
+    async def _before(self, pacer: Pacer, state: LaneState | None) -> tuple[int, float, asyncio.Task[Any] | None, Any]:
+        if self.closing:
+            raise asyncio.CancelledError
+        if self.cap is not None:
+            await self.cap.claim()
+        period: str | None = None
+        admitted = False
+        try:
+            if state is not None:
+                period = await self.quotas.admit(state)
+                admitted = True
+            in_flight = pacer.in_flight
+            await _guarded(state, in_flight.acquire())
+            try:
+                started = await _guarded(state, pacer.before_attempt())
+                if self.closing:
+                    raise asyncio.CancelledError
+                if state is not None and state.out(started):  # the key left the run while this waited
+                    raise KeyOut
+            except BaseException:
+                in_flight.release()
+                raise
+        except BaseException:
+            if self.cap is not None:
+                self.cap.settle(paid=False)
+            if state is not None and admitted:
+                state.reserved -= 1
+                if period is not None:
+                    self.quotas.give_back(state, period)
+            raise
+        attempt, task = next(self._ids), asyncio.current_task()
+        in_flight.started(attempt, started)
+        if state is not None:
+            state.reserved -= 1
+            state.lane.stated.started(started)
+            state.lane.requests += 1
+            state.started(started)
+            self.quotas.started()  # a key's queue moved: requests waiting for a key may go now
+        if task is not None:
+            self.on_wire.add(task)
+        if self.stats is not None:
+            self.stats.attempt_started(_wire(pacer, state, self.quotas.keys))
+        return attempt, started, task, period
+
+    def _after(
+        self,
+        pacer: Pacer,
+        state: LaneState | None,
+        ticket: tuple[int, float, asyncio.Task[Any] | None, Any],
+        error: BaseException | None,
+        limits: RateStatement | None,
+    ) -> None:
+        attempt, started, task, period = ticket
+        if task is not None:
+            self.on_wire.discard(task)
+        # An answer of any kind says how long the service takes; a timeout or a lost connection does not.
+        answered = error is None or isinstance(error, (APIStatusError, APIResponseValidationError))
+        pacer.in_flight.finished(attempt, answered)
+        refused = isinstance(error, RateLimitError)
+        if self.cap is not None:
+            self.cap.settle(paid=not refused)
+        if state is not None and period is not None and refused:
+            self.quotas.give_back(state, period)  # a 429 is not paid: not counted on the quota either
+        if self.stats is not None:
+            latency = pacer.now() - started if answered else None
+            self.stats.attempt_ended(_outcome(error), latency, _wire(pacer, state, self.quotas.keys))
+        # A 429 that asks for longer than a per-minute limit ever does is a quota spent, not a pace.
+        quota = refused and limits is not None and (limits.retry_after or 0.0) > LONG_RETRY_AFTER
+        if state is not None:
+            self.quotas.learn(state, error, limits, started, quota)
+        pacer.after_attempt(
+            started,
+            rate_limited=refused and not quota,
+            retry_after=error.retry_after if isinstance(error, RateLimitError) else None,
+            answered=answered and not quota,
+            headers=limits,
+        )
+
+
+class RequestCap:
+    """The request cap (``max_requests``) as paid requests claimed: one before each attempt waits for
+    its turn, given back by a 429 (the service said "later": not paid). Used up, an attempt waits while
+    claimed attempts may still give one back; when none can, ``on_cap`` stops the batch."""
+
+    __slots__ = ("cap", "on_cap", "gate", "paid", "claims", "_settled")
+
+    def __init__(self, cap: int, on_cap: Callable[[RequestCapReached], None] | None, gate: Gate) -> None:
         self.cap = cap
+        self.on_cap = on_cap
+        self.gate = gate
         self.paid = 0  # paid requests claimed (started or about to start), 429s given back
         self.claims = 0  # claims whose attempt has not ended yet: each may still give one back
-        self.on_cap = on_cap
         self._settled: asyncio.Event | None = None
 
-    async def _claim(self) -> None:
-        assert self.cap is not None
+    async def claim(self) -> None:
         while self.paid >= self.cap:
-            if self.closing:
+            if self.gate.closing:
                 raise asyncio.CancelledError
             if not self.claims:
                 if self.on_cap is not None:
@@ -77,66 +180,31 @@ class Gate:
         self.paid += 1
         self.claims += 1
 
-    def _settle(self, paid: bool) -> None:
+    def settle(self, paid: bool) -> None:
         self.claims -= 1
         if not paid:
             self.paid -= 1
         if self._settled is not None:
             self._settled.set()
 
-    async def before_attempt(self) -> tuple[int, float, asyncio.Task[Any] | None]:
-        if self.closing:
-            raise asyncio.CancelledError
-        if self.cap is not None:
-            await self._claim()
-        in_flight = self.pacer.in_flight
-        try:
-            await in_flight.acquire()
-        except BaseException:
-            if self.cap is not None:
-                self._settle(paid=False)
-            raise
-        try:
-            started = await self.pacer.before_attempt()
-            if self.closing:
-                raise asyncio.CancelledError
-        except BaseException:
-            in_flight.release()
-            if self.cap is not None:
-                self._settle(paid=False)
-            raise
-        attempt, task = next(self._ids), asyncio.current_task()
-        in_flight.started(attempt, started)
-        if task is not None:
-            self.on_wire.add(task)
-        if self.stats is not None:
-            self.stats.attempt_started(in_flight.on_wire)
-        return attempt, started, task
+
+class LaneHooks:
+    """The client's attempt hooks for one key: the batch's gate with that key's pacer and quotas."""
+
+    __slots__ = ("gate", "state", "max_wait")
+
+    def __init__(self, gate: Gate, state: LaneState) -> None:
+        self.gate = gate
+        self.state = state
+        self.max_wait = gate.max_wait
+
+    async def before_attempt(self) -> tuple[int, float, asyncio.Task[Any] | None, Any]:
+        return await self.gate._before(self.state.lane.pacer, self.state)
 
     def after_attempt(
-        self,
-        ticket: tuple[int, float, asyncio.Task[Any] | None],
-        error: BaseException | None,
-        limits: RateStatement | None,
+        self, ticket: tuple[int, float, asyncio.Task[Any] | None, Any], error: BaseException | None, limits: Any
     ) -> None:
-        attempt, started, task = ticket
-        if task is not None:
-            self.on_wire.discard(task)
-        # An answer of any kind says how long the service takes; a timeout or a lost connection does not.
-        answered = error is None or isinstance(error, (APIStatusError, APIResponseValidationError))
-        self.pacer.in_flight.finished(attempt, answered)
-        if self.cap is not None:
-            self._settle(paid=not isinstance(error, RateLimitError))
-        if self.stats is not None:
-            latency = self.pacer.now() - started if answered else None
-            self.stats.attempt_ended(_outcome(error), latency, self.pacer.in_flight.on_wire)
-        self.pacer.after_attempt(
-            started,
-            rate_limited=isinstance(error, RateLimitError),
-            retry_after=error.retry_after if isinstance(error, RateLimitError) else None,
-            answered=answered,
-            headers=limits,
-        )
+        self.gate._after(self.state.lane.pacer, self.state, ticket, error, limits)
 
 
 def _outcome(error: BaseException | None) -> str:
@@ -148,3 +216,15 @@ def _outcome(error: BaseException | None) -> str:
     if isinstance(error, APIError):
         return error.code
     return "cancelled"
+
+
+async def _guarded(state: LaneState | None, awaitable: Any) -> Any:
+    """``awaitable``, or with a key of several, unless that key leaves the run first."""
+    return await awaitable if state is None else await state.guard(awaitable)
+
+
+def _wire(pacer: Pacer, state: LaneState | None, keys: Keys | None) -> int:
+    """Attempts on the wire: the key's, or over several keys every key's."""
+    if state is None or keys is None or keys.single:
+        return pacer.in_flight.on_wire
+    return sum(s.lane.pacer.in_flight.on_wire for s in keys.states)

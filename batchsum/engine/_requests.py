@@ -1,5 +1,5 @@
-"""A batch's requests (``Requests``): known (the store), under way (joined), or sent through the gate,
-the key's first one alone (``FirstRequest``); and which of them a stop cancels."""
+"""A batch's requests (``Requests``): known (the store), under way (joined), or sent on a key through
+the gate (the key chosen by ``_keys.Keys``, its first request alone); and which of them a stop cancels."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import asyncio
 from collections.abc import Callable
 
 from ..data.results import FAILED, OK, Answer
-from ..pacing import KeyRecord
 from ..service import contract
-from ..service.client import AsyncClient, PreparedRequest
+from ..service.client import PreparedRequest
 from ..service.errors import (
     APIError,
     APIResponseValidationError,
@@ -22,10 +21,11 @@ from ..service.errors import (
 )
 from ._answers import Answers
 from ._gate import Gate
+from ._keys import KeyOut, Keys, LaneState
 from .fingerprints import text_fingerprint
 from .tally import BatchStats
 
-__all__ = ["FirstRequest", "Requests", "ROW", "PART", "REDUCE"]
+__all__ = ["Requests", "ROW", "PART", "REDUCE"]
 
 ROW, PART, REDUCE = "row", "part", "reduce"  # what a request is for (the account counts them apart)
 
@@ -42,61 +42,27 @@ def _is_permanent(error: APIError) -> bool:
     return isinstance(error, UnprocessableEntityError)
 
 
-class FirstRequest:
-    """The first request goes alone: a wrong key or an expired plan costs one request, not dozens;
-    unless the key's record proves it answered by this service in this mode within a day. What the
-    run sees of the key goes to that record (an answer is told once)."""
-
-    __slots__ = ("answered", "sent", "record", "mode", "proven")
-
-    def __init__(self, record: KeyRecord | None, mode: int, *, alone: bool) -> None:
-        self.answered = asyncio.Event()
-        self.sent = False
-        self.record = record
-        self.mode = mode
-        self.proven = False  # this run saw the key answered (the record is told once)
-        if not alone:
-            self.answered.set()
-
-    async def turn(self) -> bool:
-        """Wait until a request may start; True for the first (the others wait for its answer)."""
-        is_first, self.sent = not self.sent, True
-        if not is_first:
-            await self.answered.wait()
-        return is_first
-
-    def key_answered(self) -> None:
-        if self.record is not None and not self.proven:
-            self.proven = True
-            self.record.answered(self.mode)
-
-    def key_refused(self, error: AuthenticationError | NotPremiumError) -> None:
-        if self.record is not None:
-            self.record.refused(self.mode if isinstance(error, NotPremiumError) else None)
-
-
 class Requests:
     """The requests of one run: each answered once, known (the store, this run), joined while under
-    way, or sent (claimed first in a store several runs share); the first refusal of the key or plan,
-    and a budget gone, stop the batch (``stop``). A stop cancels what is not on the wire yet."""
+    way, or sent (claimed first in a store several runs share) on the key ``keys`` chooses; a key
+    refused (401) leaves the run and its requests go to the others; the refusal of the last key, and a
+    budget gone, stop the batch (``stop``). A stop cancels what is not on the wire yet."""
 
-    __slots__ = ("client", "stats", "answers", "gate", "first", "stopped", "stop", "under_way")
+    __slots__ = ("keys", "stats", "answers", "gate", "stopped", "stop", "under_way")
 
     def __init__(
         self,
-        client: AsyncClient,
+        keys: Keys,
         stats: BatchStats,
         answers: Answers,
         gate: Gate,
-        first: FirstRequest,
         stopped: asyncio.Event,
         stop: Callable[[BatchsumError], None],
     ) -> None:
-        self.client = client
+        self.keys = keys
         self.stats = stats
         self.answers = answers
         self.gate = gate
-        self.first = first
         self.stopped = stopped
         self.stop = stop
         self.under_way: dict[str, asyncio.Task[Answer]] = {}
@@ -144,18 +110,32 @@ class Requests:
             self.answers.release(key)
 
     async def send(self, key: str, request: PreparedRequest, kind: str = ROW) -> Answer:
-        is_first = await self.first.turn()
+        """Send ``request`` on the key ``keys`` gives it; again on another when that key leaves the run."""
+        while True:
+            state = await self.keys.choose()
+            try:
+                return await self._send_on(state, key, request, kind)
+            except KeyOut:
+                continue
+            finally:
+                self.keys.release(state)
+
+    async def _send_on(self, state: LaneState, key: str, request: PreparedRequest, kind: str) -> Answer:
+        first = state.first
+        is_first = await first.turn()
         permanent = False
         try:
             if self.stopped.is_set():
                 raise asyncio.CancelledError
             try:
-                summary, attempts = await self.client.send(request, hooks=self.gate)
+                summary, attempts = await state.lane.client.send(request, hooks=self.gate.hooks(state))
                 answer, permanent = Answer(summary, OK, None, None, 200, attempts), True
-                self.first.key_answered()
+                first.key_answered()
             except (AuthenticationError, NotPremiumError) as exc:
+                first.key_refused(exc)
+                if self.keys.refuse(state, exc):  # another key is left: this request goes there
+                    raise KeyOut from None
                 self.stats.sent += 1
-                self.first.key_refused(exc)
                 self.stop(exc)
                 raise
             except BudgetError as exc:  # the shared budget is gone: nothing more may start
@@ -168,7 +148,8 @@ class Requests:
             self.stats.attempts += answer.attempts
         finally:
             if is_first:
-                self.first.answered.set()
+                first.answered.set()
+                self.keys.changed()
         if permanent:
             self.answers.put(key, answer)
         return answer

@@ -33,17 +33,19 @@ class BatchPlan:
     reduce_max: int = 0  # reduce requests: at most this many (fewer when the parts' summaries are short)
     skipped_long_cost: tuple[int, int] = (0, 0)  # what splitting the skipped long rows would take
 
-    def minimum_seconds(self, rpm: float) -> float:
-        """The least time the requests can take at ``rpm`` (starts evenly spaced, the first at once)."""
-        return max(0, self.to_send - 1) * 60.0 / rpm if rpm else 0.0
+    def minimum_seconds(self, rpm: float, first: int = 1) -> float:
+        """The least time the requests can take at ``rpm`` (starts evenly spaced; the ``first`` at
+        once: each key's lone first request, every key's together)."""
+        return max(0, self.to_send - first) * 60.0 / rpm if rpm else 0.0
 
-    def describe(self, rpm: float | None) -> str:
-        """The plan in lines; ``rpm`` None: the limit is not known yet (``rpm="auto"``)."""
+    def describe(self, rpm: float | None, first: int = 1) -> str:
+        """The plan in lines; ``rpm`` None: the limit is not known yet (``rpm="auto"``); ``first``:
+        requests that go at once (one per key)."""
         skipped = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped_by_reason.items())) or "none"
         if rpm is None:
             pace = "how long that takes depends on the limit, not known yet"
         elif rpm:
-            pace = f"at {rpm:g} requests/min that takes at least {_duration(self.minimum_seconds(rpm))}"
+            pace = f"at {rpm:g} requests/min that takes at least {_duration(self.minimum_seconds(rpm, first))}"
         else:
             pace = "unpaced (rpm 0)"
         sends = f"{_count(self.to_send, 'request')}"

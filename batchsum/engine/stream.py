@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -29,6 +29,7 @@ from ._stop import NOT_SENT
 from ._window import Known, Pending, Window, as_row
 from .fingerprints import fingerprint as fingerprint
 from .fingerprints import text_fingerprint as text_fingerprint
+from .keys import KeyLane, Pacers
 from .options import RunOptions as RunOptions
 from .plan import BatchPlan as BatchPlan
 from .plan import plan_batch as plan_batch
@@ -113,6 +114,7 @@ async def summarize_stream(
     stats: BatchStats | None = None,
     pacer: Pacer | None = None,
     on_result: Callable[[BatchStats], None] | None = None,
+    lanes: Sequence[KeyLane] | None = None,
     **settings: Any,
 ) -> AsyncIterator[RowResult]:
     """Yield one ``RowResult`` per text, in input order.
@@ -123,13 +125,23 @@ async def summarize_stream(
     keywords instead (``mode``, ``percentage``, ``type``; ``rpm``, ``concurrency``, ``limiter``,
     ``window``, ``drain_seconds``). ``store`` keeps finished answers (default: in memory for this
     call); ``stats`` is updated live and ``on_result`` called as each row's result arrives (results
-    are yielded in order; counts are not held back). Raises ``InvalidParameterError`` for bad
+    are yielded in order; counts are not held back). ``lanes``: several keys (``keys.KeyLane``), the
+    requests spread over them (``client`` and ``pacer`` then unused). Raises ``InvalidParameterError`` for bad
     settings before reading any row; ``AuthenticationError`` / ``NotPremiumError`` when the service
     refuses the key or the plan, and ``JournalError`` when the store cannot keep an answer, after
     yielding the rows already finished.
     """
     results = stream_results(
-        texts, client, params, options, store=store, stats=stats, pacer=pacer, on_result=on_result, **settings
+        texts,
+        client,
+        params,
+        options,
+        store=store,
+        stats=stats,
+        pacer=pacer,
+        on_result=on_result,
+        lanes=lanes,
+        **settings,
     )
     async for result in rows_of(results):
         yield result
@@ -156,11 +168,13 @@ async def stream_results(
     stats: BatchStats | None = None,
     pacer: Pacer | None = None,
     on_result: Callable[[BatchStats], None] | None = None,
+    lanes: Sequence[KeyLane] | None = None,
     **settings: Any,
 ) -> AsyncGenerator[RowResult | Known, None]:
     """``summarize_stream``'s results as they are held: a row's ``RowResult``, or a list of the
     results of consecutive rows that needed no request (a rerun's rows, answered by the journal in
-    bulk), which a writer can take whole."""
+    bulk), which a writer can take whole. ``lanes``: the run's keys (``keys.KeyLane``: a client and a
+    pacer each), over which its requests are spread; without, ``client`` and ``pacer`` are its one key."""
     request_fields = {k: settings.pop(k) for k in ("mode", "percentage", "type") if k in settings}
     if params is None:
         params = validate_params(**request_fields)
@@ -174,11 +188,13 @@ async def stream_results(
     elif settings:
         raise TypeError(f"pass either options or {', '.join(settings)}, not both")
     stats = stats if stats is not None else BatchStats()
-    if pacer is None:
-        stats.timeline = stats.timeline or Timeline(options.rpm)
-        pacer = options.pacer(log=stats.timeline)
-    stats.pacer = pacer
-    batch = Batch(client, params, options, store if store is not None else MemoryStore(), stats, pacer)
+    if lanes is None:
+        if pacer is None:
+            stats.timeline = stats.timeline or Timeline(options.rpm)
+            pacer = options.pacer(log=stats.timeline)
+        lanes = [KeyLane(client, pacer, options.record, budget=options.budget)]
+    stats.pacer = lanes[0].pacer if len(lanes) == 1 else Pacers(lanes)
+    batch = Batch(list(lanes), params, options, store if store is not None else MemoryStore(), stats)
     window = Window(options.window, options.window_bytes)
     rows = _rows(_blocks(texts))
     exhausted = False
@@ -233,10 +249,13 @@ async def stream_results(
         stop_waiter.cancel()
         await batch.close(window.items)
         await asyncio.gather(stop_waiter, return_exceptions=True)
-        try:
-            await pacer.flush()
-        except BudgetError as exc:  # the budget is gone: its counts are only advice
-            log.warning("%s", exc)
+        for lane in lanes:
+            try:
+                if lane.record is not None and lane.stated.left is not None:  # the quota as the run ends
+                    lane.record.quota_stated(lane.stated)
+                await lane.pacer.flush()
+            except BudgetError as exc:  # the budget is gone: its counts are only advice
+                log.warning("%s", exc)
         await rows.aclose()  # type: ignore[attr-defined]  # closes the input (an open file) on an early stop too
 
 

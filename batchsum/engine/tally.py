@@ -17,6 +17,7 @@ from .timeline import Timeline
 
 if TYPE_CHECKING:
     from ..pacing import Pacer, PacerState
+    from .keys import Pacers
 
 __all__ = ["BatchStats", "LongWork", "Telemetry"]
 
@@ -86,7 +87,7 @@ class BatchStats:
     sent_by_kind: Counter[str] = field(default_factory=Counter)  # "row", "part", "reduce"
     long_work: LongWork = field(default_factory=lambda: LongWork())
     started: float = field(default_factory=time.monotonic)
-    pacer: Pacer | None = None
+    pacer: Pacer | Pacers | None = None  # the run's pacer; over several keys, theirs as one
     timeline: Timeline | None = None  # told by the pacer (``PaceLog``) and by the counts here
     first_request: str | None = None  # whether the run's first request went alone, and why
     requests: int = 0  # attempts that went to the service, 429s and retries included

@@ -15,6 +15,6 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     ) from exc
 
 from .server import LocalService
-from .state import FAULT_KINDS, Faults, Plan, ServiceState
+from .state import FAULT_KINDS, Account, Faults, Plan, ServiceState
 
-__all__ = ["LocalService", "Faults", "Plan", "ServiceState", "FAULT_KINDS"]
+__all__ = ["LocalService", "Account", "Faults", "Plan", "ServiceState", "FAULT_KINDS"]

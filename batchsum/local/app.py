@@ -154,7 +154,8 @@ def create_app(state: ServiceState) -> Starlette:
             response, fields = await _answer(request)
         finally:
             state.end()
-        state.record(response.status_code, fields)
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        state.record(response.status_code, fields, key.strip())
         return response
 
     async def _answer(request: Request) -> tuple[Response, dict[str, Any] | None]:
@@ -162,6 +163,8 @@ def create_app(state: ServiceState) -> Starlette:
         fault = faults.next()
         # The key, the plan and the limit decide at arrival (the answer then takes its latency).
         admission = _admission(request) if fault is None else None
+        if admission is not None and admission[3] and admission[0] is not None:
+            return admission[0], None  # the key's account refused: answered at once, no work done
         if faults.latency or faults.latency_spread:
             await asyncio.sleep(faults.delay())
         if fault == "429":
@@ -179,25 +182,34 @@ def create_app(state: ServiceState) -> Starlette:
             return Response(b'{"result": "The summ', media_type="application/json"), None
         if fault == "hang":
             await asyncio.sleep(faults.hang_seconds)
-        refusal, plan, room = admission if admission is not None else _admission(request)
+        refusal, plan, room, _ = admission if admission is not None else _admission(request)
         if refusal is not None or plan is None:
             return refusal or _shape_b(401, Messages.INVALID_KEY), None
         response, fields = await _admitted(request, plan)
         response.headers.update(room)
         return response, fields
 
-    def _admission(request: Request) -> tuple[Response | None, Plan | None, dict[str, str]]:
-        """(the refusal or None, the key's plan, the headers stating the room left): key, plan, limit."""
+    def _admission(request: Request) -> tuple[Response | None, Plan | None, dict[str, str], bool]:
+        """(the refusal or None, the key's plan, the headers stating the room left): key, plan, the
+        key's account (its plan expired after N requests, its quota: a refusal with no plan, answered
+        at once: the last item True), limit."""
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
         plan = state.plans.get(key.strip()) if scheme.lower() == "bearer" else None
         if plan is None:
-            return _shape_b(401, Messages.INVALID_KEY), None, {}
+            return _shape_b(401, Messages.INVALID_KEY), None, {}, False
         if plan is Plan.EXPIRED:
-            return _shape_b(401, Messages.NOT_PREMIUM), plan, {}
+            return _shape_b(401, Messages.NOT_PREMIUM), plan, {}, False
+        refused = state.refusal(key.strip())
+        if refused is not None:
+            status, headers = refused
+            answer = (
+                _shape_b(401, Messages.NOT_PREMIUM) if status == 401 else _shape_a(429, Messages.RATE_LIMITED, headers)
+            )
+            return answer, plan, {}, True
         wait, room = state.admit(key.strip())
         if wait is not None:
-            return _shape_a(429, Messages.RATE_LIMITED, {"Retry-After": str(wait), **room}), plan, room
-        return None, plan, room
+            return _shape_a(429, Messages.RATE_LIMITED, {"Retry-After": str(wait), **room}), plan, room, False
+        return None, plan, room, False
 
     async def _admitted(request: Request, plan: Plan) -> tuple[Response, dict[str, Any] | None]:
         """The answer to a request the key, plan and limit admitted."""

@@ -12,7 +12,7 @@ from typing import Any
 import uvicorn
 
 from .app import create_app
-from .state import Faults, Plan, ServiceState, new_key
+from .state import Account, Faults, Plan, ServiceState, new_key
 
 __all__ = ["LocalService"]
 
@@ -30,7 +30,8 @@ class LocalService:
     the service's clock), ``"clock-10s"`` / ``"clock-1s"`` (the window's share of ``rpm`` in each
     clock-aligned 10 s / 1 s window: the strictest judges of an even pace). ``room_headers``: state the room left in every answer,
     ``"ratelimit"`` (``RateLimit-Limit/-Remaining/-Reset``) or ``"x-ratelimit"`` (``X-RateLimit-*``);
-    None (the default, as the live service): no such headers.
+    None (the default, as the live service): no such headers. ``accounts``: keys with limits of their
+    own (``Account``: a per-minute limit, a plan expiring after N requests, a quota stated or not).
     """
 
     def __init__(
@@ -45,6 +46,7 @@ class LocalService:
         test_controls: bool = True,
         limit_kind: str = "sliding",
         room_headers: str | None = None,
+        accounts: dict[str, Account] | None = None,
     ) -> None:
         admin_key = new_key() if test_controls else None
         self.state = ServiceState(
@@ -56,6 +58,7 @@ class LocalService:
             limit_kind=limit_kind,
             room_headers=room_headers,
         )
+        self.state.accounts.update(accounts or {})
         self.host = host
         self.port = port
         self._server: uvicorn.Server | None = None

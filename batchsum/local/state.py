@@ -20,6 +20,7 @@ from typing import Any
 
 __all__ = [
     "Plan",
+    "Account",
     "ServiceState",
     "Faults",
     "FAULT_KINDS",
@@ -265,6 +266,61 @@ LIMIT_KINDS: dict[str, Callable[[int, float], Limit]] = {
 ROOM_HEADERS = ("ratelimit", "x-ratelimit")
 
 
+@dataclass
+class Account:
+    """What one key may do beyond its plan: its own per-minute limit (``rpm``; None: the service's),
+    a plan that expires after ``expires_after`` admitted requests (then 401 "you are not premium for
+    this request"), and a ``quota`` of admitted requests per ``quota_window`` seconds (a window opened
+    by the key's first request), refused once spent with a 429 whose Retry-After runs to the window's
+    end (``state_quota``: every answer states it in the list form, ``RateLimit-Limit: Q, RPM;w=60,
+    Q;w=W`` with its ``-Remaining`` and ``-Reset``). Refusals of the account are answered at once (the
+    service does no work for them)."""
+
+    rpm: int | None = None
+    expires_after: int | None = None
+    quota: int | None = None
+    quota_window: float = 86_400.0
+    state_quota: bool = False
+    admitted: int = 0
+    quota_used: int = 0
+    quota_opened: float | None = None
+
+    def quota_room(self, now: float) -> tuple[int, float]:
+        """(requests left in the quota, seconds until its window ends)."""
+        assert self.quota is not None
+        if self.quota_opened is None or now >= self.quota_opened + self.quota_window:
+            return self.quota, self.quota_window
+        return self.quota - self.quota_used, self.quota_opened + self.quota_window - now
+
+    def refusal(self, now: float) -> tuple[int, dict[str, str]] | None:
+        """(status, headers) of the account's refusal of a request arriving ``now``, or None."""
+        if self.expires_after is not None and self.admitted >= self.expires_after:
+            return 401, {}
+        if self.quota is not None:
+            left, reset = self.quota_room(now)
+            if left <= 0:
+                return 429, {"Retry-After": str(max(1, math.ceil(reset))), **self.headers(now, 0)}
+        return None
+
+    def admit(self, now: float) -> None:
+        self.admitted += 1
+        if self.quota is not None:
+            if self.quota_opened is None or now >= self.quota_opened + self.quota_window:
+                self.quota_opened, self.quota_used = now, 0
+            self.quota_used += 1
+
+    def headers(self, now: float, rpm: int) -> dict[str, str]:
+        if not self.state_quota or self.quota is None:
+            return {}
+        left, reset = self.quota_room(now)
+        window = f"{rpm};w=60, " if rpm else ""
+        return {
+            "RateLimit-Limit": f"{self.quota}, {window}{self.quota};w={self.quota_window:g}",
+            "RateLimit-Remaining": str(max(0, left)),
+            "RateLimit-Reset": str(max(1, math.ceil(reset - 1e-6))),
+        }
+
+
 class ServiceState:
     """Keys, plans, limits, faults and counters; shared by the routes, safe across threads."""
 
@@ -297,6 +353,7 @@ class ServiceState:
         self.clock = clock
         self._lock = threading.Lock()
         self._windows: dict[str, Limit] = {}
+        self.accounts: dict[str, Account] = {}  # keys with limits of their own (``Account``)
         self.in_progress = 0  # requests being answered now
         self.reset_stats()
 
@@ -313,20 +370,37 @@ class ServiceState:
             self.by_status: Counter[int] = Counter()
             self.answered: Counter[str] = Counter()
             self.most_in_progress = self.in_progress
+            self.admitted_by_key: dict[str, list[float]] = {}  # clock() of each request the limit let through
+            self.status_by_key: dict[str, Counter[int]] = {}
+
+    def refusal(self, key: str) -> tuple[int, dict[str, str]] | None:
+        """The key's account refuses a request now: (status, headers); None: it does not."""
+        account = self.accounts.get(key)
+        if account is None:
+            return None
+        with self._lock:
+            return account.refusal(self.clock())
 
     def admit(self, key: str) -> tuple[float | None, dict[str, str]]:
         """(None when the key may send now, else the seconds to wait; the headers that state the
-        room left, when ``room_headers`` asks for them), by the per-key limit."""
-        if self.rpm <= 0:
-            return None, {}
+        room left, when ``room_headers`` asks for them, and the key's quota), by the per-key limit."""
+        account = self.accounts.get(key)
+        rpm = account.rpm if account is not None and account.rpm is not None else self.rpm
         with self._lock:
-            window = self._windows.get(key) or LIMIT_KINDS[self.limit_kind](self.rpm, self.window)
-            self._windows[key] = window
             now = self.clock()
-            wait = window.admit(now)
+            wait, headers = None, {}
+            if rpm > 0:
+                window = self._windows.get(key) or LIMIT_KINDS[self.limit_kind](rpm, self.window)
+                self._windows[key] = window
+                wait = window.admit(now)
+                headers = self._room_headers(*window.room(now))
             if wait is None:
                 self.admitted.append(now)
-            headers = self._room_headers(*window.room(now))
+                self.admitted_by_key.setdefault(key, []).append(now)
+                if account is not None:
+                    account.admit(now)
+            if account is not None:
+                headers.update(account.headers(now, rpm))
         return (None if wait is None else max(1, math.ceil(wait))), headers
 
     def _room_headers(self, remaining: int, reset: float) -> dict[str, str]:
@@ -350,8 +424,10 @@ class ServiceState:
         with self._lock:
             self.in_progress -= 1
 
-    def record(self, status: int, fields: dict[str, Any] | None = None) -> None:
+    def record(self, status: int, fields: dict[str, Any] | None = None, key: str | None = None) -> None:
         with self._lock:
+            if key is not None and key in self.accounts:
+                self.status_by_key.setdefault(key, Counter())[status] += 1
             self.requests += 1
             self.arrivals.append(self.clock())
             self.by_status[status] += 1

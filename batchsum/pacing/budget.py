@@ -221,6 +221,14 @@ class ProcessBudget(Budget):
             fresh = published if now - at <= SHARED_SECONDS else None
             return Lead(held, fresh, at, now)
 
+    async def quota_claim(self, period: str, limit: int, keep: float) -> int | None:
+        with self._lock:  # shared by threads and event loops: one count at a time
+            return await super().quota_claim(period, limit, keep)
+
+    async def quota_give_back(self, period: str) -> None:
+        with self._lock:
+            await super().quota_give_back(period)
+
 
 async def check_budget(budget: Budget) -> None:
     """``budget.check()``, then let go of the connection made for it (it belongs to this loop)."""

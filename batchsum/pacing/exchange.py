@@ -184,6 +184,27 @@ class Budget(abc.ABC):
         counts and search of the keys' budgets there too; how many entries were forgotten."""
         return 0
 
+    # A configured quota's count (``pacing.quota.CountedQuota``), per period of the key's budget. This
+    # default keeps it in the budget object (this process); the shared budgets keep it where they live.
+
+    async def quota_claim(self, period: str, limit: int, keep: float) -> int | None:
+        """Count one paid request in ``period`` if fewer than ``limit`` are counted: the count after
+        it, or None (the quota is spent). ``keep``: seconds the count must outlive (its period's end)."""
+        counts: dict[str, int] = self.__dict__.setdefault("_quota_counts", {})
+        if counts.get(period, 0) >= limit:
+            return None
+        counts[period] = counts.get(period, 0) + 1
+        return counts[period]
+
+    async def quota_give_back(self, period: str) -> None:
+        """Uncount one request of ``period`` the service did not charge for (a 429)."""
+        counts: dict[str, int] = self.__dict__.setdefault("_quota_counts", {})
+        counts[period] = max(0, counts.get(period, 0) - 1)
+
+    async def quota_used(self, period: str) -> int:
+        """Requests counted in ``period`` so far (``--dry-run``, ``batchsum limits``)."""
+        return int(self.__dict__.get("_quota_counts", {}).get(period, 0))
+
     async def aclose(self) -> None:  # noqa: B027 - most budgets hold nothing to let go of
         """Let go of connections (the budget's state stays for the others)."""
 

@@ -1,6 +1,7 @@
 """What the key's budget remembers of one (key, service) pair from run to run, and what this run adds:
 when the key was last answered in each mode (a proven key skips the lone first request), whether it
-was refused since, and whether the service's stated room was contradicted.
+was refused since, whether the service's stated room was contradicted, the quota the service states
+for it and until when a quota is spent.
 
 Invariant: a proof is used only when it is younger than ``PROOF_SECONDS`` and no refusal of the key
 (or of that mode) was written after it; an entry is written only from what this run saw answered.
@@ -8,13 +9,16 @@ Invariant: a proof is used only when it is younger than ``PROOF_SECONDS`` and no
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from ..service.errors import BudgetError
-from .exchange import Budget, Remembered
+from .exchange import RECORD_SECONDS, Budget, Remembered
 from .limit import LIMIT_SECONDS, Found
+from .quota import Spent, StatedQuota
 
 __all__ = ["KeyRecord", "PROOF_SECONDS"]
 
@@ -24,6 +28,8 @@ PROOF_SECONDS = 86400.0  # a key answered this recently, by this service, in thi
 REFUSED = "refused"  # the key itself refused (a 401 for the key): every mode
 LIMIT = "limit"  # the limit last found (or stated) for the key at the service: ``Found`` as JSON
 ROOM_CONTRADICTED = "room_contradicted"  # a 429 came while the service stated room
+QUOTA = "quota"  # a quota longer than a minute the service stated: JSON, its limit, window, room and reset
+QUOTA_SPENT = "quota_spent"  # the key's quota spent until a time: ``quota.Spent`` as JSON
 
 
 def _answered(mode: int) -> str:
@@ -83,6 +89,24 @@ class KeyRecord:
         text = self.value(LIMIT, LIMIT_SECONDS)
         return None if at is None or text is None else Found.from_json(text, at)
 
+    def quota(self) -> dict[str, Any] | None:
+        """The quota the service last stated for this key (``limit``, ``window``, ``remaining`` as of
+        ``at``, ``reset_at``, Unix times), while its reset is ahead; None when none is known."""
+        text, at = self.value(QUOTA, RECORD_SECONDS), self.written(QUOTA, RECORD_SECONDS)
+        try:
+            data = json.loads(text) if text is not None else None
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or at is None or not isinstance(data.get("reset_at"), (int, float)):
+            return None
+        return {**data, "at": at} if data["reset_at"] > self._clock() else None
+
+    def quota_spent(self) -> Spent | None:
+        """The key's quota spent, while its period lasts (None: not known spent)."""
+        text = self.value(QUOTA_SPENT, RECORD_SECONDS)
+        spent = Spent.from_json(text) if text is not None else None
+        return spent if spent is not None and spent.until > self._clock() else None
+
     @property
     def room_distrusted(self) -> bool:
         """Did a 429 contradict the room this service stated for this key, within a day?"""
@@ -112,6 +136,22 @@ class KeyRecord:
 
     def limit_found(self, found: Found) -> None:
         self.pending[LIMIT] = found.to_json()
+
+    def quota_stated(self, quota: StatedQuota) -> None:
+        """What the service states of the key's quota now (written with the record's next flush)."""
+        quota.news = False
+        self.pending[QUOTA] = json.dumps(
+            {
+                "limit": quota.limit,
+                "window": quota.window,
+                "remaining": None if quota.left is None else max(0, quota.left),
+                "reset_at": None if quota.wall_until is None else round(quota.wall_until, 3),
+            }
+        )
+
+    def spent(self, spent: Spent) -> None:
+        """The key's quota is spent until ``spent.until``: every run on the key acts on it."""
+        self.pending[QUOTA_SPENT] = spent.to_json()
 
     async def flush(self) -> None:
         """Write what this run has to add. A budget that fails now loses only these notes (the run

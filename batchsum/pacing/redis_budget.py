@@ -161,6 +161,17 @@ end
 return {held, published, string.format('%.6f', at), string.format('%.6f', now)}
 """
 
+# A configured quota's count: one more unless the limit is reached (-1), kept past its period's end.
+_QUOTA_LUA = """
+local used = tonumber(redis.call('GET', KEYS[1]) or '0')
+if used >= tonumber(ARGV[1]) then return -1 end
+used = redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2])))
+return used
+"""
+
+_GIVE_BACK_LUA = "if tonumber(redis.call('GET', KEYS[1]) or '0') > 0 then redis.call('DECR', KEYS[1]) end"
+
 _REDIS_ATTEMPTS = 3
 _REMEMBERED = "batchsum:remembered:"  # + KEY_HASH:SERVICE -> a hash of name -> "AT VALUE"
 _NAMES = "batchsum:budget:names"  # a hash of budget id -> "KEY_HASH SERVICE"
@@ -233,6 +244,19 @@ class _RedisConnection(Budget):
             except redis.exceptions.RedisError as exc:
                 raise BudgetError(f"the rate budget at {self.where} refused: {_said(exc, self._secrets)}") from None
         raise AssertionError("unreachable")
+
+    async def quota_claim(self, period: str, limit: int, keep: float) -> int | None:
+        used = await self._redis(lambda: self._client()[1].eval(_QUOTA_LUA, 1, self._quota(period), limit, int(keep)))
+        return None if int(used) < 0 else int(used)
+
+    async def quota_give_back(self, period: str) -> None:
+        await self._redis(lambda: self._client()[1].eval(_GIVE_BACK_LUA, 1, self._quota(period)))
+
+    async def quota_used(self, period: str) -> int:
+        return int(await self._redis(lambda: self._client()[1].get(self._quota(period))) or 0)
+
+    def _quota(self, period: str) -> str:
+        return f"{self._keys[0]}:quota:{period}"
 
     def _record_key(self, key_hash: str, service: str) -> str:
         return f"{_REMEMBERED}{key_hash}:{service}"

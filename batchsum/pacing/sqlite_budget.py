@@ -55,6 +55,9 @@ CREATE TABLE IF NOT EXISTS tallies (
     id TEXT NOT NULL, tick INTEGER NOT NULL, starts INTEGER NOT NULL, answered INTEGER NOT NULL,
     refused INTEGER NOT NULL, PRIMARY KEY (id, tick)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS quota_counts (
+    id TEXT NOT NULL, period TEXT NOT NULL, used INTEGER NOT NULL, expires REAL NOT NULL, PRIMARY KEY (id, period)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS leads (
     id TEXT PRIMARY KEY, holder TEXT, until REAL NOT NULL, state TEXT, state_at REAL NOT NULL
 );
@@ -258,6 +261,15 @@ class SQLiteBudget(_SQLiteFile):
 
         return self._transaction(step)
 
+    async def quota_claim(self, period: str, limit: int, keep: float) -> int | None:
+        return self._transaction(lambda db: _quota_claim(db, self.id, period, limit, keep))
+
+    async def quota_give_back(self, period: str) -> None:
+        self._transaction(lambda db: db.execute(_GIVE_BACK, (self.id, period)))
+
+    async def quota_used(self, period: str) -> int:
+        return self._transaction(lambda db: _quota_used(db, self.id, period)) if self.path.exists() else 0
+
     async def look(self) -> Slot:
         if not self.path.exists():
             return State().slot(time.time(), None, 0, 0, 0)
@@ -297,3 +309,23 @@ def _entries(db: sqlite3.Connection, where: str, args: tuple[str, ...]) -> list[
         (*args, time.time() - RECORD_SECONDS),
     ).fetchall()
     return [Remembered(*row) for row in rows]
+
+
+_GIVE_BACK = "UPDATE quota_counts SET used = MAX(0, used - 1) WHERE id=? AND period=?"
+
+
+def _quota_used(db: sqlite3.Connection, key_id: str, period: str) -> int:
+    row = db.execute("SELECT used FROM quota_counts WHERE id=? AND period=?", (key_id, period)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _quota_claim(db: sqlite3.Connection, key_id: str, period: str, limit: int, keep: float) -> int | None:
+    """One more request counted in ``period`` unless ``limit`` are (None); kept ``keep`` seconds."""
+    used = _quota_used(db, key_id, period)
+    if used >= limit:
+        return None
+    db.execute(
+        "INSERT OR REPLACE INTO quota_counts VALUES (?, ?, ?, ?)", (key_id, period, used + 1, time.time() + keep)
+    )
+    db.execute("DELETE FROM quota_counts WHERE expires < ?", (time.time(),))
+    return used + 1

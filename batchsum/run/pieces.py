@@ -1,10 +1,12 @@
-"""What a run opens and closes (``Pieces``): the client, the key's budget (checked once), the run's
-locks and output, the key's record, the answer store, the progress bar, and the pacer over them."""
+"""What a run opens and closes (``Pieces``): per key, a client, the key's budget (checked once), its
+record and a pacer (``lanes``); the run's locks and output, the answer store and the progress bar."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
@@ -12,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..data.journal import Journal, RunLock, SharedJournal
 from ..data.scopes import Scopes, open_store
 from ..data.stores import AnswerStore, StoreError, process_cache, shared_memory
+from ..engine.keys import KeyLane, Pacers
 from ..engine.options import RunOptions
 from ..engine.tally import BatchStats
 from ..engine.timeline import Timeline
@@ -19,6 +22,7 @@ from ..pacing import KeyRecord, PaceChange, Pacer
 from ..pacing.budget import Budget, Share, open_budget
 from ..service.client import AsyncClient
 from ..service.errors import InvalidParameterError, JournalError
+from ..service.keys import KeyPlan
 from .binding import spec_key_hash
 from .logs import event, log
 from .progress import ProgressBar
@@ -73,7 +77,8 @@ class Pieces:
         self.store: Scopes
         self.bar: ProgressBar
         self.options: RunOptions
-        self.pacer: Pacer
+        self.pacer: Pacer  # the first key's (``lanes``: every key's)
+        self.lanes: list[KeyLane] = []
         self._adopted: str | None = None  # what adopting a journal from before services meant
 
     async def open(
@@ -94,17 +99,20 @@ class Pieces:
                 raise InvalidParameterError("sample needs the number of rows: it is spread over the whole input")
             sample = sample_rows(spec.sample, stats.total)
         try:
-            self.client = AsyncClient(**spec.client.client_kwargs())
-            stack.push_async_callback(self.client.aclose)
-            self.budget = open_budget(spec.budget, self.client.identity)
-            stack.push_async_callback(self.budget.aclose)
-            await self.budget.check()  # an unreachable or unusable budget: one line, before anything is sent
+            plans = spec.keys or (None,)
+            if len(plans) > 1 and not isinstance(spec.budget, str):
+                raise InvalidParameterError(
+                    "a Budget object paces one key: with several keys, name the budget (machine, ...)"
+                )
+            opened = [await _open_key(self._stack, spec, plan) for plan in plans]
+            self.client, self.budget = opened[0][0], opened[0][1]
             for path, what in self._locks:
                 stack.enter_context(RunLock(path, what, wait=self._wait))
             if self._make_output is not None:
                 self.output = self._make_output()
                 stack.push(self._abort_output)
-            self.record = await KeyRecord.recall(self.budget, spec_key_hash(spec), spec.client.service)
+            records = [await KeyRecord.recall(budget, key, spec.client.service) for _, budget, key, _ in opened]
+            self.record = records[0]
             self.store = self._open_store(spec, run_id, shared)
             self._kept = _size(self.store)
             self.bar = stack.enter_context(ProgressBar(stats.total, enabled=spec.progress))
@@ -129,16 +137,22 @@ class Pieces:
             record=self.record,
         )
         stats.timeline = Timeline(spec.rpm)
-        self.pacer = self.options.pacer(
-            on_pace_change,
-            share=Share(run_id, spec.share) if spec.share < 1 else None,
-            alone=not shared,
-            log=stats.timeline,
-        )
-        if spec.auto:  # the plan the chart draws: the limit in force as the run starts
-            stats.timeline.rpm = self.pacer.ceiling
-        stats.pacer = self.pacer
-        stats.first_request = self.record.describe(spec.params.mode)
+        share = Share(run_id, spec.share) if spec.share < 1 else None
+        self.lanes = []
+        for (client, budget, key, plan), record in zip(opened, records):
+            rpm, auto = plan.limit(spec.rpm, spec.auto) if plan is not None else (spec.rpm, spec.auto)
+            options = dataclasses.replace(self.options, rpm=rpm, auto=auto, budget=budget, record=record)
+            pacer = options.pacer(on_pace_change, share=share, alone=not shared, log=stats.timeline)
+            quota = plan.quota if plan is not None and plan.quota is not None else spec.quota
+            source = plan.source if plan is not None else ""
+            self.lanes.append(KeyLane(client, pacer, record, key, source, quota, budget, tell=self._tell))
+        self.pacer = self.lanes[0].pacer
+        _watch_keys(self.lanes, records, stats, spec.params.mode)
+
+    def _tell(self, message: str) -> None:
+        """A line about a key for a person (above the bar, or on stderr) and the JSON log."""
+        event("key", message)
+        self.bar.write(f"batchsum: {message}")
 
     def _abort_output(self, *exc_info: Any) -> None:
         """On the way out: a temporary output not committed is removed."""
@@ -192,3 +206,36 @@ class Pieces:
         if shared:  # the workers of one job share the store; with none, this process's memory (one process)
             return (shared_memory(self.client.identity) if spec.store == "none" else None), True
         return process_cache(spec.client.service), False
+
+
+def _watch_keys(lanes: list[KeyLane], records: list[KeyRecord], stats: BatchStats, mode: int) -> None:
+    """The stats a run's keys are read by; a key whose record knows its quota spent starts out of the
+    run until it resets."""
+    stats.timeline = stats.timeline or Timeline(0.0)
+    stats.timeline.rpm = sum(lane.pacer.ceiling for lane in lanes)  # the plan the chart draws
+    stats.pacer = lanes[0].pacer if len(lanes) == 1 else Pacers(lanes)
+    stats.first_request = records[0].describe(mode)
+    if len(lanes) > 1:
+        alone = sum(1 for record in records if record.proven(mode) is None)
+        stats.first_request = f"{len(lanes)} keys: {alone} send their first request alone, all at once"
+    for lane in lanes:
+        spent = lane.record.quota_spent() if lane.record is not None else None
+        if spent is not None:
+            lane.spent = spent
+            lane.out_until = lane.pacer.now() + (spent.until - time.time())
+
+
+async def _open_key(
+    stack: AsyncExitStack, spec: RunSpec, plan: KeyPlan | None
+) -> tuple[AsyncClient, Budget, str, KeyPlan | None]:
+    """One key's client and budget (checked: an unusable budget is one line before anything is
+    sent), closed with the run's pieces; and the key's hash."""
+    kwargs = spec.client.client_kwargs()
+    if plan is not None:
+        kwargs["api_key"] = plan.key.reveal()
+    client = AsyncClient(**kwargs)
+    stack.push_async_callback(client.aclose)
+    budget = open_budget(spec.budget, client.identity)
+    stack.push_async_callback(budget.aclose)
+    await budget.check()
+    return client, budget, plan.hash if plan is not None else spec_key_hash(spec), plan

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Iterable
 from contextlib import ExitStack
 from typing import Any
@@ -14,37 +15,95 @@ from ..data.scopes import look_at_store
 from ..data.stores import StoreError
 from ..engine.plan import BatchPlan, plan_batch
 from ..pacing import KeyRecord
-from ..pacing.budget import open_budget
+from ..pacing.budget import Budget, open_budget
+from ..pacing.quota import utc, window_name
 from ..service.client import AsyncClient
 from ..service.errors import BudgetError, ConfigurationError
-from ..service.settings import AUTO_MAX_RPM
+from ..service.keys import KeyPlan
+from ..service.settings import AUTO_MAX_RPM, describe_rate
 from .binding import spec_key_hash
 from .spec import RunSpec
 
 __all__ = ["dry_run", "estimate"]
 
 
-async def _budget_lines(spec: RunSpec) -> tuple[str, KeyRecord | None]:
+async def _budget_lines(spec: RunSpec) -> tuple[str, KeyRecord | None, list[str]]:
     """Which budget a run would join, how many starts it had in the last minute (others' runs), and
-    whether the run's first request would go alone; and the key's record at its service."""
+    whether the run's first request would go alone; and the key's record at its service. With several
+    keys, a line for each (its hash, source, limit, first request, quota) besides."""
     if spec.client.local:
         return (
-            "budget:           the local service's own fresh key: no other run uses it\n"
-            "first request:    alone: the local service's key is new"
-        ), None
-    async with AsyncClient(**spec.client.client_kwargs()) as client:
-        budget = open_budget(spec.budget, client.identity)
-        try:
-            seen = await budget.look()
-            record = await KeyRecord.recall(budget, spec_key_hash(spec), spec.client.service)
-        finally:
-            await budget.aclose()
-    pause = f"; paused {seen.paused_for:.0f} s more: {seen.pause_reason}" if seen.paused_for > 0 else ""
+            (
+                "budget:           the local service's own fresh key: no other run uses it\n"
+                "first request:    alone: the local service's own key is new"
+            ),
+            None,
+            [],
+        )
+    lines, first_record, first_seen = [], None, None
+    for plan in spec.keys or (None,):
+        kwargs = spec.client.client_kwargs()
+        if plan is not None:
+            kwargs["api_key"] = plan.key.reveal()
+        async with AsyncClient(**kwargs) as client:
+            budget = open_budget(spec.budget, client.identity)
+            try:
+                seen = await budget.look()
+                key = plan.hash if plan is not None else spec_key_hash(spec)
+                record = await KeyRecord.recall(budget, key, spec.client.service)
+                quota = await _quota_left(spec, plan, budget, record)
+            finally:
+                await budget.aclose()
+        if first_record is None:
+            first_record, first_seen, where = record, seen, budget.where
+        rpm, auto = plan.limit(spec.rpm, spec.auto) if plan is not None else (spec.rpm, spec.auto)
+        limit = describe_rate(rpm, auto)
+        shown = f"{limit:g}/min" if isinstance(limit, float) else limit
+        source = f" ({plan.source})" if plan is not None else ""
+        lines.append(
+            f"key {key}{source}: {shown}; first request {record.describe(spec.params.mode)}; "
+            f"{seen.starts} started on its budget in the last minute by other runs" + (f"; {quota}" if quota else "")
+        )
+    assert first_record is not None and first_seen is not None
+    pause = (
+        f"; paused {first_seen.paused_for:.0f} s more: {first_seen.pause_reason}" if first_seen.paused_for > 0 else ""
+    )
+    if len(lines) > 1:
+        return (
+            (
+                f"budget:           {where}, one for each key\n"
+                f"first request:    each key's first request goes alone, every key's at once (a wrong key costs one "
+                "request per key), unless the key is proven"
+            ),
+            first_record,
+            lines,
+        )
     return (
-        f"budget:           {budget.where}; {seen.starts} requests started on it in the last minute "
-        f"by other runs with this key{pause}\n"
-        f"first request:    {record.describe(spec.params.mode)}"
-    ), record
+        (
+            f"budget:           {where}; {first_seen.starts} requests started on it in the last minute "
+            f"by other runs with this key{pause}\n"
+            f"first request:    {first_record.describe(spec.params.mode)}"
+        ),
+        first_record,
+        lines,
+    )
+
+
+async def _quota_left(spec: RunSpec, plan: KeyPlan | None, budget: Budget, record: KeyRecord) -> str:
+    """What is known of the key's quota: spent until when, about how many left until when, or ""."""
+    spent = record.quota_spent()
+    if spent is not None:
+        return f"its {spent.describe()}: the run would not send on it before then"
+    quota = plan.quota if plan is not None and plan.quota is not None else spec.quota
+    if quota is not None:
+        period, _, end = quota.window(time.time())
+        left = max(0, quota.limit - await budget.quota_used(period))
+        return f"about {left} left in this key's {quota.name} until {utc(end)}"
+    stated = record.quota()
+    if stated is not None and stated.get("remaining") is not None:
+        name = f"{window_name(stated.get('window'))} quota" + (f" of {stated['limit']}" if stated.get("limit") else "")
+        return f"about {stated['remaining']} left in this key's {name} until {utc(stated['reset_at'])} (stated)"
+    return ""
 
 
 def _limit_line(spec: RunSpec, record: KeyRecord | None) -> tuple[str, float | None]:
@@ -98,14 +157,18 @@ def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
         journal, store, store_line = _stores(spec, stack)
         batch = plan_batch(texts, params=spec.params, store=journal, shared=store, long_texts_policy=spec.long_texts)
     record: KeyRecord | None = None
+    keys: list[str] = []
     try:
-        budget, record = asyncio.run(_budget_lines(spec))
+        budget, record, keys = asyncio.run(_budget_lines(spec))
     except BudgetError as exc:
         budget = f"budget:           not usable ({exc})"
     except ConfigurationError as exc:
         budget = f"budget:           not known ({exc})"
     limit, rate = _limit_line(spec, record) if spec.auto else ("", spec.rpm)
-    plan = batch.describe(rate)
+    if len(spec.keys) > 1:
+        rates = [plan.limit(spec.rpm, spec.auto) for plan in spec.keys]
+        rate = None if any(auto for _, auto in rates) else sum(rpm for rpm, _ in rates)
+    plan = batch.describe(rate, first=max(1, len(spec.keys)))
     most = batch.to_send + batch.reduce_max
     bound = " (at most; long texts' reduce requests are a bound)" if batch.reduce_max else ""
     needed = f"requests needed:  {most} paid requests for the whole job{bound} (more only for retries)"
@@ -114,7 +177,14 @@ def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
         needed += f"; at max_requests {spec.max_requests}: {runs} run{'s' if runs != 1 else ''}"
     if spec.sample is not None:
         needed += f"; a sample sends at most {min(spec.sample, batch.rows)}"
+    if len(keys) == 1 and "left in this key's" in keys[0]:
+        needed += "; " + keys[0].rsplit("; ", 1)[1]
     plan = f"{plan}\n{needed}"
     if limit:
         plan = f"{plan}\n{limit}"
+    if len(keys) > 1:
+        plan += (
+            f"\nkeys:             {len(keys)}, the requests spread over them by free capacity (the time above is "
+            "at their summed limits, each key's lone first request going at once)\n" + "\n".join(keys)
+        )
     return f"{plan}\n{store_line}\n{budget}"

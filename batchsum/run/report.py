@@ -31,7 +31,7 @@ __all__ = [
     "REPORT_SCHEMA",
 ]
 
-REPORT_SCHEMA = "batchsum-run-report/1"  # bumped only by a change that breaks a reader
+REPORT_SCHEMA = "batchsum-run-report/2"  # bumped only by a change that breaks a reader (2: several keys)
 
 
 def _iso(wall: float) -> str:
@@ -76,8 +76,10 @@ def run_report(
     started_at: float,
     ended_at: float,
     error: BaseException | None = None,
+    keys: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """The run report as plain data (JSON-able), schema ``docs/run-report.schema.json``.
+    ``keys``: each key of the run as ``engine.keys.KeyLane.describe`` gives it (its hash, never the key).
 
     ``started_at`` / ``ended_at``: wall-clock times. ``error``: what ended the run, if not its end:
     a stop (a signal, the request cap, a refused key, a broken input, a journal: ``stopped``) or
@@ -95,6 +97,8 @@ def run_report(
         timeline["total"] = stats.total
     auto = stats.pacer.auto if stats.pacer is not None else None
     rpm = auto.limit() if auto is not None else float(options.get("rpm") or 0.0)  # under auto: the limit in force
+    if len(keys) > 1:  # several keys: the plan is the sum of their limits
+        rpm = float(sum(key["limit"] or 0.0 for key in keys))
     share = float(options.get("share") or 1.0)
     minutes = max(ended_at - started_at, 1e-9) / 60
     per_minute = stats.paid / minutes
@@ -143,6 +147,7 @@ def run_report(
         },
         "latency": _latency(stats.latencies),
         "pace": _pace(stats),
+        "keys": list(keys),
         "timeline": timeline,
     }
 
@@ -226,9 +231,24 @@ def merge_reports(reports: Sequence[dict[str, Any]], *, run_id: str) -> dict[str
         "limit_source": next((p["limit_source"] for p in paces if p.get("limit_source")), None),
         "probe_rate_limited": sum(p.get("probe_rate_limited", 0) for p in paces),
     }
+    merged["keys"] = _merged_keys([r.get("keys") or [] for r in reports])
     merged["timeline"] = None
     merged["partitions"] = len(reports)
     return merged
+
+
+def _merged_keys(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The partitions' keys, one entry per key: counts summed, the first refusal and quota said."""
+    merged: dict[str, dict[str, Any]] = {}
+    for keys in parts:
+        for key in keys:
+            entry = merged.setdefault(key["hash"], dict(key))
+            if entry is not key:
+                entry["requests"] += key["requests"]
+                entry["rate_limited"] += key["rate_limited"]
+                for name in ("refusal", "quota", "quota_spent_until"):
+                    entry[name] = entry.get(name) or key.get(name)
+    return list(merged.values())
 
 
 def write_report(path: str | os.PathLike[str], report: dict[str, Any], *, shared: bool = False) -> None:
@@ -269,6 +289,17 @@ def _write_json(path: str, data: dict[str, Any]) -> None:
     os.replace(temporary, path)
 
 
+def _key_line(key: dict[str, Any]) -> str:
+    """``3f2a9c1b7d0e (keys.txt line 2): 120/min configured, 41 requests, 0 429s; refused: ...``."""
+    limit = f"{key['limit']:g}/min {key['limit_source'] or ''}".strip() if key.get("limit") else "unpaced"
+    line = f"{key['hash']} ({key['source']}): {limit}, {key['requests']} requests, {key['rate_limited']} 429s"
+    if key.get("refusal"):
+        line += f"; refused: {key['refusal']}"
+    if key.get("quota"):
+        line += f"; {key['quota']}"
+    return line
+
+
 def describe_report(report: dict[str, Any]) -> str:
     """The report for a person (``batchsum report run.json``)."""
     rows, requests, latency = report["rows"], report["requests"], report["latency"]
@@ -307,6 +338,11 @@ def describe_report(report: dict[str, Any]) -> str:
         f"pauses:       {len(report['pauses'])}",
         f"utilization:  {use}",
         f"latency:      {latencies}",
+        *(
+            f"key:          {_key_line(key)}"
+            for key in report.get("keys") or []
+            if len(report["keys"]) > 1 or key.get("refusal")
+        ),
         "versions:     " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
     ]
     return "\n".join(lines)

@@ -187,6 +187,7 @@ class Run:
             stats=self.stats,
             pacer=self.pacer,
             on_result=self._result,
+            lanes=self.pieces.lanes,
         )
 
     async def write_dataset(self, source: DatasetInput, batch_rows: int | None = None) -> None:
@@ -236,7 +237,7 @@ async def summarize_texts(
     type: Any = None,
     *,
     output_column: str = "summary",
-    api_key: str | None = None,
+    api_key: str | list[str] | None = None,
     base_url: str | None = None,
     local: bool = False,
     timeout: float = DEFAULT_TIMEOUT,
@@ -256,6 +257,8 @@ async def summarize_texts(
     sample: int | None = None,
     share: float = 1.0,
     report: str | os.PathLike[str] | None = None,
+    keys: str | os.PathLike[str] | None = None,
+    quota: str | None = None,
     stats: BatchStats | None = None,
     on_result: Callable[[BatchStats], None] | None = None,
     results: list[RowResult] | None = None,

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..service import contract
 from ..service.errors import redact_location
+from ..service.keys import ENV_API_KEYS, KeyPlan, Quota, parse_quota, resolve_keys
 from ..service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from ..service.settings import *  # noqa: F403  (every check and setting this module had, as the same objects)
 from ..service.settings import (
@@ -74,6 +75,9 @@ __all__ = [
     "ENV_RPM",
     "ENV_BUDGET",
     "ENV_STORE",
+    "ENV_API_KEYS",
+    "KeyPlan",
+    "Quota",
     "DEFAULT_RPM",
     "ENCODINGS",
     "LONG_TEXT_POLICIES",
@@ -205,6 +209,21 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "write a JSON run report here when the run ends, however it ends (schema: docs/run-report.schema.json)",
     ),
+    Option(
+        "keys",
+        None,
+        f"a file of API keys, one a line: KEY [RPM|auto] [quota=N/hour|day|month] (refused if group or others may "
+        f"read it); default ${ENV_API_KEYS} (keys separated by commas or spaces), else ${ENV_API_KEY}. Each key "
+        "paces on its own budget under its own limit (rpm unless the line says), and the run spreads its requests "
+        "over them; a key refused (401) or out of quota leaves the run, which goes on with the others",
+    ),
+    Option(
+        "quota",
+        None,
+        "each key's quota of paid requests in a UTC calendar hour, day or month (N/hour, N/day, N/month; a key "
+        "file's quota= wins), counted on the key's budget by every run on it; spent, the key leaves the run "
+        "until the period ends, and with every key spent the run stops (the same command then continues)",
+    ),
 )
 OPTION_NAMES = tuple(option.name for option in OPTIONS)
 
@@ -223,7 +242,8 @@ EXCEPTIONS: dict[str, Difference] = {
     "api_key": Difference(
         ("cli",),
         "absent",
-        f"the CLI reads the key from ${ENV_API_KEY} only: a key on the command line shows in ps and shell history",
+        f"the CLI reads keys from --keys FILE, ${ENV_API_KEYS} or ${ENV_API_KEY} only: a key on the command line "
+        "shows in ps and shell history",
     ),
     "limiter": Difference(
         ("cli", "dask", "spark", "ray"),
@@ -295,6 +315,8 @@ class RunSpec:
     sample: int | None = None
     share: float = 1.0
     report: str | None = None
+    keys: tuple[KeyPlan, ...] = ()  # every key (the first is ``client.api_key``); none with the local service
+    quota: Quota | None = None  # each key's quota, unless its line in the key file says otherwise
     # Which run a share belongs to: None, a fresh one per Run; prepare_shared names one for all the
     # partitions of a Dask or Spark job, so that together they use at most their share.
     run_id: str | None = None
@@ -327,14 +349,17 @@ class RunSpec:
         sample: int | None = None,
         share: float = 1.0,
         report: str | os.PathLike[str] | None = None,
+        keys: str | os.PathLike[str] | None = None,
+        quota: str | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> RunSpec:
         """Every option as the Python front-ends take it; ``environ`` replaces ``os.environ``.
         Raises ``InvalidParameterError``, ``ConfigurationError`` or ``BudgetError`` naming the option."""
         env = environment(environ)
         params = check_params(mode, percentage, type)
+        plans = () if local is True else resolve_keys(api_key, None if keys is None else check_path("keys", keys), env)
         client = client_settings(
-            api_key,
+            plans[0].key if plans else api_key,
             base_url,
             local=local,
             timeout=timeout,
@@ -365,6 +390,8 @@ class RunSpec:
             sample=check_whole("sample", sample, allow_none=True),
             share=check_share(share, 0.0 if auto else rate),
             report=None if report is None else check_path("report", report),
+            keys=plans,
+            quota=parse_quota(quota),
         )
 
     @classmethod
@@ -375,10 +402,10 @@ class RunSpec:
         values["progress"] = not getattr(args, "quiet", False)
         values.pop("api_key", None)
         env = environment(environ)
-        if key_required or values.get("local") or env.get(ENV_API_KEY, "").strip():
+        if key_required or values.get("local") or values.get("keys") or _any_key(env):
             return cls.from_kwargs(**values, environ=env)
         spec = cls.from_kwargs(**values, api_key="-", environ=env)
-        return spec.replace(client=dataclasses.replace(spec.client, api_key=None))
+        return spec.replace(client=dataclasses.replace(spec.client, api_key=None), keys=())
 
     @classmethod
     def from_options(cls, values: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> RunSpec:
@@ -403,7 +430,7 @@ class RunSpec:
 
 
 def describe_spec(spec: RunSpec) -> dict[str, Any]:
-    """``RunSpec.describe``: the options as plain data, the key never, locations redacted."""
+    """``RunSpec.describe``: the options as plain data, the key never (its hash and source), locations redacted."""
     return {
         "mode": int(spec.params.mode),
         "percentage": spec.params.percentage,
@@ -422,4 +449,13 @@ def describe_spec(spec: RunSpec) -> dict[str, Any]:
         "sample": spec.sample,
         "share": spec.share,
         "report": spec.report,
+        "keys": [
+            {"hash": plan.hash, "source": plan.source, "rpm": plan.rate, "quota": plan.quota and str(plan.quota)}
+            for plan in spec.keys
+        ],
+        "quota": None if spec.quota is None else str(spec.quota),
     }
+
+
+def _any_key(env: Mapping[str, str]) -> bool:
+    return bool(env.get(ENV_API_KEY, "").strip() or env.get(ENV_API_KEYS, "").strip())

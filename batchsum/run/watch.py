@@ -40,7 +40,8 @@ class Watch:
 
     def start(self) -> None:
         """The pieces are open: metrics, the bar's refreshes, the watch for pauses, the start event."""
-        spec, stats, pacer = self.spec, self.stats, self.pieces.pacer
+        spec, stats = self.spec, self.stats
+        pacer = stats.pacer or self.pieces.pacer  # over several keys, the sum of their paces
         stats.telemetry = self._metrics = Metrics.open(self.run_id, lambda: pacer.pace, __version__)
         if spec.progress:
             self._ticker = asyncio.ensure_future(self.pieces.bar.follow(stats))
@@ -51,6 +52,7 @@ class Watch:
             run_id=self.run_id,
             total=stats.total,
             options=spec.describe(),
+            keys=[lane.describe() for lane in self.pieces.lanes],
         )
 
     async def stop(self) -> None:
@@ -74,6 +76,7 @@ class Watch:
             started_at=started_at,
             ended_at=time.time(),
             error=error,
+            keys=[lane.describe() for lane in self.pieces.lanes],
         )
 
     def end(self, report: dict[str, Any]) -> None:
@@ -99,6 +102,7 @@ class Watch:
             rows=report["rows"],
             requests={k: v for k, v in report["requests"].items() if k != "by_outcome"},
             seconds=report["seconds"],
+            keys=report["keys"],
         )
 
     def pace_changed(self, change: PaceChange) -> None:
@@ -130,7 +134,7 @@ class Watch:
                 self._progress()
 
     def _progress(self) -> None:
-        stats, pacer = self.stats, self.pieces.pacer
+        stats, pacer = self.stats, self.stats.pacer or self.pieces.pacer
         event(
             "progress",
             f"{stats.done}/{stats.total if stats.total is not None else '?'} rows; {stats.paid} paid requests",
@@ -144,4 +148,5 @@ class Watch:
             rate_limited=stats.outcomes["rate_limited"],
             pace=round(pacer.pace, 3),
             in_flight=pacer.in_flight.on_wire,
+            keys=[lane.describe() for lane in self.pieces.lanes] if len(self.pieces.lanes) > 1 else None,
         )

@@ -6,6 +6,8 @@ means to a person (``explain``, ``one_line``).
     ├── InputError                     (also a ValueError) a missing column, an unreadable file, ...
     │   └── BrokenInputError           an input that broke after rows were read: the run stops there
     ├── JournalError                   the journal cannot be written or read: the run stops
+    ├── RequestCapReached              the request cap (max_requests) was reached: the run stops
+    │   └── QuotaSpent                 every key's quota longer than a minute is spent: the run stops
     ├── BudgetError                    the shared rate budget cannot be used (unreachable, bad URL)
     ├── InvalidParameterError          (also a ValueError) refused locally, nothing was sent
     │   └── InvalidTextError           the text is outside the word limits; .reason: empty|too_short|too_long
@@ -54,6 +56,7 @@ __all__ = [
     "JournalError",
     "BudgetError",
     "RequestCapReached",
+    "QuotaSpent",
     "InvalidParameterError",
     "InvalidTextError",
     "APIError",
@@ -122,6 +125,32 @@ class RequestCapReached(BatchsumError):
         self.remaining = remaining
         self.args = (self._text(),)
         return self
+
+
+class QuotaSpent(RequestCapReached):
+    """Every key of the run has spent a quota longer than a minute (stated by the service, a 429
+    asking for longer than ``max_wait``, or configured with ``quota``): the run stops as at the
+    request cap (every row gets a record, the unsent ones ``failed`` with ``not_sent``); the same
+    run again once a quota resets continues. ``spent``: (key hash, what quota, until: Unix time)."""
+
+    def __init__(self, spent: list[tuple[str, str, float]], remaining: int | None = None) -> None:
+        self.spent = spent
+        super().__init__(0, remaining)
+
+    @property
+    def resets_at(self) -> float:
+        """When the first key comes back (Unix time)."""
+        return min(until for _, _, until in self.spent)
+
+    def _text(self) -> str:
+        import datetime
+
+        def utc(wall: float) -> str:
+            return datetime.datetime.fromtimestamp(wall, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+        keys = "; ".join(f"key {key}: its {name} is spent until {utc(until)}" for key, name, until in self.spent)
+        left = f"; {self.remaining} rows remain" if self.remaining is not None else ""
+        return f"every key's quota is spent ({keys}){left}"
 
 
 class BudgetError(BatchsumError):

@@ -1,5 +1,6 @@
-"""What a service's rate-limit headers state (``RateStatement``: its quota and the room left), read by
-the specifications and by what services send; what is not fully understood is ignored, never guessed.
+"""What a service's rate-limit headers state (``RateStatement``: its per-minute limit and the room left
+in it, a quota longer than a minute and the room left in that, the raw ``Retry-After``), read by the
+specifications and by what services send; what is not fully understood is ignored, never guessed.
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["RateStatement", "parse_rate_headers", "FORMS", "MAX_PER_MINUTE", "MAX_RESET"]
+from .structured import Item, read_dictionary, read_list
+
+__all__ = ["RateStatement", "parse_rate_headers", "FORMS", "MAX_PER_MINUTE", "MAX_RESET", "MINUTE_BOUND"]
 
 MAX_PER_MINUTE = 1_000_000  # a stated rate above this is garbage, not a plan
-MAX_RESET = 86_400.0  # seconds; a reset (or a quota's window) beyond a day says nothing about a pace
+MAX_RESET = 31 * 86_400.0  # seconds; a reset, a quota's window or a Retry-After beyond a month is not read
+MINUTE_BOUND = 60.0  # a window (or, with none, a reset) at most this long states a per-minute limit; longer, a quota
 UNIX_AFTER = 1e9  # an X-RateLimit-Reset this large is a Unix time (2001 on), not a delay
 KONG_WINDOWS = {"second": 1, "minute": 60, "hour": 3600, "day": 86_400}
 
@@ -26,10 +30,15 @@ FORMS = ("draft-06", "list", "draft-07", "structured", "x-ratelimit", "openai", 
 class RateStatement:
     """What one answer's rate-limit headers state.
 
-    ``limit`` requests per ``window`` seconds (the quota; ``window`` None: not stated, and read per
-    minute, the plan's unit); ``remaining`` requests left before ``reset`` seconds from the answer;
-    ``form``: the form read (one of ``FORMS``), or two joined by ``+`` when the quota and the room
-    came from different forms (Kong's windows with its ``RateLimit-Reset``: ``kong+draft-06``).
+    The per-minute part (what pacing reads as a limit and as room; never a quota): ``limit``
+    requests per ``window`` seconds (at most ``MINUTE_BOUND``; ``window`` None: not stated, read per
+    minute), and ``remaining`` requests left before ``reset`` seconds (at most ``MINUTE_BOUND``).
+    A quota longer than a minute (a window over ``MINUTE_BOUND``, or no window and a reset over it):
+    ``quota`` requests per ``quota_window`` seconds (None: not stated), ``quota_remaining`` of them
+    left until ``quota_reset`` seconds from the answer. ``retry_after``: the ``Retry-After`` as the
+    service said it, in seconds (up to ``MAX_RESET``; the client's retry policy clamps its own copy).
+    ``form``: the forms read (each of ``FORMS``), joined by ``+`` when several contributed
+    (Kong's windows with its ``RateLimit-Reset``: ``kong+draft-06``).
     """
 
     limit: float | None = None
@@ -37,18 +46,28 @@ class RateStatement:
     remaining: int | None = None
     reset: float | None = None
     form: str = ""
+    quota: int | None = None
+    quota_window: float | None = None
+    quota_remaining: int | None = None
+    quota_reset: float | None = None
+    retry_after: float | None = None
 
     @property
     def per_minute(self) -> float | None:
-        """The quota in requests a minute; a limit with no stated window is per minute."""
+        """The per-minute limit in requests a minute (never a quota's); no stated window is per minute."""
         if self.limit is None:
             return None
         return self.limit * 60.0 / self.window if self.window else float(self.limit)
 
     @property
     def room(self) -> bool:
-        """True when the answer states the room left: ``remaining`` requests before ``reset``."""
+        """True when the answer states the room left in the per-minute limit: ``remaining`` before ``reset``."""
         return self.remaining is not None and self.reset is not None
+
+    @property
+    def quota_room(self) -> bool:
+        """True when the answer states the room left in a quota: ``quota_remaining`` before ``quota_reset``."""
+        return self.quota_remaining is not None and self.quota_reset is not None
 
 
 def parse_rate_headers(headers: Mapping[str, str], now: Callable[[], float] = time.time) -> RateStatement | None:
@@ -76,12 +95,19 @@ def parse_rate_headers(headers: Mapping[str, str], now: Callable[[], float] = ti
 
     Numbers are structured-field Integers (at most 15 digits; no sign, exponent or separator) and,
     for a reset, Decimals; ``6e2``, ``-5``, ``NaN``, ``inf``, ``1,000`` and words are ignored. A
-    quota is dropped when its rate is not positive or over ``MAX_PER_MINUTE`` or its window is over
-    a day; a reset when it is not positive or over a day (``MAX_RESET``), or a Unix time or date in
-    the past. Several quotas (a list, several policies, several forms): the most restrictive rate
-    among those with a stated window; a limit with no window (per minute) only when none states
-    one. Several statements of room: the fewest requests left (the latest reset among equals), a
-    whole statement (remaining and reset) before a partial one.
+    limit is dropped when its rate is not positive or over ``MAX_PER_MINUTE`` or its window is over
+    31 days; a reset when it is not positive or over 31 days (``MAX_RESET``), or a Unix time or date
+    in the past; so is a ``Retry-After`` (seconds or an HTTP date).
+
+    Per minute or a quota: a limit whose window is at most ``MINUTE_BOUND`` (60 s) is per minute;
+    one with no window is per minute unless the room its form states resets more than 60 s away,
+    and then it is a quota; anything else is a quota. Room that resets more than 60 s away (or is
+    stated for a window over a minute, as Kong's ``-Day``) is a quota's, never per-minute room.
+    Several per-minute limits (a list, several policies, several forms): the most restrictive rate
+    among those with a stated window; a limit with no window only when none states one. Several
+    quotas: the one whose window holds the room stated for quotas (the smallest such), else the most
+    restrictive rate. Several statements of room: the fewest requests left (the latest reset among
+    equals), a whole statement (remaining and reset) before a partial one.
     """
     fields: dict[str, str] = {}
     for name, value in headers.items():
@@ -93,6 +119,7 @@ def parse_rate_headers(headers: Mapping[str, str], now: Callable[[], float] = ti
     _read_x_ratelimit(fields, reading)
     _read_openai(fields, reading)
     _read_kong(fields, reading)
+    _read_retry_after(fields, reading)
     return reading.statement()
 
 
@@ -102,27 +129,27 @@ def parse_rate_headers(headers: Mapping[str, str], now: Callable[[], float] = ti
 def _read_ietf(fields: dict[str, str], reading: _Reading) -> None:
     """``RateLimit-Limit/-Remaining/-Reset`` (drafts 00-06), ``RateLimit`` as a dictionary (draft-07)
     or as a list of service limits (08 on), and ``RateLimit-Policy`` in either shape."""
-    dictionary = _dictionary(fields.get("ratelimit"))
+    dictionary = read_dictionary(fields.get("ratelimit"))
     if dictionary is not None and not {"limit", "remaining", "reset"} & dictionary.keys():
         dictionary = None  # a list of service limits named by tokens also parses as a dictionary
     units: dict[str, object] = {}  # the structured policies by name: the unit each counts
-    for value, params in _list(fields.get("ratelimit-policy")) or []:
+    for value, params in read_list(fields.get("ratelimit-policy")) or []:
         if isinstance(value, str):  # drafts 08 on: "name";q=100;w=60
             units[value] = params.get("qu", "requests")
             if units[value] == "requests":
                 reading.quota("structured", params.get("q"), params)
         elif "w" in params:  # drafts 04-07: 100;w=60 (the window is required)
             reading.quota("draft-06" if dictionary is None else "draft-07", value, params)
-    for value, params in _list(fields.get("ratelimit-limit")) or []:
+    for value, params in read_list(fields.get("ratelimit-limit")) or []:
         reading.quota("list" if "w" in params else "draft-06", value, params)
-    remaining, reset = _list(fields.get("ratelimit-remaining")), _list(fields.get("ratelimit-reset"))
+    remaining, reset = read_list(fields.get("ratelimit-remaining")), read_list(fields.get("ratelimit-reset"))
     if remaining is not None or reset is not None:
         reading.room("draft-06", _fewest(remaining), _latest(reset))
     if dictionary is not None:
         reading.quota("draft-07", _member(dictionary, "limit"), {})
         reading.room("draft-07", _count(_member(dictionary, "remaining")), _delay(_member(dictionary, "reset")))
         return
-    for value, params in _list(fields.get("ratelimit")) or []:
+    for value, params in read_list(fields.get("ratelimit")) or []:
         if isinstance(value, str) and units.get(value, "requests") == "requests" and "r" in params:
             reading.room("structured", _count(params["r"]), _delay(params["t"]) if "t" in params else None)
 
@@ -130,18 +157,18 @@ def _read_ietf(fields: dict[str, str], reading: _Reading) -> None:
 def _read_x_ratelimit(fields: dict[str, str], reading: _Reading) -> None:
     """``X-RateLimit-Limit/-Remaining/-Reset`` and the ``X-Rate-Limit-*`` spelling."""
     for prefix in ("x-ratelimit-", "x-rate-limit-"):
-        for value, params in _list(fields.get(prefix + "limit")) or []:
+        for value, params in read_list(fields.get(prefix + "limit")) or []:
             reading.quota("x-ratelimit", value, params)
-        remaining, reset = _list(fields.get(prefix + "remaining")), fields.get(prefix + "reset")
+        remaining, reset = read_list(fields.get(prefix + "remaining")), fields.get(prefix + "reset")
         if remaining is not None or reset is not None:
             reading.room("x-ratelimit", _fewest(remaining), None if reset is None else reading.until(reset))
 
 
 def _read_openai(fields: dict[str, str], reading: _Reading) -> None:
     """``x-ratelimit-limit-requests`` / ``-remaining-requests`` / ``-reset-requests`` (a Go duration)."""
-    for value, _ in _list(fields.get("x-ratelimit-limit-requests")) or []:
+    for value, _ in read_list(fields.get("x-ratelimit-limit-requests")) or []:
         reading.quota("openai", value, {})
-    remaining, reset = _list(fields.get("x-ratelimit-remaining-requests")), fields.get("x-ratelimit-reset-requests")
+    remaining, reset = read_list(fields.get("x-ratelimit-remaining-requests")), fields.get("x-ratelimit-reset-requests")
     if remaining is not None or reset is not None:
         durations = [_go_duration(part) for part in (reset or "").split(",")]
         longest = None if None in durations else max(d for d in durations if d is not None)
@@ -151,10 +178,26 @@ def _read_openai(fields: dict[str, str], reading: _Reading) -> None:
 def _read_kong(fields: dict[str, str], reading: _Reading) -> None:
     """Kong's ``X-RateLimit-Limit-<Window>`` and ``X-RateLimit-Remaining-<Window>``."""
     for name, window in KONG_WINDOWS.items():
-        for value, _ in _list(fields.get(f"x-ratelimit-limit-{name}")) or []:
+        for value, _ in read_list(fields.get(f"x-ratelimit-limit-{name}")) or []:
             reading.quota("kong", value, {"w": window})
-        if (remaining := _list(fields.get(f"x-ratelimit-remaining-{name}"))) is not None:
-            reading.room("kong", _fewest(remaining), None)
+        if (remaining := read_list(fields.get(f"x-ratelimit-remaining-{name}"))) is not None:
+            reading.room("kong", _fewest(remaining), None, window)
+
+
+def _read_retry_after(fields: dict[str, str], reading: _Reading) -> None:
+    """``Retry-After`` (seconds, or an HTTP date) and ``retry-after-ms``, as the service said them."""
+    if (text := fields.get("retry-after-ms")) is not None:
+        number = read_list(text)
+        if number is not None and len(number) == 1 and (value := _delay(number[0][0])) is not None:
+            reading.retry_after = value / 1000.0
+            return
+    if (text := fields.get("retry-after")) is not None:
+        text = text.strip(" \t")
+        date = _unix_date(text)
+        if date is not None:
+            reading.retry_after = date - reading.now()
+        elif text.isascii() and text.isdigit() and len(text) <= 15:
+            reading.retry_after = float(text)
 
 
 # -- what was read, checked as it comes; the most restrictive of it ---------------------------------------
@@ -176,22 +219,30 @@ class _Room:
     form: str
     remaining: int | None
     reset: float | None
+    window: int | None = None  # the window it is stated for, when the name says it (Kong's)
+
+    @property
+    def long(self) -> bool:
+        """The room of a quota: it resets (or its window ends) more than a minute away."""
+        longest = max(self.reset or 0.0, float(self.window or 0))
+        return longest > MINUTE_BOUND
 
 
 class _Reading:
     """Quotas and statements of room gathered from every form present, each checked as it comes."""
 
-    __slots__ = ("quotas", "rooms", "_clock", "_now")
+    __slots__ = ("quotas", "rooms", "retry_after", "_clock", "_now")
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.quotas: list[_Quota] = []
         self.rooms: list[_Room] = []
+        self.retry_after: float | None = None
         self._clock = clock
         self._now: float | None = None
 
     def quota(self, form: str, limit: object, params: Mapping[str, object]) -> None:
         """``limit`` per ``params["w"]`` seconds (absent: not stated); dropped unless both are
-        counts, the window at most a day and the rate positive and at most ``MAX_PER_MINUTE``."""
+        counts, the window at most 31 days and the rate positive and at most ``MAX_PER_MINUTE``."""
         count, window = _count(limit), _count(params["w"]) if "w" in params else None
         if count is None or count == 0 or ("w" in params and (window is None or not 0 < window <= MAX_RESET)):
             return
@@ -199,18 +250,18 @@ class _Reading:
         if quota.per_minute <= MAX_PER_MINUTE:
             self.quotas.append(quota)
 
-    def room(self, form: str, remaining: int | None, reset: float | None) -> None:
+    def room(self, form: str, remaining: int | None, reset: float | None, window: int | None = None) -> None:
         if reset is not None and not (math.isfinite(reset) and 0 < reset <= MAX_RESET):
             reset = None
         if remaining is not None or reset is not None:
-            self.rooms.append(_Room(form, remaining, reset))
+            self.rooms.append(_Room(form, remaining, reset, window))
 
     def until(self, text: str) -> float | None:
         """Seconds to an ``X-RateLimit-Reset``: a delay, a Unix time, or a date (the latest of several)."""
         dates = [_unix_date(part) for part in _DATES.split(text.strip(" \t"))]
         if None not in dates:
             return max(d for d in dates if d is not None) - self.now()
-        values = [_delay(value) for value, _ in _list(text) or [(None, {})]]
+        values = [_delay(value) for value, _ in read_list(text) or [(None, {})]]
         if None in values:
             return None
         return max(v - self.now() if v >= UNIX_AFTER else v for v in values if v is not None)
@@ -222,23 +273,47 @@ class _Reading:
         return self._now
 
     def statement(self) -> RateStatement | None:
-        stated = [q for q in self.quotas if q.window is not None]
-        quota = min(stated or self.quotas, key=lambda q: q.per_minute, default=None)
-        whole = [r for r in self.rooms if r.remaining is not None and r.reset is not None]
-        room = min(
-            whole or self.rooms,
-            key=lambda r: (math.inf if r.remaining is None else r.remaining, -(r.reset or 0.0)),
-            default=None,
-        )
-        if quota is None and room is None:
+        retry_after = self.retry_after if self.retry_after is not None and 0 < self.retry_after <= MAX_RESET else None
+        quota_forms = {room.form for room in self.rooms if room.long}  # forms whose bare limit is a quota
+        minute: list[_Quota] = []
+        longer: list[_Quota] = []
+        for each in self.quotas:
+            long = each.window > MINUTE_BOUND if each.window is not None else each.form in quota_forms
+            (longer if long else minute).append(each)
+        stated = [q for q in minute if q.window is not None]
+        limit = min(stated or minute, key=lambda q: q.per_minute, default=None)
+        room = _fewest_room([r for r in self.rooms if not r.long])
+        quota_room = _fewest_room([r for r in self.rooms if r.long])
+        holding = [q for q in longer if q.window is not None and quota_room and q.window >= (quota_room.reset or 0.0)]
+        quota: _Quota | None = min(holding, key=lambda q: q.window or 0) if holding else None
+        if quota is None:
+            windowed = [q for q in longer if q.window is not None]
+            quota = min(windowed or longer, key=lambda q: q.per_minute, default=None)
+        parts = (limit, room, quota, quota_room)
+        if all(part is None for part in parts) and retry_after is None:
             return None
         return RateStatement(
-            limit=None if quota is None else quota.limit,
-            window=None if quota is None else quota.window,
+            limit=None if limit is None else limit.limit,
+            window=None if limit is None else limit.window,
             remaining=None if room is None else room.remaining,
             reset=None if room is None else room.reset,
-            form="+".join(dict.fromkeys(x.form for x in (quota, room) if x is not None)),
+            form="+".join(dict.fromkeys(x.form for x in parts if x is not None)) or "retry-after",
+            quota=None if quota is None else quota.limit,
+            quota_window=None if quota is None else quota.window,
+            quota_remaining=None if quota_room is None else quota_room.remaining,
+            quota_reset=None if quota_room is None else quota_room.reset,
+            retry_after=retry_after,
         )
+
+
+def _fewest_room(rooms: list[_Room]) -> _Room | None:
+    """The statement of room with the fewest left (the latest reset among equals), a whole one first."""
+    whole = [r for r in rooms if r.remaining is not None and r.reset is not None]
+    return min(
+        whole or rooms,
+        key=lambda r: (math.inf if r.remaining is None else r.remaining, -(r.reset or 0.0)),
+        default=None,
+    )
 
 
 def _count(value: object) -> int | None:
@@ -253,17 +328,17 @@ def _delay(value: object) -> float | None:
     return None
 
 
-def _member(dictionary: dict[str, _Item], key: str) -> object:
+def _member(dictionary: dict[str, Item], key: str) -> object:
     return dictionary[key][0] if key in dictionary else None
 
 
-def _fewest(items: list[_Item] | None) -> int | None:
+def _fewest(items: list[Item] | None) -> int | None:
     """The fewest of a count's values (a field sent twice); None if any value is not a count."""
     counts = [_count(value) for value, _ in items or []]
     return None if not counts or None in counts else min(c for c in counts if c is not None)
 
 
-def _latest(items: list[_Item] | None) -> float | None:
+def _latest(items: list[Item] | None) -> float | None:
     """The longest of a delay's values; None if any value is not a delay."""
     delays = [_delay(value) for value, _ in items or []]
     return None if not delays or None in delays else max(d for d in delays if d is not None)
@@ -312,177 +387,3 @@ def _unix_date(text: str) -> float | None:
     except (ValueError, OverflowError):  # a 31st of February, an hour 25, an offset of a day
         return None
     return None
-
-
-# -- structured fields (RFC 8941): the Lists and Dictionaries these headers use ------------------------------
-
-_Item = tuple[object, dict[str, object]]  # a bare item and its parameters
-
-
-class _Malformed(Exception):
-    """Not a structured field: the whole field is ignored (RFC 8941, section 4.2)."""
-
-
-class _Token(str):
-    """A Token, as distinct from a String (either names a policy)."""
-
-
-def _list(text: str | None) -> list[_Item] | None:
-    """``text`` as a List of Items, or None when absent or malformed."""
-    if text is None:
-        return None
-    try:
-        return _StructuredField(text).list()
-    except _Malformed:
-        return None
-
-
-def _dictionary(text: str | None) -> dict[str, _Item] | None:
-    """``text`` as a Dictionary of Items, or None when absent or malformed."""
-    if text is None:
-        return None
-    try:
-        return _StructuredField(text).dictionary()
-    except _Malformed:
-        return None
-
-
-_TCHAR = frozenset("!#$%&'*+-.^_`|~:/0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-_KEY_FIRST = frozenset("abcdefghijklmnopqrstuvwxyz*")
-_KEY_CHAR = _KEY_FIRST | frozenset("0123456789_-.")
-_BASE64 = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
-_NUMBER = re.compile(r"-?([0-9]{1,15})(?:\.([0-9]{1,3}))?")
-_DIGIT_GROUP = re.compile(r"[0-9]{3}")
-
-
-class _StructuredField:
-    """One field value read left to right. Inner lists, Dates and Display Strings are used by none
-    of the forms and make a field malformed."""
-
-    __slots__ = ("text", "at")
-
-    def __init__(self, text: str) -> None:
-        self.text = text.strip(" \t")
-        self.at = 0
-
-    def list(self) -> list[_Item]:
-        members: list[_Item] = []
-        while self.at < len(self.text):
-            glued = self.at > 0 and self.text[self.at - 1] == ","
-            start = self.at
-            members.append((self.bare_item(), self.parameters()))
-            if glued and _DIGIT_GROUP.fullmatch(self.text, start, self.at):
-                raise _Malformed  # "1,000": a thousands separator, not a list of 1 and 0
-            if not self._next_member():
-                break
-        return members
-
-    def dictionary(self) -> dict[str, _Item]:
-        members: dict[str, _Item] = {}
-        while self.at < len(self.text):
-            key = self.key()
-            if self._peek() == "=":
-                self.at += 1
-                members[key] = (self.bare_item(), self.parameters())
-            else:
-                members[key] = (True, self.parameters())
-            if not self._next_member():
-                break
-        return members
-
-    def parameters(self) -> dict[str, object]:
-        params: dict[str, object] = {}
-        while True:
-            mark = self.at
-            self._skip(" \t")  # lenient: the first drafts' grammar allowed spaces before ";"
-            if self._peek() != ";":
-                self.at = mark
-                return params
-            self.at += 1
-            self._skip(" ")
-            key = self.key()
-            if self._peek() == "=":
-                self.at += 1
-                params[key] = self.bare_item()
-            else:
-                params[key] = True
-
-    def key(self) -> str:
-        start = self.at
-        if self._peek() not in _KEY_FIRST:
-            raise _Malformed
-        while self._peek() in _KEY_CHAR:
-            self.at += 1
-        return self.text[start : self.at]
-
-    def bare_item(self) -> object:
-        char = self._peek()
-        if char == "-" or "0" <= char <= "9":
-            return self._number()
-        if char == '"':
-            return self._string()
-        if char == "*" or ("a" <= char.lower() <= "z" and char.isascii()):
-            start = self.at
-            self.at += 1
-            while self._peek() in _TCHAR:
-                self.at += 1
-            return _Token(self.text[start : self.at])
-        if char == ":":
-            end = self.text.find(":", self.at + 1)
-            content = self.text[self.at + 1 : end]
-            if end < 0 or not set(content) <= _BASE64:
-                raise _Malformed
-            self.at = end + 1
-            return content.encode()
-        if char == "?" and self.text[self.at + 1 : self.at + 2] in ("0", "1"):
-            self.at += 2
-            return self.text[self.at - 1] == "1"
-        raise _Malformed
-
-    def _number(self) -> int | float:
-        match = _NUMBER.match(self.text, self.at)
-        if match is None:
-            raise _Malformed
-        whole, fraction = match.groups()
-        self.at = match.end()
-        if (fraction is not None and len(whole) > 12) or "0" <= self._peek() <= "9" or self._peek() == ".":
-            raise _Malformed  # 16 digits or more, 13 before a point, 4 after it, or a second point
-        return float(match.group()) if fraction is not None else int(match.group())
-
-    def _string(self) -> str:
-        chars: list[str] = []
-        self.at += 1
-        while self.at < len(self.text):
-            char = self.text[self.at]
-            self.at += 1
-            if char == '"':
-                return "".join(chars)
-            if char == "\\":
-                char = self._peek()
-                if char not in ('"', "\\"):
-                    raise _Malformed
-                self.at += 1
-            elif not " " <= char <= "~":
-                raise _Malformed
-            chars.append(char)
-        raise _Malformed  # no closing quote
-
-    def _next_member(self) -> bool:
-        """Past the comma to the next member; False at the end; malformed on anything else."""
-        self._skip(" \t")
-        if self.at == len(self.text):
-            return False
-        if self._peek() != ",":
-            raise _Malformed
-        self.at += 1
-        self._skip(" \t")
-        if self.at == len(self.text):
-            raise _Malformed  # a trailing comma
-        return True
-
-    def _peek(self) -> str:
-        return self.text[self.at] if self.at < len(self.text) else ""
-
-    def _skip(self, chars: str) -> None:
-        while self.at < len(self.text) and self.text[self.at] in chars:
-            self.at += 1

@@ -28,7 +28,14 @@ from batchsum.pacing import Pacer
 from batchsum.service import contract
 from batchsum.service.client import prepare
 from batchsum.service.contract import Messages
-from batchsum.service.rate_headers import FORMS, MAX_PER_MINUTE, MAX_RESET, RateStatement, parse_rate_headers
+from batchsum.service.rate_headers import (
+    FORMS,
+    MAX_PER_MINUTE,
+    MAX_RESET,
+    MINUTE_BOUND,
+    RateStatement,
+    parse_rate_headers,
+)
 from tests import virtual_clock
 
 NOW = 1_372_699_073.0  # Unix seconds: half an hour before GitHub's documented X-RateLimit-Reset
@@ -38,8 +45,8 @@ def parse(headers):
     return parse_rate_headers(headers, now=lambda: NOW)
 
 
-def statement(limit=None, window=None, remaining=None, reset=None, form=""):
-    return RateStatement(limit=limit, window=window, remaining=remaining, reset=reset, form=form)
+def statement(limit=None, window=None, remaining=None, reset=None, form="", **quota):
+    return RateStatement(limit=limit, window=window, remaining=remaining, reset=reset, form=form, **quota)
 
 
 # -- every form, from the specifications and the services' documents -------------------------------------
@@ -60,11 +67,11 @@ FORM_CASES = {
     ),
     "draft-01 list of quotas: the most restrictive": (
         {"RateLimit-Limit": "10, 10;w=1, 50;w=60, 1000;w=3600, 5000;w=86400"},
-        statement(5000, 86400, form="list"),
+        statement(50, 60, form="list", quota=5000, quota_window=86400),
     ),
     "draft-01 list with comments": (
         {"RateLimit-Limit": "10, 10;w=1;burst=1000, 1000;w=3600"},
-        statement(1000, 3600, form="list"),
+        statement(10, 1, form="list", quota=1000, quota_window=3600),
     ),
     "the issue's older-draft list: 10 a second": (
         {"RateLimit-Limit": "10, 10;w=1"},
@@ -101,14 +108,14 @@ FORM_CASES = {
     ),
     "draft-07 multiple windows (B.3.2)": (
         {"RateLimit": "limit=5000, remaining=100, reset=36000", "RateLimit-Policy": "1000;w=3600, 5000;w=86400"},
-        statement(5000, 86400, 100, 36000.0, "draft-07"),
+        statement(form="draft-07", quota=5000, quota_window=86400, quota_remaining=100, quota_reset=36000.0),
     ),
     "draft-07 FAQ policies with comments": (
         {
             "RateLimit": "limit=100, remaining=50, reset=44",
             "RateLimit-Policy": '100;w=60;burst=1000;comment="sliding window", 5000;w=3600;burst=0;comment="fixed window"',
         },
-        statement(5000, 3600, 50, 44.0, "draft-07"),
+        statement(100, 60, 50, 44.0, "draft-07", quota=5000, quota_window=3600),
     ),
     # draft-10 and -11, sections 3.2, 4.2 and appendix B
     "structured policy and limit": (
@@ -117,7 +124,7 @@ FORM_CASES = {
     ),
     "structured several policies": (
         {"RateLimit-Policy": '"permin";q=50;w=60,"perhr";q=1000;w=3600'},
-        statement(1000, 3600, form="structured"),
+        statement(50, 60, form="structured", quota=1000, quota_window=3600),
     ),
     "structured partition key": (
         {
@@ -135,18 +142,18 @@ FORM_CASES = {
     ),
     "structured pushing back with Retry-After (B.3)": (
         {"Retry-After": "20", "RateLimit-Policy": '"dynamic";q=100;w=60', "RateLimit": '"dynamic";r=15;t=40'},
-        statement(100, 60, 15, 40.0, "structured"),
+        statement(100, 60, 15, 40.0, "structured", retry_after=20.0),
     ),
     "structured multiple windows (B.3.1)": (
         {"RateLimit-Policy": '"hour";q=1000;w=3600, "day";q=5000;w=86400', "RateLimit": '"day";r=100;t=36000'},
-        statement(5000, 86400, 100, 36000.0, "structured"),
+        statement(form="structured", quota=5000, quota_window=86400, quota_remaining=100, quota_reset=36000.0),
     ),
     "structured policies in two fields, joined (FAQ)": (
         {
             "RateLimit-Policy": '"sliding";q=100;w=60;burst=1000, "fixed";q=5000;w=3600;burst=0',
             "RateLimit": '"sliding";r=50;t=44',
         },
-        statement(5000, 3600, 50, 44.0, "structured"),
+        statement(100, 60, 50, 44.0, "structured", quota=5000, quota_window=3600),
     ),
     "structured simplest form, no space": (
         {"RateLimit": '"default";r=50;t=60'},
@@ -163,7 +170,7 @@ FORM_CASES = {
             "Retry-After": "30",
             "X-RateLimit-Reset": email.utils.formatdate(NOW + 30, usegmt=True),
         },
-        statement(1200, None, 0, 30.0, "x-ratelimit"),
+        statement(1200, None, 0, 30.0, "x-ratelimit", retry_after=30.0),
     ),
     # GitHub's REST API documentation (the reset in Unix seconds)
     "GitHub": (
@@ -174,7 +181,7 @@ FORM_CASES = {
             "x-ratelimit-reset": "1372700873",
             "x-ratelimit-resource": "core",
         },
-        statement(5000, None, 4999, 1800.0, "x-ratelimit"),
+        statement(form="x-ratelimit", quota=5000, quota_remaining=4999, quota_reset=1800.0),
     ),
     "X-RateLimit in seconds": (
         {"X-RateLimit-Limit": "600", "X-RateLimit-Remaining": "599", "X-RateLimit-Reset": "59"},
@@ -186,11 +193,11 @@ FORM_CASES = {
     ),
     "X-RateLimit reset as an RFC 3339 date": (
         {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "2013-07-01T17:47:53Z"},
-        statement(None, None, 0, 1800.0, "x-ratelimit"),
+        statement(form="x-ratelimit", quota_remaining=0, quota_reset=1800.0),
     ),
     "X-Rate-Limit spelling (Twitter, IBM)": (
         {"X-Rate-Limit-Limit": "900", "X-Rate-Limit-Remaining": "899", "X-Rate-Limit-Reset": "1372700873"},
-        statement(900, None, 899, 1800.0, "x-ratelimit"),
+        statement(form="x-ratelimit", quota=900, quota_remaining=899, quota_reset=1800.0),
     ),
     "Envoy's draft-03 headers": (
         {"x-ratelimit-limit": '10, 10;w=60;name="per-user"', "x-ratelimit-remaining": "9", "x-ratelimit-reset": "42"},
@@ -218,11 +225,11 @@ FORM_CASES = {
     ),
     "OpenAI minutes and a fraction": (
         {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1m30.5s"},
-        statement(None, None, 0, 90.5, "openai"),
+        statement(form="openai", quota_remaining=0, quota_reset=90.5),
     ),
     "OpenAI hours": (
         {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1h2m3s"},
-        statement(None, None, 0, 3723.0, "openai"),
+        statement(form="openai", quota_remaining=0, quota_reset=3723.0),
     ),
     # Kong's rate-limiting plugin: the window in the name, the reset in the draft's fields
     "Kong": (
@@ -242,7 +249,23 @@ FORM_CASES = {
             "X-RateLimit-Limit-Hour": "1000",
             "X-RateLimit-Remaining-Hour": "990",
         },
-        statement(1000, 3600, 4, None, "kong"),
+        statement(5, 1, 4, None, "kong", quota=1000, quota_window=3600, quota_remaining=990),
+    ),
+    # A quota stated in the list form (draft-03's expiring limit first): the local service's daily quota
+    "a daily quota in the list form, its room with its reset": (
+        {"RateLimit-Limit": "300, 600;w=60, 300;w=86400", "RateLimit-Remaining": "45", "RateLimit-Reset": "50000"},
+        statement(
+            600, 60, form="list+draft-06", quota=300, quota_window=86400, quota_remaining=45, quota_reset=50000.0
+        ),
+    ),
+    "a monthly quota": (
+        {"RateLimit-Policy": '"month";q=100000;w=2592000', "RateLimit": '"month";r=5;t=86400'},
+        statement(form="structured", quota=100000, quota_window=2592000, quota_remaining=5, quota_reset=86400.0),
+    ),
+    "Retry-After alone, a day": ({"Retry-After": "86400"}, statement(form="retry-after", retry_after=86400.0)),
+    "Retry-After as an HTTP date": (
+        {"Retry-After": email.utils.formatdate(NOW + 3600, usegmt=True)},
+        statement(form="retry-after", retry_after=3600.0),
     ),
 }
 
@@ -261,17 +284,27 @@ def test_each_form_reads_as_its_specification_says(headers, expected):
         expected.form,
     )
     assert read.reset == pytest.approx(expected.reset, abs=1e-6) if expected.reset is not None else read.reset is None
+    assert (read.quota, read.quota_window, read.quota_remaining) == (
+        expected.quota,
+        expected.quota_window,
+        expected.quota_remaining,
+    )
+    for name in ("quota_reset", "retry_after"):
+        value, wanted = getattr(read, name), getattr(expected, name)
+        assert value == pytest.approx(wanted, abs=1e-6) if wanted is not None else value is None, name
 
 
 def test_the_statement_says_its_rate_per_minute_and_whether_it_states_room():
     assert parse({"RateLimit-Limit": "10, 10;w=1"}).per_minute == 600
-    assert parse({"RateLimit-Policy": "6000;w=600"}).per_minute == 600
+    assert parse({"RateLimit-Policy": "600;w=60"}).per_minute == 600
+    assert parse({"RateLimit-Policy": "6000;w=600"}).per_minute is None  # ten minutes: a quota
+    assert parse({"RateLimit-Policy": "6000;w=600"}).quota == 6000
     assert parse({"X-RateLimit-Limit": "600"}).per_minute == 600  # no window stated: the plan's minute
     assert parse({"X-RateLimit-Remaining": "5"}).per_minute is None
     assert parse({"X-RateLimit-Remaining": "5", "X-RateLimit-Reset": "3"}).room
     assert not parse({"X-RateLimit-Remaining": "5"}).room
     assert not parse({"X-RateLimit-Limit": "5", "X-RateLimit-Reset": "3"}).room
-    assert {f for case in FORM_CASES.values() if case[1] for f in case[1].form.split("+")} == set(FORMS)
+    assert {f for case in FORM_CASES.values() if case[1] for f in case[1].form.split("+")} == {*FORMS, "retry-after"}
 
 
 def test_names_are_case_insensitive_and_a_field_sent_twice_reads_as_a_list():
@@ -319,7 +352,7 @@ IGNORED = {
     "over a million a minute": {"X-RateLimit-Limit": "1000001"},
     "over a million a minute by its window": {"RateLimit-Policy": "20000;w=1"},
     "a window of 0": {"RateLimit-Policy": "100;w=0"},
-    "a window over a day": {"RateLimit-Policy": "100000;w=2592000"},
+    "a window over 31 days": {"RateLimit-Policy": "100000;w=2678401"},
     "a window with a fraction": {"RateLimit-Policy": "100;w=1.5"},
     "a window that is a word": {"RateLimit-Policy": "100;w=minute"},
     "a policy without its window": {"RateLimit-Policy": "100"},
@@ -333,9 +366,9 @@ IGNORED = {
     "a negative remaining and reset": {"RateLimit-Remaining": "-1", "RateLimit-Reset": "-5"},
     "a decimal remaining": {"X-RateLimit-Remaining": "4.5"},
     "a reset of 0": {"RateLimit-Reset": "0"},
-    "a reset over a day": {"RateLimit-Reset": "86401"},
+    "a reset over 31 days": {"RateLimit-Reset": "2678401"},
     "a Unix reset in the past": {"X-RateLimit-Reset": str(int(NOW - 10))},
-    "a Unix reset over a day ahead": {"X-RateLimit-Reset": str(int(NOW + 90000))},
+    "a Unix reset over 31 days ahead": {"X-RateLimit-Reset": str(int(NOW + 2678500))},
     "a Unix reset in milliseconds": {"X-RateLimit-Reset": str(int(NOW * 1000) + 5000)},
     "a date in the past": {"X-RateLimit-Reset": email.utils.formatdate(NOW - 60, usegmt=True)},
     "an impossible date": {"X-RateLimit-Reset": "Tue, 31 Feb 2013 17:47:53 GMT"},
@@ -358,7 +391,8 @@ IGNORED = {
     "Kong's month and year": {"X-RateLimit-Limit-Month": "1000", "X-RateLimit-Limit-Year": "10000"},
     "Kong's named limits count other units": {"X-RateLimit-Limit-Videos-Minute": "10"},
     "empty values": {"RateLimit-Limit": "", "X-RateLimit-Limit": " ", "RateLimit": "", "RateLimit-Policy": ""},
-    "unrelated headers": {"Content-Type": "application/json", "Retry-After": "5", "X-Request-Id": "abc"},
+    "unrelated headers": {"Content-Type": "application/json", "X-Request-Id": "abc"},
+    "a Retry-After over 31 days, or a word": {"Retry-After": "2678401", "Retry-After-Ms": "soon"},
 }
 
 
@@ -511,15 +545,19 @@ header_maps = st.dictionaries(names, values, max_size=8) | st.builds(
 def check(read: RateStatement | None) -> None:
     if read is None:
         return
-    assert read.per_minute is not None or read.remaining is not None or read.reset is not None
-    if read.per_minute is not None:
+    parts = (read.per_minute, read.remaining, read.reset, read.quota, read.quota_remaining, read.quota_reset)
+    assert any(part is not None for part in parts) or read.retry_after is not None
+    if read.per_minute is not None:  # never a quota: a window of a minute at most
         assert math.isfinite(read.per_minute) and 0 < read.per_minute <= MAX_PER_MINUTE
-        assert read.window is None or 0 < read.window <= MAX_RESET
-    if read.remaining is not None:
-        assert isinstance(read.remaining, int) and read.remaining >= 0
-    if read.reset is not None:
-        assert math.isfinite(read.reset) and 0 < read.reset <= MAX_RESET
-    assert read.form and set(read.form.split("+")) <= set(FORMS)
+        assert read.window is None or 0 < read.window <= MINUTE_BOUND
+    for count in (read.remaining, read.quota_remaining, read.quota):
+        assert count is None or (isinstance(count, int) and count >= 0)
+    if read.reset is not None:  # per-minute room resets within the minute
+        assert math.isfinite(read.reset) and 0 < read.reset <= MINUTE_BOUND
+    for seconds in (read.quota_reset, read.quota_window, read.retry_after):
+        assert seconds is None or (math.isfinite(seconds) and 0 < seconds <= MAX_RESET)
+    assert read.quota_window is None or read.quota_window > MINUTE_BOUND
+    assert read.form and set(read.form.split("+")) <= {*FORMS, "retry-after"}
 
 
 @settings(max_examples=1500, deadline=None)
@@ -692,6 +730,7 @@ def test_the_client_hands_each_statement_to_the_pacer_with_every_answer(form):
     expected = parse_rate_headers(headers)
     assert expected is not None and expected.form.split("+")[0] == form
     assert [name for name, _ in heard] == ["RateLimitError", "NoneType"]
+    assert [limits.retry_after for _, limits in heard] == [1.0, None]  # the 429's own Retry-After, as said
     assert all(same(limits, expected) for _, limits in heard)
 
     refusing = httpx.MockTransport(
@@ -707,6 +746,6 @@ def same(read: RateStatement | None, expected: RateStatement) -> bool:
     """Equal but for a reset a Unix time measures against the real clock (read a moment apart)."""
     if read is None or (read.reset is None) != (expected.reset is None):
         return False
-    return read == RateStatement(**{**expected.__dict__, "reset": read.reset}) and (
+    return read == RateStatement(**{**expected.__dict__, "reset": read.reset, "retry_after": read.retry_after}) and (
         read.reset is None or abs(read.reset - expected.reset) < 1
     )

@@ -1,0 +1,114 @@
+"""What an attempt does with its key's quotas (``Quotas``): admitted (counted on a configured quota,
+reserved on a stated one, or the key leaves the run: ``KeyOut``), a 429's count given back, and what
+each answer says of them (room stated, a quota spent: the key out until its reset)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from ..pacing.quota import Spent
+from ..service.errors import RateLimitError
+from ..service.rate_headers import RateStatement
+from ._keys import KeyOut, Keys, LaneState
+
+__all__ = ["Quotas"]
+
+
+class Quotas:
+    """The quotas of a batch's keys (``keys``), as its gate meets them."""
+
+    __slots__ = ("keys", "_giving")
+
+    def __init__(self, keys: Keys | None) -> None:
+        self.keys = keys
+        self._giving: set[asyncio.Task[None]] = set()  # counts given back, under way
+
+    def started(self) -> None:
+        if self.keys is not None and not self.keys.single:
+            self.keys.changed()
+
+    async def admit(self, state: LaneState) -> str | None:
+        """The key's quotas let this attempt go: it is counted on a configured quota (the period to
+        give it back by) and reserved on a stated one; ``KeyOut`` when the key is out or spent."""
+        lane, keys = state.lane, self.keys
+        assert keys is not None
+        while True:
+            now = lane.pacer.now()
+            if state.out(now):
+                raise KeyOut
+            if lane.stated.allows(now, state.reserved):
+                break
+            if not lane.pacer.in_flight.on_wire and not state.reserved:
+                lane.spent = lane.stated.spent()
+                keys.take_out(state, max(lane.stated.until, now + 1.0))
+                raise KeyOut
+            state.answered.clear()  # answers on the wire may state more room, or none left
+            await state.guard(state.answered.wait())
+        if lane.counted is None:
+            state.reserved += 1
+            return None
+        while True:
+            period = await lane.counted.claim()
+            if period is not None:
+                state.reserved += 1
+                return period
+            if not state.reserved and not lane.pacer.in_flight.on_wire:  # nothing of ours may give one back
+                lane.spent = lane.counted.spent()
+                keys.take_out(state, lane.pacer.now() + max(1.0, lane.spent.until - time.time()))
+                raise KeyOut
+            state.answered.clear()  # ours under way: a 429 among them gives its count back
+            await state.guard(state.answered.wait())
+            if state.out(lane.pacer.now()):
+                raise KeyOut
+
+    def give_back(self, state: LaneState, period: str) -> None:
+        counted = state.lane.counted
+        assert counted is not None
+        task = asyncio.ensure_future(counted.give_back(period))
+        self._giving.add(task)
+        task.add_done_callback(self._giving.discard)
+
+    def learn(
+        self,
+        state: LaneState,
+        error: BaseException | None,
+        limits: RateStatement | None,
+        started: float,
+        quota_429: bool,
+    ) -> None:
+        """What an answer says of the key's quotas: a quota stated (its room), or spent."""
+        lane, keys = state.lane, self.keys
+        assert keys is not None
+        now = lane.pacer.now()
+        if isinstance(error, RateLimitError):
+            lane.rate_limited += 1
+        if limits is not None and (limits.quota is not None or limits.quota_room):
+            lane.stated.stated(
+                limits.quota_remaining, limits.quota_reset, limits.quota, limits.quota_window, started, now
+            )
+            if lane.stated.news and lane.record is not None:
+                lane.record.quota_stated(lane.stated)
+        state.answered.set()
+        if quota_429:
+            assert limits is not None and limits.retry_after is not None
+            wait = limits.retry_after
+            name = f"quota (the service answered 429 asking to wait {_duration(wait)})"
+            if lane.stated.limit is not None and lane.stated.left is not None and lane.stated.left <= 0:
+                name = lane.stated.spent().name
+            lane.spent = Spent(name, time.time() + wait)
+            keys.take_out(state, now + wait)
+        elif isinstance(error, RateLimitError) and limits is not None and limits.quota_room:
+            if limits.quota_remaining == 0 and limits.quota_reset is not None:  # refused on a quota it states
+                lane.spent = lane.stated.spent()
+                keys.take_out(state, now + limits.quota_reset)
+        keys.changed()
+
+
+def _duration(seconds: float) -> str:
+    """``a day``, ``2 hours``, ``30 minutes``, ``45 s``: a wait as a person reads it."""
+    for size, one in ((86_400, "day"), (3600, "hour"), (60, "minute")):
+        if seconds >= size:
+            count = seconds / size
+            return f"a {one}" if round(count, 1) == 1 else f"{count:.3g} {one}s"
+    return f"{seconds:g} s"

@@ -1,0 +1,180 @@
+"""A run's keys as the engine sends on them (``KeyLane``: one key's client, pacer, budget and record,
+its own counts, whether it was refused or its quota spent), and the run's pace over all of them
+(``Pacers``: what a progress line, the report and the metrics read, as of one pacer)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..pacing import KeyRecord, PaceChange, Pacer, PacerState
+from ..pacing.exchange import Budget
+from ..pacing.quota import CountedQuota, Spent, StatedQuota, utc
+from ..service.client import AsyncClient
+from ..service.keys import Quota
+
+__all__ = ["KeyLane", "Pacers", "KeysState"]
+
+
+@dataclass(eq=False)
+class KeyLane:
+    """One key of a run: its ``client`` (the key in its Authorization header), ``pacer`` (on the key's
+    own ``budget``, shared with every process and machine using the key), ``record`` at the service,
+    its short ``key_hash`` and ``source`` (where it came from), its configured ``quota``; ``tell``
+    hears a line for a person when the key leaves the run or comes back. The engine counts on it:
+    ``requests`` (attempts), ``rate_limited`` (429s), ``refusal`` (the service's message when it
+    refused the key), ``spent`` (a quota spent, until when)."""
+
+    client: AsyncClient
+    pacer: Pacer
+    record: KeyRecord | None = None
+    key_hash: str = ""
+    source: str = ""
+    quota: Quota | None = None
+    budget: Budget | None = None
+    tell: Callable[[str], None] | None = None
+    requests: int = 0
+    rate_limited: int = 0
+    refusal: str | None = None
+    spent: Spent | None = None
+    out_until: float = -math.inf  # on the pacer's clock: out of the run until then (inf: refused)
+    stated: StatedQuota = field(default_factory=StatedQuota)
+    counted: CountedQuota | None = None
+
+    def __post_init__(self) -> None:
+        if self.quota is not None and self.budget is not None and self.counted is None:
+            self.counted = CountedQuota(self.quota, self.budget)
+
+    @property
+    def name(self) -> str:
+        """``key 3f2a9c1b7d0e (keys.txt line 2)``: how a line names the key, never a piece of it."""
+        return f"key {self.key_hash}" + (f" ({self.source})" if self.source else "")
+
+    def limit(self) -> float:
+        """The key's limit in force, requests a minute (0: no pacing)."""
+        return self.pacer.ceiling
+
+    def limit_source(self) -> str | None:
+        if self.pacer.auto is not None:
+            return self.pacer.auto.source
+        return "configured" if self.pacer.rpm else None
+
+    def quota_line(self) -> str | None:
+        """What is known of the key's quota now, in words (None: nothing)."""
+        if self.spent is not None:
+            return f"{self.spent.name} spent until {utc(self.spent.until)}"
+        stated = self.stated.describe()
+        if stated is not None:
+            return stated
+        return self.counted.describe() if self.counted is not None else None
+
+    def describe(self) -> dict[str, Any]:
+        """The key in the run report and the JSON log: never the key, its hash."""
+        return {
+            "hash": self.key_hash,
+            "source": self.source,
+            "limit": self.limit() or None,
+            "limit_source": self.limit_source(),
+            "requests": self.requests,
+            "rate_limited": self.rate_limited,
+            "refusal": self.refusal,
+            "quota": self.quota_line(),
+            "quota_spent_until": None if self.spent is None else utc(self.spent.until),
+        }
+
+    def state(self) -> str:
+        """``3f2a9c1b7d0e 120/min 41 sent`` for the progress line."""
+        if self.refusal is not None:
+            return f"{self.key_hash} refused"
+        if self.spent is not None and self.out_until > self.pacer.now():
+            return f"{self.key_hash} quota spent until {utc(self.spent.until)}"
+        limit = self.limit()
+        rate = f"{limit:.0f}/min" if limit else "unpaced"
+        refused = f", {self.rate_limited} 429s" if self.rate_limited else ""
+        return f"{self.key_hash} {rate} {self.requests} sent{refused}"
+
+
+@dataclass(frozen=True)
+class KeysState(PacerState):
+    """A run's state over several keys: the sums, and each key's own (``keys``)."""
+
+    keys: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        return super().describe() + " · keys: " + " | ".join(self.keys)
+
+
+class Pacers:
+    """Several keys' pacers read as one (``BatchStats.pacer``): the pace is the sum of the paces of
+    the keys still in the run, 429s and changes every key's (each change named by its key)."""
+
+    __slots__ = ("lanes", "auto")
+
+    def __init__(self, lanes: Sequence[KeyLane]) -> None:
+        self.lanes = list(lanes)
+        self.auto = None  # each key's limit has its own source: see ``lanes``
+
+    def _live(self) -> list[KeyLane]:
+        now = self.now()
+        return [lane for lane in self.lanes if lane.out_until <= now] or self.lanes
+
+    @property
+    def rpm(self) -> float:
+        return sum(lane.pacer.rpm for lane in self.lanes)
+
+    @property
+    def pace(self) -> float:
+        return sum(lane.pacer.pace for lane in self._live() if lane.out_until <= self.now())
+
+    @property
+    def ceiling(self) -> float:
+        return sum(lane.limit() for lane in self._live())
+
+    @property
+    def rate_limited(self) -> int:
+        return sum(lane.rate_limited for lane in self.lanes)
+
+    @property
+    def changes(self) -> list[PaceChange]:
+        out = []
+        for lane in self.lanes:
+            out += [
+                PaceChange(c.at, c.pace, c.previous, f"key {lane.key_hash}: {c.reason}") for c in lane.pacer.changes
+            ]
+        return sorted(out, key=lambda change: change.at)
+
+    @property
+    def in_flight(self) -> _Wire:
+        return _Wire(self.lanes)
+
+    def now(self) -> float:
+        return self.lanes[0].pacer.now()
+
+    def state(self) -> KeysState:
+        states = [lane.pacer.state() for lane in self._live()]
+        paused = min(states, key=lambda s: s.paused_for)
+        return KeysState(
+            rpm=self.rpm,
+            pace=self.pace,
+            paused_for=paused.paused_for,
+            pause_reason=paused.pause_reason,
+            in_flight=sum(s.in_flight for s in states),
+            in_flight_limit=sum(s.in_flight_limit for s in states),
+            rate_limited=self.rate_limited,
+            keys=tuple(lane.state() for lane in self.lanes),
+        )
+
+
+class _Wire:
+    """What is on the wire over every key."""
+
+    __slots__ = ("lanes",)
+
+    def __init__(self, lanes: list[KeyLane]) -> None:
+        self.lanes = lanes
+
+    @property
+    def on_wire(self) -> int:
+        return sum(lane.pacer.in_flight.on_wire for lane in self.lanes)

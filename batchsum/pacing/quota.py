@@ -1,0 +1,170 @@
+"""A key's quotas longer than a minute: the one configured (``CountedQuota``: N paid requests a UTC
+hour, day or month, counted on the key's budget by every process and machine using it), and the one
+the service states (``StatedQuota``: the room its headers leave in a quota, or a 429 whose
+Retry-After is longer than a per-minute limit ever asks); and what a spent quota means (``Spent``:
+which quota, until when).
+
+Invariants: a configured quota's count on the budget never passes its limit (a request is counted
+before it starts, and given back only when the service answered 429, "not paid"); starts on a
+stated quota never outnumber what the service stated it has left, less what of ours it may not have
+counted yet; neither ever moves the per-minute pace, which stays the pacer's.
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime as _dt
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..service.keys import ADJECTIVES, Quota
+from ..service.retry import MAX_RETRY_AFTER
+from .exchange import Budget
+
+__all__ = ["Spent", "StatedQuota", "CountedQuota", "LONG_RETRY_AFTER", "utc", "window_name"]
+
+LONG_RETRY_AFTER = MAX_RETRY_AFTER  # a 429 asking for longer than this is a quota spent, not a per-minute "later"
+_NAMED = {3600: "hour", 86_400: "day"}
+
+
+def utc(wall: float) -> str:
+    """``2026-11-27 00:00 UTC``: how a reset is shown."""
+    return _dt.datetime.fromtimestamp(wall, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def window_name(seconds: float | None) -> str:
+    """How a stated window reads: ``daily``, ``hourly``, ``monthly`` (28-31 days), else its length."""
+    if seconds is None:
+        return "stated"
+    if int(seconds) in _NAMED:
+        return ADJECTIVES[_NAMED[int(seconds)]]
+    if 28 * 86_400 <= seconds <= 31 * 86_400:
+        return ADJECTIVES["month"]
+    return f"{seconds / 3600:g}-hour" if seconds % 3600 == 0 else f"{seconds:g}-second"
+
+
+@dataclass(frozen=True)
+class Spent:
+    """A key's quota spent: ``name`` (``daily quota of 300 (stated by the service)``) and ``until``
+    (Unix time) when it comes back."""
+
+    name: str
+    until: float
+
+    def describe(self) -> str:
+        return f"{self.name} until {utc(self.until)}"
+
+    def to_json(self) -> str:
+        return json.dumps({"name": self.name, "until": round(self.until, 3)})
+
+    @classmethod
+    def from_json(cls, text: str) -> Spent | None:
+        try:
+            data = json.loads(text)
+            spent = cls(str(data["name"]), float(data["until"]))
+        except (ValueError, TypeError, KeyError):
+            return None
+        return spent if math.isfinite(spent.until) else None
+
+
+class StatedQuota:
+    """The room the service states in a quota longer than a minute: ``left`` starts (None: nothing
+    stated), counted down by each start and renewed by each answer (its ``quota_remaining``, less our
+    starts after the stating attempt's: the service may not have counted them yet; the largest such
+    figure still valid is kept, as answers arrive in any order); ``until``/``wall_until`` its reset on
+    the pacer's clock and as a Unix time; ``limit``/``window`` the quota stated with it."""
+
+    __slots__ = ("left", "until", "wall_until", "limit", "window", "news", "_starts", "_wall")
+
+    def __init__(self, wall: Callable[[], float] = time.time) -> None:
+        self.left: int | None = None
+        self.until = -math.inf
+        self.wall_until: float | None = None
+        self.limit: int | None = None
+        self.window: float | None = None
+        self.news = False  # a quota stated that the key's record has not heard of yet
+        self._starts: list[float] = []
+        self._wall = wall
+
+    def started(self, now: float) -> None:
+        self._starts.append(now)
+        if self._starts[0] < now - 600:
+            del self._starts[: bisect.bisect_left(self._starts, now - 300)]
+        if self.left is not None:
+            self.left -= 1
+
+    def stated(
+        self, remaining: int | None, reset: float | None, limit: int | None, window: float | None, at: float, now: float
+    ) -> None:
+        """An answer to the attempt started ``at`` states ``remaining`` of a quota (``limit`` per
+        ``window``) until ``reset`` seconds from ``now``."""
+        if limit is not None and (limit, window) != (self.limit, self.window):
+            self.limit, self.window, self.news = limit, window, True
+        if remaining is None or reset is None:
+            return
+        later = len(self._starts) - bisect.bisect_right(self._starts, at)
+        left = remaining - later
+        fresh = now >= self.until  # the last statement's period has ended: this is a new one
+        self.left = left if fresh or self.left is None else max(self.left, left)
+        if fresh or now + reset > self.until:
+            self.until, self.wall_until = now + reset, self._wall() + reset
+        self.news = self.news or fresh
+
+    def allows(self, now: float, reserved: int = 0) -> bool:
+        """May another start go on this quota, with ``reserved`` admitted and not started yet? Yes,
+        unless the room stated is used up before its reset."""
+        if self.left is None or now >= self.until:
+            return True
+        return self.left - reserved > 0
+
+    def spent(self) -> Spent:
+        """The stated quota, used up: what it is and when it comes back."""
+        name = f"{window_name(self.window)} quota" + (f" of {self.limit}" if self.limit is not None else "")
+        return Spent(f"{name} (stated by the service)", self.wall_until or self._wall())
+
+    def describe(self) -> str | None:
+        """``about 45 left in the daily quota of 300 until 2026-11-27 00:00 UTC`` (None: nothing stated)."""
+        if self.left is None or self.wall_until is None:
+            return None
+        name = f"{window_name(self.window)} quota" + (f" of {self.limit}" if self.limit is not None else "")
+        return f"about {max(0, self.left)} left in the {name} until {utc(self.wall_until)}"
+
+
+class CountedQuota:
+    """A configured quota (``Quota``) counted on the key's ``budget`` in UTC calendar periods:
+    ``claim`` counts one paid request before it starts (False: the quota is spent), ``give_back``
+    uncounts one the service did not charge for (a 429)."""
+
+    __slots__ = ("quota", "budget", "used", "_wall")
+
+    def __init__(self, quota: Quota, budget: Budget, wall: Callable[[], float] = time.time) -> None:
+        self.quota = quota
+        self.budget = budget
+        self.used: int | None = None  # the count after our last claim (every process's)
+        self._wall = wall
+
+    async def claim(self) -> str | None:
+        """Count one request in the period now; the period's name to give it back by, or None when
+        the quota is spent."""
+        period, _, end = self.quota.window(self._wall())
+        used = await self.budget.quota_claim(period, self.quota.limit, end - self._wall() + 3600)
+        if used is None:
+            self.used = self.quota.limit
+            return None
+        self.used = used
+        return period
+
+    async def give_back(self, period: str) -> None:
+        await self.budget.quota_give_back(period)
+
+    def spent(self) -> Spent:
+        _, _, end = self.quota.window(self._wall())
+        return Spent(f"{self.quota.name} (configured)", end)
+
+    def describe(self) -> str:
+        _, _, end = self.quota.window(self._wall())
+        used = "?" if self.used is None else max(0, self.quota.limit - self.used)
+        return f"{used} left in the {self.quota.name} until {utc(end)}"

@@ -1,0 +1,183 @@
+"""A team's keys through the command line, against the local service over loopback (a limit of its
+own per key, a plan that expires after N requests, a quota stated in the list form or answered 429
+with a Retry-After of a day): the run spreads its requests over the keys, each key spaced on its own;
+a refused key leaves with one line and the others finish the job; a quota spent stops the run with
+every row kept and the same command continues it; no piece of a key anywhere."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from batchsum.local import Account, Faults, LocalService
+from batchsum.service.settings import key_hash
+from tests.pacing.test_pace_conformance import most_in_any_window
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = json.loads((ROOT / "docs" / "run-report.schema.json").read_text())
+KEYS = {"team-key-one-0123456789abc": 600, "team-key-two-0123456789abc": 900, "team-key-three-0123456789a": 1500}
+
+
+def texts(n: int, seed: int = 0) -> list[str]:
+    return [f"Team text {seed}-{i} has enough words in it to be worth a summary of its own here." for i in range(n)]
+
+
+def batchsum_cli(*argv: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "batchsum", *argv], env=env, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def setting(service: LocalService, tmp_path: Path, n: int, *, keys: dict[str, int] | None = None, seed: int = 0):
+    """The input (``n`` texts), a key file of ``keys`` (key -> its limit a minute), the environment."""
+    pq.write_table(pa.table({"text": texts(n, seed)}), tmp_path / "in.parquet")
+    path = tmp_path / "keys.txt"
+    path.write_text("".join(f"{key} {rpm}\n" for key, rpm in (keys or {}).items()))
+    os.chmod(path, 0o600)
+    env = {**os.environ, "BATCHSUM_BASE_URL": service.url, "PYTHONPATH": str(ROOT)}
+    return env
+
+
+def pieces(secret: str, width: int = 10) -> set[str]:
+    return {secret[i : i + width] for i in range(len(secret) - width + 1)}
+
+
+def no_piece_of(keys, *texts: str) -> bool:
+    return not any(piece in text for key in keys for piece in pieces(key) for text in texts)
+
+
+def files_text(folder: Path) -> str:
+    """Every file the run wrote under ``folder`` (outputs, journals, reports) and in the cache folder
+    (the machine's budget, with the keys' records), as text; not the key file itself."""
+    cache = Path(os.environ["XDG_CACHE_HOME"])
+    paths = [p for root in (folder, cache) for p in root.rglob("*") if p.is_file() and p.name != "keys.txt"]
+    assert any(p.name == "budget.sqlite" for p in paths)
+    return "".join(path.read_bytes().decode("latin-1") for path in paths)
+
+
+def assert_spacing_per_key(service: LocalService, limits: dict[str, int]) -> None:
+    for key, rpm in limits.items():
+        times = service.state.admitted_by_key.get(key, [])
+        for width in (1.0, 10.0, 60.0):
+            assert most_in_any_window(times, width) <= math.ceil(rpm * width / 60) + 1, (key, width)
+
+
+@pytest.fixture
+def team(tmp_path_factory):
+    accounts = {key: Account(rpm=rpm) for key, rpm in KEYS.items()}
+    with LocalService(list(KEYS), accounts=accounts, faults=Faults(latency=0.05, latency_spread=0.1)) as service:
+        yield service
+
+
+def test_three_keys_in_a_key_file_share_out_the_run_each_at_its_own_limit(team, tmp_path):
+    env = setting(team, tmp_path, 300, keys=KEYS)
+    done = batchsum_cli(
+        "summarize", "in.parquet", "-o", "out.parquet", "--column", "text", "--keys", "keys.txt",
+        "--report", "run.json", "--log-format", "json", env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = pq.read_table(tmp_path / "out.parquet").to_pydict()
+    assert out["summary_status"] == ["ok"] * 300
+    stats = team.stats()
+    assert stats["by_status"] == {"200": 300} and stats["answered_twice"] == 0
+    assert_spacing_per_key(team, KEYS)
+    report = json.loads((tmp_path / "run.json").read_text())
+    jsonschema.validate(report, SCHEMA)
+    assert report["schema"] == "batchsum-run-report/2"
+    assert [k["hash"] for k in report["keys"]] == [key_hash(k) for k in KEYS]
+    assert [k["source"] for k in report["keys"]] == ["keys.txt line 1", "keys.txt line 2", "keys.txt line 3"]
+    assert [k["limit"] for k in report["keys"]] == [600, 900, 1500]
+    assert sum(k["requests"] for k in report["keys"]) == 300 and report["utilization"]["plan_rpm"] == 3000
+    assert all(k["rate_limited"] == 0 and k["refusal"] is None for k in report["keys"])
+    events = [json.loads(line) for line in done.stderr.splitlines()]
+    start, end = (next(e for e in events if e["event"] == name) for name in ("start", "end"))
+    assert [k["hash"] for k in start["keys"]] == [key_hash(k) for k in KEYS] and end["keys"] == report["keys"]
+    assert no_piece_of(KEYS, done.stdout, done.stderr, files_text(tmp_path))
+
+
+def test_a_key_whose_plan_expires_mid_run_leaves_with_one_line_and_the_others_finish(team, tmp_path):
+    two = list(KEYS)[1]
+    team.state.accounts[two].expires_after = 50
+    env = setting(team, tmp_path, 400, keys=KEYS, seed=1)
+    done = batchsum_cli(
+        "summarize", "in.parquet", "-o", "out.parquet", "--column", "text", "--keys", "keys.txt", "--report", "run.json",
+        env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert pq.read_table(tmp_path / "out.parquet").column("summary_status").to_pylist() == ["ok"] * 400
+    stats = team.stats()
+    assert stats["answered_twice"] == 0 and stats["answered_unique"] == 400  # nothing paid twice
+    assert 1 <= team.state.status_by_key[two][401] <= 16  # at most what was in flight on it
+    assert "keys: " in done.stderr and f"{key_hash(two)} refused" in done.stderr  # the progress line says each key's
+    lines = [line for line in done.stderr.splitlines() if key_hash(two) in line and line.startswith("batchsum:")]
+    assert len(lines) == 1 and "you are not premium for this request" in lines[0] and "2 keys" in lines[0]
+    report = json.loads((tmp_path / "run.json").read_text())
+    refused = [k for k in report["keys"] if k["refusal"]]
+    assert [k["hash"] for k in refused] == [key_hash(two)] and refused[0][
+        "refusal"
+    ] == "you are not premium for this request"
+    assert report["outcome"] == "finished"
+    assert no_piece_of(KEYS, done.stdout, done.stderr, files_text(tmp_path))
+
+
+@pytest.mark.parametrize("stated", [True, False], ids=["stated in the list form", "a Retry-After of a day"])
+def test_a_daily_quota_spent_stops_the_run_with_every_row_and_the_same_command_continues(tmp_path, stated):
+    key = "team-key-quota-0123456789"
+    account = Account(rpm=1200, quota=100, state_quota=stated)
+    with LocalService([key], accounts={key: account}, faults=Faults(latency=0.05, latency_spread=0.1)) as service:
+        env = {**setting(service, tmp_path, 250), "BATCHSUM_API_KEY": key, "BATCHSUM_RPM": "1200"}
+        command = ("summarize", "in.parquet", "-o", "out.parquet", "--column", "text", "--report", "run.json")
+        done = batchsum_cli(*command, env=env, cwd=tmp_path)
+        assert done.returncode == 1, done.stderr
+        out = pq.read_table(tmp_path / "out.parquet").to_pydict()
+        assert out["summary_status"].count("ok") == 100 and out["summary_error"].count("not_sent") == 150
+        report = json.loads((tmp_path / "run.json").read_text())
+        assert report["requests"]["rate_limited"] <= 3 and report["outcome"] == "stopped"
+        stop = done.stderr.strip().splitlines()[-1]
+        assert ("daily quota of 100" if stated else "asking to wait") in stop
+        assert "UTC" in stop and "The same command continues once a quota resets" in stop
+        # The key's record knows the quota spent: the same command before the reset sends nothing.
+        again = batchsum_cli(*command, env=env, cwd=tmp_path)
+        assert again.returncode == 1 and service.stats()["requests"] == 100 + report["requests"]["rate_limited"]
+        listed = batchsum_cli("limits", env=env, cwd=tmp_path).stdout
+        assert "quota spent" in listed and key_hash(key) in listed
+        # The quota resets (here: at once, and forgotten), and the same command continues.
+        account.quota_used, account.quota_opened = 0, None
+        assert batchsum_cli("limits", "--forget", env=env, cwd=tmp_path).returncode == 0
+        more = batchsum_cli(*command, env=env, cwd=tmp_path)
+        assert more.returncode == 1  # 100 more, then the quota again
+        out = pq.read_table(tmp_path / "out.parquet").to_pydict()
+        assert out["summary_status"].count("ok") == 200 and service.stats()["answered_twice"] == 0
+
+
+def test_a_key_file_others_may_read_is_refused_before_anything_is_sent(team, tmp_path):
+    env = setting(team, tmp_path, 5, keys=KEYS)
+    os.chmod(tmp_path / "keys.txt", 0o644)
+    done = batchsum_cli(
+        "summarize", "in.parquet", "-o", "out.parquet", "--column", "text", "--keys", "keys.txt", env=env, cwd=tmp_path
+    )
+    assert done.returncode == 2 and "chmod 600" in done.stderr and team.stats()["requests"] == 0
+    assert no_piece_of(KEYS, done.stderr) and not (tmp_path / "out.parquet").exists()
+
+
+def test_the_dry_run_names_each_key_its_limit_and_the_time_at_their_summed_limits(team, tmp_path):
+    env = setting(team, tmp_path, 90, keys=KEYS)
+    done = batchsum_cli(
+        "summarize", "in.parquet", "-o", "out.parquet", "--column", "text", "--keys", "keys.txt", "--dry-run",
+        "--quota", "5000/day", env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "at 3000 requests/min" in done.stdout and "keys:             3" in done.stdout
+    for n, (key, rpm) in enumerate(KEYS.items(), 1):
+        line = next(line for line in done.stdout.splitlines() if line.startswith(f"key {key_hash(key)}"))
+        assert f"keys.txt line {n}" in line and f"{rpm}/min" in line and "about 5000 left" in line
+    assert team.stats()["requests"] == 0 and no_piece_of(KEYS, done.stdout, done.stderr)

@@ -1,0 +1,293 @@
+"""Quotas longer than a minute, on virtual time: a quota the service states never passes for a
+per-minute limit (issue 40: under ``rpm="auto"`` it never raises the pace, and nothing remembers it
+as the key's limit), and quotas stated or configured take their key out of a run until their reset."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import math
+import time
+
+import httpx
+import pytest
+
+import batchsum
+from batchsum.engine import summarize_stream
+from batchsum.engine.keys import KeyLane
+from batchsum.errors import QuotaSpent
+from batchsum.local.state import SlidingWindow
+from batchsum.pacing import Pacer
+from batchsum.pacing.budget import ProcessBudget, RedisBudget, SQLiteBudget
+from batchsum.pacing.quota import StatedQuota
+from batchsum.pacing.record import LIMIT
+from batchsum.service.contract import Messages
+from batchsum.service.keys import Quota, parse_quota
+from tests import virtual_clock
+from tests.engine.test_keys import KeyedService
+from tests.engine.test_keys import keys as team_keys
+from tests.pacing.test_short_job import KEY, Service, record_of, told, uniform
+
+KEYS = team_keys(1)
+
+
+def texts(n: int, seed: int = 0) -> list[str]:
+    return [f"Quota text {seed}-{i} has enough words in it to be worth a summary of its own." for i in range(n)]
+
+
+class QuotaStating(Service):
+    """A strict sliding minute that also states a quota of 10000 with no window and a reset hours away
+    (``X-RateLimit-*``), in every answer: a quota, not a per-minute limit."""
+
+    def __init__(self, rpm: int, seed: int = 0) -> None:
+        super().__init__("sliding", latency=uniform(0.3, 0.7, seed), rpm=rpm)
+        self.limit = SlidingWindow(rpm, 60.0)
+        self.used = 0
+
+    def room_headers(self, now: float) -> dict[str, str]:
+        self.used += 1
+        return {
+            "X-RateLimit-Limit": "10000",
+            "X-RateLimit-Remaining": str(10000 - self.used),
+            "X-RateLimit-Reset": str(int(time.time()) + 5 * 3600),
+        }
+
+
+def run_auto(service: Service, n: int, record=None):
+    async def main():
+        pacer = Pacer(1_000_000.0, auto=True, record=record)
+        transport = httpx.MockTransport(service)
+        async with batchsum.AsyncClient(KEY, "http://127.0.0.1:9", transport=transport) as client:
+            stream = summarize_stream(texts(n), client, rpm=1_000_000.0, pacer=pacer, record=record)
+            rows = [row async for row in stream]
+        return rows, pacer
+
+    return virtual_clock.run(main())
+
+
+def test_under_auto_a_stated_quota_with_no_window_and_a_reset_hours_away_is_no_per_minute_limit():
+    """Issue 40: ``X-RateLimit-Limit: 10000`` with a reset hours away is a quota. The run goes exactly
+    as against a service that states nothing (no pace raised to 10000, no storm of 429s), and the
+    key's record remembers no "10000 stated"."""
+    silent = Service("sliding", latency=uniform(0.3, 0.7), rpm=240)
+    silent.limit = SlidingWindow(240, 60.0)
+    stating = QuotaStating(240)
+    quiet_rows, quiet_pacer = run_auto(silent, 400)
+    record = record_of()
+    rows, pacer = run_auto(stating, 400, record=record)
+    assert [r.status for r in rows] == ["ok"] * 400
+    assert stating.arrivals == silent.arrivals  # the statement changed nothing of the pace
+    assert stating.refused == silent.refused <= 12
+    assert max(change.pace for change in pacer.changes) < 1000
+    assert not any("stated" in str(change) for change in pacer.changes)
+    assert "stated" not in pacer.auto.describe()
+    remembered = record.pending.get(LIMIT) or record.budget.told.get(LIMIT)  # type: ignore[attr-defined]
+    assert remembered is None or '"stated"' not in remembered
+    assert LIMIT not in told(record) or "10000" not in str(remembered)
+
+
+# -- quotas longer than a minute on a run's keys ------------------------------------------------------
+
+
+class DailyQuota(KeyedService):
+    """A key at ``rpm`` with a quota of ``quota`` admitted requests a day: stated in the list form in
+    every answer (``stated``), or not stated (a 429 with a Retry-After of what is left of the day),
+    and refused at once; ``retry_after`` replaces that wait (a quota of an hour, say)."""
+
+    def __init__(self, rpm: int, quota: int, *, stated: bool, retry_after: float | None = None):
+        super().__init__({KEYS[0]: rpm})
+        self.quota, self.stated, self.wait, self.used = quota, stated, retry_after, 0
+        self.opened: float | None = None
+
+    def headers(self, now: float) -> dict[str, str]:
+        if not self.stated:
+            return {}
+        reset = math.ceil(86400 - (now - (self.opened or now)))
+        return {
+            "RateLimit-Limit": f"{self.quota}, {self.rpm[KEYS[0]]};w=60, {self.quota};w=86400",
+            "RateLimit-Remaining": str(self.quota - self.used),
+            "RateLimit-Reset": str(reset),
+        }
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        now = asyncio.get_running_loop().time()
+        self.opened = now if self.opened is None else self.opened
+        if self.used >= self.quota:
+            self.arrivals[KEYS[0]].append(now)
+            self.refused += 1
+            wait = self.wait if self.wait is not None else 86400 - (now - self.opened)
+            return httpx.Response(
+                429,
+                json={"error": Messages.RATE_LIMITED},
+                headers={"Retry-After": str(math.ceil(wait)), **self.headers(now)},
+            )
+        self.used += 1
+        response = await super().__call__(request)
+        response.headers.update(self.headers(asyncio.get_running_loop().time()))
+        return response
+
+
+def run_quota(service: KeyedService, n: int, *, max_wait: float = 1800.0, quota: Quota | None = None, budget=None):
+    """``n`` texts on the one key; (rows, the error the run stopped with, the key's lane, virtual seconds)."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        shared = budget or ProcessBudget(loop.time, shared=True)
+        client = batchsum.AsyncClient(KEYS[0], "http://127.0.0.1:9", transport=httpx.MockTransport(service))
+        lane = KeyLane(client, Pacer(service.rpm[KEYS[0]], budget=shared), quota=quota, budget=shared)
+        rows, error = [], None
+        try:
+            stream = summarize_stream(texts(n), client, lanes=[lane], max_wait=max_wait)
+            async for row in stream:
+                rows.append(row)
+        except QuotaSpent as exc:
+            error = exc
+        finally:
+            await client.aclose()
+        return rows, error, lane, loop.time()
+
+    return virtual_clock.run(main())
+
+
+def test_a_quota_stated_in_the_list_form_stops_the_run_at_its_last_request_with_no_429():
+    service = DailyQuota(600, 300, stated=True)
+    rows, error, lane, wall = run_quota(service, 1000)
+    assert [r.status for r in rows].count("ok") == 300
+    assert [r.error for r in rows if r.status != "ok"] == ["not_sent"] * 700
+    assert service.refused == 0 and service.admitted[KEYS[0]] == 300
+    assert error is not None and error.remaining == 700
+    assert "daily quota of 300 (stated by the service)" in str(error) and "UTC" in str(error)
+    assert lane.spent is not None and lane.spent.until > time.time() + 86000
+
+
+def test_a_quota_unstated_stops_the_run_after_one_429_whose_retry_after_is_a_day():
+    service = DailyQuota(600, 300, stated=False)
+    rows, error, lane, _ = run_quota(service, 1000)
+    assert [r.status for r in rows].count("ok") == 300
+    assert [r.error for r in rows if r.status != "ok"] == ["not_sent"] * 700
+    assert 1 <= service.refused <= 3
+    assert error is not None and "asking to wait" in str(error) and lane.rate_limited == service.refused
+    assert lane.pacer.pace == 600  # the quota's 429 lowered nothing of the per-minute pace
+
+
+class Renewing(DailyQuota):
+    """A quota of an hour whose 429s ask for 600 s, renewed 700 s after it was first spent."""
+
+    renewing = False
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        if self.used >= self.quota and not self.renewing:
+            self.renewing = True
+            asyncio.get_running_loop().call_later(700, self.renew)
+        return await super().__call__(request)
+
+    def renew(self) -> None:
+        self.used = 0
+
+
+def test_a_quota_that_resets_within_max_wait_is_waited_for_and_the_run_finishes():
+    service = Renewing(600, 100, stated=False, retry_after=600)
+    rows, error, lane, wall = run_quota(service, 150, max_wait=1800)
+    assert error is None and [r.status for r in rows] == ["ok"] * 150
+    assert wall >= 600  # waited for the reset (virtual seconds)
+    assert service.refused <= 3
+
+
+def test_a_429_asking_for_longer_than_max_wait_is_the_same_stop_not_a_wait():
+    service = Renewing(600, 100, stated=False, retry_after=600)
+    rows, error, lane, wall = run_quota(service, 150, max_wait=300)
+    assert error is not None and [r.status for r in rows].count("ok") == 100
+    assert wall < 60 and service.refused <= 3
+
+
+def test_a_configured_quota_is_counted_on_the_keys_budget_by_every_run_on_it():
+    """Two runs on one key, one budget: together they send at most the quota, in requests paid."""
+    service = KeyedService({KEYS[0]: 600})
+    quota = Quota(120, "day")
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        budget = ProcessBudget(loop.time, shared=True)
+        client = batchsum.AsyncClient(KEYS[0], "http://127.0.0.1:9", transport=httpx.MockTransport(service))
+
+        async def one(run: int):
+            lane = KeyLane(client, Pacer(600, budget=budget), quota=quota, budget=budget)
+            rows, error = [], None
+            try:
+                async for row in summarize_stream(texts(100, run), client, lanes=[lane]):
+                    rows.append(row)
+            except QuotaSpent as exc:
+                error = exc
+            return rows, error
+
+        try:
+            return await asyncio.gather(one(0), one(1)), await budget.quota_used(quota.window(time.time())[0])
+        finally:
+            await client.aclose()
+
+    ((rows1, error1), (rows2, error2)), used = virtual_clock.run(main())
+    ok = [r.status for r in rows1 + rows2].count("ok")
+    assert ok == service.admitted[KEYS[0]] == used == 120 and service.refused == 0
+    stopped = [error for error in (error1, error2) if error is not None]
+    assert stopped and all("daily quota of 120 (configured)" in str(error) for error in stopped)
+    assert sum(error.remaining for error in stopped) == 200 - 120
+
+
+# -- the counts on every kind of budget ------------------------------------------------------------------
+
+
+def test_quota_counts_hold_their_limit_on_the_machines_budget_across_processes(tmp_path):
+    path = tmp_path / "budget.sqlite"
+    one, two = SQLiteBudget(path, "key-id"), SQLiteBudget(path, "key-id")
+
+    async def main():
+        got = [await (one if i % 2 else two).quota_claim("day:2026-11-26", 5, 3600) for i in range(7)]
+        await one.quota_give_back("day:2026-11-26")
+        again = await two.quota_claim("day:2026-11-26", 5, 3600)
+        other = await one.quota_claim("day:2026-11-27", 5, 3600)
+        return got, again, other, await two.quota_used("day:2026-11-26")
+
+    got, again, other, used = asyncio.run(main())
+    assert got == [1, 2, 3, 4, 5, None, None] and again == 5 and other == 1 and used == 5
+
+
+def test_quota_counts_hold_their_limit_on_redis(redis_url):
+    budget = RedisBudget(redis_url, f"quota-{time.time()}")
+
+    async def main():
+        got = [await budget.quota_claim("hour:2026-11-26T10", 3, 60) for _ in range(4)]
+        await budget.quota_give_back("hour:2026-11-26T10")
+        used = await budget.quota_used("hour:2026-11-26T10")
+        await budget.aclose()
+        return got, used
+
+    got, used = asyncio.run(main())
+    assert got == [1, 2, 3, None] and used == 2
+
+
+@pytest.mark.parametrize(
+    ("quota", "at", "period", "end"),
+    [
+        ("10/hour", "2026-11-26T10:59:59", "hour:2026-11-26T10", "2026-11-26T11:00:00"),
+        ("10/day", "2026-12-31T23:30:00", "day:2026-12-31", "2027-01-01T00:00:00"),
+        ("10/month", "2028-02-10T00:00:00", "month:2028-02", "2028-03-01T00:00:00"),
+        ("10/month", "2026-12-31T23:59:59", "month:2026-12", "2027-01-01T00:00:00"),
+    ],
+)
+def test_a_configured_quota_counts_in_utc_calendar_periods(quota, at, period, end):
+    def unix(text: str) -> float:
+        return _dt.datetime.fromisoformat(text).replace(tzinfo=_dt.timezone.utc).timestamp()
+
+    name, start, stop = parse_quota(quota).window(unix(at))
+    assert name == period and stop == unix(end) and start <= unix(at) < stop
+
+
+def test_the_stated_quota_counts_our_starts_the_service_may_not_have_counted_yet():
+    quota = StatedQuota(wall=lambda: 1000.0)
+    for t in (0.0, 1.0, 2.0, 3.0):
+        quota.started(t)
+    quota.stated(5, 100.0, 300, 86400.0, at=1.0, now=3.5)  # the answer to the start at 1: 2 and 3 may be uncounted
+    assert quota.left == 3 and quota.allows(3.5) and not quota.allows(3.5, reserved=3)
+    quota.stated(4, 100.0, 300, 86400.0, at=0.0, now=3.6)  # an older answer arriving late: the larger figure stays
+    assert quota.left == 3
+    assert quota.describe() == "about 3 left in the daily quota of 300 until 1970-01-01 00:18 UTC"
