@@ -245,19 +245,6 @@ class _RedisConnection(Budget):
                 raise BudgetError(f"the rate budget at {self.where} refused: {_said(exc, self._secrets)}") from None
         raise AssertionError("unreachable")
 
-    async def quota_claim(self, period: str, limit: int, keep: float) -> int | None:
-        used = await self._redis(lambda: self._client()[1].eval(_QUOTA_LUA, 1, self._quota(period), limit, int(keep)))
-        return None if int(used) < 0 else int(used)
-
-    async def quota_give_back(self, period: str) -> None:
-        await self._redis(lambda: self._client()[1].eval(_GIVE_BACK_LUA, 1, self._quota(period)))
-
-    async def quota_used(self, period: str) -> int:
-        return int(await self._redis(lambda: self._client()[1].get(self._quota(period))) or 0)
-
-    def _quota(self, period: str) -> str:
-        return f"{self._keys[0]}:quota:{period}"
-
     def _record_key(self, key_hash: str, service: str) -> str:
         return f"{_REMEMBERED}{key_hash}:{service}"
 
@@ -395,6 +382,19 @@ class RedisBudget(_RedisConnection):
         held, published, at, now = (_text(v) for v in raw)
         fresh = published if published and float(now) - float(at) <= SHARED_SECONDS else None
         return Lead(held or None, fresh, float(at), float(now))
+
+    async def quota_claim(self, period: str, limit: int, keep: float) -> int | None:
+        used = await self._redis(lambda: self._client()[1].eval(_QUOTA_LUA, 1, self._quota(period), limit, int(keep)))
+        return None if int(used) < 0 else int(used)
+
+    async def quota_give_back(self, period: str) -> None:
+        await self._redis(lambda: self._client()[1].eval(_GIVE_BACK_LUA, 1, self._quota(period)))
+
+    async def quota_used(self, period: str) -> int:
+        return int(await self._redis(lambda: self._client()[1].get(self._quota(period))) or 0)
+
+    def _quota(self, period: str) -> str:
+        return f"{self._keys[0]}:quota:{period}"
 
 
 def _text(value: Any) -> str:

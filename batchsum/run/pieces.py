@@ -121,21 +121,7 @@ class Pieces:
         except BaseException:
             await stack.aclose()
             raise
-        self.options = RunOptions(
-            rpm=spec.rpm,
-            auto=spec.auto,
-            concurrency=spec.concurrency,
-            limiter=spec.limiter,
-            budget=self.budget,
-            window=spec.window,
-            window_bytes=spec.window_bytes,
-            drain_seconds=spec.drain_seconds,
-            max_wait=spec.max_wait,
-            long_texts=spec.long_texts,
-            max_requests=spec.max_requests,
-            sample_rows=sample,
-            record=self.record,
-        )
+        self.options = _run_options(spec, self.budget, self.record, sample)
         stats.timeline = Timeline(spec.rpm)
         share = Share(run_id, spec.share) if spec.share < 1 else None
         self.lanes = []
@@ -206,6 +192,26 @@ class Pieces:
         if shared:  # the workers of one job share the store; with none, this process's memory (one process)
             return (shared_memory(self.client.identity) if spec.store == "none" else None), True
         return process_cache(spec.client.service), False
+
+
+def _run_options(spec: RunSpec, budget: Budget, record: KeyRecord, sample: Any) -> RunOptions:
+    """How the engine runs ``spec``'s batch (the first key's budget and record; each key's own are
+    put in when its pacer is made)."""
+    return RunOptions(
+        rpm=spec.rpm,
+        auto=spec.auto,
+        concurrency=spec.concurrency,
+        limiter=spec.limiter,
+        budget=budget,
+        window=spec.window,
+        window_bytes=spec.window_bytes,
+        drain_seconds=spec.drain_seconds,
+        max_wait=spec.max_wait,
+        long_texts=spec.long_texts,
+        max_requests=spec.max_requests,
+        sample_rows=sample,
+        record=record,
+    )
 
 
 def _watch_keys(lanes: list[KeyLane], records: list[KeyRecord], stats: BatchStats, mode: int) -> None:
