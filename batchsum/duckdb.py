@@ -168,7 +168,7 @@ def register(
     type: Any = None,
     *,
     output_column: str = "summary",
-    api_key: str | None = None,
+    api_key: str | list[str] | None = None,
     base_url: str | None = None,
     local: bool = False,
     timeout: float = DEFAULT_TIMEOUT,
@@ -188,6 +188,8 @@ def register(
     sample: int | None = None,
     share: float = 1.0,
     report: str | os.PathLike[str] | None = None,
+    keys: str | os.PathLike[str] | None = None,
+    quota: str | None = None,
 ) -> Registration:
     """Register ``name(text)`` on ``con`` with the options fixed here, and its estimate
     (``batchsum_estimate`` for the default name, else ``NAME_estimate``):
