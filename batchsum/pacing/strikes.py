@@ -20,19 +20,19 @@ __all__ = ["Strikes", "window_of", "shown_by", "STRIKE_SECONDS", "STRIKES_WITHIN
 STRIKE_SECONDS = 5.0  # a refusal after this long of even sending at the pace is a strike ...
 STEADY_ADMITTED = 5  # ... as is one with at least this many admitted since the last episode ...
 STRIKES_WITHIN = 70.0  # ... and two this close are the limit
-SNAPS = (60.0, 10.0)  # the windows services count in: strikes each within SNAP_WITHIN of a whole
-SNAP_WITHIN = 0.15  # number of windows after the one before are that many windows apart
+SNAPS = (60.0, 10.0)  # the windows services count in: strikes each a whole number of windows after the
+EARLY, LATE = 0.15, 0.25  # one before, less EARLY or more LATE of one (the pause after each runs late)
 
 
 def window_of(strikes: list[float]) -> float | None:
-    """The kind of window the strikes point to: each came within ``SNAP_WITHIN`` of a whole number of
-    that window after the one before (a fixed window refuses once full, at the same point of each),
-    or None (a bucket's strikes are as far apart as it took to run dry)."""
+    """The kind of window the strikes point to: each came about a whole number of that window after the
+    one before (a fixed window refuses once full, at the same point of each, give or take how late the
+    pause after the last refusal let the sending resume), or None (a bucket's strikes are as far apart
+    as it took to run dry; read as a window's, they show about the same)."""
     gaps = [b - a for a, b in zip(strikes, strikes[1:])]
     for window in SNAPS:
-        if all(
-            round(gap / window) >= 1 and abs(gap - round(gap / window) * window) <= SNAP_WITHIN * window for gap in gaps
-        ):
+        counts = [math.floor(gap / window + EARLY) for gap in gaps]
+        if all(n >= 1 and -EARLY * window <= gap - n * window <= LATE * window for n, gap in zip(counts, gaps)):
             return window
     return None
 
