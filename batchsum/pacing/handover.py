@@ -85,7 +85,7 @@ def taken_on(auto: Held, text: str | None, *, resume: bool = False) -> bool:
     if search is not None:
         search.level = min(auto.cap, search.lo if resume and search.lo > 0 else search.level)
         if resume:
-            search.since = search.previous = -math.inf  # its stretch begins at this run's first look
+            search.since = -math.inf  # its stretch begins at this run's first look
     if resume:
         auto.since, auto.strikes = -math.inf, Strikes()
         auto.standing = "settled" if auto.standing == "probe" else auto.standing

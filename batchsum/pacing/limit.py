@@ -126,7 +126,7 @@ class AutoLimit:
         """The key's first start under this limit (the budget's clock): the first level's stretch and a
         settled limit's quiet begin."""
         if self.search is not None and self.search.since == -math.inf:
-            self.search.since = self.search.previous = now
+            self.search.since = now
         if self.since == -math.inf:
             self.since = now
             self.strikes.clear(now)

@@ -113,7 +113,7 @@ class Settle(NamedTuple):
 @dataclass
 class Search:
     """The search's state (the budget's clock): the ``phase`` (climb, verify, refine), the ``level``
-    tried ``since`` when, the level before it (``before``, from ``previous``), the bracket (``lo``:
+    tried ``since`` when, the level before it (``before``), the bracket (``lo``:
     the highest level proven clean, from ``lo_since``; ``hi``: the lowest refused), and what the
     trailing minute must exceed for verifying to end. ``step`` reads the ledger and answers whether
     the level moved, or the limit the search ends on."""
@@ -123,7 +123,6 @@ class Search:
     level: float = START_RPM
     since: float = -math.inf
     before: float = 0.0
-    previous: float = -math.inf
     lo: float = 0.0
     lo_since: float = -math.inf
     below: float = 0.0  # the level proven before ``lo`` (``lo`` refused while confirming: it is again)
@@ -256,7 +255,7 @@ class Search:
         """Try ``level`` from ``now``; whether it is another level."""
         level = max(MIN_RPM, min(self.cap, level))
         changed = level != self.level
-        self.before, self.previous = self.level, self.since
+        self.before = self.level
         self.level, self.since = level, now
         return changed
 
@@ -270,7 +269,7 @@ def search_from(data: dict[str, Any], cap: float) -> Search:
     """The search ``search_data`` made, under this run's ``cap``."""
     fields = {k: data[k] for k in Search.__dataclass_fields__ if k in data and k != "cap"}
     search = Search(cap, **fields)
-    for name, missing in (("since", -math.inf), ("previous", -math.inf), ("lo_since", -math.inf), ("hi", math.inf)):
+    for name, missing in (("since", -math.inf), ("lo_since", -math.inf), ("hi", math.inf)):
         if getattr(search, name) is None:
             setattr(search, name, missing)
     return search
