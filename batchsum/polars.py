@@ -42,7 +42,8 @@ from .run.batches import BatchStream
 from .run.run import run_texts
 from .run.spec import RunSpec
 from .service.errors import ConfigurationError, InputError, redact_location
-from .service.settings import ENV_API_KEY, Secret, check_key, environment
+from .service.keys import ENV_API_KEYS, KeyPlan, resolve_keys
+from .service.settings import ENV_API_KEY, Secret, environment
 
 __all__ = ["DataFrameNamespace", "LazyFrameNamespace", "SeriesNamespace", "last_run", "LAZY_BATCH_ROWS"]
 
@@ -69,16 +70,17 @@ def last_run() -> dict[str, Any] | None:
 
 # A lazy plan's secrets by token, kept in the process that made the plan (and the token by secrets,
 # so that a process making many plans with one key keeps it once).
-_kept: dict[str, tuple[Secret | None, str, Any, str]] = {}
-_tokens: dict[tuple[Secret | None, str, Any, str], str] = {}
+_Secrets = tuple[Secret | None, str, Any, str, tuple[KeyPlan, ...]]
+_kept: dict[str, _Secrets] = {}
+_tokens: dict[_Secrets, str] = {}
 _kept_lock = threading.Lock()
 
 
 def _keep(spec: RunSpec) -> tuple[RunSpec, str]:
-    """``spec`` without its secrets (the key; the credentials in its base URL, budget or answer
+    """``spec`` without its secrets (its keys; the credentials in its base URL, budget or answer
     store), and the opaque token this process keeps them under: what a lazy plan holds, so that no
     serialized, explained or printed plan holds a piece of them."""
-    secrets = (spec.client.api_key, spec.client.base_url, spec.budget, spec.store)
+    secrets: _Secrets = (spec.client.api_key, spec.client.base_url, spec.budget, spec.store, spec.keys)
     with _kept_lock:
         try:
             token = _tokens.get(secrets)
@@ -91,30 +93,30 @@ def _keep(spec: RunSpec) -> tuple[RunSpec, str]:
                 _tokens[secrets] = token
     budget = redact_location(spec.budget) if isinstance(spec.budget, str) else spec.budget
     client = dataclasses.replace(spec.client, api_key=None, base_url=redact_location(spec.client.base_url))
-    return spec.replace(client=client, budget=budget, store=redact_location(spec.store)), token
+    return spec.replace(client=client, budget=budget, store=redact_location(spec.store), keys=()), token
 
 
 def _kept_spec(bare: RunSpec, token: str) -> RunSpec:
     """The spec a lazy plan runs with, where it runs: in the process that made the plan, its secrets
-    as kept; in another one (a plan serialized and loaded there), the key from that process's
-    ``$BATCHSUM_API_KEY``, and no other secret (a base URL, budget or store that held credentials is
-    refused)."""
+    as kept; in another one (a plan serialized and loaded there), the keys from that process's
+    environment (``$BATCHSUM_API_KEYS``, else ``$BATCHSUM_API_KEY``), and no other secret (a base URL,
+    budget or store that held credentials is refused)."""
     with _kept_lock:
         secrets = _kept.get(token)
     if secrets is not None:
-        key, base_url, budget, store = secrets
+        key, base_url, budget, store, keys = secrets
         client = dataclasses.replace(bare.client, api_key=key, base_url=base_url)
-        return bare.replace(client=client, budget=budget, store=store)
+        return bare.replace(client=client, budget=budget, store=store, keys=keys)
     elsewhere = "this lazy plan was made in another process, which kept its"
     for name, value in (("base URL", bare.client.base_url), ("budget", bare.budget), ("store", bare.store)):
         if isinstance(value, str) and "***" in value:
             raise ConfigurationError(f"{elsewhere} {name}'s credentials: collect it in the process that made it")
     if bare.client.local:
         return bare
-    here = environment().get(ENV_API_KEY, "")
-    if not here.strip():
-        raise ConfigurationError(f"{elsewhere} key: set {ENV_API_KEY} where the plan runs")
-    return bare.replace(client=dataclasses.replace(bare.client, api_key=Secret(check_key(here, ENV_API_KEY))))
+    here = resolve_keys(None, None, environment())
+    if not here:
+        raise ConfigurationError(f"{elsewhere} key: set {ENV_API_KEY} (or {ENV_API_KEYS}) where the plan runs")
+    return bare.replace(client=dataclasses.replace(bare.client, api_key=here[0].key), keys=here)
 
 
 def _results_frame(results: list[RowResult], output_column: str) -> pl.DataFrame:

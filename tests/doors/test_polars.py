@@ -225,7 +225,7 @@ def test_a_lazy_plan_run_in_another_process_reads_the_key_there_or_says_so(svc, 
     assert without.returncode == 1
     assert without.stdout.strip() == (
         "ConfigurationError this lazy plan was made in another process, which kept its key: "
-        "set BATCHSUM_API_KEY where the plan runs"
+        "set BATCHSUM_API_KEY (or BATCHSUM_API_KEYS) where the plan runs"
     )
 
 
@@ -278,3 +278,14 @@ def test_a_lazy_plan_with_a_budget_object_keeps_it_in_this_process_and_runs(svc,
     texts = [article(20, seed=7300 + i) for i in range(3)]
     lazy = pl.LazyFrame({"text": texts}).batchsum.summarize("text", **{**opts, "budget": budget})
     assert lazy.collect()["summary_status"].to_list() == ["ok"] * 3
+
+
+def test_a_lazy_plan_with_several_keys_holds_no_piece_of_any(svc, opts):
+    """A run's keys (``api_key=[...]``) stay in the process that made the plan, as its one key does."""
+    other = "zq" + LONG_KEY[2:][::-1]
+    lazy = pl.LazyFrame({"text": [article(20, seed=7100)]}).batchsum.summarize(
+        "text", **{**opts, "api_key": [LONG_KEY, other]}
+    )
+    for secret in (LONG_KEY, other):
+        held = [name for name, blob in _blobs(lazy).items() for piece in _pieces(secret) if piece in blob]
+        assert not held, f"a piece of a key in {sorted(set(held))}"
