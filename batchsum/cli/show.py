@@ -150,8 +150,9 @@ def journal_command(args: argparse.Namespace) -> int:
 def _open_upkeep(where: str) -> Any:
     """The upkeep of the store ``where`` names, or None when it is a machine's not made yet."""
     from ..data.scopes import store_path
+    from ..service.settings import store_kind
 
-    if where.lower().startswith(("redis://", "rediss://", "unix://")):
+    if store_kind(where) == "redis":
         from ..data.redis_store import RedisUpkeep
 
         return RedisUpkeep(where)

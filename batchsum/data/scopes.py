@@ -9,6 +9,7 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
+from ..service.settings import store_kind
 from .results import OK, Answer
 from .stores import AnswerStore, StoreError
 
@@ -22,9 +23,10 @@ def open_store(where: str, service: str, identity: str | None = None) -> Any:
     ``machine`` (the user's cache folder), ``sqlite:///PATH``, a Redis URL (the cluster's; the old
     answers of the key ``identity`` are taken in the first time), or None for ``none``.
     ``StoreError`` when it cannot be opened."""
-    if where == "none":
+    kind = store_kind(where)
+    if kind == "none":
         return None
-    if where.lower().startswith(("redis://", "rediss://", "unix://")):
+    if kind == "redis":
         from .redis_store import RedisStore
 
         cluster = RedisStore(where, service)
@@ -54,9 +56,10 @@ def store_path(where: str) -> Path:
 def look_at_store(where: str, service: str) -> Any:
     """The answer store ``where`` names, to look only (a dry run): nothing is made or written; None
     when it is ``none`` or not made yet. ``StoreError`` when it cannot be read."""
-    if where == "none":
+    kind = store_kind(where)
+    if kind == "none":
         return None
-    if where.lower().startswith(("redis://", "rediss://", "unix://")):
+    if kind == "redis":
         from .redis_store import RedisStore
 
         return RedisStore(where, service)

@@ -48,6 +48,8 @@ __all__ = [
     "client_settings",
     "budget_spec",
     "store_spec",
+    "store_kind",
+    "REDIS_SCHEMES",
     "resolve_rate",
     "check_key",
     "check_base_url",
@@ -73,6 +75,7 @@ ENV_STORE = "BATCHSUM_STORE"
 DEFAULT_RPM = 60.0
 DEFAULT_BUDGET = "machine"
 STORE_KINDS = "machine, none, sqlite:///PATH or redis://HOST:PORT/DB"
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # a location with one of these names a Redis
 DEFAULT_MAX_WAIT = 1800.0  # seconds a row may wait out 429s before it fails as rate_limited
 ENCODINGS = ("json", "form", "multipart")
 LONG_TEXT_POLICIES = ("skip", "split", "truncate")
@@ -429,8 +432,7 @@ def store_spec(store: object, budget: object, environ: Mapping[str, str] | None 
         source = f"${ENV_STORE}"  # named as itself in the message, not as the option
         if not store:
             url = budget if isinstance(budget, str) else getattr(budget, "url", None)
-            redis = isinstance(url, str) and url.strip().lower().startswith(("redis://", "rediss://", "unix://"))
-            return url.strip() if redis and isinstance(url, str) else DEFAULT_BUDGET
+            return url.strip() if isinstance(url, str) and store_kind(url) == "redis" else DEFAULT_BUDGET
     else:
         source = "store"
     if not isinstance(store, str):
@@ -439,12 +441,19 @@ def store_spec(store: object, budget: object, environ: Mapping[str, str] | None 
     lowered = spelled.lower()
     if lowered in ("machine", "none"):
         return lowered
-    if (lowered.startswith("sqlite:///") and len(spelled) > len("sqlite:///")) or lowered.startswith(
-        ("redis://", "rediss://", "unix://")
-    ):
+    if (lowered.startswith("sqlite:///") and len(spelled) > len("sqlite:///")) or store_kind(spelled) == "redis":
         return spelled
     shown = redact_location(spelled)
     raise InvalidParameterError(f"invalid {source} {shown!r}: use {STORE_KINDS}")
+
+
+def store_kind(where: str) -> str:
+    """Which store a location (as ``store_spec`` gives it) names: ``"none"``, ``"redis"`` (a Redis URL:
+    the cluster's store) or ``"file"`` (``machine``, ``sqlite:///PATH``: a SQLite file on one
+    machine's disk)."""
+    if where == "none":
+        return "none"
+    return "redis" if where.strip().lower().startswith(REDIS_SCHEMES) else "file"
 
 
 def check_path(name: str, value: Any) -> str:
