@@ -235,7 +235,8 @@ class SharedJournal(Journal):
             raise JournalError(f"the journal {self.path}: {exc}") from None
 
     def renew(self, keys: Collection[str]) -> None:
-        """Extend every claim this run still holds (one statement; ``keys`` are all of them)."""
+        """Extend the claims this run holds (``SQLiteClaims.renew``: the ones it knows it holds, which
+        ``keys`` are)."""
         try:
             self._claims.renew()
         except sqlite3.Error as exc:

@@ -182,6 +182,7 @@ class MachineStore:
                 except BaseException:
                     self._db.execute("ROLLBACK")
                     raise
+                self._claims.held.discard(claimed)
         except sqlite3.Error as exc:
             raise StoreError(f"the answer store {self.path}: {exc}") from None
 
@@ -201,7 +202,8 @@ class MachineStore:
             raise StoreError(f"the answer store {self.path}: {exc}") from None
 
     def renew(self, keys: Collection[str]) -> None:
-        """Every claim this run still holds, renewed (``keys`` are all of them)."""
+        """The claims this run holds, renewed (``SQLiteClaims.renew``: the ones it knows it holds,
+        which ``keys`` are)."""
         try:
             self._claims.renew()
         except sqlite3.Error as exc:
