@@ -84,6 +84,8 @@ def connect_store(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
             row = db.execute("SELECT value FROM meta WHERE name='format'").fetchone()
             if row is None or row[0] != FORMAT:
                 raise sqlite3.DatabaseError(f"of an unknown format {row[0] if row else None!r}")
+        elif _is_set_up(db):  # the usual opening: no write lock taken, nothing made
+            db.execute("PRAGMA synchronous=NORMAL")
         else:
             _set_up(db)
     except sqlite3.Error as exc:
@@ -95,6 +97,23 @@ def connect_store(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
             raise StoreError(f"the answer store {path} is {why}; it was left as it is") from None
         raise StoreError(f"the answer store {path} cannot be opened: {why}") from None
     return db
+
+
+_TABLES = {"answers", "meta", "claims"}
+
+
+def _is_set_up(db: sqlite3.Connection) -> bool:
+    """Is the file a store made already (its tables there, its format row ours, in WAL mode since
+    it was made)? Then it is opened as it is; anything else goes through ``_set_up``, which says
+    what is wrong with it."""
+    try:
+        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not _TABLES <= tables:
+            return False
+        row = db.execute("SELECT value FROM meta WHERE name='format'").fetchone()
+    except sqlite3.Error:
+        return False
+    return row is not None and row[0] == FORMAT
 
 
 def _set_up(db: sqlite3.Connection) -> None:
@@ -137,6 +156,12 @@ class MachineStore:
         self._lock = threading.RLock()
         self._db = connect_store(self.path, readonly=readonly)  # readonly: to look (a dry run), never to write
         self._claims = SQLiteClaims(self._db, self._lock)
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """Its connection: the store's upkeep uses it when the store opens (``store_upkeep.keep_up``),
+        before the store is used, so that opening it takes one connection."""
+        return self._db
 
     def _run(self, sql: str, args: tuple[Any, ...] = ()) -> sqlite3.Cursor:
         try:

@@ -42,7 +42,11 @@ def open_store(where: str, service: str, identity: str | None = None) -> Any:
 
     path = store_path(where)
     store = MachineStore(path, service)
-    keep_up(path)  # the old stores taken in before anything is looked up; pruning when due
+    try:
+        keep_up(path, store.connection)  # the old stores taken in before anything is looked up; pruning when due
+    except BaseException:
+        store.close()
+        raise
     return store
 
 

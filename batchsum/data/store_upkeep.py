@@ -7,6 +7,7 @@ earlier versions (``answers-<key>.sqlite`` beside it) taken in the first time it
 from __future__ import annotations
 
 import logging
+import math
 import sqlite3
 import threading
 import time
@@ -31,12 +32,13 @@ _VACUUM_PAGES = 256
 
 class MachineUpkeep:
     """The upkeep of the store file at ``path``, through a connection of its own (``StoreError``
-    when it cannot be opened)."""
+    when it cannot be opened), or through ``db``, a store's that it borrows (left open by ``close``)."""
 
-    def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
+    def __init__(self, path: str | Path, *, readonly: bool = False, db: sqlite3.Connection | None = None) -> None:
         self.path = Path(path)
         self.where = f"this machine ({self.path})"
-        self._db = connect_store(self.path, readonly=readonly)
+        self._borrowed = db is not None
+        self._db = db if db is not None else connect_store(self.path, readonly=readonly)
 
     def _meta(self, name: str) -> str | None:
         row = self._db.execute("SELECT value FROM meta WHERE name=?", (name,)).fetchone()
@@ -99,7 +101,14 @@ class MachineUpkeep:
 
     def due(self, now: float) -> bool:
         """Is pruning due (none within ``PRUNE_EVERY``, or the clock was stepped back past it)? Taken
-        for this process when it is: one process prunes at a time."""
+        for this process when it is: one process prunes at a time. Read first: an opening when it is
+        not due writes nothing."""
+        try:
+            pruned = float(self._meta("pruned_at") or "nan")
+        except ValueError:
+            pruned = math.nan
+        if now - PRUNE_EVERY <= pruned <= now + PRUNE_EVERY:
+            return False
         cursor = self._db.execute(
             "UPDATE meta SET value=? WHERE name='pruned_at' AND (CAST(value AS REAL) < ? OR CAST(value AS REAL) > ?)",
             (str(now), now - PRUNE_EVERY, now + PRUNE_EVERY),
@@ -165,25 +174,25 @@ class MachineUpkeep:
         return taken
 
     def close(self) -> None:
-        self._db.close()
+        if not self._borrowed:
+            self._db.close()
 
 
-def keep_up(path: Path) -> None:
-    """At a store's opening: the old stores taken in (once, before anything is looked up), and
-    pruning started on a thread of its own when it is due."""
-    upkeep = MachineUpkeep(path)
+def keep_up(path: Path, db: sqlite3.Connection) -> None:
+    """At a store's opening, on its connection ``db`` (before the store is used): the old stores
+    taken in (once, before anything is looked up), and when pruning is due (at most once an hour,
+    whoever opens the store), pruning started on a thread with a connection of its own."""
+    upkeep = MachineUpkeep(path, db=db)
     try:
         taken = upkeep.take_in_old()
         if taken:
             log.info("batchsum: %d answers of earlier versions' stores taken into %s", taken, path)
-        due = upkeep.due(time.time())
+        if not upkeep.due(time.time()):
+            return
+        pruner = MachineUpkeep(path)
     except (sqlite3.Error, StoreError):
-        upkeep.close()
-        return
-    if not due:
-        upkeep.close()
-        return
-    threading.Thread(target=_prune, args=(upkeep,), name="batchsum-store-prune", daemon=True).start()
+        return  # the next opening tries again
+    threading.Thread(target=_prune, args=(pruner,), name="batchsum-store-prune", daemon=True).start()
 
 
 def _prune(upkeep: MachineUpkeep) -> None:

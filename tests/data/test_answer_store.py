@@ -286,3 +286,44 @@ def test_a_dry_run_looks_at_the_store_without_making_or_writing_it(tmp_path):
     with pytest.raises(StoreError):
         looking.put("k", SUMMARY)
     looking.close()
+
+
+def _connections_to(path: Path) -> int:
+    """This process's open files on the store ``path`` (its connections')."""
+    fds = Path("/proc/self/fd")
+    return sum(1 for fd in fds.iterdir() if os.path.realpath(fd) == str(path))
+
+
+def test_opening_the_store_takes_one_connection_and_sets_up_only_a_new_file(monkeypatch):
+    import threading
+
+    from batchsum.data import machine_store
+
+    open_store("machine", SERVICE).close()  # made, set up, and pruned (due the first time) on a thread
+    for thread in threading.enumerate():
+        if thread.name == "batchsum-store-prune":
+            thread.join()
+    connects: list[object] = []
+    set_ups: list[object] = []
+    real_connect, real_set_up = sqlite3.connect, machine_store._set_up
+    monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: connects.append(a) or real_connect(*a, **k))
+    monkeypatch.setattr(machine_store, "_set_up", lambda db: set_ups.append(db) or real_set_up(db))
+    store = open_store("machine", SERVICE)
+    try:
+        assert len(connects) == 1 and set_ups == []  # the upkeep on the store's connection; the file as it was
+        store.put("k", SUMMARY)
+        assert store.get("k") == SUMMARY
+    finally:
+        store.close()
+
+
+def test_a_store_whose_upkeep_fails_at_its_opening_is_closed(monkeypatch):
+    from batchsum.data import store_upkeep
+
+    def failing(*args: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(store_upkeep, "keep_up", failing)
+    with pytest.raises(RuntimeError) as raised:
+        open_store("machine", SERVICE)
+    assert raised.value is not None and _connections_to(default_store_path()) == 0
