@@ -1,6 +1,7 @@
 """``RedisStore``: the cluster's answer store (``budget="redis://..."``, or ``store=`` naming a Redis),
-one key per answer under ``batchsum:store:{SERVICE}:``, kept for the store's retention; claims with
-the leases of ``leases``; and its upkeep (``RedisUpkeep``: entries listed, removed, the retention set)."""
+one key per answer under ``batchsum:store:{SERVICE}:``, kept for the store's retention (a job's own
+refusals, when it has no journal, under ``...:refusal:JOB:``, for a day); claims with the leases of
+``leases``; and its upkeep (``RedisUpkeep``: entries listed, removed, the retention set)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 from .leases import CLAIM_SECONDS, claim_owner, holder_is_gone
 from .results import OK, Answer
-from .stores import LOOKUP_CHUNK, StoreError
+from .stores import LOOKUP_CHUNK, REFUSAL_SECONDS, StoreError
 
 __all__ = ["RedisStore", "RedisUpkeep", "PREFIX", "DEFAULT_RETENTION_DAYS"]
 
@@ -49,15 +50,17 @@ def _retention(client: Any) -> int:
 class RedisStore:
     """The answers of ``service`` in the Redis at ``url``, one key each (``batchsum:store:{SERVICE}:FP``,
     the service as the hash tag: a cluster keeps a service's answers on one node), kept the store's
-    retention after they were written; claims as ``MachineStore``'s, their lease on Redis' own clock.
-    ``StoreError`` when Redis cannot be reached."""
+    retention after they were written; claims as ``MachineStore``'s, their lease on Redis' own clock;
+    ``job``: the job whose refusals it keeps too, for a day, seen by that job alone (None: summaries
+    only). ``StoreError`` when Redis cannot be reached."""
 
     claims = True
 
-    def __init__(self, url: str, service: str) -> None:
+    def __init__(self, url: str, service: str, *, job: str | None = None) -> None:
         from ..service.errors import redact_location
 
         self.where = f"Redis ({redact_location(url)})"
+        self.job = job
         self._redis = _connect(url)
         self._prefix = f"{PREFIX}{{{service}}}:"
         self._owner = claim_owner()
@@ -73,8 +76,12 @@ class RedisStore:
     def get(self, key: str) -> Answer | None:
         return self.get_many([key]).get(key)
 
+    def _refusal(self, key: str) -> str:
+        return f"{self._prefix}refusal:{self.job}:{key}"
+
     def get_many(self, keys: list[str]) -> dict[str, Answer]:
-        """The answers kept for ``keys``: one ``MGET`` per ``LOOKUP_CHUNK`` keys."""
+        """The answers kept for ``keys``, and the job's refusals for the others: one ``MGET`` each
+        per ``LOOKUP_CHUNK`` keys."""
         found: dict[str, Answer] = {}
         for start in range(0, len(keys), LOOKUP_CHUNK):
             chunk = keys[start : start + LOOKUP_CHUNK]
@@ -82,13 +89,22 @@ class RedisStore:
                 if raw is not None:
                     summary, attempts, _ = json.loads(raw)
                     found[key] = Answer(summary, OK, None, None, 200, attempts)
+            rest = [key for key in chunk if key not in found]
+            if self.job is not None and rest:
+                for key, raw in zip(rest, self._redis.mget([self._refusal(key) for key in rest])):
+                    if raw is not None:
+                        found[key] = Answer(*json.loads(raw)[:6])
         return found
 
     def put(self, key: str, answer: Answer) -> None:
-        """Keep ``answer`` when it is a summary; it replaces what was kept (``refresh``)."""
+        """Keep ``answer``: a summary for every job (it replaces what was kept: ``refresh``); a
+        refusal for this store's ``job`` alone, for a day (no job: not kept)."""
         if answer.status == OK and answer.summary is not None:
             value = json.dumps([answer.summary, answer.attempts, time.time()])
             self._redis.set(self._prefix + key, value, ex=self._ttl)
+        elif self.job is not None:
+            value = json.dumps([*answer, time.time()])
+            self._redis.set(self._refusal(key), value, ex=min(REFUSAL_SECONDS, self._ttl))
 
     def claim(self, key: str) -> bool:
         name = f"{self._prefix}claim:{key}"

@@ -18,18 +18,19 @@ __all__ = ["Scopes", "open_store", "look_at_store", "store_path"]
 log = logging.getLogger("batchsum")
 
 
-def open_store(where: str, service: str, identity: str | None = None) -> Any:
+def open_store(where: str, service: str, identity: str | None = None, job: str | None = None) -> Any:
     """The answer store ``where`` names (``service.settings.store_spec``) for ``service``'s answers:
     ``machine`` (the user's cache folder), ``sqlite:///PATH``, a Redis URL (the cluster's; the old
-    answers of the key ``identity`` are taken in the first time), or None for ``none``.
-    ``StoreError`` when it cannot be opened."""
+    answers of the key ``identity`` are taken in the first time), or None for ``none``. ``job``: a
+    job whose only scope the store is (a shared run with no journal): its refusals are kept there
+    too, for itself and for a day. ``StoreError`` when it cannot be opened."""
     kind = store_kind(where)
     if kind == "none":
         return None
     if kind == "redis":
         from .redis_store import RedisStore
 
-        cluster = RedisStore(where, service)
+        cluster = RedisStore(where, service, job=job)
         try:
             if identity is not None:
                 cluster.take_in_old(identity)
@@ -41,7 +42,7 @@ def open_store(where: str, service: str, identity: str | None = None) -> Any:
     from .store_upkeep import keep_up
 
     path = store_path(where)
-    store = MachineStore(path, service)
+    store = MachineStore(path, service, job=job)
     try:
         keep_up(path, store.connection)  # the old stores taken in before anything is looked up; pruning when due
     except BaseException:
@@ -77,7 +78,8 @@ class Scopes:
     """A run's answers: its own (``own``: the output's journal, or this process's memory for a run with
     none; ``keeps_all``: a journal keeps every answer, memory only what no store on disk keeps) and
     the store shared beyond it (``store``: None for none). Looked up in that order, the store's
-    answers copied into a journal; a summary goes to both, a refusal to its own scope only. Claims
+    answers copied into a journal; a summary goes to both, a refusal to its own scope only (with no
+    own scope, a shared run's, to the store, which keeps it for the job alone and a day). Claims
     are the store's when it has some, else its own's (a shared journal). ``refresh``: nothing is
     looked up (every request sent again; its answer replaces the stored one).
 
@@ -158,9 +160,9 @@ class Scopes:
 
     def put(self, key: str, answer: Answer) -> None:
         """``answer`` kept: in the run's own scope (memory: only when no store keeps it) and, a
-        summary, in the store."""
+        summary, in the store; a refusal goes to the store only when the run has no own scope."""
         kept = False
-        if self.store is not None and answer.status == OK:
+        if self.store is not None and (answer.status == OK or self.own is None):
             try:
                 self.store.put(key, answer)
                 kept = True

@@ -16,7 +16,7 @@ from typing import Any
 
 from .journal_file import problem
 from .machine_store import connect_store
-from .stores import StoreError
+from .stores import REFUSAL_SECONDS, StoreError
 
 __all__ = ["MachineUpkeep", "DEFAULT_RETENTION_DAYS", "DEFAULT_MAX_BYTES", "PRUNE_EVERY", "PRUNE_ROWS"]
 
@@ -74,12 +74,14 @@ class MachineUpkeep:
 
     def remove(self, *, before: float | None = None, service: str | None = None) -> int:
         """The answers written before ``before`` and of ``service`` (None: any) removed, in small
-        transactions; how many."""
+        transactions, and jobs' refusals with them; how many answers."""
         where = " AND ".join(
             clause for clause, value in (("written < ?", before), ("service = ?", service)) if value is not None
         )
         args = tuple(value for value in (before, service) if value is not None)
-        return self._delete(f"WHERE {where}" if where else "", args, busy=30.0)
+        gone = self._delete(f"WHERE {where}" if where else "", args, busy=30.0)
+        self._db.execute(f"DELETE FROM refusals {f'WHERE {where}' if where else ''}", args)  # jobs' own, a day's
+        return gone
 
     def _delete(self, where: str, args: tuple[Any, ...], *, busy: float, order: str = "", limit: int = 0) -> int:
         """Delete the rows ``where`` selects (at most ``limit``; 0: all), ``PRUNE_ROWS`` a transaction."""
@@ -120,7 +122,7 @@ class MachineUpkeep:
 
     def prune(self, now: float | None = None) -> int:
         """Answers past the retention removed, then the oldest while over the size cap; lapsed
-        claims of holders long gone too. How many answers went."""
+        claims of holders long gone, and jobs' refusals past their day, too. How many answers went."""
         now = time.time() if now is None else now
         settings = self.settings()
         gone = self._delete("WHERE written < ?", (now - settings["retention_days"] * 86400,), busy=_PRUNE_BUSY)
@@ -132,6 +134,7 @@ class MachineUpkeep:
                 break
             gone += removed
         self._db.execute("DELETE FROM claims WHERE expires < ?", (now - 86400,))
+        self._db.execute("DELETE FROM refusals WHERE written < ?", (now - REFUSAL_SECONDS,))
         return gone
 
     def take_in_old(self) -> int:

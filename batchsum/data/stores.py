@@ -47,12 +47,16 @@ __all__ = [
     "CLAIM_RENEW_SECONDS",
     "CLAIM_POLL_SECONDS",
     "LOOKUP_CHUNK",
+    "REFUSAL_SECONDS",
     "StoreError",
 ]
 
 log = logging.getLogger("batchsum")
 
 LOOKUP_CHUNK = 500  # keys per query of a look-up in bulk (SQLite allows 999 parameters at the least)
+# How long a job keeps its refusals in the answer store when it has no journal (a shared run's only
+# scope): a refusal a retry could change (a 422 of a deployment) is asked again the next day.
+REFUSAL_SECONDS = 86400
 
 
 class StoreError(BatchsumError):

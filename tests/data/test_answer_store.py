@@ -58,6 +58,36 @@ def test_answers_are_kept_by_service_and_fingerprint_and_only_summaries(tmp_path
     assert MachineStore(path, SERVICE).get("k").summary == "a newer summary"
 
 
+def test_a_jobs_refusals_are_kept_for_that_job_alone_and_for_a_day(tmp_path):
+    path = tmp_path / "store.sqlite"
+    job, other_job, no_job = (MachineStore(path, SERVICE, job=j) for j in ("job-1", "job-2", None))
+    job.put("refused", REFUSAL)
+    job.put("k", SUMMARY)
+    assert job.get_many(["refused", "k"]) == {"refused": REFUSAL, "k": SUMMARY}
+    assert other_job.get_many(["refused", "k"]) == no_job.get_many(["refused", "k"]) == {"k": SUMMARY}
+    assert MachineStore(path, "https://other.example.com", job="job-1").get("refused") is None
+    db = sqlite3.connect(path)
+    db.execute("UPDATE refusals SET written = written - 86401")  # a day later: asked again
+    db.commit()
+    assert job.get("refused") is None
+    assert [name for (name,) in db.execute("SELECT fingerprint FROM refusals")] == ["refused"]
+    MachineUpkeep(path).prune()
+    assert db.execute("SELECT COUNT(*) FROM refusals").fetchone()[0] == 0  # pruned with the old answers
+    db.close()
+
+
+def test_a_store_of_an_earlier_version_gets_the_refusals_table_when_first_opened(tmp_path):
+    path = tmp_path / "store.sqlite"
+    MachineStore(path, SERVICE).close()
+    db = sqlite3.connect(path)
+    db.execute("DROP TABLE refusals")  # as this round's first stores were made
+    db.commit()
+    db.close()
+    store = MachineStore(path, SERVICE, job="job")
+    store.put("refused", REFUSAL)
+    assert store.get("refused") == REFUSAL
+
+
 def test_a_file_that_is_not_a_store_is_refused_and_left_as_it_was(tmp_path):
     other = tmp_path / "other.sqlite"
     db = sqlite3.connect(other)
@@ -233,6 +263,10 @@ def test_the_cluster_store_keeps_answers_by_service_and_takes_in_a_keys_old_answ
         store.put("c" * 64, REFUSAL)
         assert store.get("c" * 64) is None
         assert RedisStore(redis_url, "https://another.example").get(a) is None
+        job = RedisStore(redis_url, service, job="job-1")  # a job whose only scope the store is
+        job.put("c" * 64, REFUSAL)
+        assert job.get("c" * 64) == REFUSAL and 0 < raw.ttl(job._refusal("c" * 64)) <= 86400
+        assert store.get("c" * 64) is None and RedisStore(redis_url, service, job="job-2").get("c" * 64) is None
         upkeep = RedisUpkeep(redis_url)
         assert (service, pytest.approx(time.time(), abs=60)) in upkeep.inventory()
         assert upkeep.remove(service=service) == 1 and store.get(a) is None

@@ -5,6 +5,7 @@ cannot be opened; a killed holder; claims that hold while the wall clock is step
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -148,6 +149,28 @@ def test_refresh_asks_again_and_the_new_answer_replaces_the_stored_one(env, tmp_
     assert env.stats()["requests"] == 12  # every request sent again
     assert store.get(key).summary != "a stale summary"  # replaced
     assert pd.read_parquet(tmp_path / "c.parquet")["summary"][0] == store.get(key).summary
+
+
+@pytest.mark.parametrize("where", ["machine", "redis"])
+def test_the_partitions_of_a_job_without_a_journal_pay_once_for_a_refusal(svc, where, request):
+    """A Dask, Spark or Ray job with no journal: the store is its partitions' only scope, and keeps
+    the job's refusals (for that job alone, for a day), so a 422 is paid for once in the job."""
+    from batchsum.run.shared import prepare_shared
+
+    budget = request.getfixturevalue("redis_url") if where == "redis" else None
+    svc.faults = Faults(script=["422", "422"])
+    text = article(30, seed=4242)
+
+    def job() -> list[str]:
+        spec = prepare_shared(RunSpec.from_kwargs(api_key=KEY, base_url=svc.url, progress=False, budget=budget))
+        assert spec.store == (budget or f"sqlite://{default_store_path()}")
+        # two partitions, one after the other
+        return [asyncio.run(run_texts(spec, [text], shared=True))[0].error for _ in range(2)]
+
+    assert job() == ["unprocessable", "unprocessable"]
+    assert svc.stats()["requests"] == 1
+    assert job() == ["unprocessable", "unprocessable"]  # another job asks again: never shared beyond the job
+    assert svc.stats()["requests"] == 2
 
 
 def test_store_none_is_the_output_journal_alone_and_makes_no_store(env, tmp_path, monkeypatch):
