@@ -173,6 +173,17 @@ def test_the_partitions_of_a_job_without_a_journal_pay_once_for_a_refusal(svc, w
     assert svc.stats()["requests"] == 2
 
 
+def test_a_worker_whose_store_cannot_be_opened_keeps_its_answers_in_its_process(svc, tmp_path):
+    (tmp_path / "a-file").write_text("")  # the store's folder is a file: it cannot be opened on this worker
+    spec = RunSpec.from_kwargs(
+        api_key=KEY, base_url=svc.url, progress=False, store=f"sqlite://{tmp_path}/a-file/answers.sqlite"
+    ).replace(run_id="one-job")
+    svc.faults = Faults(script=["422"])
+    text = article(30, seed=4343)
+    results = [asyncio.run(run_texts(spec, [text], shared=True))[0].error for _ in range(2)]
+    assert results == ["unprocessable", "unprocessable"] and svc.stats()["requests"] == 1
+
+
 def test_store_none_is_the_output_journal_alone_and_makes_no_store(env, tmp_path, monkeypatch):
     source = parquet(tmp_path / "in.parquet", texts(0, 5))
     assert summarize(source, "-o", str(tmp_path / "a.parquet"), "--store", "none") == 0
