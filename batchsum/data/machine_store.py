@@ -14,6 +14,7 @@ stores imported when it is first opened; entries listed and removed) is in ``sto
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import stat
@@ -197,16 +198,19 @@ class MachineStore:
     def get(self, key: str) -> Answer | None:
         return self.get_many([key]).get(key)
 
-    def get_many(self, keys: list[str]) -> dict[str, Answer]:
+    def get_many(self, keys: list[str], since: float | None = None) -> dict[str, Answer]:
         """The answers kept for ``keys`` (fingerprints), and the job's refusals of the last day for
-        the others: one query each per ``LOOKUP_CHUNK`` keys."""
+        the others: one query each per ``LOOKUP_CHUNK`` keys. ``since``: only those written since
+        then (``time.time()``: a refreshing run's own, or another's while it ran)."""
         found: dict[str, Answer] = {}
+        oldest = -math.inf if since is None else since
+        recent = "" if since is None else " AND written>=?"  # by the primary key either way
         for start in range(0, len(keys), LOOKUP_CHUNK):
             chunk = keys[start : start + LOOKUP_CHUNK]
             rows = self._run(
                 "SELECT fingerprint, summary, attempts FROM answers WHERE service=? AND fingerprint IN "
-                f"({','.join('?' * len(chunk))})",
-                (self.service, *chunk),
+                f"({','.join('?' * len(chunk))}){recent}",
+                (self.service, *chunk, *(() if since is None else (since,))),
             ).fetchall()
             for key, summary, attempts in rows:
                 found[key] = Answer(summary, OK, None, None, 200, attempts)
@@ -215,7 +219,7 @@ class MachineStore:
                 refused = self._run(
                     "SELECT fingerprint, answer FROM refusals WHERE job=? AND service=? AND written>=? AND "
                     f"fingerprint IN ({','.join('?' * len(rest))})",
-                    (self.job, self.service, time.time() - REFUSAL_SECONDS, *rest),
+                    (self.job, self.service, max(oldest, time.time() - REFUSAL_SECONDS), *rest),
                 ).fetchall()
                 for key, answer in refused:
                     found[key] = Answer(*json.loads(answer))

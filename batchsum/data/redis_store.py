@@ -6,6 +6,7 @@ refusals, when it has no journal, under ``...:refusal:JOB:``, for a day); claims
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Collection, Iterator
@@ -79,21 +80,23 @@ class RedisStore:
     def _refusal(self, key: str) -> str:
         return f"{self._prefix}refusal:{self.job}:{key}"
 
-    def get_many(self, keys: list[str]) -> dict[str, Answer]:
+    def get_many(self, keys: list[str], since: float | None = None) -> dict[str, Answer]:
         """The answers kept for ``keys``, and the job's refusals for the others: one ``MGET`` each
-        per ``LOOKUP_CHUNK`` keys."""
+        per ``LOOKUP_CHUNK`` keys. ``since``: only those written since then (``time.time()``)."""
         found: dict[str, Answer] = {}
+        oldest = -math.inf if since is None else since
         for start in range(0, len(keys), LOOKUP_CHUNK):
             chunk = keys[start : start + LOOKUP_CHUNK]
             for key, raw in zip(chunk, self._redis.mget([self._prefix + key for key in chunk])):
                 if raw is not None:
-                    summary, attempts, _ = json.loads(raw)
-                    found[key] = Answer(summary, OK, None, None, 200, attempts)
+                    summary, attempts, written = json.loads(raw)
+                    if written >= oldest:
+                        found[key] = Answer(summary, OK, None, None, 200, attempts)
             rest = [key for key in chunk if key not in found]
             if self.job is not None and rest:
                 for key, raw in zip(rest, self._redis.mget([self._refusal(key) for key in rest])):
-                    if raw is not None:
-                        found[key] = Answer(*json.loads(raw)[:6])
+                    if raw is not None and (fields := json.loads(raw))[6] >= oldest:
+                        found[key] = Answer(*fields[:6])
         return found
 
     def put(self, key: str, answer: Answer) -> None:

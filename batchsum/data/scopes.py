@@ -5,6 +5,7 @@ memory when it has none) and the answer store shared beyond it (the machine's, t
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
@@ -80,19 +81,29 @@ class Scopes:
     the store shared beyond it (``store``: None for none). Looked up in that order, the store's
     answers copied into a journal; a summary goes to both, a refusal to its own scope only (with no
     own scope, a shared run's, to the store, which keeps it for the job alone and a day). Claims
-    are the store's when it has some, else its own's (a shared journal). ``refresh``: nothing is
-    looked up (every request sent again; its answer replaces the stored one).
+    are the store's when it has some, else its own's (a shared journal). ``refresh``: nothing written
+    before ``started`` (the run's start, or its job's; default: now) is looked up, so every request
+    is sent again and its answer replaces the stored one; what was written since (this run's own
+    answers, another's while it ran) answers as always, so a text is paid for once in the run.
 
     A store that fails (a full disk, Redis gone) is said once and left: the run goes on with its own
     scope. Its own scope's failures are the run's (``JournalError``: the run stops)."""
 
     def __init__(
-        self, own: AnswerStore | None, store: Any = None, *, keeps_all: bool = True, refresh: bool = False
+        self,
+        own: AnswerStore | None,
+        store: Any = None,
+        *,
+        keeps_all: bool = True,
+        refresh: bool = False,
+        started: float | None = None,
     ) -> None:
         self.own = own
         self.store = store
         self.keeps_all = keeps_all
         self.refresh = refresh
+        # Under refresh, answers written before this (``time.time()``) are not looked up.
+        self.since = (time.time() if started is None else started) if refresh else None
         self.where = getattr(store, "where", None)
 
     @property
@@ -124,17 +135,19 @@ class Scopes:
 
     def lookup(self, keys: list[str]) -> tuple[dict[str, Answer], set[str]]:
         """The answers known for ``keys``, and which of them the store gave (not its own scope)."""
-        if self.refresh:
-            return {}, set()
+        since = self.since
         found: dict[str, Answer] = {}
         if self.own is not None:
             many = getattr(self.own, "get_many", None)
-            found = many(keys) if many is not None else {k: a for k in keys if (a := self.own.get(k)) is not None}
+            if many is not None:
+                found = many(keys) if since is None else many(keys, since)
+            elif since is None:  # a store that cannot say when it kept an answer: nothing of it under refresh
+                found = {k: a for k in keys if (a := self.own.get(k)) is not None}
         missing = [key for key in keys if key not in found] if found else keys
         if self.store is None or not missing:
             return found, set()
         try:
-            stored: dict[str, Answer] = self.store.get_many(missing)
+            stored: dict[str, Answer] = self.store.get_many(missing, since)
         except Exception as exc:  # noqa: BLE001 - a store is a help, never a stop
             self._failed(exc)
             return found, set()

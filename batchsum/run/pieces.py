@@ -178,7 +178,7 @@ class Pieces:
                 own = shared_memory(self.client.identity)
         if store is not None:
             self._stack.callback(store.close)
-        return Scopes(own, store, keeps_all=keeps_all, refresh=spec.refresh)
+        return Scopes(own, store, keeps_all=keeps_all, refresh=spec.refresh, started=spec.started)
 
     def _own_scope(self, spec: RunSpec, run_id: str, shared: bool) -> tuple[AnswerStore | None, bool]:
         """The run's own answers, and whether they keep every answer (a journal) or only what no

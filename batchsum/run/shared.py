@@ -4,6 +4,7 @@ actors), and who sends for a distributed door (``Workers``): one rule for every 
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -61,8 +62,8 @@ def prepare_shared(spec: RunSpec, workers: Callable[[], Workers | None] | None =
     here, once, before anything is sent: the local service started, the budget reachable and one the
     ``workers`` can share (asked after the budget answered; None: this process alone), the machine
     budget and the machine's answer store named by their files (the same on every worker, whatever
-    their cache folder), the store opened once (made, and the old stores taken in), and the shared
-    journal created."""
+    their cache folder), the store opened once (made, and the old stores taken in), the shared
+    journal created, and the job named (one ``run_id`` and one ``started`` for all its workers)."""
     from .background import run_in_worker
 
     spec = bind(spec)
@@ -73,6 +74,7 @@ def prepare_shared(spec: RunSpec, workers: Callable[[], Workers | None] | None =
     if who is not None:
         _refuse_unshared(budget, redact_location(spec.budget) if isinstance(spec.budget, str) else repr(budget), who)
     changes: dict[str, Any] = {"run_id": spec.run_id or uuid.uuid4().hex[:16]}  # one share for all the workers
+    changes["started"] = spec.started or time.time()  # under refresh, what the job's partitions bought is theirs
     if isinstance(budget, SQLiteBudget):
         changes["budget"] = f"sqlite://{budget.path}"
     changes["store"] = _shared_store(spec, identity, who)

@@ -320,6 +320,9 @@ class RunSpec:
     # Which run a share belongs to: None, a fresh one per Run; prepare_shared names one for all the
     # partitions of a Dask or Spark job, so that together they use at most their share.
     run_id: str | None = None
+    # When the job started (``time.time()``): under refresh, answers written before it are asked again
+    # and those written since are used. None: each run's own start; prepare_shared sets the job's.
+    started: float | None = None
 
     @classmethod
     def from_kwargs(

@@ -361,3 +361,31 @@ def test_a_store_whose_upkeep_fails_at_its_opening_is_closed(monkeypatch):
     with pytest.raises(RuntimeError) as raised:
         open_store("machine", SERVICE)
     assert raised.value is not None and _connections_to(default_store_path()) == 0
+
+
+def _later_than(moment: float) -> float:
+    """The wall clock, once it has moved past ``moment``."""
+    while (now := time.time()) <= moment:
+        pass
+    return now
+
+
+def test_refresh_skips_only_the_answers_written_before_the_run_started(tmp_path, redis_url):
+    journal = Journal(tmp_path / "j.sqlite")
+    journal.serve(SERVICE)
+    machine = MachineStore(tmp_path / "store.sqlite", SERVICE)
+    cluster = RedisStore(redis_url, f"https://refresh-{os.urandom(4).hex()}.example")
+    memory = MemoryStore()
+    for scope in (journal, machine, cluster, memory):
+        scope.put("old", SUMMARY)
+    started = _later_than(time.time())
+    for own, store, keeps_all in ((journal, machine, True), (memory, cluster, False)):
+        scopes = Scopes(own, store, keeps_all=keeps_all, refresh=True, started=started)
+        assert scopes.lookup(["old"]) == ({}, set())  # asked again
+        scopes.put("mine", SUMMARY)
+        scopes.put("refused", REFUSAL)
+        assert scopes.lookup(["mine", "refused"])[0] == {"mine": SUMMARY, "refused": REFUSAL}  # this run's own
+        store.put("theirs", SUMMARY)  # another run's, while this one ran
+        assert scopes.lookup(["theirs"]) == ({"theirs": SUMMARY}, {"theirs"})
+        assert Scopes(own, store).lookup(["old"])[0] == {"old": SUMMARY}  # without refresh: everything
+    cluster.close()

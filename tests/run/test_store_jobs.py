@@ -151,6 +151,51 @@ def test_refresh_asks_again_and_the_new_answer_replaces_the_stored_one(env, tmp_
     assert pd.read_parquet(tmp_path / "c.parquet")["summary"][0] == store.get(key).summary
 
 
+def test_refresh_pays_once_for_a_text_that_repeats_in_the_run(svc):
+    from batchsum.run.run import Run
+
+    text = article(30, seed=777)
+    key = text_fingerprint(contract.parse_params(1, contract.PERCENTAGE_DEFAULT, None))(text)
+
+    def written() -> float:
+        if not default_store_path().exists():
+            return 0.0
+        with sqlite3.connect(default_store_path()) as db:
+            row = db.execute("SELECT MAX(written) FROM answers WHERE fingerprint=?", (key,)).fetchone()
+        return row[0] or 0.0
+
+    async def run(refresh: bool, journal: Path | None = None) -> list[str]:
+        begun = time.time()
+
+        async def rows():
+            yield text
+            while written() < begun:  # the first is answered and kept: the repeat is looked up, not joined
+                await asyncio.sleep(0.02)
+            yield text
+
+        spec = RunSpec.from_kwargs(api_key=KEY, base_url=svc.url, progress=False, refresh=refresh, journal=journal)
+        async with Run(spec) as opened:
+            return [result.status async for result in opened.stream(rows())]
+
+    assert asyncio.run(asyncio.wait_for(run(False), 60)) == ["ok", "ok"] and svc.stats()["requests"] == 1
+    assert asyncio.run(asyncio.wait_for(run(True), 60)) == ["ok", "ok"]
+    assert svc.stats()["requests"] == 2  # what the store held is asked again, once
+    assert asyncio.run(asyncio.wait_for(run(True, Path(os.environ["XDG_CACHE_HOME"]) / "j.sqlite"), 60)) == ["ok"] * 2
+    assert svc.stats()["requests"] == 3  # with a journal as its own scope, the same
+
+
+def test_refresh_pays_once_per_text_in_the_partitions_of_a_job(svc):
+    from batchsum.run.shared import prepare_shared
+
+    text = article(30, seed=778)
+    before = RunSpec.from_kwargs(api_key=KEY, base_url=svc.url, progress=False)
+    asyncio.run(run_texts(before, [text]))  # in the store before the job
+    spec = prepare_shared(RunSpec.from_kwargs(api_key=KEY, base_url=svc.url, progress=False, refresh=True))
+    for _ in range(2):  # two partitions, one after the other
+        assert asyncio.run(run_texts(spec, [text], shared=True))[0].status == "ok"
+    assert svc.stats()["requests"] == 2  # asked again once for the job, not once per partition
+
+
 @pytest.mark.parametrize("where", ["machine", "redis"])
 def test_the_partitions_of_a_job_without_a_journal_pay_once_for_a_refusal(svc, where, request):
     """A Dask, Spark or Ray job with no journal: the store is its partitions' only scope, and keeps
