@@ -98,6 +98,29 @@ def test_duckdbs_threads_call_it_at_once_and_each_text_is_paid_once(con, svc):
     assert registration.runs == 1
 
 
+def test_with_store_none_two_threads_chunks_claim_their_texts(con, svc):
+    """``store="none"``: the run's answers in a store on disk of this process's own, with claims (as a
+    lazy Polars frame's), so two of DuckDB's threads with the same texts pay once."""
+    import threading
+
+    registration = register(con, svc, store="none")
+    registration.summarize([article(30, seed=99)])  # the key's first request, alone
+    svc.state.reset_stats()
+    svc.faults = Faults(latency=0.3)
+    texts = [article(30, seed=i) for i in range(10)]
+    results: list[list[str]] = []
+    threads = [
+        threading.Thread(target=lambda: results.append([r.status for r in registration.summarize(texts)]))
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [["ok"] * 10] * 2
+    assert svc.stats()["requests"] == 10 and svc.stats()["answered_twice"] == 0
+
+
 def test_it_is_never_folded_when_the_query_is_planned(con, svc):
     register(con, svc)
     text = article(20, seed=7)
