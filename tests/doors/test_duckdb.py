@@ -121,6 +121,24 @@ def test_with_store_none_two_threads_chunks_claim_their_texts(con, svc):
     assert svc.stats()["requests"] == 10 and svc.stats()["answered_twice"] == 0
 
 
+def test_a_run_that_cannot_open_fails_each_query_in_one_line_and_leaves_no_thread(con, svc):
+    import threading
+
+    from tests.conftest import free_port
+
+    register(con, svc, budget=f"redis://127.0.0.1:{free_port()}/0")  # no Redis there
+
+    def ours() -> list[str]:
+        return sorted(thread.name for thread in threading.enumerate() if thread.name.startswith("batchsum-"))
+
+    before = ours()
+    for seed in range(3):
+        with pytest.raises(duckdb.Error, match="cannot reach the rate budget"):
+            con.execute(f"SELECT batchsum_summarize('{article(20, seed=seed)}')").fetchall()
+    assert ours() == before and "batchsum-run" not in before  # no run's loop thread left behind
+    assert svc.stats()["requests"] == 0
+
+
 def test_it_is_never_folded_when_the_query_is_planned(con, svc):
     register(con, svc)
     text = article(20, seed=7)
