@@ -291,7 +291,7 @@ class RunSpec:
 
     Build it with ``RunSpec.from_kwargs(...)`` (or ``from_args`` from the CLI's namespace); it is
     plain data, picklable (``limiter`` and a ``Budget`` object excepted: they live in one process),
-    and its repr never shows the key.
+    and its repr shows no secret (``describe``: the key never, locations without credentials).
     """
 
     params: contract.Params
@@ -430,6 +430,11 @@ class RunSpec:
     def describe(self) -> dict[str, Any]:
         """The options as plain data, for a report or a log line: the key never, locations redacted."""
         return describe_spec(self)
+
+    def __repr__(self) -> str:
+        """The options as ``describe`` gives them: no secret (the key, a password in a redis://
+        budget or store, credentials in the base URL) in a repr, a log line or a traceback."""
+        return "RunSpec(" + ", ".join(f"{name}={value!r}" for name, value in self.describe().items()) + ")"
 
 
 def describe_spec(spec: RunSpec) -> dict[str, Any]:

@@ -342,6 +342,11 @@ class ClientSettings:
         """The key's short hash (``key_hash``), None before the local service fills it in."""
         return None if self.api_key is None else key_hash(self.api_key.reveal())
 
+    def __repr__(self) -> str:
+        """The key as its ``Secret``, the address without credentials (``describe``)."""
+        fields = ", ".join(f"{name}={value!r}" for name, value in self.describe().items())
+        return f"ClientSettings(api_key={self.api_key!r}, {fields})"
+
     def describe(self) -> dict[str, Any]:
         """Where and how requests go, as plain data for a report: the key never, the address redacted."""
         return {
