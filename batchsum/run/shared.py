@@ -15,6 +15,7 @@ from ..data.scopes import open_store
 from ..data.stores import StoreError
 from ..pacing.budget import Budget, ProcessBudget, SQLiteBudget, check_budget, open_budget
 from ..service.errors import BudgetError, InvalidParameterError, redact_location
+from ..service.settings import store_kind
 from .binding import bind
 from .logs import log
 from .spec import RunSpec
@@ -86,8 +87,16 @@ def prepare_shared(spec: RunSpec, workers: Callable[[], Workers | None] | None =
 def _shared_store(spec: RunSpec, identity: str, workers: Workers | None) -> str:
     """The store every worker opens: the machine's by its file; opened here once. One that cannot be
     opened is said in one line and the workers go on without it; ``none`` is refused when the
-    workers are several processes (each would keep its own answers, and pay for another's texts)."""
+    workers are several processes (each would keep its own answers, and pay for another's texts),
+    and a store on one machine's disk (``machine``, ``sqlite:///PATH``) when they are on several
+    hosts (each host's workers would claim in a file of their own, and pay for another's texts)."""
     several = workers is not None and (workers.processes > 1 or workers.hosts > 1)
+    if workers is not None and workers.hosts > 1 and store_kind(spec.store) == "file":
+        raise InvalidParameterError(
+            f"invalid store {spec.store!r} here: the workers are on {workers.hosts} hosts, and a store on one "
+            "machine's disk is not shared between them (their claims cannot see each other, so they would pay "
+            "twice for a text); pass store='redis://HOST:PORT/DB' (the default with a redis:// budget)"
+        )
     if spec.store == "none":
         if several and spec.journal is None:
             assert workers is not None

@@ -229,6 +229,30 @@ def test_a_worker_whose_store_cannot_be_opened_keeps_its_answers_in_its_process(
     assert results == ["unprocessable", "unprocessable"] and svc.stats()["requests"] == 1
 
 
+def test_a_store_on_one_machines_disk_is_refused_for_workers_on_several_hosts(svc, redis_url, tmp_path):
+    from batchsum.errors import InvalidParameterError
+    from batchsum.run.shared import Workers, prepare_shared
+
+    def spec(store: str | None) -> RunSpec:
+        return RunSpec.from_kwargs(api_key=KEY, base_url=svc.url, progress=False, budget=redis_url, store=store)
+
+    def two_hosts() -> Workers:
+        return Workers(4, 2, "this cluster runs partitions in 4 worker processes")
+
+    own = tmp_path / "answers.sqlite"
+    for store in ("machine", f"sqlite://{own}"):
+        with pytest.raises(InvalidParameterError) as caught:
+            prepare_shared(spec(store), two_hosts)
+        message = str(caught.value)
+        assert "\n" not in message and f"invalid store {store!r}" in message and "2 hosts" in message
+        assert "store='redis://HOST:PORT/DB'" in message
+    assert not own.exists() and not default_store_path().exists()  # refused before anything was opened
+    assert prepare_shared(spec(None), two_hosts).store == redis_url  # the default: the budget's Redis
+    one_host = prepare_shared(spec("machine"), lambda: Workers(2, 1, "2 worker processes"))
+    assert one_host.store == f"sqlite://{default_store_path()}"
+    assert svc.stats()["requests"] == 0
+
+
 def test_store_none_is_the_output_journal_alone_and_makes_no_store(env, tmp_path, monkeypatch):
     source = parquet(tmp_path / "in.parquet", texts(0, 5))
     assert summarize(source, "-o", str(tmp_path / "a.parquet"), "--store", "none") == 0
