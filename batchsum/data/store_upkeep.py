@@ -6,11 +6,13 @@ earlier versions (``answers-<key>.sqlite`` beside it) taken in the first time it
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,9 @@ _VACUUM_PAGES = 256
 
 class MachineUpkeep:
     """The upkeep of the store file at ``path``, through a connection of its own (``StoreError``
-    when it cannot be opened), or through ``db``, a store's that it borrows (left open by ``close``)."""
+    when it cannot be opened), or through ``db``, a store's that it borrows (left open by ``close``).
+    What ``batchsum store`` asks of it (``settings``, ``configure``, ``inventory``, ``remove``)
+    raises ``StoreError`` when the file refuses."""
 
     def __init__(self, path: str | Path, *, readonly: bool = False, db: sqlite3.Connection | None = None) -> None:
         self.path = Path(path)
@@ -40,26 +44,36 @@ class MachineUpkeep:
         self._borrowed = db is not None
         self._db = db if db is not None else connect_store(self.path, readonly=readonly)
 
+    @contextlib.contextmanager
+    def _said(self) -> Iterator[None]:
+        """SQLite's errors (a damaged file, a disk that refuses) as ``StoreError``, in one line."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise StoreError(f"the answer store {self.path}: {exc}") from None
+
     def _meta(self, name: str) -> str | None:
         row = self._db.execute("SELECT value FROM meta WHERE name=?", (name,)).fetchone()
         return None if row is None else str(row[0])
 
     def settings(self) -> dict[str, Any]:
         """The retention (days), the size cap and the size now (bytes)."""
-        retention = self._meta("retention_days")
-        cap = self._meta("max_bytes")
-        return {
-            "retention_days": int(retention) if retention is not None else DEFAULT_RETENTION_DAYS,
-            "max_bytes": int(cap) if cap is not None else DEFAULT_MAX_BYTES,
-            "bytes": self.size(),
-        }
+        with self._said():
+            retention = self._meta("retention_days")
+            cap = self._meta("max_bytes")
+            return {
+                "retention_days": int(retention) if retention is not None else DEFAULT_RETENTION_DAYS,
+                "max_bytes": int(cap) if cap is not None else DEFAULT_MAX_BYTES,
+                "bytes": self.size(),
+            }
 
     def configure(self, *, retention_days: int | None = None, max_bytes: int | None = None) -> None:
         """Set the retention and the size cap, for every process using the store."""
-        for name, value in (("retention_days", retention_days), ("max_bytes", max_bytes)):
-            if value is not None:
-                self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (name, str(value)))
-        self._db.execute("INSERT OR REPLACE INTO meta VALUES ('pruned_at', '0')")  # pruned at the next open
+        with self._said():
+            for name, value in (("retention_days", retention_days), ("max_bytes", max_bytes)):
+                if value is not None:
+                    self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (name, str(value)))
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('pruned_at', '0')")  # pruned at the next open
 
     def size(self) -> int:
         """The bytes its answers take (the file's pages in use)."""
@@ -70,7 +84,8 @@ class MachineUpkeep:
 
     def inventory(self) -> list[tuple[str, float]]:
         """Every answer's service and when it was written."""
-        return [(s, float(w)) for s, w in self._db.execute("SELECT service, written FROM answers").fetchall()]
+        with self._said():
+            return [(s, float(w)) for s, w in self._db.execute("SELECT service, written FROM answers").fetchall()]
 
     def remove(self, *, before: float | None = None, service: str | None = None) -> int:
         """The answers written before ``before`` and of ``service`` (None: any) removed, in small
@@ -79,8 +94,9 @@ class MachineUpkeep:
             clause for clause, value in (("written < ?", before), ("service = ?", service)) if value is not None
         )
         args = tuple(value for value in (before, service) if value is not None)
-        gone = self._delete(f"WHERE {where}" if where else "", args, busy=30.0)
-        self._db.execute(f"DELETE FROM refusals {f'WHERE {where}' if where else ''}", args)  # jobs' own, a day's
+        with self._said():
+            gone = self._delete(f"WHERE {where}" if where else "", args, busy=30.0)
+            self._db.execute(f"DELETE FROM refusals {f'WHERE {where}' if where else ''}", args)  # jobs' own, a day's
         return gone
 
     def _delete(self, where: str, args: tuple[Any, ...], *, busy: float, order: str = "", limit: int = 0) -> int:

@@ -49,6 +49,7 @@ __all__ = [
     "budget_spec",
     "store_spec",
     "store_kind",
+    "redis_url",
     "REDIS_SCHEMES",
     "resolve_rate",
     "check_key",
@@ -419,12 +420,30 @@ def _rpm_from(env: Mapping[str, str]) -> float | str:
 
 
 def budget_spec(budget: Any, environ: Mapping[str, str] | None = None) -> Any:
-    """``budget`` as given, or for None ``$BATCHSUM_BUDGET``, else ``"machine"``."""
+    """``budget`` as given, or for None ``$BATCHSUM_BUDGET``, else ``"machine"``; a Redis URL checked
+    (``redis_url``)."""
+    source = "budget"
     if budget is None:
-        return environment(environ).get(ENV_BUDGET, "").strip() or DEFAULT_BUDGET
-    if isinstance(budget, str) or callable(getattr(budget, "reserve", None)):
+        budget = environment(environ).get(ENV_BUDGET, "").strip() or DEFAULT_BUDGET
+        source = f"${ENV_BUDGET}"
+    if isinstance(budget, str):
+        return redis_url(budget, source, BudgetError) if store_kind(budget) == "redis" else budget
+    if callable(getattr(budget, "reserve", None)):
         return budget
     raise BudgetError(f"invalid budget {budget!r}: use 'machine', 'none', 'redis://HOST:PORT/DB' or a Budget")
+
+
+def redis_url(url: str, source: str, error: type[Exception] = InvalidParameterError) -> str:
+    """A Redis URL as the redis client reads it: its scheme in lower case, its port a number; else
+    ``error`` naming ``source`` in one line, without the URL's credentials."""
+    scheme, sep, rest = url.strip().partition("://")
+    url = scheme.lower() + sep + rest
+    try:
+        urlsplit(url).port  # noqa: B018 - reading the port is the check
+    except ValueError as exc:  # a port that is not a number, or out of range
+        shown = redact_location(url)
+        raise error(f"invalid {source} {shown!r}: {exc}; use redis://[:PASSWORD@]HOST:PORT/DB") from None
+    return url
 
 
 def store_spec(store: object, budget: object, environ: Mapping[str, str] | None = None) -> str:
@@ -446,8 +465,10 @@ def store_spec(store: object, budget: object, environ: Mapping[str, str] | None 
     lowered = spelled.lower()
     if lowered in ("machine", "none"):
         return lowered
-    if (lowered.startswith("sqlite:///") and len(spelled) > len("sqlite:///")) or store_kind(spelled) == "redis":
+    if lowered.startswith("sqlite:///") and len(spelled) > len("sqlite:///"):
         return spelled
+    if store_kind(spelled) == "redis":
+        return redis_url(spelled, source)
     shown = redact_location(spelled)
     raise InvalidParameterError(f"invalid {source} {shown!r}: use {STORE_KINDS}")
 

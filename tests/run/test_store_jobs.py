@@ -253,6 +253,32 @@ def test_a_store_on_one_machines_disk_is_refused_for_workers_on_several_hosts(sv
     assert svc.stats()["requests"] == 0
 
 
+def test_a_dry_run_whose_redis_store_fails_while_read_says_so_in_its_store_line(env, redis_url, tmp_path, capsys):
+    """A Redis user who may not run MGET: the store opens, and fails as the dry run reads it. The
+    dry run says so in its store line, as a run would leave the store, never a traceback, never the
+    password."""
+    import redis
+
+    raw = redis.Redis.from_url(redis_url)
+    user, password = f"no-mget-{os.urandom(3).hex()}", "pw-no-mget-4242"
+    raw.acl_setuser(
+        user, enabled=True, passwords=[f"+{password}"], keys=["*"], channels=["*"], commands=["+@all", "-mget"]
+    )
+    try:
+        store = redis_url.replace("redis://", f"redis://{user}:{password}@")
+        source = parquet(tmp_path / "in.parquet", texts(0, 3))
+        assert summarize(source, "-o", str(tmp_path / "a.parquet"), "--store", store, "--dry-run") == 0
+        out = capsys.readouterr()
+        line = next(line for line in out.out.splitlines() if line.startswith("store:"))
+        assert "not usable" in line and "no permissions to run the 'mget' command" in line and "***@" in line
+        assert "would send:       3 requests" in out.out
+        assert password not in out.out + out.err and "Traceback" not in out.err
+        assert env.stats()["requests"] == 0
+    finally:
+        raw.acl_deluser(user)
+        raw.close()
+
+
 def test_store_none_is_the_output_journal_alone_and_makes_no_store(env, tmp_path, monkeypatch):
     source = parquet(tmp_path / "in.parquet", texts(0, 5))
     assert summarize(source, "-o", str(tmp_path / "a.parquet"), "--store", "none") == 0
