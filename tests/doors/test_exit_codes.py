@@ -293,6 +293,24 @@ def test_each_stop_exits_with_the_code_the_docs_state(case, env, tmp_path, capsy
         assert err.strip().splitlines()[-1].startswith("batchsum: ")  # its reason, said in a line of its own
 
 
+def test_an_output_put_refused_at_the_end_stops_with_how_to_resume(env, s3, tmp_path, capsys):
+    """A remote output whose bucket went away mid-run: the put at the end fails; a stop (1) that says
+    where the output is kept and how to resume, every answer journaled."""
+    from pyarrow import fs
+
+    s3.create_dir("going")
+    deleting = fs.S3FileSystem(endpoint_override=os.environ["AWS_ENDPOINT_URL"], allow_bucket_deletion=True)
+    env.faults = Faults(latency=0.05)
+    when_answered(env, 5, lambda: deleting.delete_dir("going"))
+    code, err = summarize(
+        source(tmp_path), "-o", "s3://going/out.parquet", "--journal", str(tmp_path / "j.sqlite"), capsys=capsys
+    )
+    assert code == 1 and "Traceback" not in err, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("batchsum: stopped: cannot put s3://going/out.parquet") and "the output is kept in" in line
+    assert "30 new answers kept; run the same command again to resume" in line
+
+
 def test_the_table_lists_every_code_the_command_leaves_with():
     from batchsum.cli import console
 
