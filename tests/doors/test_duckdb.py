@@ -107,7 +107,7 @@ def test_with_store_none_two_threads_chunks_claim_their_texts(con, svc):
     registration.summarize([article(30, seed=99)])  # the key's first request, alone
     svc.state.reset_stats()
     svc.faults = Faults(latency=0.3)
-    texts = [article(30, seed=i) for i in range(10)]
+    texts = [article(30, seed=9100 + i) for i in range(10)]  # the scratch store is the process's: texts of its own
     results: list[list[str]] = []
     threads = [
         threading.Thread(target=lambda: results.append([r.status for r in registration.summarize(texts)]))
