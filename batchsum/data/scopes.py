@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -185,37 +185,30 @@ class Scopes:
             self.own.put(key, answer)
 
     def claim(self, key: str) -> bool:
-        claimer = self._claimer
-        if claimer is None:
-            return True
-        try:
-            won: bool = claimer.claim(key)
-            return won
-        except Exception as exc:
-            if claimer is not self.store:
-                raise
-            self._failed(exc)
-            return self.claim(key)
+        """Claimed by this run in the store's claims, else its own scope's; no claims: True (it sends)."""
+        won = self._on_claimer(lambda claimer: claimer.claim(key), again=True)
+        return True if won is None else bool(won)
 
     def release(self, key: str) -> None:
-        claimer = self._claimer
-        if claimer is not None:
-            try:
-                claimer.release(key)
-            except Exception as exc:
-                if claimer is not self.store:
-                    raise
-                self._failed(exc)
+        self._on_claimer(lambda claimer: claimer.release(key))
 
     def renew(self, keys: Collection[str]) -> None:
-        claimer = self._claimer
-        if claimer is not None:
+        self._on_claimer(lambda claimer: claimer.renew(keys))
+
+    def _on_claimer(self, call: Callable[[Any], Any], *, again: bool = False) -> Any:
+        """``call`` on who holds the claims, and what it gave (None: no one does); a store that fails
+        is left (``again``: ``call`` then goes to its own scope's claims, if any). Its own scope's
+        failures are the run's."""
+        while (claimer := self._claimer) is not None:
             try:
-                claimer.renew(keys)
+                return call(claimer)
             except Exception as exc:
                 if claimer is not self.store:
                     raise
                 self._failed(exc)
+                if not again:
+                    return None
+        return None
 
     def spill(self, answers: list[tuple[str, Answer]]) -> str | None:
         """The answers its own scope refused, to the journal's side file (``Journal.spill``)."""

@@ -20,7 +20,15 @@ from .journal_file import problem
 from .machine_store import connect_store
 from .stores import REFUSAL_SECONDS, StoreError
 
-__all__ = ["MachineUpkeep", "DEFAULT_RETENTION_DAYS", "DEFAULT_MAX_BYTES", "PRUNE_EVERY", "PRUNE_ROWS"]
+__all__ = [
+    "MachineUpkeep",
+    "take_in_old",
+    "keep_up",
+    "DEFAULT_RETENTION_DAYS",
+    "DEFAULT_MAX_BYTES",
+    "PRUNE_EVERY",
+    "PRUNE_ROWS",
+]
 
 log = logging.getLogger("batchsum")
 
@@ -153,60 +161,59 @@ class MachineUpkeep:
         self._db.execute("DELETE FROM refusals WHERE written < ?", (now - REFUSAL_SECONDS,))
         return gone
 
-    def take_in_old(self) -> int:
-        """The summaries of the per-key stores of earlier versions (``answers-*.sqlite`` beside it),
-        taken in once (a marker in ``meta`` says so); how many."""
-        if self._meta("old_stores") is not None:
-            return 0
-        taken = 0
-        for old in sorted(self.path.parent.glob("answers-*.sqlite")):
-            if problem(old) is not None:
-                continue
-            try:
-                taken += self._take_in(old)
-            except sqlite3.Error as exc:
-                log.warning("batchsum: could not take in the answers of %s: %s", old, exc)
-        self._db.execute("INSERT OR REPLACE INTO meta VALUES ('old_stores', ?)", (str(taken),))
-        return taken
-
-    def _take_in(self, old: Path) -> int:
-        source = sqlite3.connect(f"file:{old}?mode=ro", uri=True)
-        taken = 0
-        try:
-            rows = source.execute(
-                "SELECT service, fingerprint, summary, attempts, finished_at FROM answers "
-                "WHERE status = 'ok' AND summary IS NOT NULL AND service IS NOT NULL"
-            )
-            while chunk := rows.fetchmany(PRUNE_ROWS):
-                entries = [(s, key.removeprefix(f"{s} "), summary, a, w) for s, key, summary, a, w in chunk]
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    taken += self._db.executemany(
-                        "INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?, ?)", entries
-                    ).rowcount
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    raise
-        finally:
-            source.close()
-        return taken
-
     def close(self) -> None:
         if not self._borrowed:
             self._db.close()
+
+
+def take_in_old(db: sqlite3.Connection, path: Path) -> int:
+    """The summaries of the per-key stores of earlier versions (``answers-*.sqlite`` beside the store
+    at ``path``), taken into it through ``db`` once (a marker in ``meta`` says so); how many."""
+    if db.execute("SELECT 1 FROM meta WHERE name='old_stores'").fetchone() is not None:
+        return 0
+    taken = 0
+    for old in sorted(path.parent.glob("answers-*.sqlite")):
+        if problem(old) is not None:
+            continue
+        try:
+            taken += _take_in(db, old)
+        except sqlite3.Error as exc:
+            log.warning("batchsum: could not take in the answers of %s: %s", old, exc)
+    db.execute("INSERT OR REPLACE INTO meta VALUES ('old_stores', ?)", (str(taken),))
+    return taken
+
+
+def _take_in(db: sqlite3.Connection, old: Path) -> int:
+    source = sqlite3.connect(f"file:{old}?mode=ro", uri=True)
+    taken = 0
+    try:
+        rows = source.execute(
+            "SELECT service, fingerprint, summary, attempts, finished_at FROM answers "
+            "WHERE status = 'ok' AND summary IS NOT NULL AND service IS NOT NULL"
+        )
+        while chunk := rows.fetchmany(PRUNE_ROWS):
+            entries = [(s, key.removeprefix(f"{s} "), summary, a, w) for s, key, summary, a, w in chunk]
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                taken += db.executemany("INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?, ?)", entries).rowcount
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+    finally:
+        source.close()
+    return taken
 
 
 def keep_up(path: Path, db: sqlite3.Connection) -> None:
     """At a store's opening, on its connection ``db`` (before the store is used): the old stores
     taken in (once, before anything is looked up), and when pruning is due (at most once an hour,
     whoever opens the store), pruning started on a thread with a connection of its own."""
-    upkeep = MachineUpkeep(path, db=db)
     try:
-        taken = upkeep.take_in_old()
+        taken = take_in_old(db, path)
         if taken:
             log.info("batchsum: %d answers of earlier versions' stores taken into %s", taken, path)
-        if not upkeep.due(time.time()):
+        if not MachineUpkeep(path, db=db).due(time.time()):
             return
         pruner = MachineUpkeep(path)
     except (sqlite3.Error, StoreError):

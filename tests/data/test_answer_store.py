@@ -239,7 +239,7 @@ def test_the_old_per_key_stores_are_taken_in_the_first_time_the_store_opens(tmp_
         assert store.get_many(["a", "b", "c"]) == {"a": SUMMARY}  # a summary of this service; no refusal
         assert MachineStore(store.path, "batchsum-local").get("c") == SUMMARY
         assert any("2 answers of earlier versions' stores" in r.getMessage() for r in caplog.records)
-        assert MachineUpkeep(store.path).take_in_old() == 0  # once
+        assert store_upkeep.take_in_old(store.connection, store.path) == 0  # once
     finally:
         store.close()
 
