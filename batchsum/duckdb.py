@@ -11,7 +11,8 @@ connection (``run.Run`` on a thread of its own, ``batches.OpenRun``), opened at 
 closed when the connection is closed (or the function is let go), after ``IDLE_SECONDS`` without a
 call, or when Python exits; its report (``report=``) is written then. The run goes through the key's
 budget and the answer store, like every run: a query run again pays for nothing, and the same texts
-in two threads' chunks are claimed, not paid twice.
+in two threads' chunks are claimed, not paid twice (with ``store="none"``, the run's answers go to a
+store on disk of this process's own, removed at exit, whose claims do the same: ``scratch_store``).
 
 ``batchsum_estimate(list(text))`` says what a query would send, sending nothing: a struct of the rows,
 the requests it would send, the rows already answered (by the answer store or the journal), of those
@@ -35,6 +36,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 import pyarrow as pa
 
 from .data.results import RowResult
+from .data.stores import scratch_store
 from .run.batches import OpenRun
 from .run.preview import estimate
 from .run.spec import RunSpec, document_options
@@ -210,6 +212,8 @@ def register(
                 f"invalid {option} on DuckDB: the function sees rows a chunk at a time, so it cannot hold a query's "
                 f"{option}; use the CLI or pandas for a capped or sampled run"
             )
+    if spec.store == "none":  # DuckDB's threads share the run: its answers need claims, on disk as Polars'
+        spec = spec.replace(store=scratch_store())
     registration = Registration(spec, name)
     token = _Token()
     summarize, estimated = _functions(registration, token)

@@ -12,7 +12,7 @@ from typing import Any
 from ..service import contract
 from ..service.errors import InputError, redact_location
 from ..service.settings import ENV_API_KEY
-from .console import EXIT_FATAL, EXIT_OK, EXIT_USAGE, Stop
+from .console import EXIT_OK, EXIT_USAGE, Stop
 
 __all__ = ["journal_command", "limits_command", "report_command", "store_command", "AGES"]
 
@@ -150,8 +150,9 @@ def journal_command(args: argparse.Namespace) -> int:
 def _open_upkeep(where: str) -> Any:
     """The upkeep of the store ``where`` names, or None when it is a machine's not made yet."""
     from ..data.scopes import store_path
+    from ..service.settings import store_kind
 
-    if where.lower().startswith(("redis://", "rediss://", "unix://")):
+    if store_kind(where) == "redis":
         from ..data.redis_store import RedisUpkeep
 
         return RedisUpkeep(where)
@@ -202,8 +203,8 @@ def store_command(args: argparse.Namespace) -> int:
             settings, entries = upkeep.settings(), upkeep.inventory()
         finally:
             upkeep.close()
-    except StoreError as exc:
-        raise Stop(EXIT_FATAL, f"error: {exc}") from None
+    except StoreError as exc:  # nothing is sent: the store is out of reach or refuses, said in one line
+        raise Stop(EXIT_USAGE, f"error: {exc}") from None
     cap = "" if settings["max_bytes"] is None else f" (cap {_mib(settings['max_bytes'])})"
     print(f"store:      {upkeep.where}")
     print(f"size:       {_mib(settings['bytes'])}{cap}; answers kept {settings['retention_days']} days")

@@ -168,7 +168,7 @@ def summarize_command(args: argparse.Namespace) -> int:
             raise  # refused before anything was sent: a usage error
         # What the input or the output refused once the run was under way (the output's final rename,
         # a remote output's put): every answer is journaled, so this is a stop, not a usage error.
-        say(f"stopped: {exc}")
+        say(f"stopped: {exc}; {stats.done} rows were done; {run.new_answers} new answers kept; {resume}")
         return EXIT_FATAL
     except (KeyboardInterrupt, asyncio.CancelledError):
         why = "terminated (SIGTERM)" if stop.received == signal.SIGTERM else "interrupted"

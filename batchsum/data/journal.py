@@ -113,20 +113,22 @@ class Journal:
     def get(self, key: str) -> Answer | None:
         return self.get_many([key]).get(key)
 
-    def get_many(self, keys: list[str]) -> dict[str, Answer]:
+    def get_many(self, keys: list[str], since: float | None = None) -> dict[str, Answer]:
         """The answers known for ``keys``, by key: one query per ``LOOKUP_CHUNK`` keys (a batch's
-        look-up in bulk, not a query per row)."""
+        look-up in bulk, not a query per row). ``since``: only those written since then
+        (``time.time()``: a refreshing run's own)."""
         found: dict[str, Answer] = {}
         stored = {self._key(key): key for key in keys}
         if self._unstamped:
             stored.update({key: key for key in keys})  # a read-only look at a journal not yet adopted
         names = list(stored)
+        recent = "" if since is None else " AND finished_at >= ?"
         for start in range(0, len(names), LOOKUP_CHUNK):
             chunk = names[start : start + LOOKUP_CHUNK]
             rows = self._query(
                 "SELECT fingerprint, summary, status, error, message, http_status, attempts FROM answers "
-                f"WHERE fingerprint IN ({','.join('?' * len(chunk))})",
-                tuple(chunk),
+                f"WHERE fingerprint IN ({','.join('?' * len(chunk))}){recent}",
+                (*chunk, *(() if since is None else (since,))),
             ).fetchall()
             for key, *fields in rows:
                 found[stored[key]] = Answer(*fields)
@@ -235,7 +237,8 @@ class SharedJournal(Journal):
             raise JournalError(f"the journal {self.path}: {exc}") from None
 
     def renew(self, keys: Collection[str]) -> None:
-        """Extend every claim this run still holds (one statement; ``keys`` are all of them)."""
+        """Extend the claims this run holds (``SQLiteClaims.renew``: the ones it knows it holds, which
+        ``keys`` are)."""
         try:
             self._claims.renew()
         except sqlite3.Error as exc:

@@ -242,9 +242,10 @@ class SQLiteClaims:
             raise
 
     def claim(self, key: str) -> bool:
-        """True when this holder now holds ``key``: it was free (one statement), its lease lapsed, or
-        its holder is surely gone (one taker wins). False when it is held, by another or by this
-        holder already."""
+        """True when this holder now holds ``key``: it was free (one statement), its lease lapsed, its
+        holder is surely gone (one taker wins), or the row is this holder's own from a claim it let go
+        of without removing the row (a release that failed: taken back, never waited on). False when
+        it is held, by another or by this holder already."""
         mono, wall = at = now()
         claim = (key, self._text, mono, wall + CLAIM_SECONDS)
         with self._lock:
@@ -255,9 +256,12 @@ class SQLiteClaims:
             db.execute("BEGIN IMMEDIATE")
             try:
                 row = db.execute("SELECT holder, mono, expires FROM claims WHERE fingerprint=?", (key,)).fetchone()
-                won = row is None or (
-                    row[0] != self._text and (lapsed(row[0], row[1], row[2], at) or holder_is_gone(row[0]))
-                )
+                if row is None:
+                    won = True
+                elif row[0] == self._text:
+                    won = key not in self.held
+                else:
+                    won = lapsed(row[0], row[1], row[2], at) or holder_is_gone(row[0])
                 if won:
                     db.execute("INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?)", claim)
                 db.execute("COMMIT")
@@ -273,20 +277,29 @@ class SQLiteClaims:
         with self._lock:
             if key in self.held:
                 self.release_here(key)
+                self.held.discard(key)
 
     def release_here(self, key: str) -> None:
-        """``key``'s claim let go, in the caller's transaction (an answer kept and its claim let go
-        in one commit)."""
-        self.held.discard(key)
+        """``key``'s row deleted in the caller's transaction (an answer kept and its claim let go in
+        one commit); the caller takes it out of ``held`` once that commits. Until then (a delete or a
+        commit that failed) the claim is still held: renewed, and let go by the next release."""
         self._db.execute("DELETE FROM claims WHERE fingerprint=? AND holder=?", (key, self._text))
 
     def renew(self) -> None:
-        """Every claim this holder still holds, renewed (one statement)."""
+        """The claims this holder holds (``held``) renewed, in one transaction; no other row of its
+        own (one it let go of, or lost) is kept alive."""
         mono, wall = now()
         with self._lock:
-            self._db.execute(
-                "UPDATE claims SET mono=?, expires=? WHERE holder=?", (mono, wall + CLAIM_SECONDS, self._text)
-            )
+            if not self.held:
+                return
+            rows = [(mono, wall + CLAIM_SECONDS, key, self._text) for key in self.held]
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany("UPDATE claims SET mono=?, expires=? WHERE fingerprint=? AND holder=?", rows)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
 
 
 class Renewing(Protocol):

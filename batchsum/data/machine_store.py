@@ -2,8 +2,10 @@
 the user's cache folder (``answers.sqlite``, mode 0600), or any file ``store="sqlite:///PATH"`` names.
 
 An answer is kept by what makes it: the service (``contract.service_identity``) and the request's
-fingerprint (``engine.fingerprints``); never by a key, an output or a run. Only summaries are kept
-(a refusal stays in the output's journal). Many processes use the file at once (WAL, a busy timeout),
+fingerprint (``engine.fingerprints``); never by a key, an output or a run. Only summaries are shared
+(a refusal stays in the output's journal); a job with no journal, whose workers share the store as
+their only scope, keeps its refusals there too, for itself alone (by its ``job``) and for a day
+(``REFUSAL_SECONDS``). Many processes use the file at once (WAL, a busy timeout),
 with the claims and leases of ``leases``, so two jobs starting together pay once. Its upkeep (the
 retention and the size cap, pruned in small transactions on a thread of its own; the old per-key
 stores imported when it is first opened; entries listed and removed) is in ``store_upkeep``.
@@ -11,6 +13,8 @@ stores imported when it is first opened; entries listed and removed) is in ``sto
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import sqlite3
 import stat
@@ -22,12 +26,26 @@ from typing import Any
 
 from .leases import SQLiteClaims
 from .results import OK, Answer
-from .stores import LOOKUP_CHUNK, StoreError
+from .stores import LOOKUP_CHUNK, REFUSAL_SECONDS, StoreError
 
-__all__ = ["MachineStore", "FORMAT", "SCHEMA", "default_store_path", "connect_store"]
+__all__ = ["MachineStore", "FORMAT", "SCHEMA", "REFUSALS", "default_store_path", "connect_store"]
 
 FORMAT = "batchsum-store-1"
 _SET_UP_ATTEMPTS = 20  # a new file opened by several processes at once: tries to switch it to WAL
+
+# A job's refusals (a shared run with no journal: the store is its only scope), seen by that job
+# alone and for a day. Made in a store of an earlier version when it is first opened.
+REFUSALS = """
+CREATE TABLE IF NOT EXISTS refusals (
+    job TEXT NOT NULL,
+    service TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    answer TEXT NOT NULL,
+    written REAL NOT NULL,
+    PRIMARY KEY (job, service, fingerprint)
+);
+CREATE INDEX IF NOT EXISTS refusals_by_age ON refusals (written);
+"""
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS answers (
@@ -41,10 +59,11 @@ CREATE TABLE IF NOT EXISTS answers (
 CREATE INDEX IF NOT EXISTS answers_by_age ON answers (written);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 INSERT OR IGNORE INTO meta VALUES ('format', '{FORMAT}');
-"""
+{REFUSALS}"""
 
 
 _PUT = "INSERT OR REPLACE INTO answers VALUES (?, ?, ?, ?, ?)"
+_PUT_REFUSAL = "INSERT OR REPLACE INTO refusals VALUES (?, ?, ?, ?, ?)"
 
 
 def default_store_path() -> Path:
@@ -84,6 +103,8 @@ def connect_store(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
             row = db.execute("SELECT value FROM meta WHERE name='format'").fetchone()
             if row is None or row[0] != FORMAT:
                 raise sqlite3.DatabaseError(f"of an unknown format {row[0] if row else None!r}")
+        elif _is_set_up(db):  # the usual opening: no write lock taken, nothing made
+            db.execute("PRAGMA synchronous=NORMAL")
         else:
             _set_up(db)
     except sqlite3.Error as exc:
@@ -95,6 +116,23 @@ def connect_store(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
             raise StoreError(f"the answer store {path} is {why}; it was left as it is") from None
         raise StoreError(f"the answer store {path} cannot be opened: {why}") from None
     return db
+
+
+_TABLES = {"answers", "meta", "claims", "refusals"}
+
+
+def _is_set_up(db: sqlite3.Connection) -> bool:
+    """Is the file a store made already (its tables there, its format row ours, in WAL mode since
+    it was made)? Then it is opened as it is; anything else goes through ``_set_up``, which says
+    what is wrong with it."""
+    try:
+        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not _TABLES <= tables:
+            return False
+        row = db.execute("SELECT value FROM meta WHERE name='format'").fetchone()
+    except sqlite3.Error:
+        return False
+    return row is not None and row[0] == FORMAT
 
 
 def _set_up(db: sqlite3.Connection) -> None:
@@ -119,24 +157,36 @@ def _set_up(db: sqlite3.Connection) -> None:
     row = db.execute("SELECT value FROM meta WHERE name='format'").fetchone()
     if row is None or row[0] != FORMAT:
         raise sqlite3.DatabaseError(f"of an unknown format {row[0] if row else None!r}")
+    if tables and "refusals" not in tables:  # a store of an earlier version
+        db.executescript(f"BEGIN IMMEDIATE;{REFUSALS}COMMIT;")
     SQLiteClaims.set_up(db)
 
 
 class MachineStore:
     """The answers of ``service`` in the store file at ``path`` (``default_store_path()``), and this
     run's claims there. ``get_many``, ``put``, ``claim``, ``release``, ``renew``, ``close``: the
-    shared store a run uses (``scopes.Scopes``); ``readonly``: only to look. ``StoreError`` when it
+    shared store a run uses (``scopes.Scopes``); ``readonly``: only to look; ``job``: the job whose
+    refusals it keeps too (see the module docstring; None: summaries only). ``StoreError`` when it
     cannot be opened or used."""
 
     claims = True
 
-    def __init__(self, path: str | os.PathLike[str], service: str, *, readonly: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], service: str, *, readonly: bool = False, job: str | None = None
+    ) -> None:
         self.path = Path(path)
         self.service = service
+        self.job = job
         self.where = f"this machine ({self.path})"
         self._lock = threading.RLock()
         self._db = connect_store(self.path, readonly=readonly)  # readonly: to look (a dry run), never to write
         self._claims = SQLiteClaims(self._db, self._lock)
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """Its connection: the store's upkeep uses it when the store opens (``store_upkeep.keep_up``),
+        before the store is used, so that opening it takes one connection."""
+        return self._db
 
     def _run(self, sql: str, args: tuple[Any, ...] = ()) -> sqlite3.Cursor:
         try:
@@ -148,40 +198,59 @@ class MachineStore:
     def get(self, key: str) -> Answer | None:
         return self.get_many([key]).get(key)
 
-    def get_many(self, keys: list[str]) -> dict[str, Answer]:
-        """The answers kept for ``keys`` (fingerprints): one query per ``LOOKUP_CHUNK`` keys."""
+    def get_many(self, keys: list[str], since: float | None = None) -> dict[str, Answer]:
+        """The answers kept for ``keys`` (fingerprints), and the job's refusals of the last day for
+        the others: one query each per ``LOOKUP_CHUNK`` keys. ``since``: only those written since
+        then (``time.time()``: a refreshing run's own, or another's while it ran)."""
         found: dict[str, Answer] = {}
+        oldest = -math.inf if since is None else since
+        recent = "" if since is None else " AND written>=?"  # by the primary key either way
         for start in range(0, len(keys), LOOKUP_CHUNK):
             chunk = keys[start : start + LOOKUP_CHUNK]
             rows = self._run(
                 "SELECT fingerprint, summary, attempts FROM answers WHERE service=? AND fingerprint IN "
-                f"({','.join('?' * len(chunk))})",
-                (self.service, *chunk),
+                f"({','.join('?' * len(chunk))}){recent}",
+                (self.service, *chunk, *(() if since is None else (since,))),
             ).fetchall()
             for key, summary, attempts in rows:
                 found[key] = Answer(summary, OK, None, None, 200, attempts)
+            rest = [key for key in chunk if key not in found]
+            if self.job is not None and rest:
+                refused = self._run(
+                    "SELECT fingerprint, answer FROM refusals WHERE job=? AND service=? AND written>=? AND "
+                    f"fingerprint IN ({','.join('?' * len(rest))})",
+                    (self.job, self.service, max(oldest, time.time() - REFUSAL_SECONDS), *rest),
+                ).fetchall()
+                for key, answer in refused:
+                    found[key] = Answer(*json.loads(answer))
         return found
 
     def put(self, key: str, answer: Answer) -> None:
-        """Keep ``answer`` when it is a summary (a refusal is not shared beyond the output); it
-        replaces what was kept (``refresh``)."""
-        if answer.status != OK or answer.summary is None:
+        """Keep ``answer``: a summary for every job (it replaces what was kept: ``refresh``); a
+        refusal for this store's ``job`` alone, for a day (no job: not kept, it stays in the output's
+        journal)."""
+        row: tuple[Any, ...]
+        if answer.status == OK and answer.summary is not None:
+            sql, row = _PUT, (self.service, key, answer.summary, answer.attempts, time.time())
+        elif self.job is not None:
+            sql, row = _PUT_REFUSAL, (self.job, self.service, key, json.dumps(list(answer)), time.time())
+        else:
             return
-        row = (self.service, key, answer.summary, answer.attempts, time.time())
         claimed = self._claim_key(key)
         try:
             with self._lock:
                 if claimed not in self._claims.held:
-                    self._db.execute(_PUT, row)
+                    self._db.execute(sql, row)
                     return
                 self._db.execute("BEGIN IMMEDIATE")  # the answer kept and its claim let go: one commit
                 try:
-                    self._db.execute(_PUT, row)
+                    self._db.execute(sql, row)
                     self._claims.release_here(claimed)
                     self._db.execute("COMMIT")
                 except BaseException:
                     self._db.execute("ROLLBACK")
                     raise
+                self._claims.held.discard(claimed)
         except sqlite3.Error as exc:
             raise StoreError(f"the answer store {self.path}: {exc}") from None
 
@@ -201,7 +270,8 @@ class MachineStore:
             raise StoreError(f"the answer store {self.path}: {exc}") from None
 
     def renew(self, keys: Collection[str]) -> None:
-        """Every claim this run still holds, renewed (``keys`` are all of them)."""
+        """The claims this run holds, renewed (``SQLiteClaims.renew``: the ones it knows it holds,
+        which ``keys`` are)."""
         try:
             self._claims.renew()
         except sqlite3.Error as exc:

@@ -1,10 +1,13 @@
 """``RedisStore``: the cluster's answer store (``budget="redis://..."``, or ``store=`` naming a Redis),
-one key per answer under ``batchsum:store:{SERVICE}:``, kept for the store's retention; claims with
-the leases of ``leases``; and its upkeep (``RedisUpkeep``: entries listed, removed, the retention set)."""
+one key per answer under ``batchsum:store:{SERVICE}:``, kept for the store's retention (a job's own
+refusals, when it has no journal, under ``...:refusal:JOB:``, for a day); claims with the leases of
+``leases``; and its upkeep (``RedisUpkeep``: entries listed, removed, the retention set)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import re
 import time
 from collections.abc import Collection, Iterator
@@ -12,7 +15,7 @@ from typing import Any
 
 from .leases import CLAIM_SECONDS, claim_owner, holder_is_gone
 from .results import OK, Answer
-from .stores import LOOKUP_CHUNK, StoreError
+from .stores import LOOKUP_CHUNK, REFUSAL_SECONDS, StoreError
 
 __all__ = ["RedisStore", "RedisUpkeep", "PREFIX", "DEFAULT_RETENTION_DAYS"]
 
@@ -38,7 +41,24 @@ def _connect(url: str) -> Any:
         import redis
     except ImportError:
         raise StoreError("a redis:// answer store needs the redis package: pip install 'batchsum[redis]'") from None
-    return redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+    try:
+        return redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+    except ValueError as exc:  # a URL the client cannot read (its own words name no credential)
+        from ..service.errors import redact_location
+
+        raise StoreError(f"the answer store at Redis ({redact_location(url)}) cannot be opened: {exc}") from None
+
+
+@contextlib.contextmanager
+def _said(where: str) -> Iterator[None]:
+    """Redis' errors (gone, refused, a command the user may not run, an entry it cannot read) as
+    ``StoreError``: one line naming the store, without its credentials."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - redis' errors, without importing them here
+        raise StoreError(f"the answer store at {where}: {exc}") from None
 
 
 def _retention(client: Any) -> int:
@@ -49,15 +69,17 @@ def _retention(client: Any) -> int:
 class RedisStore:
     """The answers of ``service`` in the Redis at ``url``, one key each (``batchsum:store:{SERVICE}:FP``,
     the service as the hash tag: a cluster keeps a service's answers on one node), kept the store's
-    retention after they were written; claims as ``MachineStore``'s, their lease on Redis' own clock.
-    ``StoreError`` when Redis cannot be reached."""
+    retention after they were written; claims as ``MachineStore``'s, their lease on Redis' own clock;
+    ``job``: the job whose refusals it keeps too, for a day, seen by that job alone (None: summaries
+    only). ``StoreError`` when Redis cannot be reached."""
 
     claims = True
 
-    def __init__(self, url: str, service: str) -> None:
+    def __init__(self, url: str, service: str, *, job: str | None = None) -> None:
         from ..service.errors import redact_location
 
         self.where = f"Redis ({redact_location(url)})"
+        self.job = job
         self._redis = _connect(url)
         self._prefix = f"{PREFIX}{{{service}}}:"
         self._owner = claim_owner()
@@ -73,47 +95,67 @@ class RedisStore:
     def get(self, key: str) -> Answer | None:
         return self.get_many([key]).get(key)
 
-    def get_many(self, keys: list[str]) -> dict[str, Answer]:
-        """The answers kept for ``keys``: one ``MGET`` per ``LOOKUP_CHUNK`` keys."""
+    def _refusal(self, key: str) -> str:
+        return f"{self._prefix}refusal:{self.job}:{key}"
+
+    def get_many(self, keys: list[str], since: float | None = None) -> dict[str, Answer]:
+        """The answers kept for ``keys``, and the job's refusals for the others: one ``MGET`` each
+        per ``LOOKUP_CHUNK`` keys. ``since``: only those written since then (``time.time()``)."""
         found: dict[str, Answer] = {}
-        for start in range(0, len(keys), LOOKUP_CHUNK):
-            chunk = keys[start : start + LOOKUP_CHUNK]
-            for key, raw in zip(chunk, self._redis.mget([self._prefix + key for key in chunk])):
-                if raw is not None:
-                    summary, attempts, _ = json.loads(raw)
-                    found[key] = Answer(summary, OK, None, None, 200, attempts)
+        oldest = -math.inf if since is None else since
+        with _said(self.where):
+            for start in range(0, len(keys), LOOKUP_CHUNK):
+                chunk = keys[start : start + LOOKUP_CHUNK]
+                for key, raw in zip(chunk, self._redis.mget([self._prefix + key for key in chunk])):
+                    if raw is not None:
+                        summary, attempts, written = json.loads(raw)
+                        if written >= oldest:
+                            found[key] = Answer(summary, OK, None, None, 200, attempts)
+                rest = [key for key in chunk if key not in found]
+                if self.job is not None and rest:
+                    for key, raw in zip(rest, self._redis.mget([self._refusal(key) for key in rest])):
+                        if raw is not None and (fields := json.loads(raw))[6] >= oldest:
+                            found[key] = Answer(*fields[:6])
         return found
 
     def put(self, key: str, answer: Answer) -> None:
-        """Keep ``answer`` when it is a summary; it replaces what was kept (``refresh``)."""
-        if answer.status == OK and answer.summary is not None:
-            value = json.dumps([answer.summary, answer.attempts, time.time()])
-            self._redis.set(self._prefix + key, value, ex=self._ttl)
+        """Keep ``answer``: a summary for every job (it replaces what was kept: ``refresh``); a
+        refusal for this store's ``job`` alone, for a day (no job: not kept)."""
+        with _said(self.where):
+            if answer.status == OK and answer.summary is not None:
+                value = json.dumps([answer.summary, answer.attempts, time.time()])
+                self._redis.set(self._prefix + key, value, ex=self._ttl)
+            elif self.job is not None:
+                value = json.dumps([*answer, time.time()])
+                self._redis.set(self._refusal(key), value, ex=min(REFUSAL_SECONDS, self._ttl))
 
     def claim(self, key: str) -> bool:
         name = f"{self._prefix}claim:{key}"
         lease = int(CLAIM_SECONDS * 1000)
-        if self._redis.set(name, self._owner, nx=True, px=lease):
-            return True
-        holder = self._redis.get(name)
-        if holder is None or not holder_is_gone(holder):  # gone only when surely a dead process of this machine
-            return False
-        return bool(self._take_over(keys=[name], args=[holder, self._owner, lease]))
+        with _said(self.where):
+            if self._redis.set(name, self._owner, nx=True, px=lease):
+                return True
+            holder = self._redis.get(name)
+            if holder is None or not holder_is_gone(holder):  # gone only when surely a dead process of this machine
+                return False
+            return bool(self._take_over(keys=[name], args=[holder, self._owner, lease]))
 
     def release(self, key: str) -> None:
-        self._release(keys=[f"{self._prefix}claim:{key}"], args=[self._owner])
+        with _said(self.where):
+            self._release(keys=[f"{self._prefix}claim:{key}"], args=[self._owner])
 
     def renew(self, keys: Collection[str]) -> None:
         """Extend this run's claims on ``keys`` (one script call per ``LOOKUP_CHUNK`` keys)."""
         names = [f"{self._prefix}claim:{key}" for key in keys]
-        for start in range(0, len(names), LOOKUP_CHUNK):
-            self._renew(keys=names[start : start + LOOKUP_CHUNK], args=[self._owner, int(CLAIM_SECONDS * 1000)])
+        with _said(self.where):
+            for start in range(0, len(names), LOOKUP_CHUNK):
+                self._renew(keys=names[start : start + LOOKUP_CHUNK], args=[self._owner, int(CLAIM_SECONDS * 1000)])
 
     def take_in_old(self, identity: str) -> int:
         """The summaries a key (``identity``) kept under the per-key store of earlier versions, taken
         in as this service's once (a marker says it was done); how many."""
         marker = f"{PREFIX}imported:{identity}"
-        try:
+        with _said(self.where):
             if self._redis.exists(marker):
                 return 0
             old = _OLD.format(identity=identity)
@@ -130,8 +172,6 @@ class RedisStore:
                         taken += 1
                 pipe.execute()
             self._redis.set(marker, taken)
-        except Exception as exc:  # noqa: BLE001 - redis' errors, without importing them here
-            raise StoreError(f"the answer store at {self.where}: {exc}") from None
         return taken
 
     def close(self) -> None:
@@ -161,16 +201,12 @@ class RedisUpkeep:
 
     def inventory(self) -> list[tuple[str, float]]:
         """Every answer's service and when it was written."""
-        try:
+        with _said(self.where):
             return [(service, written) for _, service, written in self._entries()]
-        except StoreError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - redis' errors
-            raise StoreError(f"the answer store at {self.where}: {exc}") from None
 
     def remove(self, *, before: float | None = None, service: str | None = None) -> int:
         """The answers written before ``before`` and of ``service`` (None: any) removed; how many."""
-        try:
+        with _said(self.where):
             gone = [
                 name
                 for name, of, written in self._entries()
@@ -178,15 +214,11 @@ class RedisUpkeep:
             ]
             for start in range(0, len(gone), LOOKUP_CHUNK):
                 self._redis.delete(*gone[start : start + LOOKUP_CHUNK])
-        except Exception as exc:  # noqa: BLE001 - redis' errors
-            raise StoreError(f"the answer store at {self.where}: {exc}") from None
         return len(gone)
 
     def settings(self) -> dict[str, Any]:
-        try:
+        with _said(self.where):
             return {"retention_days": _retention(self._redis), "max_bytes": None, "bytes": None}
-        except Exception as exc:  # noqa: BLE001 - redis' errors
-            raise StoreError(f"the answer store at {self.where}: {exc}") from None
 
     def configure(self, *, retention_days: int | None = None, max_bytes: int | None = None) -> None:
         if max_bytes is not None:
@@ -194,7 +226,8 @@ class RedisUpkeep:
                 "a Redis store's size is Redis' own (maxmemory and its eviction policy): --max-size is for a machine's store"
             )
         if retention_days is not None:
-            self._redis.hset(CONFIG, "retention_days", retention_days)
+            with _said(self.where):
+                self._redis.hset(CONFIG, "retention_days", retention_days)
 
     def close(self) -> None:
         self._redis.close()

@@ -5,10 +5,12 @@ memory when it has none) and the answer store shared beyond it (the machine's, t
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable
+import time
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any
 
+from ..service.settings import store_kind
 from .results import OK, Answer
 from .stores import AnswerStore, StoreError
 
@@ -17,17 +19,19 @@ __all__ = ["Scopes", "open_store", "look_at_store", "store_path"]
 log = logging.getLogger("batchsum")
 
 
-def open_store(where: str, service: str, identity: str | None = None) -> Any:
+def open_store(where: str, service: str, identity: str | None = None, job: str | None = None) -> Any:
     """The answer store ``where`` names (``service.settings.store_spec``) for ``service``'s answers:
     ``machine`` (the user's cache folder), ``sqlite:///PATH``, a Redis URL (the cluster's; the old
-    answers of the key ``identity`` are taken in the first time), or None for ``none``.
-    ``StoreError`` when it cannot be opened."""
-    if where == "none":
+    answers of the key ``identity`` are taken in the first time), or None for ``none``. ``job``: a
+    job whose only scope the store is (a shared run with no journal): its refusals are kept there
+    too, for itself and for a day. ``StoreError`` when it cannot be opened."""
+    kind = store_kind(where)
+    if kind == "none":
         return None
-    if where.lower().startswith(("redis://", "rediss://", "unix://")):
+    if kind == "redis":
         from .redis_store import RedisStore
 
-        cluster = RedisStore(where, service)
+        cluster = RedisStore(where, service, job=job)
         try:
             if identity is not None:
                 cluster.take_in_old(identity)
@@ -39,8 +43,12 @@ def open_store(where: str, service: str, identity: str | None = None) -> Any:
     from .store_upkeep import keep_up
 
     path = store_path(where)
-    store = MachineStore(path, service)
-    keep_up(path)  # the old stores taken in before anything is looked up; pruning when due
+    store = MachineStore(path, service, job=job)
+    try:
+        keep_up(path, store.connection)  # the old stores taken in before anything is looked up; pruning when due
+    except BaseException:
+        store.close()
+        raise
     return store
 
 
@@ -54,9 +62,10 @@ def store_path(where: str) -> Path:
 def look_at_store(where: str, service: str) -> Any:
     """The answer store ``where`` names, to look only (a dry run): nothing is made or written; None
     when it is ``none`` or not made yet. ``StoreError`` when it cannot be read."""
-    if where == "none":
+    kind = store_kind(where)
+    if kind == "none":
         return None
-    if where.lower().startswith(("redis://", "rediss://", "unix://")):
+    if kind == "redis":
         from .redis_store import RedisStore
 
         return RedisStore(where, service)
@@ -70,20 +79,31 @@ class Scopes:
     """A run's answers: its own (``own``: the output's journal, or this process's memory for a run with
     none; ``keeps_all``: a journal keeps every answer, memory only what no store on disk keeps) and
     the store shared beyond it (``store``: None for none). Looked up in that order, the store's
-    answers copied into a journal; a summary goes to both, a refusal to its own scope only. Claims
-    are the store's when it has some, else its own's (a shared journal). ``refresh``: nothing is
-    looked up (every request sent again; its answer replaces the stored one).
+    answers copied into a journal; a summary goes to both, a refusal to its own scope only (with no
+    own scope, a shared run's, to the store, which keeps it for the job alone and a day). Claims
+    are the store's when it has some, else its own's (a shared journal). ``refresh``: nothing written
+    before ``started`` (the run's start, or its job's; default: now) is looked up, so every request
+    is sent again and its answer replaces the stored one; what was written since (this run's own
+    answers, another's while it ran) answers as always, so a text is paid for once in the run.
 
     A store that fails (a full disk, Redis gone) is said once and left: the run goes on with its own
     scope. Its own scope's failures are the run's (``JournalError``: the run stops)."""
 
     def __init__(
-        self, own: AnswerStore | None, store: Any = None, *, keeps_all: bool = True, refresh: bool = False
+        self,
+        own: AnswerStore | None,
+        store: Any = None,
+        *,
+        keeps_all: bool = True,
+        refresh: bool = False,
+        started: float | None = None,
     ) -> None:
         self.own = own
         self.store = store
         self.keeps_all = keeps_all
         self.refresh = refresh
+        # Under refresh, answers written before this (``time.time()``) are not looked up.
+        self.since = (time.time() if started is None else started) if refresh else None
         self.where = getattr(store, "where", None)
 
     @property
@@ -115,17 +135,19 @@ class Scopes:
 
     def lookup(self, keys: list[str]) -> tuple[dict[str, Answer], set[str]]:
         """The answers known for ``keys``, and which of them the store gave (not its own scope)."""
-        if self.refresh:
-            return {}, set()
+        since = self.since
         found: dict[str, Answer] = {}
         if self.own is not None:
             many = getattr(self.own, "get_many", None)
-            found = many(keys) if many is not None else {k: a for k in keys if (a := self.own.get(k)) is not None}
+            if many is not None:
+                found = many(keys) if since is None else many(keys, since)
+            elif since is None:  # a store that cannot say when it kept an answer: nothing of it under refresh
+                found = {k: a for k in keys if (a := self.own.get(k)) is not None}
         missing = [key for key in keys if key not in found] if found else keys
         if self.store is None or not missing:
             return found, set()
         try:
-            stored: dict[str, Answer] = self.store.get_many(missing)
+            stored: dict[str, Answer] = self.store.get_many(missing, since)
         except Exception as exc:  # noqa: BLE001 - a store is a help, never a stop
             self._failed(exc)
             return found, set()
@@ -151,9 +173,9 @@ class Scopes:
 
     def put(self, key: str, answer: Answer) -> None:
         """``answer`` kept: in the run's own scope (memory: only when no store keeps it) and, a
-        summary, in the store."""
+        summary, in the store; a refusal goes to the store only when the run has no own scope."""
         kept = False
-        if self.store is not None and answer.status == OK:
+        if self.store is not None and (answer.status == OK or self.own is None):
             try:
                 self.store.put(key, answer)
                 kept = True
@@ -163,37 +185,30 @@ class Scopes:
             self.own.put(key, answer)
 
     def claim(self, key: str) -> bool:
-        claimer = self._claimer
-        if claimer is None:
-            return True
-        try:
-            won: bool = claimer.claim(key)
-            return won
-        except Exception as exc:
-            if claimer is not self.store:
-                raise
-            self._failed(exc)
-            return self.claim(key)
+        """Claimed by this run in the store's claims, else its own scope's; no claims: True (it sends)."""
+        won = self._on_claimer(lambda claimer: claimer.claim(key), again=True)
+        return True if won is None else bool(won)
 
     def release(self, key: str) -> None:
-        claimer = self._claimer
-        if claimer is not None:
-            try:
-                claimer.release(key)
-            except Exception as exc:
-                if claimer is not self.store:
-                    raise
-                self._failed(exc)
+        self._on_claimer(lambda claimer: claimer.release(key))
 
     def renew(self, keys: Collection[str]) -> None:
-        claimer = self._claimer
-        if claimer is not None:
+        self._on_claimer(lambda claimer: claimer.renew(keys))
+
+    def _on_claimer(self, call: Callable[[Any], Any], *, again: bool = False) -> Any:
+        """``call`` on who holds the claims, and what it gave (None: no one does); a store that fails
+        is left (``again``: ``call`` then goes to its own scope's claims, if any). Its own scope's
+        failures are the run's."""
+        while (claimer := self._claimer) is not None:
             try:
-                claimer.renew(keys)
+                return call(claimer)
             except Exception as exc:
                 if claimer is not self.store:
                     raise
                 self._failed(exc)
+                if not again:
+                    return None
+        return None
 
     def spill(self, answers: list[tuple[str, Answer]]) -> str | None:
         """The answers its own scope refused, to the journal's side file (``Journal.spill``)."""

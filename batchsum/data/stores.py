@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Collection
 from typing import Protocol
 
@@ -47,12 +48,16 @@ __all__ = [
     "CLAIM_RENEW_SECONDS",
     "CLAIM_POLL_SECONDS",
     "LOOKUP_CHUNK",
+    "REFUSAL_SECONDS",
     "StoreError",
 ]
 
 log = logging.getLogger("batchsum")
 
 LOOKUP_CHUNK = 500  # keys per query of a look-up in bulk (SQLite allows 999 parameters at the least)
+# How long a job keeps its refusals in the answer store when it has no journal (a shared run's only
+# scope): a refusal a retry could change (a 422 of a deployment) is asked again the next day.
+REFUSAL_SECONDS = 86400
 
 
 class StoreError(BatchsumError):
@@ -81,20 +86,26 @@ class SharedAnswerStore(AnswerStore, Protocol):
 
 
 class MemoryStore:
-    """An in-process answer store (a dict)."""
+    """An in-process answer store (a dict), with when each answer was kept."""
 
     def __init__(self) -> None:
         self._answers: dict[str, Answer] = {}
+        self._written: dict[str, float] = {}
 
     def get(self, key: str) -> Answer | None:
         return self._answers.get(key)
 
     def put(self, key: str, answer: Answer) -> None:
         self._answers[key] = answer
+        self._written[key] = time.time()
 
-    def get_many(self, keys: list[str]) -> dict[str, Answer]:
+    def get_many(self, keys: list[str], since: float | None = None) -> dict[str, Answer]:
+        """The answers kept for ``keys``; ``since``: only those kept since then (``time.time()``)."""
         answers = self._answers
-        return {key: answers[key] for key in keys if key in answers}
+        if since is None:
+            return {key: answers[key] for key in keys if key in answers}
+        written = self._written
+        return {key: answers[key] for key in keys if key in answers and written[key] >= since}
 
     def __len__(self) -> int:
         return len(self._answers)
@@ -103,6 +114,7 @@ class MemoryStore:
         return list(self._answers.items())
 
     def pop(self, key: str) -> Answer | None:
+        self._written.pop(key, None)
         return self._answers.pop(key, None)
 
 
@@ -123,9 +135,9 @@ class MemoryClaims(MemoryStore):
         with self._lock:
             super().put(key, answer)
 
-    def get_many(self, keys: list[str]) -> dict[str, Answer]:
+    def get_many(self, keys: list[str], since: float | None = None) -> dict[str, Answer]:
         with self._lock:
-            return super().get_many(keys)
+            return super().get_many(keys, since)
 
     def claim(self, key: str) -> bool:
         with self._lock:

@@ -146,14 +146,19 @@ class OpenRun:
     """One run kept open on its own event loop thread across calls: ``summarize(texts)`` streams a
     batch through it and returns its results, in order; ``close()`` ends the run (its report, its
     claims, its connections). The pace, the client's connections, the budget and the key's record
-    stay with the run from one batch to the next, as they would in one long run."""
+    stay with the run from one batch to the next, as they would in one long run. A run that cannot
+    be opened (a budget out of reach) raises here, leaving no thread or event loop behind."""
 
     def __init__(self, spec: RunSpec, *, shared: bool = True) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="batchsum-run", daemon=True)
         self._thread.start()
         self._run = Run(spec, shared=shared)
-        self._call(self._run.__aenter__())
+        try:
+            self._call(self._run.__aenter__())  # a run that fails to open has closed what it opened
+        except BaseException:
+            self._stop_loop()  # and leaves no thread or loop behind
+            raise
         self.closed = False
 
     def _call(self, coroutine: Any) -> Any:
@@ -186,6 +191,10 @@ class OpenRun:
         except Exception:  # noqa: BLE001 - the stop that ended it was raised already
             pass
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(30)
-            self._loop.close()
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        """The run's loop stopped, its thread joined, the loop closed."""
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(30)
+        self._loop.close()

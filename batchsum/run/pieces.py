@@ -162,19 +162,23 @@ class Pieces:
 
     def _open_store(self, spec: RunSpec, run_id: str, shared: bool) -> Scopes:
         """The run's answers (``Scopes``): its own scope (the journal when the spec names one; else
-        this process's memory, or for shared runs nothing: their store is what they share) and the
-        answer store ``spec.store`` names, opened here; one that cannot be is said in one line, and
-        the run goes on with its own scope alone."""
+        this process's memory, or for shared runs nothing: their store is what they share, and keeps
+        their job's refusals) and the answer store ``spec.store`` names, opened here; one that cannot
+        be is said in one line, and the run goes on with its own scope alone (a shared run's: this
+        process's memory)."""
         own, keeps_all = self._own_scope(spec, run_id, shared)
+        job = run_id if own is None else None  # the store is its only scope: it keeps the job's refusals too
         try:
-            store = open_store(spec.store, spec.client.service, self.client.identity)
+            store = open_store(spec.store, spec.client.service, self.client.identity, job)
         except StoreError as exc:
             alone = "its journal" if spec.journal is not None else "this process's answers"
             log.warning("batchsum: %s; this run goes on with %s alone", exc, alone, extra={"event": "store"})
             store = None
+            if own is None:
+                own = shared_memory(self.client.identity)
         if store is not None:
             self._stack.callback(store.close)
-        return Scopes(own, store, keeps_all=keeps_all, refresh=spec.refresh)
+        return Scopes(own, store, keeps_all=keeps_all, refresh=spec.refresh, started=spec.started)
 
     def _own_scope(self, spec: RunSpec, run_id: str, shared: bool) -> tuple[AnswerStore | None, bool]:
         """The run's own answers, and whether they keep every answer (a journal) or only what no

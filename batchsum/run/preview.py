@@ -11,6 +11,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from ..data.journal import Journal
+from ..data.results import Answer
 from ..data.scopes import look_at_store
 from ..data.stores import StoreError
 from ..engine.plan import BatchPlan, plan_batch
@@ -120,32 +121,64 @@ def _limit_line(spec: RunSpec, record: KeyRecord | None) -> tuple[str, float | N
     return f"limit:            {rpm:g}/min, remembered ({found.describe()}) for this key at this service", rpm
 
 
-def _stores(spec: RunSpec, stack: ExitStack) -> tuple[Journal | None, Any, str]:
+class _Looked:
+    """The answer store as a dry run reads it (None: none to read), and the line that says so: one
+    that fails while it is read (Redis gone, a command the user may not run) is read no more, as a
+    run leaves it, and its line says so."""
+
+    def __init__(self, store: Any, line: str) -> None:
+        self.store = store
+        self._line = line
+        self.failed: StoreError | None = None
+
+    def get(self, key: str) -> Answer | None:
+        if self.store is None or self.failed is not None:
+            return None
+        try:
+            found: Answer | None = self.store.get(key)
+        except StoreError as exc:
+            self.failed = exc
+            return None
+        return found
+
+    def put(self, key: str, answer: Answer) -> None:
+        raise StoreError("a dry run writes nothing")
+
+    @property
+    def line(self) -> str:
+        if self.failed is None:
+            return self._line
+        return f"store:            not usable ({self.failed}); a run goes on with its journal alone"
+
+
+def _stores(spec: RunSpec, stack: ExitStack) -> tuple[Journal | None, _Looked]:
     """The journal (when it exists) and the answer store (when it can be read), opened to look only
-    (nothing is created or written), and a line about the store; none with ``refresh``."""
+    (nothing is created or written), with a line about the store; none with ``refresh``."""
     if spec.refresh:
-        return None, None, "store:            not looked at: --refresh asks the service again for every request"
+        return None, _Looked(
+            None, "store:            not looked at: --refresh asks the service again for every request"
+        )
     journal = None
     if spec.journal is not None and os.path.exists(spec.journal):
         journal = stack.enter_context(Journal(spec.journal, readonly=True))
         journal.serve(spec.client.service)
     if spec.store == "none":
-        return journal, None, "store:            none (the journal alone)"
+        return journal, _Looked(None, "store:            none (the journal alone)")
     try:
         store = look_at_store(spec.store, spec.client.service)
     except StoreError as exc:
-        return journal, None, f"store:            not usable ({exc}); a run goes on with its journal alone"
+        return journal, _Looked(None, f"store:            not usable ({exc}); a run goes on with its journal alone")
     if store is None:
-        return journal, None, "store:            empty (not made yet)"
+        return journal, _Looked(None, "store:            empty (not made yet)")
     stack.callback(store.close)
-    return journal, store, f"store:            {store.where}"
+    return journal, _Looked(store, f"store:            {store.where}")
 
 
 def estimate(spec: RunSpec, texts: Iterable[Any]) -> BatchPlan:
     """What a run of ``spec`` over ``texts`` would send, reuse and skip (``BatchPlan``), sending
     nothing and creating no file."""
     with ExitStack() as stack:
-        journal, store, _ = _stores(spec, stack)
+        journal, store = _stores(spec, stack)
         return plan_batch(texts, params=spec.params, store=journal, shared=store, long_texts_policy=spec.long_texts)
 
 
@@ -154,7 +187,7 @@ def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
     send, skip, reuse (from the journal, when it exists, and the answer store), the least time, and
     the budget it joins."""
     with ExitStack() as stack:
-        journal, store, store_line = _stores(spec, stack)
+        journal, store = _stores(spec, stack)
         batch = plan_batch(texts, params=spec.params, store=journal, shared=store, long_texts_policy=spec.long_texts)
     record: KeyRecord | None = None
     keys: list[str] = []
@@ -187,4 +220,4 @@ def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
             f"\nkeys:             {len(keys)}, the requests spread over them by free capacity (the time above is "
             "at their summed limits, each key's lone first request going at once)\n" + "\n".join(keys)
         )
-    return f"{plan}\n{store_line}\n{budget}"
+    return f"{plan}\n{store.line}\n{budget}"

@@ -4,6 +4,7 @@ actors), and who sends for a distributed door (``Workers``): one rule for every 
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,7 @@ from ..data.scopes import open_store
 from ..data.stores import StoreError
 from ..pacing.budget import Budget, ProcessBudget, SQLiteBudget, check_budget, open_budget
 from ..service.errors import BudgetError, InvalidParameterError, redact_location
+from ..service.settings import store_kind
 from .binding import bind
 from .logs import log
 from .spec import RunSpec
@@ -61,8 +63,8 @@ def prepare_shared(spec: RunSpec, workers: Callable[[], Workers | None] | None =
     here, once, before anything is sent: the local service started, the budget reachable and one the
     ``workers`` can share (asked after the budget answered; None: this process alone), the machine
     budget and the machine's answer store named by their files (the same on every worker, whatever
-    their cache folder), the store opened once (made, and the old stores taken in), and the shared
-    journal created."""
+    their cache folder), the store opened once (made, and the old stores taken in), the shared
+    journal created, and the job named (one ``run_id`` and one ``started`` for all its workers)."""
     from .background import run_in_worker
 
     spec = bind(spec)
@@ -73,6 +75,7 @@ def prepare_shared(spec: RunSpec, workers: Callable[[], Workers | None] | None =
     if who is not None:
         _refuse_unshared(budget, redact_location(spec.budget) if isinstance(spec.budget, str) else repr(budget), who)
     changes: dict[str, Any] = {"run_id": spec.run_id or uuid.uuid4().hex[:16]}  # one share for all the workers
+    changes["started"] = spec.started or time.time()  # under refresh, what the job's partitions bought is theirs
     if isinstance(budget, SQLiteBudget):
         changes["budget"] = f"sqlite://{budget.path}"
     changes["store"] = _shared_store(spec, identity, who)
@@ -84,8 +87,16 @@ def prepare_shared(spec: RunSpec, workers: Callable[[], Workers | None] | None =
 def _shared_store(spec: RunSpec, identity: str, workers: Workers | None) -> str:
     """The store every worker opens: the machine's by its file; opened here once. One that cannot be
     opened is said in one line and the workers go on without it; ``none`` is refused when the
-    workers are several processes (each would keep its own answers, and pay for another's texts)."""
+    workers are several processes (each would keep its own answers, and pay for another's texts),
+    and a store on one machine's disk (``machine``, ``sqlite:///PATH``) when they are on several
+    hosts (each host's workers would claim in a file of their own, and pay for another's texts)."""
     several = workers is not None and (workers.processes > 1 or workers.hosts > 1)
+    if workers is not None and workers.hosts > 1 and store_kind(spec.store) == "file":
+        raise InvalidParameterError(
+            f"invalid store {spec.store!r} here: the workers are on {workers.hosts} hosts, and a store on one "
+            "machine's disk is not shared between them (their claims cannot see each other, so they would pay "
+            "twice for a text); pass store='redis://HOST:PORT/DB' (the default with a redis:// budget)"
+        )
     if spec.store == "none":
         if several and spec.journal is None:
             assert workers is not None

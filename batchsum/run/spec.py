@@ -291,7 +291,7 @@ class RunSpec:
 
     Build it with ``RunSpec.from_kwargs(...)`` (or ``from_args`` from the CLI's namespace); it is
     plain data, picklable (``limiter`` and a ``Budget`` object excepted: they live in one process),
-    and its repr never shows the key.
+    and its repr shows no secret (``describe``: the key never, locations without credentials).
     """
 
     params: contract.Params
@@ -320,6 +320,9 @@ class RunSpec:
     # Which run a share belongs to: None, a fresh one per Run; prepare_shared names one for all the
     # partitions of a Dask or Spark job, so that together they use at most their share.
     run_id: str | None = None
+    # When the job started (``time.time()``): under refresh, answers written before it are asked again
+    # and those written since are used. None: each run's own start; prepare_shared sets the job's.
+    started: float | None = None
 
     @classmethod
     def from_kwargs(
@@ -427,6 +430,11 @@ class RunSpec:
     def describe(self) -> dict[str, Any]:
         """The options as plain data, for a report or a log line: the key never, locations redacted."""
         return describe_spec(self)
+
+    def __repr__(self) -> str:
+        """The options as ``describe`` gives them: no secret (the key, a password in a redis://
+        budget or store, credentials in the base URL) in a repr, a log line or a traceback."""
+        return "RunSpec(" + ", ".join(f"{name}={value!r}" for name, value in self.describe().items()) + ")"
 
 
 def describe_spec(spec: RunSpec) -> dict[str, Any]:

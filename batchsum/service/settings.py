@@ -48,6 +48,9 @@ __all__ = [
     "client_settings",
     "budget_spec",
     "store_spec",
+    "store_kind",
+    "redis_url",
+    "REDIS_SCHEMES",
     "resolve_rate",
     "check_key",
     "check_base_url",
@@ -73,6 +76,7 @@ ENV_STORE = "BATCHSUM_STORE"
 DEFAULT_RPM = 60.0
 DEFAULT_BUDGET = "machine"
 STORE_KINDS = "machine, none, sqlite:///PATH or redis://HOST:PORT/DB"
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # a location with one of these names a Redis
 DEFAULT_MAX_WAIT = 1800.0  # seconds a row may wait out 429s before it fails as rate_limited
 ENCODINGS = ("json", "form", "multipart")
 LONG_TEXT_POLICIES = ("skip", "split", "truncate")
@@ -339,6 +343,11 @@ class ClientSettings:
         """The key's short hash (``key_hash``), None before the local service fills it in."""
         return None if self.api_key is None else key_hash(self.api_key.reveal())
 
+    def __repr__(self) -> str:
+        """The key as its ``Secret``, the address without credentials (``describe``)."""
+        fields = ", ".join(f"{name}={value!r}" for name, value in self.describe().items())
+        return f"ClientSettings(api_key={self.api_key!r}, {fields})"
+
     def describe(self) -> dict[str, Any]:
         """Where and how requests go, as plain data for a report: the key never, the address redacted."""
         return {
@@ -411,12 +420,30 @@ def _rpm_from(env: Mapping[str, str]) -> float | str:
 
 
 def budget_spec(budget: Any, environ: Mapping[str, str] | None = None) -> Any:
-    """``budget`` as given, or for None ``$BATCHSUM_BUDGET``, else ``"machine"``."""
+    """``budget`` as given, or for None ``$BATCHSUM_BUDGET``, else ``"machine"``; a Redis URL checked
+    (``redis_url``)."""
+    source = "budget"
     if budget is None:
-        return environment(environ).get(ENV_BUDGET, "").strip() or DEFAULT_BUDGET
-    if isinstance(budget, str) or callable(getattr(budget, "reserve", None)):
+        budget = environment(environ).get(ENV_BUDGET, "").strip() or DEFAULT_BUDGET
+        source = f"${ENV_BUDGET}"
+    if isinstance(budget, str):
+        return redis_url(budget, source, BudgetError) if store_kind(budget) == "redis" else budget
+    if callable(getattr(budget, "reserve", None)):
         return budget
     raise BudgetError(f"invalid budget {budget!r}: use 'machine', 'none', 'redis://HOST:PORT/DB' or a Budget")
+
+
+def redis_url(url: str, source: str, error: type[Exception] = InvalidParameterError) -> str:
+    """A Redis URL as the redis client reads it: its scheme in lower case, its port a number; else
+    ``error`` naming ``source`` in one line, without the URL's credentials."""
+    scheme, sep, rest = url.strip().partition("://")
+    url = scheme.lower() + sep + rest
+    try:
+        urlsplit(url).port  # noqa: B018 - reading the port is the check
+    except ValueError as exc:  # a port that is not a number, or out of range
+        shown = redact_location(url)
+        raise error(f"invalid {source} {shown!r}: {exc}; use redis://[:PASSWORD@]HOST:PORT/DB") from None
+    return url
 
 
 def store_spec(store: object, budget: object, environ: Mapping[str, str] | None = None) -> str:
@@ -429,8 +456,7 @@ def store_spec(store: object, budget: object, environ: Mapping[str, str] | None 
         source = f"${ENV_STORE}"  # named as itself in the message, not as the option
         if not store:
             url = budget if isinstance(budget, str) else getattr(budget, "url", None)
-            redis = isinstance(url, str) and url.strip().lower().startswith(("redis://", "rediss://", "unix://"))
-            return url.strip() if redis and isinstance(url, str) else DEFAULT_BUDGET
+            return url.strip() if isinstance(url, str) and store_kind(url) == "redis" else DEFAULT_BUDGET
     else:
         source = "store"
     if not isinstance(store, str):
@@ -439,12 +465,21 @@ def store_spec(store: object, budget: object, environ: Mapping[str, str] | None 
     lowered = spelled.lower()
     if lowered in ("machine", "none"):
         return lowered
-    if (lowered.startswith("sqlite:///") and len(spelled) > len("sqlite:///")) or lowered.startswith(
-        ("redis://", "rediss://", "unix://")
-    ):
+    if lowered.startswith("sqlite:///") and len(spelled) > len("sqlite:///"):
         return spelled
+    if store_kind(spelled) == "redis":
+        return redis_url(spelled, source)
     shown = redact_location(spelled)
     raise InvalidParameterError(f"invalid {source} {shown!r}: use {STORE_KINDS}")
+
+
+def store_kind(where: str) -> str:
+    """Which store a location (as ``store_spec`` gives it) names: ``"none"``, ``"redis"`` (a Redis URL:
+    the cluster's store) or ``"file"`` (``machine``, ``sqlite:///PATH``: a SQLite file on one
+    machine's disk)."""
+    if where == "none":
+        return "none"
+    return "redis" if where.strip().lower().startswith(REDIS_SCHEMES) else "file"
 
 
 def check_path(name: str, value: Any) -> str:

@@ -58,6 +58,36 @@ def test_answers_are_kept_by_service_and_fingerprint_and_only_summaries(tmp_path
     assert MachineStore(path, SERVICE).get("k").summary == "a newer summary"
 
 
+def test_a_jobs_refusals_are_kept_for_that_job_alone_and_for_a_day(tmp_path):
+    path = tmp_path / "store.sqlite"
+    job, other_job, no_job = (MachineStore(path, SERVICE, job=j) for j in ("job-1", "job-2", None))
+    job.put("refused", REFUSAL)
+    job.put("k", SUMMARY)
+    assert job.get_many(["refused", "k"]) == {"refused": REFUSAL, "k": SUMMARY}
+    assert other_job.get_many(["refused", "k"]) == no_job.get_many(["refused", "k"]) == {"k": SUMMARY}
+    assert MachineStore(path, "https://other.example.com", job="job-1").get("refused") is None
+    db = sqlite3.connect(path)
+    db.execute("UPDATE refusals SET written = written - 86401")  # a day later: asked again
+    db.commit()
+    assert job.get("refused") is None
+    assert [name for (name,) in db.execute("SELECT fingerprint FROM refusals")] == ["refused"]
+    MachineUpkeep(path).prune()
+    assert db.execute("SELECT COUNT(*) FROM refusals").fetchone()[0] == 0  # pruned with the old answers
+    db.close()
+
+
+def test_a_store_of_an_earlier_version_gets_the_refusals_table_when_first_opened(tmp_path):
+    path = tmp_path / "store.sqlite"
+    MachineStore(path, SERVICE).close()
+    db = sqlite3.connect(path)
+    db.execute("DROP TABLE refusals")  # as this round's first stores were made
+    db.commit()
+    db.close()
+    store = MachineStore(path, SERVICE, job="job")
+    store.put("refused", REFUSAL)
+    assert store.get("refused") == REFUSAL
+
+
 def test_a_file_that_is_not_a_store_is_refused_and_left_as_it_was(tmp_path):
     other = tmp_path / "other.sqlite"
     db = sqlite3.connect(other)
@@ -209,7 +239,7 @@ def test_the_old_per_key_stores_are_taken_in_the_first_time_the_store_opens(tmp_
         assert store.get_many(["a", "b", "c"]) == {"a": SUMMARY}  # a summary of this service; no refusal
         assert MachineStore(store.path, "batchsum-local").get("c") == SUMMARY
         assert any("2 answers of earlier versions' stores" in r.getMessage() for r in caplog.records)
-        assert MachineUpkeep(store.path).take_in_old() == 0  # once
+        assert store_upkeep.take_in_old(store.connection, store.path) == 0  # once
     finally:
         store.close()
 
@@ -233,6 +263,10 @@ def test_the_cluster_store_keeps_answers_by_service_and_takes_in_a_keys_old_answ
         store.put("c" * 64, REFUSAL)
         assert store.get("c" * 64) is None
         assert RedisStore(redis_url, "https://another.example").get(a) is None
+        job = RedisStore(redis_url, service, job="job-1")  # a job whose only scope the store is
+        job.put("c" * 64, REFUSAL)
+        assert job.get("c" * 64) == REFUSAL and 0 < raw.ttl(job._refusal("c" * 64)) <= 86400
+        assert store.get("c" * 64) is None and RedisStore(redis_url, service, job="job-2").get("c" * 64) is None
         upkeep = RedisUpkeep(redis_url)
         assert (service, pytest.approx(time.time(), abs=60)) in upkeep.inventory()
         assert upkeep.remove(service=service) == 1 and store.get(a) is None
@@ -286,3 +320,72 @@ def test_a_dry_run_looks_at_the_store_without_making_or_writing_it(tmp_path):
     with pytest.raises(StoreError):
         looking.put("k", SUMMARY)
     looking.close()
+
+
+def _connections_to(path: Path) -> int:
+    """This process's open files on the store ``path`` (its connections')."""
+    fds = Path("/proc/self/fd")
+    return sum(1 for fd in fds.iterdir() if os.path.realpath(fd) == str(path))
+
+
+def test_opening_the_store_takes_one_connection_and_sets_up_only_a_new_file(monkeypatch):
+    import threading
+
+    from batchsum.data import machine_store
+
+    open_store("machine", SERVICE).close()  # made, set up, and pruned (due the first time) on a thread
+    for thread in threading.enumerate():
+        if thread.name == "batchsum-store-prune":
+            thread.join()
+    connects: list[object] = []
+    set_ups: list[object] = []
+    real_connect, real_set_up = sqlite3.connect, machine_store._set_up
+    monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: connects.append(a) or real_connect(*a, **k))
+    monkeypatch.setattr(machine_store, "_set_up", lambda db: set_ups.append(db) or real_set_up(db))
+    store = open_store("machine", SERVICE)
+    try:
+        assert len(connects) == 1 and set_ups == []  # the upkeep on the store's connection; the file as it was
+        store.put("k", SUMMARY)
+        assert store.get("k") == SUMMARY
+    finally:
+        store.close()
+
+
+def test_a_store_whose_upkeep_fails_at_its_opening_is_closed(monkeypatch):
+    from batchsum.data import store_upkeep
+
+    def failing(*args: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(store_upkeep, "keep_up", failing)
+    with pytest.raises(RuntimeError) as raised:
+        open_store("machine", SERVICE)
+    assert raised.value is not None and _connections_to(default_store_path()) == 0
+
+
+def _later_than(moment: float) -> float:
+    """The wall clock, once it has moved past ``moment``."""
+    while (now := time.time()) <= moment:
+        pass
+    return now
+
+
+def test_refresh_skips_only_the_answers_written_before_the_run_started(tmp_path, redis_url):
+    journal = Journal(tmp_path / "j.sqlite")
+    journal.serve(SERVICE)
+    machine = MachineStore(tmp_path / "store.sqlite", SERVICE)
+    cluster = RedisStore(redis_url, f"https://refresh-{os.urandom(4).hex()}.example")
+    memory = MemoryStore()
+    for scope in (journal, machine, cluster, memory):
+        scope.put("old", SUMMARY)
+    started = _later_than(time.time())
+    for own, store, keeps_all in ((journal, machine, True), (memory, cluster, False)):
+        scopes = Scopes(own, store, keeps_all=keeps_all, refresh=True, started=started)
+        assert scopes.lookup(["old"]) == ({}, set())  # asked again
+        scopes.put("mine", SUMMARY)
+        scopes.put("refused", REFUSAL)
+        assert scopes.lookup(["mine", "refused"])[0] == {"mine": SUMMARY, "refused": REFUSAL}  # this run's own
+        store.put("theirs", SUMMARY)  # another run's, while this one ran
+        assert scopes.lookup(["theirs"]) == ({"theirs": SUMMARY}, {"theirs"})
+        assert Scopes(own, store).lookup(["old"])[0] == {"old": SUMMARY}  # without refresh: everything
+    cluster.close()

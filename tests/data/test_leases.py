@@ -11,6 +11,7 @@ import dataclasses
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -33,6 +34,7 @@ from batchsum.data.leases import (
 )
 from batchsum.data.redis_store import RedisStore
 from batchsum.data.results import OK, Answer
+from batchsum.service.errors import JournalError
 from tests.conftest import need
 
 ANSWER = Answer("a summary", OK, None, None, 200, 1)
@@ -159,6 +161,42 @@ def test_an_answer_after_its_lease_lapsed_is_kept(tmp_path, clocks):
     assert waiter.get("k") == ANSWER
     holder.release("k")  # not the holder any more: the waiter's claim stays
     assert not SharedJournal(tmp_path / "j.sqlite").claim("k")
+
+
+def test_a_release_that_fails_keeps_the_claim_held_renewed_and_let_go_by_the_next(tmp_path, clocks):
+    path = tmp_path / "j.sqlite"
+    holder, waiter = SharedJournal(path), SharedJournal(path)
+    assert holder.claim("k")
+    holder._db.execute("PRAGMA busy_timeout=0")
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # another process writing: the release's delete cannot
+    with pytest.raises(JournalError, match="locked"):
+        holder.release("k")
+    writer.execute("ROLLBACK")
+    writer.close()
+    clocks.tick(CLAIM_SECONDS - 1)
+    holder.renew(["k"])  # still held: renewed
+    clocks.tick(CLAIM_SECONDS - 1)
+    assert not waiter.claim("k")
+    holder.release("k")  # the next release lets it go
+    assert waiter.claim("k")
+
+
+def test_only_the_claims_a_run_holds_are_renewed_and_its_own_row_it_let_go_is_taken_back(tmp_path, clocks):
+    path = tmp_path / "j.sqlite"
+    holder, waiter = SharedJournal(path), SharedJournal(path)
+    assert holder.claim("k") and holder.claim("gone")
+    holder._claims.held.discard("gone")  # let go of in its books, its row left behind
+    clocks.tick(CLAIM_SECONDS - 1)
+    holder.renew(["k"])
+    clocks.tick(2)
+    assert not waiter.claim("k")  # renewed
+    assert waiter.claim("gone")  # not renewed: lapsed
+    assert not holder.claim("k")  # held already: not won twice
+    assert holder.claim("mine")
+    holder._claims.held.discard("mine")
+    assert holder.claim("mine")  # its own row it no longer holds: taken back, never waited on
+    assert not waiter.claim("mine")
 
 
 def _claim_in_a_process(code: str, prefix: list[str] | None = None) -> subprocess.Popen[str]:

@@ -98,6 +98,47 @@ def test_duckdbs_threads_call_it_at_once_and_each_text_is_paid_once(con, svc):
     assert registration.runs == 1
 
 
+def test_with_store_none_two_threads_chunks_claim_their_texts(con, svc):
+    """``store="none"``: the run's answers in a store on disk of this process's own, with claims (as a
+    lazy Polars frame's), so two of DuckDB's threads with the same texts pay once."""
+    import threading
+
+    registration = register(con, svc, store="none")
+    registration.summarize([article(30, seed=99)])  # the key's first request, alone
+    svc.state.reset_stats()
+    svc.faults = Faults(latency=0.3)
+    texts = [article(30, seed=9100 + i) for i in range(10)]  # the scratch store is the process's: texts of its own
+    results: list[list[str]] = []
+    threads = [
+        threading.Thread(target=lambda: results.append([r.status for r in registration.summarize(texts)]))
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [["ok"] * 10] * 2
+    assert svc.stats()["requests"] == 10 and svc.stats()["answered_twice"] == 0
+
+
+def test_a_run_that_cannot_open_fails_each_query_in_one_line_and_leaves_no_thread(con, svc):
+    import threading
+
+    from tests.conftest import free_port
+
+    register(con, svc, budget=f"redis://127.0.0.1:{free_port()}/0")  # no Redis there
+
+    def ours() -> list[str]:
+        return sorted(thread.name for thread in threading.enumerate() if thread.name.startswith("batchsum-"))
+
+    before = ours()
+    for seed in range(3):
+        with pytest.raises(duckdb.Error, match="cannot reach the rate budget"):
+            con.execute(f"SELECT batchsum_summarize('{article(20, seed=seed)}')").fetchall()
+    assert ours() == before and "batchsum-run" not in before  # no run's loop thread left behind
+    assert svc.stats()["requests"] == 0
+
+
 def test_it_is_never_folded_when_the_query_is_planned(con, svc):
     register(con, svc)
     text = article(20, seed=7)

@@ -190,6 +190,53 @@ def bad_input(service, tmp_path, capsys, monkeypatch):
     return code, err
 
 
+PASSWORD = "pw-in-the-url-4242"
+
+
+def store_url_malformed(service, tmp_path, capsys, monkeypatch):
+    argv = ["-o", str(tmp_path / "out.parquet"), "--store", f"redis://:{PASSWORD}@localhost:abc/0"]
+    for dry in ([], ["--dry-run"]):
+        code, err = summarize(source(tmp_path), *argv, *dry, capsys=capsys)
+        assert code == 2 and "invalid --store 'redis://***@localhost:abc/0'" in err, err
+    assert service.stats()["requests"] == 0 and not list(tmp_path.glob("out*"))
+    assert PASSWORD not in err
+    return code, err
+
+
+def budget_url_malformed(service, tmp_path, capsys, monkeypatch):
+    code, err = summarize(
+        source(tmp_path), "-o", str(tmp_path / "out.parquet"), "--budget", f"redis://:{PASSWORD}@h:x/0", capsys=capsys
+    )
+    assert "invalid budget 'redis://***@h:x/0'" in err and PASSWORD not in err and not list(tmp_path.glob("out*"))
+    return code, err
+
+
+def store_out_of_reach(service, tmp_path, capsys, monkeypatch):
+    code = main(["store", "--store", f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0", "--retention", "30d"])
+    err = capsys.readouterr().err
+    assert "the answer store at Redis (redis://***@127.0.0.1:" in err and PASSWORD not in err
+    return code, err
+
+
+def store_damaged(service, tmp_path, capsys, monkeypatch):
+    """A store file whose table lost a column: what ``batchsum store`` asks of it fails in SQLite."""
+    import sqlite3
+
+    from batchsum.data.machine_store import FORMAT, default_store_path
+
+    default_store_path().parent.mkdir(parents=True)
+    db = sqlite3.connect(default_store_path())
+    db.executescript(
+        f"CREATE TABLE answers (service TEXT, fingerprint TEXT); CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT);"
+        f"INSERT INTO meta VALUES ('format', '{FORMAT}');"
+    )
+    db.close()
+    code = main(["store", "--remove", "--all"])
+    err = capsys.readouterr().err
+    assert "no such column" in err
+    return code, err
+
+
 def no_key(service, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("BATCHSUM_API_KEY")
     return summarize(source(tmp_path), "-o", str(tmp_path / "out.parquet"), capsys=capsys)
@@ -226,6 +273,10 @@ CASES = [
     Case("an unknown flag", bad_usage, 2, "bad usage"),
     Case("an output format refused", bad_input, 2, "nothing sent, no file created"),
     Case("no key", no_key, 2, "bad usage or input"),
+    Case("a store URL that cannot be read", store_url_malformed, 2, "nothing sent, no file created"),
+    Case("a budget URL that cannot be read", budget_url_malformed, 2, "nothing sent, no file created"),
+    Case("`batchsum store`, its Redis out of reach", store_out_of_reach, 2, "a one-line message"),
+    Case("`batchsum store`, its file damaged", store_damaged, 2, "a one-line message"),
     Case("SIGINT", signalled(signal.SIGINT), 130, "interrupted (Ctrl-C, SIGINT)"),
     Case("SIGTERM", signalled(signal.SIGTERM), 143, "terminated (SIGTERM)"),
 ]
@@ -240,6 +291,24 @@ def test_each_stop_exits_with_the_code_the_docs_state(case, env, tmp_path, capsy
     if code != 0:
         assert "Traceback" not in err
         assert err.strip().splitlines()[-1].startswith("batchsum: ")  # its reason, said in a line of its own
+
+
+def test_an_output_put_refused_at_the_end_stops_with_how_to_resume(env, s3, tmp_path, capsys):
+    """A remote output whose bucket went away mid-run: the put at the end fails; a stop (1) that says
+    where the output is kept and how to resume, every answer journaled."""
+    from pyarrow import fs
+
+    s3.create_dir("going")
+    deleting = fs.S3FileSystem(endpoint_override=os.environ["AWS_ENDPOINT_URL"], allow_bucket_deletion=True)
+    env.faults = Faults(latency=0.05)
+    when_answered(env, 5, lambda: deleting.delete_dir("going"))
+    code, err = summarize(
+        source(tmp_path), "-o", "s3://going/out.parquet", "--journal", str(tmp_path / "j.sqlite"), capsys=capsys
+    )
+    assert code == 1 and "Traceback" not in err, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("batchsum: stopped: cannot put s3://going/out.parquet") and "the output is kept in" in line
+    assert "30 new answers kept; run the same command again to resume" in line
 
 
 def test_the_table_lists_every_code_the_command_leaves_with():

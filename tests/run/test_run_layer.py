@@ -189,6 +189,19 @@ def test_a_spec_with_a_key_never_shows_it():
     assert spec.client.client_kwargs()["api_key"] == KEY
 
 
+def test_a_spec_shows_no_password_of_its_budget_store_or_base_url():
+    budget = "redis://:s3cret-budget-pw@127.0.0.1:6379/0"
+    specs = [
+        RunSpec.from_kwargs(api_key=KEY, base_url="https://user:base-url-pw@api.example.com", budget=budget),
+        RunSpec.from_kwargs(api_key=KEY, store="redis://reader:s3cret-store-pw@10.0.0.5:6379/1"),
+    ]
+    for spec in specs:
+        shown = " ".join([repr(spec), str(spec), f"{spec}", repr(spec.client), str(spec.describe())])
+        assert not any(secret in shown for secret in ("s3cret-budget-pw", "s3cret-store-pw", "base-url-pw", KEY[:10]))
+        assert "***@" in repr(spec) and "rpm=" in repr(spec)  # still says what it is
+    assert specs[0].budget == specs[0].store == budget  # the spec itself keeps them whole
+
+
 def test_a_pickled_spec_works_in_another_process_and_no_log_line_holds_the_key(svc, caplog):
     spec = RunSpec.from_kwargs(type="bullets", api_key=KEY, base_url=svc.url, rpm=0, budget="none", progress=False)
     code = (

@@ -5,6 +5,7 @@ cannot be opened; a killed holder; claims that hold while the wall clock is step
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -148,6 +149,134 @@ def test_refresh_asks_again_and_the_new_answer_replaces_the_stored_one(env, tmp_
     assert env.stats()["requests"] == 12  # every request sent again
     assert store.get(key).summary != "a stale summary"  # replaced
     assert pd.read_parquet(tmp_path / "c.parquet")["summary"][0] == store.get(key).summary
+
+
+def test_refresh_pays_once_for_a_text_that_repeats_in_the_run(svc):
+    from batchsum.run.run import Run
+
+    text = article(30, seed=777)
+    key = text_fingerprint(contract.parse_params(1, contract.PERCENTAGE_DEFAULT, None))(text)
+
+    def written() -> float:
+        if not default_store_path().exists():
+            return 0.0
+        with sqlite3.connect(default_store_path()) as db:
+            row = db.execute("SELECT MAX(written) FROM answers WHERE fingerprint=?", (key,)).fetchone()
+        return row[0] or 0.0
+
+    async def run(refresh: bool, journal: Path | None = None) -> list[str]:
+        begun = time.time()
+
+        async def rows():
+            yield text
+            while written() < begun:  # the first is answered and kept: the repeat is looked up, not joined
+                await asyncio.sleep(0.02)
+            yield text
+
+        spec = RunSpec.from_kwargs(api_key=KEY, base_url=svc.url, progress=False, refresh=refresh, journal=journal)
+        async with Run(spec) as opened:
+            return [result.status async for result in opened.stream(rows())]
+
+    assert asyncio.run(asyncio.wait_for(run(False), 60)) == ["ok", "ok"] and svc.stats()["requests"] == 1
+    assert asyncio.run(asyncio.wait_for(run(True), 60)) == ["ok", "ok"]
+    assert svc.stats()["requests"] == 2  # what the store held is asked again, once
+    assert asyncio.run(asyncio.wait_for(run(True, Path(os.environ["XDG_CACHE_HOME"]) / "j.sqlite"), 60)) == ["ok"] * 2
+    assert svc.stats()["requests"] == 3  # with a journal as its own scope, the same
+
+
+def test_refresh_pays_once_per_text_in_the_partitions_of_a_job(svc):
+    from batchsum.run.shared import prepare_shared
+
+    text = article(30, seed=778)
+    before = RunSpec.from_kwargs(api_key=KEY, base_url=svc.url, progress=False)
+    asyncio.run(run_texts(before, [text]))  # in the store before the job
+    spec = prepare_shared(RunSpec.from_kwargs(api_key=KEY, base_url=svc.url, progress=False, refresh=True))
+    for _ in range(2):  # two partitions, one after the other
+        assert asyncio.run(run_texts(spec, [text], shared=True))[0].status == "ok"
+    assert svc.stats()["requests"] == 2  # asked again once for the job, not once per partition
+
+
+@pytest.mark.parametrize("where", ["machine", "redis"])
+def test_the_partitions_of_a_job_without_a_journal_pay_once_for_a_refusal(svc, where, request):
+    """A Dask, Spark or Ray job with no journal: the store is its partitions' only scope, and keeps
+    the job's refusals (for that job alone, for a day), so a 422 is paid for once in the job."""
+    from batchsum.run.shared import prepare_shared
+
+    budget = request.getfixturevalue("redis_url") if where == "redis" else None
+    svc.faults = Faults(script=["422", "422"])
+    text = article(30, seed=4242)
+
+    def job() -> list[str]:
+        spec = prepare_shared(RunSpec.from_kwargs(api_key=KEY, base_url=svc.url, progress=False, budget=budget))
+        assert spec.store == (budget or f"sqlite://{default_store_path()}")
+        # two partitions, one after the other
+        return [asyncio.run(run_texts(spec, [text], shared=True))[0].error for _ in range(2)]
+
+    assert job() == ["unprocessable", "unprocessable"]
+    assert svc.stats()["requests"] == 1
+    assert job() == ["unprocessable", "unprocessable"]  # another job asks again: never shared beyond the job
+    assert svc.stats()["requests"] == 2
+
+
+def test_a_worker_whose_store_cannot_be_opened_keeps_its_answers_in_its_process(svc, tmp_path):
+    (tmp_path / "a-file").write_text("")  # the store's folder is a file: it cannot be opened on this worker
+    spec = RunSpec.from_kwargs(
+        api_key=KEY, base_url=svc.url, progress=False, store=f"sqlite://{tmp_path}/a-file/answers.sqlite"
+    ).replace(run_id="one-job")
+    svc.faults = Faults(script=["422"])
+    text = article(30, seed=4343)
+    results = [asyncio.run(run_texts(spec, [text], shared=True))[0].error for _ in range(2)]
+    assert results == ["unprocessable", "unprocessable"] and svc.stats()["requests"] == 1
+
+
+def test_a_store_on_one_machines_disk_is_refused_for_workers_on_several_hosts(svc, redis_url, tmp_path):
+    from batchsum.errors import InvalidParameterError
+    from batchsum.run.shared import Workers, prepare_shared
+
+    def spec(store: str | None) -> RunSpec:
+        return RunSpec.from_kwargs(api_key=KEY, base_url=svc.url, progress=False, budget=redis_url, store=store)
+
+    def two_hosts() -> Workers:
+        return Workers(4, 2, "this cluster runs partitions in 4 worker processes")
+
+    own = tmp_path / "answers.sqlite"
+    for store in ("machine", f"sqlite://{own}"):
+        with pytest.raises(InvalidParameterError) as caught:
+            prepare_shared(spec(store), two_hosts)
+        message = str(caught.value)
+        assert "\n" not in message and f"invalid store {store!r}" in message and "2 hosts" in message
+        assert "store='redis://HOST:PORT/DB'" in message
+    assert not own.exists() and not default_store_path().exists()  # refused before anything was opened
+    assert prepare_shared(spec(None), two_hosts).store == redis_url  # the default: the budget's Redis
+    one_host = prepare_shared(spec("machine"), lambda: Workers(2, 1, "2 worker processes"))
+    assert one_host.store == f"sqlite://{default_store_path()}"
+    assert svc.stats()["requests"] == 0
+
+
+def test_a_dry_run_whose_redis_store_fails_while_read_says_so_in_its_store_line(env, redis_url, tmp_path, capsys):
+    """A Redis user who may not run MGET: the store opens, and fails as the dry run reads it. The
+    dry run says so in its store line, as a run would leave the store, never a traceback, never the
+    password."""
+    import redis
+
+    raw = redis.Redis.from_url(redis_url)
+    user, password = f"no-mget-{os.urandom(3).hex()}", "pw-no-mget-4242"
+    raw.acl_setuser(
+        user, enabled=True, passwords=[f"+{password}"], keys=["*"], channels=["*"], commands=["+@all", "-mget"]
+    )
+    try:
+        store = redis_url.replace("redis://", f"redis://{user}:{password}@")
+        source = parquet(tmp_path / "in.parquet", texts(0, 3))
+        assert summarize(source, "-o", str(tmp_path / "a.parquet"), "--store", store, "--dry-run") == 0
+        out = capsys.readouterr()
+        line = next(line for line in out.out.splitlines() if line.startswith("store:"))
+        assert "not usable" in line and "no permissions to run the 'mget' command" in line and "***@" in line
+        assert "would send:       3 requests" in out.out
+        assert password not in out.out + out.err and "Traceback" not in out.err
+        assert env.stats()["requests"] == 0
+    finally:
+        raw.acl_deluser(user)
+        raw.close()
 
 
 def test_store_none_is_the_output_journal_alone_and_makes_no_store(env, tmp_path, monkeypatch):
