@@ -123,21 +123,21 @@ def test_bad_input_is_refused_when_summarize_is_called(cluster, limited):
 
 @pytest.mark.heavy
 def test_a_killed_worker_costs_seconds_and_pays_only_what_was_on_the_wire(cluster, tmp_path):
-    """The machine budget, a strict 600/min window, 300 distinct texts, 0.3 s answers; one worker
-    process SIGKILLed once 60 requests reached the service. Its nanny starts it again and Dask runs
+    """The machine budget, a strict 1200/min window, 150 distinct texts, 0.3 s answers; one worker
+    process SIGKILLed once 40 requests reached the service. Its nanny starts it again and Dask runs
     its partitions again; their claims' holder is gone, so the retries go on at once."""
     import time
 
     from batchsum.local import Faults
     from tests.killing import KillAfter
 
-    data = frame(300, 300)
+    data = frame(150, 150)
     pids = sorted(cluster.run(os.getpid).values())
-    with LocalService([KEY], rpm=600, faults=Faults(latency=0.3)) as service:
+    with LocalService([KEY], rpm=1200, faults=Faults(latency=0.3)) as service:
         out = dd.from_pandas(data, npartitions=4).batchsum.summarize(
-            "text", rpm=600, api_key=KEY, base_url=service.url, progress=False, journal=tmp_path / "answers.sqlite"
+            "text", rpm=1200, api_key=KEY, base_url=service.url, progress=False, journal=tmp_path / "answers.sqlite"
         )
-        killer = KillAfter(service, 60, lambda: pids[:1])
+        killer = KillAfter(service, 40, lambda: pids[:1])
         killer.start()
         started = time.monotonic()
         result = out.compute()
@@ -145,8 +145,8 @@ def test_a_killed_worker_costs_seconds_and_pays_only_what_was_on_the_wire(cluste
         killer.finish()
         stats = service.state.stats()
     assert killer.killed == pids[:1]
-    assert len(result) == 300 and (result["summary_status"] == "ok").all()
+    assert len(result) == 150 and (result["summary_status"] == "ok").all()
     assert stats["by_status"] == {"200": stats["answered"]}, stats  # 0 429s
-    assert stats["answered_unique"] == 300
+    assert stats["answered_unique"] == 150
     assert stats["answered_twice"] <= 10, stats  # at most the texts on the wire at the kill
     print(f"killed a worker at {killer.at} requests; {seconds:.1f} s; {stats}")

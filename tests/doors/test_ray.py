@@ -129,21 +129,21 @@ def test_400_texts_read_from_parquet_hold_the_plan_and_pay_once_also_when_consum
 
 @pytest.mark.heavy
 def test_a_killed_worker_costs_seconds_and_pays_only_what_was_on_the_wire(local_ray, tmp_path):
-    """The machine budget, a strict 600/min window, 300 distinct texts, 0.3 s answers; one worker
-    process SIGKILLed once 60 requests reached the service: Ray restarts the actor and retries its
+    """The machine budget, a strict 1200/min window, 150 distinct texts, 0.3 s answers; one worker
+    process SIGKILLed once 40 requests reached the service: Ray restarts the actor and retries its
     batch, which reuses every answer that arrived and takes over the dead run's claims at once."""
-    with LocalService([KEY], rpm=600, faults=Faults(latency=0.3)) as service:
+    with LocalService([KEY], rpm=1200, faults=Faults(latency=0.3)) as service:
         out = batchsum.ray.summarize(
-            dataset(texts(300, 15_000)),
+            dataset(texts(150, 15_000)),
             "text",
-            rpm=600,
+            rpm=1200,
             api_key=KEY,
             base_url=service.url,
             progress=False,
             journal=tmp_path / "answers.sqlite",
             batch_rows=50,
         )
-        killer = KillAfter(service, 60, lambda: _ray_workers()[:1])
+        killer = KillAfter(service, 40, lambda: _ray_workers()[:1])
         killer.start()
         started = time.monotonic()
         rows = out.take_all()
@@ -151,10 +151,10 @@ def test_a_killed_worker_costs_seconds_and_pays_only_what_was_on_the_wire(local_
         killer.finish()
         stats = service.state.stats()
     assert killer.killed, "no worker process was found to kill"
-    assert [row["id"] for row in rows] == list(range(300))
+    assert [row["id"] for row in rows] == list(range(150))
     assert all(row["summary_status"] == "ok" for row in rows)
     assert stats["by_status"] == {"200": stats["answered"]}, stats  # 0 429s
-    assert stats["answered_unique"] == 300
+    assert stats["answered_unique"] == 150
     assert stats["answered_twice"] <= 10, stats  # at most the texts on the wire at the kill
     print(f"ray: killed {killer.killed} at {killer.at} requests; {seconds:.1f} s; {stats}")
 

@@ -44,7 +44,9 @@ def parquet(path: Path, rows: list[str]) -> str:
 
 
 def summarize(*argv: str) -> int:
-    return main(["summarize", *argv, "--column", "text", "--quiet"])
+    """The command, unpaced unless it says (the session's service has no limit)."""
+    pace = [] if "--rpm" in argv else ["--rpm", "0"]
+    return main(["summarize", *argv, "--column", "text", "--quiet", *pace])
 
 
 def stored(service: str) -> MachineStore:
