@@ -59,9 +59,10 @@ class Gate:
         self.cap = RequestCap(cap, on_cap, self) if cap is not None else None
         self.quotas = Quotas(keys)  # the batch's keys, and their quotas
 
-    def hooks(self, state: LaneState) -> LaneHooks:
-        """The client's attempt hooks for one key of the batch (the gate's, with that key's pacer)."""
-        return LaneHooks(self, state)
+    def hooks(self, state: LaneState, first_429: float | None = None) -> LaneHooks:
+        """The client's attempt hooks for one key of the batch (the gate's, with that key's pacer);
+        ``first_429``: when the request met its first 429, on a key it was sent on before."""
+        return LaneHooks(self, state, first_429)
 
     async def before_attempt(self) -> tuple[int, float, asyncio.Task[Any] | None, Any]:
         return await self._before(self.pacer, None)
@@ -189,14 +190,16 @@ class RequestCap:
 
 
 class LaneHooks:
-    """The client's attempt hooks for one key: the batch's gate with that key's pacer and quotas."""
+    """The client's attempt hooks for one key: the batch's gate with that key's pacer and quotas;
+    ``first_429``, the request's patience, carried over from a key it was sent on before."""
 
-    __slots__ = ("gate", "state", "max_wait")
+    __slots__ = ("gate", "state", "max_wait", "first_429")
 
-    def __init__(self, gate: Gate, state: LaneState) -> None:
+    def __init__(self, gate: Gate, state: LaneState, first_429: float | None = None) -> None:
         self.gate = gate
         self.state = state
         self.max_wait = gate.max_wait
+        self.first_429 = first_429
 
     async def before_attempt(self) -> tuple[int, float, asyncio.Task[Any] | None, Any]:
         return await self.gate._before(self.state.lane.pacer, self.state)

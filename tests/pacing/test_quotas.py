@@ -200,6 +200,63 @@ def test_a_429_asking_for_longer_than_max_wait_is_the_same_stop_not_a_wait():
     assert wall < 60 and service.refused <= 3
 
 
+class Refusing:
+    """Every request answered 429 asking to wait ``retry_after`` seconds (no other header)."""
+
+    def __init__(self, retry_after: int) -> None:
+        self.retry_after = retry_after
+        self.calls = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.calls += 1
+        return httpx.Response(
+            429, json={"error": Messages.RATE_LIMITED}, headers={"Retry-After": str(self.retry_after)}
+        )
+
+
+def run_refused(service, keys: int, n: int, max_wait: float):
+    """``n`` texts on ``keys`` keys, each on its budget; (rows, the error the run stopped with), or
+    ("still running", None) when the run has not ended after a day of virtual time."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        clients, lanes = [], []
+        for key in team_keys(keys):
+            budget = ProcessBudget(loop.time, shared=True)
+            clients.append(batchsum.AsyncClient(key, "http://127.0.0.1:9", transport=httpx.MockTransport(service)))
+            lanes.append(KeyLane(clients[-1], Pacer(600, budget=budget), budget=budget))
+        rows, error = [], None
+
+        async def go():
+            async for row in summarize_stream(texts(n), clients[0], lanes=lanes, max_wait=max_wait):
+                rows.append(row)
+
+        try:
+            await asyncio.wait_for(go(), 86_400)
+        except QuotaSpent as exc:
+            error = exc
+        except asyncio.TimeoutError:
+            return "still running", None
+        finally:
+            for client in clients:
+                await client.aclose()
+        return rows, error
+
+    return virtual_clock.run(main())
+
+
+@pytest.mark.parametrize("keys", [1, 2])
+def test_max_wait_ends_a_rows_429s_that_take_its_key_out_and_back(keys):
+    """429s asking for 130 s (longer than a per-minute "later": the key leaves the run until then),
+    with ``max_wait`` 600: each time the key is back the row is refused again; it fails
+    ``rate_limited`` once it has been refused for ``max_wait`` since its first 429, on whichever key."""
+    service = Refusing(130)
+    rows, error = run_refused(service, keys, 2, max_wait=600)
+    assert rows != "still running" and error is None
+    assert [(r.status, r.error) for r in rows] == [("failed", "rate_limited")] * 2
+    assert service.calls <= 2 * keys * (600 // 130 + 2)
+
+
 def test_a_configured_quota_is_counted_on_the_keys_budget_by_every_run_on_it():
     """Two runs on one key, one budget: together they send at most the quota, in requests paid."""
     service = KeyedService({KEYS[0]: 600})

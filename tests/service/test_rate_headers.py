@@ -714,6 +714,7 @@ def test_the_client_hands_each_statement_to_the_pacer_with_every_answer(form):
 
     class Hooks:
         max_wait = 60.0
+        first_429 = None
 
         async def before_attempt(self):
             return None
