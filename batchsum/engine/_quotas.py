@@ -55,7 +55,8 @@ class Quotas:
                 return period
             if not state.reserved and not lane.pacer.in_flight.on_wire:  # nothing of ours may give one back
                 lane.spent = lane.counted.spent()
-                keys.take_out(state, lane.pacer.now() + max(1.0, lane.spent.until - time.time()))
+                until = lane.pacer.now() + max(1.0, lane.spent.until - time.time())
+                keys.take_out(state, until, remember=False)  # the budget's count says it to every run
                 raise KeyOut
             state.answered.clear()  # ours under way: a 429 among them gives its count back
             await state.guard(state.answered.wait())
