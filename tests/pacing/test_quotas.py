@@ -26,6 +26,7 @@ from batchsum.service.keys import Quota, parse_quota
 from tests import virtual_clock
 from tests.engine.test_keys import KeyedService
 from tests.engine.test_keys import keys as team_keys
+from tests.pacing.test_pace_conformance import most_in_any_window
 from tests.pacing.test_short_job import KEY, Service, record_of, told, uniform
 
 KEYS = team_keys(1)
@@ -36,21 +37,38 @@ def texts(n: int, seed: int = 0) -> list[str]:
 
 
 class QuotaStating(Service):
-    """A strict sliding minute that also states a quota of 10000 with no window and a reset hours away
-    (``X-RateLimit-*``), in every answer: a quota, not a per-minute limit."""
+    """A strict sliding minute that also states a quota in every answer: by default 10000 with no
+    window and a reset hours away (``X-RateLimit-*``); or the ``fixed`` headers given (a daily quota
+    in the list form, say): a quota, not a per-minute limit."""
 
-    def __init__(self, rpm: int, seed: int = 0) -> None:
+    def __init__(self, rpm: int, seed: int = 0, fixed: dict[str, str] | None = None) -> None:
         super().__init__("sliding", latency=uniform(0.3, 0.7, seed), rpm=rpm)
         self.limit = SlidingWindow(rpm, 60.0)
         self.used = 0
+        self.fixed = fixed
 
     def room_headers(self, now: float) -> dict[str, str]:
         self.used += 1
+        if self.fixed is not None:
+            return dict(self.fixed)
         return {
             "X-RateLimit-Limit": "10000",
             "X-RateLimit-Remaining": str(10000 - self.used),
             "X-RateLimit-Reset": str(int(time.time()) + 5 * 3600),
         }
+
+
+# Quotas stated with no per-minute window beside them (issue 40's rule: a statement is per minute when
+# its window is at most 60 s, or it has none and its reset is at most 60 s away; a value that is the
+# limit of a longer window stated beside it is that window's).
+LONG_ONLY = {
+    "the issue's list form: 30 a day": {"RateLimit-Limit": "30, 30;w=86400"},
+    "a bare limit with a daily policy": {"RateLimit-Limit": "100", "RateLimit-Policy": "100;w=86400"},
+    "draft-07 with a daily policy, room resetting in 30 s": {
+        "RateLimit": "limit=100, remaining=90, reset=30",
+        "RateLimit-Policy": "100;w=86400",
+    },
+}
 
 
 def run_auto(service: Service, n: int, record=None):
@@ -65,13 +83,14 @@ def run_auto(service: Service, n: int, record=None):
     return virtual_clock.run(main())
 
 
-def test_under_auto_a_stated_quota_with_no_window_and_a_reset_hours_away_is_no_per_minute_limit():
-    """Issue 40: ``X-RateLimit-Limit: 10000`` with a reset hours away is a quota. The run goes exactly
-    as against a service that states nothing (no pace raised to 10000, no storm of 429s), and the
-    key's record remembers no "10000 stated"."""
+@pytest.mark.parametrize("fixed", [None, *LONG_ONLY.values()], ids=["X-RateLimit, reset hours away", *LONG_ONLY])
+def test_under_auto_a_stated_quota_with_no_window_and_a_reset_hours_away_is_no_per_minute_limit(fixed):
+    """Issue 40: ``X-RateLimit-Limit: 10000`` with a reset hours away is a quota, and so is a limit
+    stated for a day only. The run goes exactly as against a service that states nothing (no pace
+    raised to 10000 or lowered to 30, no storm of 429s), and the key's record remembers nothing stated."""
     silent = Service("sliding", latency=uniform(0.3, 0.7), rpm=240)
     silent.limit = SlidingWindow(240, 60.0)
-    stating = QuotaStating(240)
+    stating = QuotaStating(240, fixed=fixed)
     quiet_rows, quiet_pacer = run_auto(silent, 400)
     record = record_of()
     rows, pacer = run_auto(stating, 400, record=record)
@@ -84,6 +103,26 @@ def test_under_auto_a_stated_quota_with_no_window_and_a_reset_hours_away_is_no_p
     remembered = record.pending.get(LIMIT) or record.budget.told.get(LIMIT)  # type: ignore[attr-defined]
     assert remembered is None or '"stated"' not in remembered
     assert LIMIT not in told(record) or "10000" not in str(remembered)
+
+
+@pytest.mark.parametrize("headers", LONG_ONLY.values(), ids=LONG_ONLY.keys())
+def test_a_quota_stated_for_a_day_only_never_lowers_a_configured_pace(headers):
+    """``--rpm 600`` against a service that states a daily quota and no per-minute limit, in the
+    forms above: the pace stays 600 (no "30/min stated"), and no row waits for a pause."""
+    service = QuotaStating(600, fixed=headers)
+    service.limit = SlidingWindow(10**6, 60.0)
+
+    async def main():
+        pacer = Pacer(600)
+        transport = httpx.MockTransport(service)
+        async with batchsum.AsyncClient(KEY, "http://127.0.0.1:9", transport=transport) as client:
+            rows = [row async for row in summarize_stream(texts(60), client, rpm=600, pacer=pacer)]
+        return rows, pacer
+
+    rows, pacer = virtual_clock.run(main())
+    assert [r.status for r in rows] == ["ok"] * 60 and service.refused == 0
+    assert pacer.pace == 600 and pacer.ceiling == 600 and not pacer.changes
+    assert most_in_any_window(service.arrivals, 60.0) == 60  # all sent in the first minute, at 600/min
 
 
 # -- quotas longer than a minute on a run's keys ------------------------------------------------------

@@ -258,6 +258,45 @@ FORM_CASES = {
             600, 60, form="list+draft-06", quota=300, quota_window=86400, quota_remaining=45, quota_reset=50000.0
         ),
     ),
+    # A limit with no window beside windows stated in its fields is one of theirs (the one with its value):
+    # never per minute when only longer windows are stated, and its room is that window's (issue 40)
+    "the issue's list form: 30 a day, no minute": (
+        {"RateLimit-Limit": "30, 30;w=86400"},
+        statement(form="list", quota=30, quota_window=86400),
+    ),
+    "a limit named by a daily policy": (
+        {"RateLimit-Limit": "100", "RateLimit-Policy": "100;w=86400"},
+        statement(form="draft-06", quota=100, quota_window=86400),
+    ),
+    "a daily policy's room with no limit field": (
+        {"RateLimit-Policy": "100;w=86400", "RateLimit-Remaining": "50", "RateLimit-Reset": "30"},
+        statement(form="draft-06", quota=100, quota_window=86400, quota_remaining=50, quota_reset=30.0),
+    ),
+    "draft-07 limit of a daily policy: its room is the quota's in its last minute too": (
+        {"RateLimit": "limit=100, remaining=50, reset=30", "RateLimit-Policy": "100;w=86400"},
+        statement(form="draft-07", quota=100, quota_window=86400, quota_remaining=50, quota_reset=30.0),
+    ),
+    "the list form's daily quota in its last minute: the room is the quota's": (
+        {"RateLimit-Limit": "300, 600;w=60, 300;w=86400", "RateLimit-Remaining": "250", "RateLimit-Reset": "40"},
+        statement(600, 60, form="list+draft-06", quota=300, quota_window=86400, quota_remaining=250, quota_reset=40.0),
+    ),
+    "the list form's minute expiring: the room is the minute's": (
+        {"RateLimit-Limit": "600, 600;w=60, 300;w=86400", "RateLimit-Remaining": "590", "RateLimit-Reset": "40"},
+        statement(600, 60, 590, 40.0, form="list+draft-06", quota=300, quota_window=86400),
+    ),
+    "a day's room beside a second's limit is no burst licence": (
+        {
+            "RateLimit-Limit": "100",
+            "RateLimit-Remaining": "99",
+            "RateLimit-Reset": "30",
+            "RateLimit-Policy": "100;w=86400, 10;w=1",
+        },
+        statement(10, 1, form="draft-06", quota=100, quota_window=86400, quota_remaining=99, quota_reset=30.0),
+    ),
+    "a limit that may be a minute's or a day's: its room is not understood": (
+        {"RateLimit-Limit": "100, 100;w=60, 100;w=86400", "RateLimit-Remaining": "0", "RateLimit-Reset": "30"},
+        statement(100, 60, form="list", quota=100, quota_window=86400),
+    ),
     "a monthly quota": (
         {"RateLimit-Policy": '"month";q=100000;w=2592000', "RateLimit": '"month";r=5;t=86400'},
         statement(form="structured", quota=100000, quota_window=2592000, quota_remaining=5, quota_reset=86400.0),
