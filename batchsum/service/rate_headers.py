@@ -84,7 +84,8 @@ def parse_rate_headers(headers: Mapping[str, str], now: Callable[[], float] = ti
       ``RateLimit-Policy: 100;w=60``.
     - ``structured``: ``RateLimit-Policy: "p";q=100;w=60`` and ``RateLimit: "p";r=50;t=30`` (drafts
       08-11; Cloudflare's API). A policy counting other units than requests (``qu``) is skipped, and
-      so is the room stated for it.
+      so is the room stated for it; the room stated for a policy is its window's (a day's remainder
+      is a quota's room whenever it resets).
     - ``x-ratelimit``: ``X-RateLimit-Limit/-Remaining/-Reset`` (GitHub, Cloudflare, Envoy's
       ``10, 10;w=60``) and the ``X-Rate-Limit-*`` spelling; the reset in seconds, as a Unix time
       (10^9 and over), or as an HTTP date (RFC 1123) or an RFC 3339 date-time.
@@ -139,9 +140,12 @@ def _read_ietf(fields: dict[str, str], reading: _Reading) -> None:
     if dictionary is not None and not {"limit", "remaining", "reset"} & dictionary.keys():
         dictionary = None  # a list of service limits named by tokens also parses as a dictionary
     units: dict[str, object] = {}  # the structured policies by name: the unit each counts
+    windows: dict[str, int | None] = {}  # and the window each states (its room is that window's)
     for value, params in read_list(fields.get("ratelimit-policy")) or []:
         if isinstance(value, str):  # drafts 08 on: "name";q=100;w=60
             units[value] = params.get("qu", "requests")
+            window = _count(params["w"]) if "w" in params else None
+            windows[value] = window if window is not None and 0 < window <= MAX_RESET else None
             if units[value] == "requests":
                 reading.quota("structured", params.get("q"), params)
         elif "w" in params:  # drafts 04-07: 100;w=60 (the window is required)
@@ -157,7 +161,8 @@ def _read_ietf(fields: dict[str, str], reading: _Reading) -> None:
         return
     for value, params in read_list(fields.get("ratelimit")) or []:
         if isinstance(value, str) and units.get(value, "requests") == "requests" and "r" in params:
-            reading.room("structured", _count(params["r"]), _delay(params["t"]) if "t" in params else None)
+            until = _delay(params["t"]) if "t" in params else None
+            reading.room("structured", _count(params["r"]), until, windows.get(value))
 
 
 def _read_x_ratelimit(fields: dict[str, str], reading: _Reading) -> None:
@@ -225,7 +230,7 @@ class _Room:
     form: str
     remaining: int | None
     reset: float | None
-    window: int | None = None  # the window it is stated for, when known (Kong's name, a limit's)
+    window: int | None = None  # the window it is stated for, when known (Kong's name, a named policy, a limit's)
 
     @property
     def long(self) -> bool:

@@ -297,6 +297,19 @@ FORM_CASES = {
         {"RateLimit-Limit": "100, 100;w=60, 100;w=86400", "RateLimit-Remaining": "0", "RateLimit-Reset": "30"},
         statement(100, 60, form="list", quota=100, quota_window=86400),
     ),
+    # The room a structured limit states is the room of the policy it names: of that policy's window
+    "structured: a daily policy's room resetting in 30 s is the quota's, no burst licence": (
+        {"RateLimit-Policy": '"day";q=300;w=86400, "min";q=600;w=60', "RateLimit": '"day";r=200;t=30'},
+        statement(600, 60, form="structured", quota=300, quota_window=86400, quota_remaining=200, quota_reset=30.0),
+    ),
+    "structured: a minute policy's room is never a quota's (resetting after its window: ignored)": (
+        {"RateLimit-Policy": '"min";q=600;w=60', "RateLimit": '"min";r=5;t=90'},
+        statement(600, 60, form="structured"),
+    ),
+    "structured: a minute policy's room": (
+        {"RateLimit-Policy": '"min";q=600;w=60, "day";q=300;w=86400', "RateLimit": '"min";r=5;t=20'},
+        statement(600, 60, 5, 20.0, form="structured", quota=300, quota_window=86400),
+    ),
     "a monthly quota": (
         {"RateLimit-Policy": '"month";q=100000;w=2592000', "RateLimit": '"month";r=5;t=86400'},
         statement(form="structured", quota=100000, quota_window=2592000, quota_remaining=5, quota_reset=86400.0),
