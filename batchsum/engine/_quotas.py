@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from ..pacing.quota import Spent
+from ..pacing.quota import LONG_RETRY_AFTER, Spent
 from ..service.errors import RateLimitError
 from ..service.rate_headers import RateStatement
 from ._keys import KeyOut, Keys, LaneState
@@ -40,8 +40,11 @@ class Quotas:
             if lane.stated.allows(now, state.reserved):
                 break
             if not lane.pacer.in_flight.on_wire and not state.reserved:
+                if lane.stated.until - now <= LONG_RETRY_AFTER:  # back within a minute or two: a pause
+                    await state.guard(asyncio.sleep(lane.stated.until - now))
+                    continue
                 lane.spent = lane.stated.spent()
-                keys.take_out(state, max(lane.stated.until, now + 1.0))
+                keys.take_out(state, lane.stated.until)
                 raise KeyOut
             state.answered.clear()  # answers on the wire may state more room, or none left
             await state.guard(state.answered.wait())
@@ -88,7 +91,7 @@ class Quotas:
             lane.stated.stated(
                 limits.quota_remaining, limits.quota_reset, limits.quota, limits.quota_window, started, now
             )
-            if lane.stated.news and lane.record is not None:
+            if lane.stated.news and lane.record is not None and lane.stated.lasts(now):
                 lane.record.quota_stated(lane.stated)
         state.answered.set()
         if quota_429:
@@ -100,7 +103,9 @@ class Quotas:
             lane.spent = Spent(name, time.time() + wait)
             keys.take_out(state, now + wait)
         elif isinstance(error, RateLimitError) and limits is not None and limits.quota_room:
-            if limits.quota_remaining == 0 and limits.quota_reset is not None:  # refused on a quota it states
+            # Refused on a quota it states: spent until its reset; one back within a minute or two is
+            # the 429's pause (the pacer's), and the room stated (none) holds the key's next starts.
+            if limits.quota_remaining == 0 and limits.quota_reset is not None and limits.quota_reset > LONG_RETRY_AFTER:
                 lane.spent = lane.stated.spent()
                 keys.take_out(state, now + limits.quota_reset)
         keys.changed()

@@ -26,7 +26,11 @@ from .exchange import Budget
 
 __all__ = ["Spent", "StatedQuota", "CountedQuota", "LONG_RETRY_AFTER", "utc", "window_name"]
 
-LONG_RETRY_AFTER = MAX_RETRY_AFTER  # a 429 asking for longer than this is a quota spent, not a per-minute "later"
+# The one threshold between a pause and a quota spent: a wait the service asks for (a 429's
+# Retry-After) or states (a quota's reset) at most this long is a per-minute limit's "later", even
+# when the reset reads a little over a minute (a Unix time on a clock a few seconds off): the key
+# pauses, never leaves the run, and nothing is remembered of it. Longer: a quota spent.
+LONG_RETRY_AFTER = MAX_RETRY_AFTER
 _NAMED = {3600: "hour", 86_400: "day"}
 
 
@@ -112,6 +116,11 @@ class StatedQuota:
         if fresh or now + reset > self.until:
             self.until, self.wall_until = now + reset, self._wall() + reset
         self.news = self.news or fresh
+
+    def lasts(self, now: float) -> bool:
+        """A quota to spend and remember: no reset stated, or one further than ``LONG_RETRY_AFTER``
+        (one that resets sooner is a pause, whatever its window)."""
+        return self.wall_until is None or self.until - now > LONG_RETRY_AFTER
 
     def allows(self, now: float, reserved: int = 0) -> bool:
         """May another start go on this quota, with ``reserved`` admitted and not started yet? Yes,

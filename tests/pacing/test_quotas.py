@@ -20,7 +20,8 @@ from batchsum.local.state import SlidingWindow
 from batchsum.pacing import Pacer
 from batchsum.pacing.budget import ProcessBudget, RedisBudget, SQLiteBudget
 from batchsum.pacing.quota import StatedQuota
-from batchsum.pacing.record import LIMIT
+from batchsum.pacing.record import LIMIT, QUOTA, QUOTA_SPENT
+from batchsum.service import contract
 from batchsum.service.contract import Messages
 from batchsum.service.keys import Quota, parse_quota
 from tests import virtual_clock
@@ -294,6 +295,62 @@ def test_max_wait_ends_a_rows_429s_that_take_its_key_out_and_back(keys):
     assert rows != "still running" and error is None
     assert [(r.status, r.error) for r in rows] == [("failed", "rate_limited")] * 2
     assert service.calls <= 2 * keys * (600 // 130 + 2)
+
+
+class SkewedMinute:
+    """A limit of ``limit`` a clock-aligned minute stating ``X-RateLimit-Limit/-Remaining/-Reset``, the
+    reset as a Unix time on a clock ``skew`` seconds ahead: a minute's reset that reads as up to 66 s."""
+
+    def __init__(self, limit: int, skew: float) -> None:
+        self.limit, self.skew = limit, skew
+        self.used: dict[int, int] = {}
+        self.refused = self.admitted = 0
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        now = asyncio.get_running_loop().time()
+        minute = int(now // 60)
+        self.used[minute] = self.used.get(minute, 0) + 1
+        end = (minute + 1) * 60
+        headers = {
+            "X-RateLimit-Limit": str(self.limit),
+            "X-RateLimit-Remaining": str(max(0, self.limit - self.used[minute])),
+            "X-RateLimit-Reset": str(int(time.time() + (end - now) + self.skew)),
+        }
+        await asyncio.sleep(0.3)
+        if self.used[minute] > self.limit:
+            self.refused += 1
+            retry_after = str(math.ceil(end - now))
+            return httpx.Response(
+                429, json={"error": Messages.RATE_LIMITED}, headers={"Retry-After": retry_after, **headers}
+            )
+        self.admitted += 1
+        return httpx.Response(200, json={contract.FIELD_RESULT: "A summary."}, headers=headers)
+
+
+def test_a_quota_that_resets_within_two_minutes_is_a_pause_never_a_stop_nor_remembered():
+    """A per-minute limit whose reset, a Unix time on a clock 6 s ahead, reads as over a minute: its
+    limit reads as a quota (issue 40's rule), but one that resets within two minutes only pauses the
+    key. The run finishes with ``max_wait`` 30, and the key's record hears of no quota."""
+    service = SkewedMinute(30, skew=6)
+    record = record_of()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        budget = ProcessBudget(loop.time, shared=True)
+        client = batchsum.AsyncClient(KEYS[0], "http://127.0.0.1:9", transport=httpx.MockTransport(service))
+        lane = KeyLane(client, Pacer(30, budget=budget), record=record, budget=budget)
+        try:
+            rows = [row async for row in summarize_stream(texts(100), client, lanes=[lane], max_wait=30)]
+        except QuotaSpent as exc:
+            return [], exc, lane
+        finally:
+            await client.aclose()
+        return rows, None, lane
+
+    rows, error, lane = virtual_clock.run(main())
+    assert error is None and [r.status for r in rows] == ["ok"] * 100
+    assert lane.spent is None and service.refused <= 3
+    assert not told(record) & {QUOTA, QUOTA_SPENT}
 
 
 def test_a_configured_quota_is_counted_on_the_keys_budget_by_every_run_on_it():
