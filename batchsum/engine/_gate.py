@@ -13,7 +13,7 @@ from typing import Any
 from ..pacing import Pacer
 from ..pacing.quota import LONG_RETRY_AFTER
 from ..service.errors import APIError, APIResponseValidationError, APIStatusError, RateLimitError, RequestCapReached
-from ..service.rate_headers import RateStatement
+from ..service.rate_headers import MINUTE_BOUND, RateStatement
 from ..service.settings import DEFAULT_MAX_WAIT
 from ._keys import KeyOut, Keys, LaneState
 from ._quotas import Quotas
@@ -138,8 +138,7 @@ class Gate:
         if self.stats is not None:
             latency = pacer.now() - started if answered else None
             self.stats.attempt_ended(_outcome(error), latency, _wire(pacer, state, self.quotas.keys))
-        # A 429 that asks for longer than a per-minute limit ever does is a quota spent, not a pace.
-        quota = refused and limits is not None and (limits.retry_after or 0.0) > LONG_RETRY_AFTER
+        quota = refused and limits is not None and _stops(limits.retry_after, self.max_wait)
         if state is not None:
             self.quotas.learn(state, error, limits, started, quota)
         pacer.after_attempt(
@@ -208,6 +207,15 @@ class LaneHooks:
         self, ticket: tuple[int, float, asyncio.Task[Any] | None, Any], error: BaseException | None, limits: Any
     ) -> None:
         self.gate._after(self.state.lane.pacer, self.state, ticket, error, limits)
+
+
+def _stops(retry_after: float | None, max_wait: float) -> bool:
+    """A 429 that takes its key out until its ``Retry-After`` (and, with every key out, stops the
+    run) rather than pausing it: one asking for longer than a per-minute limit ever does (a quota
+    spent), or for over a minute and longer than ``max_wait`` (the same stop, not a wait). Shorter,
+    it is a per-minute "later", and each row's patience (``max_wait``) bounds it."""
+    wait = retry_after or 0.0
+    return wait > LONG_RETRY_AFTER or (wait > MINUTE_BOUND and wait > max_wait)
 
 
 def _outcome(error: BaseException | None) -> str:

@@ -94,14 +94,15 @@ class Quotas:
             if lane.stated.news and lane.record is not None and lane.stated.lasts(now):
                 lane.record.quota_stated(lane.stated)
         state.answered.set()
-        if quota_429:
+        if quota_429:  # a quota spent (remembered), or a wait longer than max_wait (the same stop)
             assert limits is not None and limits.retry_after is not None
-            wait = limits.retry_after
-            name = f"quota (the service answered 429 asking to wait {_duration(wait)})"
+            wait, lasting = limits.retry_after, limits.retry_after > LONG_RETRY_AFTER
+            beyond = "" if lasting else f", longer than max_wait ({keys.max_wait:g} s)"
+            name = f"quota (the service answered 429 asking to wait {_duration(wait)}{beyond})"
             if lane.stated.limit is not None and lane.stated.left is not None and lane.stated.left <= 0:
                 name = lane.stated.spent().name
             lane.spent = Spent(name, time.time() + wait)
-            keys.take_out(state, now + wait)
+            keys.take_out(state, now + wait, remember=lasting)
         elif isinstance(error, RateLimitError) and limits is not None and limits.quota_room:
             # Refused on a quota it states: spent until its reset; one back within a minute or two is
             # the 429's pause (the pacer's), and the room stated (none) holds the key's next starts.

@@ -167,14 +167,17 @@ class DailyQuota(KeyedService):
         return response
 
 
-def run_quota(service: KeyedService, n: int, *, max_wait: float = 1800.0, quota: Quota | None = None, budget=None):
+def run_quota(
+    service: KeyedService, n: int, *, max_wait: float = 1800.0, quota: Quota | None = None, budget=None, record=None
+):
     """``n`` texts on the one key; (rows, the error the run stopped with, the key's lane, virtual seconds)."""
 
     async def main():
         loop = asyncio.get_running_loop()
         shared = budget or ProcessBudget(loop.time, shared=True)
         client = batchsum.AsyncClient(KEYS[0], "http://127.0.0.1:9", transport=httpx.MockTransport(service))
-        lane = KeyLane(client, Pacer(service.rpm[KEYS[0]], budget=shared), quota=quota, budget=shared)
+        pacer = Pacer(service.rpm[KEYS[0]], budget=shared)
+        lane = KeyLane(client, pacer, record=record, quota=quota, budget=shared)
         rows, error = [], None
         try:
             stream = summarize_stream(texts(n), client, lanes=[lane], max_wait=max_wait)
@@ -233,11 +236,17 @@ def test_a_quota_that_resets_within_max_wait_is_waited_for_and_the_run_finishes(
     assert service.refused <= 3
 
 
-def test_a_429_asking_for_longer_than_max_wait_is_the_same_stop_not_a_wait():
-    service = Renewing(600, 100, stated=False, retry_after=600)
-    rows, error, lane, wall = run_quota(service, 150, max_wait=300)
+@pytest.mark.parametrize(("retry_after", "max_wait"), [(600, 300), (90, 30)])
+def test_a_429_asking_for_longer_than_max_wait_is_the_same_stop_not_a_wait(retry_after, max_wait):
+    """A quota's 429 (600 s), or a Retry-After of a minute and a half with ``max_wait`` 30: the run
+    stops at once, rows kept; only a quota is remembered."""
+    service = Renewing(600, 100, stated=False, retry_after=retry_after)
+    record = record_of()
+    rows, error, lane, wall = run_quota(service, 150, max_wait=max_wait, record=record)
     assert error is not None and [r.status for r in rows].count("ok") == 100
+    assert [r.error for r in rows if r.status != "ok"] == ["not_sent"] * 50
     assert wall < 60 and service.refused <= 3
+    assert (QUOTA_SPENT in told(record)) == (retry_after > 120)
 
 
 class Refusing:
