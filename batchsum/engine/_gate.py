@@ -89,7 +89,8 @@ class Gate:
                 started = await _guarded(state, pacer.before_attempt())
                 if self.closing:
                     raise asyncio.CancelledError
-                if state is not None and state.out(started):  # the key left the run while this waited
+                # The key left the run while this waited, or an answer since says its quota has no room.
+                if state is not None and (state.out(started) or not state.lane.stated.allows(started)):
                     raise KeyOut
             except BaseException:
                 in_flight.release()

@@ -77,11 +77,13 @@ class Spent:
 class StatedQuota:
     """The room the service states in a quota longer than a minute: ``left`` starts (None: nothing
     stated), counted down by each start and renewed by each answer (its ``quota_remaining``, less our
-    starts after the stating attempt's: the service may not have counted them yet; the largest such
-    figure still valid is kept, as answers arrive in any order); ``until``/``wall_until`` its reset on
-    the pacer's clock and as a Unix time; ``limit``/``window`` the quota stated with it."""
+    starts after the stating attempt's: the service may not have counted them yet); the figure kept
+    is that of the latest-started attempt answered (an earlier one arriving late says less of what
+    others on the key spent since: other processes' starts count, and a ``Remaining: 0`` spends it);
+    ``until``/``wall_until`` its reset on the pacer's clock and as a Unix time; ``limit``/``window``
+    the quota stated with it."""
 
-    __slots__ = ("left", "until", "wall_until", "limit", "window", "news", "_starts", "_wall")
+    __slots__ = ("left", "until", "wall_until", "limit", "window", "news", "_starts", "_wall", "_at")
 
     def __init__(self, wall: Callable[[], float] = time.time) -> None:
         self.left: int | None = None
@@ -92,6 +94,7 @@ class StatedQuota:
         self.news = False  # a quota stated that the key's record has not heard of yet
         self._starts: list[float] = []
         self._wall = wall
+        self._at = -math.inf  # the start of the attempt whose statement ``left`` comes from
 
     def started(self, now: float) -> None:
         self._starts.append(now)
@@ -109,12 +112,12 @@ class StatedQuota:
             self.limit, self.window, self.news = limit, window, True
         if remaining is None or reset is None:
             return
-        later = len(self._starts) - bisect.bisect_right(self._starts, at)
-        left = remaining - later
         fresh = now >= self.until  # the last statement's period has ended: this is a new one
-        self.left = left if fresh or self.left is None else max(self.left, left)
-        if fresh or now + reset > self.until:
-            self.until, self.wall_until = now + reset, self._wall() + reset
+        if not fresh and self.left is not None and at < self._at:
+            return  # an answer to an earlier attempt: a later one has said more since
+        later = len(self._starts) - bisect.bisect_right(self._starts, at)
+        self.left, self._at = remaining - later, at
+        self.until, self.wall_until = now + reset, self._wall() + reset
         self.news = self.news or fresh
 
     def lasts(self, now: float) -> bool:

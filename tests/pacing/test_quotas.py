@@ -213,6 +213,60 @@ def test_a_quota_unstated_stops_the_run_after_one_429_whose_retry_after_is_a_day
     assert lane.pacer.pace == 600  # the quota's 429 lowered nothing of the per-minute pace
 
 
+class SpentElsewhere(DailyQuota):
+    """The same daily quota, stated in every answer, of which another machine on the key (on no
+    budget of ours) spends ``burst`` at once after our ``after``-th request."""
+
+    def __init__(self, rpm: int, quota: int, *, after: int, burst: int) -> None:
+        super().__init__(rpm, quota, stated=True)
+        self.after, self.burst = after, burst
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        if self.admitted[KEYS[0]] == self.after:
+            self.used, self.after = self.used + self.burst, -1
+        return await super().__call__(request)
+
+
+def test_a_stated_quota_another_machine_spends_stops_the_run_at_the_answer_saying_none_is_left():
+    """What others spend shows in each answer's room: the latest figure is kept (never our own count
+    from an earlier one), and the 200 that says none is left takes the key out before any request of
+    ours is refused."""
+    service = SpentElsewhere(60, 300, after=10, burst=280)
+    rows, error, lane, _ = run_quota(service, 100)
+    assert error is not None and "daily quota of 300 (stated by the service)" in str(error)
+    assert [r.status for r in rows].count("ok") == service.admitted[KEYS[0]] == 20
+    assert service.refused == 0 and lane.rate_limited == 0
+
+
+def test_two_runs_on_a_key_with_a_stated_quota_stop_at_its_last_answer_with_no_429():
+    """Two runs on one key and budget: each answer's room counts what both spent, so together they
+    send the quota and stop, neither refused."""
+    service = DailyQuota(600, 300, stated=True)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        budget = ProcessBudget(loop.time, shared=True)
+
+        async def one(seed: int):
+            client = batchsum.AsyncClient(KEYS[0], "http://127.0.0.1:9", transport=httpx.MockTransport(service))
+            lane = KeyLane(client, Pacer(600, budget=budget), budget=budget)
+            rows, error = [], None
+            try:
+                async for row in summarize_stream(texts(1000, seed), client, lanes=[lane]):
+                    rows.append(row)
+            except QuotaSpent as exc:
+                error = exc
+            finally:
+                await client.aclose()
+            return [r.status for r in rows].count("ok"), error
+
+        return await asyncio.gather(one(1), one(2))
+
+    (ok1, error1), (ok2, error2) = virtual_clock.run(main())
+    assert ok1 + ok2 == service.admitted[KEYS[0]] == 300 and error1 is not None and error2 is not None
+    assert service.refused == 0
+
+
 class Renewing(DailyQuota):
     """A quota of an hour whose 429s ask for 600 s, renewed 700 s after it was first spent."""
 
@@ -450,6 +504,23 @@ def test_the_stated_quota_counts_our_starts_the_service_may_not_have_counted_yet
         quota.started(t)
     quota.stated(5, 100.0, 300, 86400.0, at=1.0, now=3.5)  # the answer to the start at 1: 2 and 3 may be uncounted
     assert quota.left == 3 and quota.allows(3.5) and not quota.allows(3.5, reserved=3)
-    quota.stated(4, 100.0, 300, 86400.0, at=0.0, now=3.6)  # an older answer arriving late: the larger figure stays
+    quota.stated(4, 100.0, 300, 86400.0, at=0.0, now=3.6)  # an older answer arriving late: it says less
     assert quota.left == 3
     assert quota.describe() == "about 3 left in the daily quota of 300 until 1970-01-01 00:18 UTC"
+
+
+def test_the_stated_quota_keeps_the_latest_started_attempts_figure_so_others_spending_counts():
+    """Another process on the key spent 4 since: the answer to our latest start says so, and the
+    figure it leaves is kept, smaller or not; a ``Remaining: 0`` on a 200 spends the quota."""
+    quota = StatedQuota(wall=lambda: 1000.0)
+    for t in (0.0, 1.0, 2.0):
+        quota.started(t)
+    quota.stated(10, 100.0, 300, 86400.0, at=0.0, now=0.5)
+    assert quota.left == 8  # our starts at 1 and 2 may be uncounted
+    quota.stated(4, 100.0, 300, 86400.0, at=1.0, now=1.5)  # 10 - 1 (ours) - 4 (another process's) - 1
+    assert quota.left == 3 and quota.allows(1.5)
+    quota.stated(0, 100.0, 300, 86400.0, at=2.0, now=2.5)  # a 200 whose Remaining is 0
+    assert quota.left == 0 and not quota.allows(2.5)
+    quota.stated(7, 100.0, 300, 86400.0, at=1.5, now=2.6)  # an earlier attempt's figure, arriving late
+    assert quota.left == 0 and not quota.allows(2.6)
+    assert quota.allows(103.0)  # its reset: a new period
