@@ -84,6 +84,7 @@ class Batch:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.gate.quotas.close()  # counts given back on a configured quota (the budget closes next)
         spilled = self.answers.close()
         if spilled is not None and isinstance(self.halt.fatal, JournalError):
             count = len(self.answers.unsaved)

@@ -67,11 +67,18 @@ class Quotas:
                 raise KeyOut
 
     def give_back(self, state: LaneState, period: str) -> None:
+        """Uncount one request on the key's configured quota (a 429, or an attempt that never
+        started), on its budget in a task of its own: the attempt's end does not wait for it."""
         counted = state.lane.counted
         assert counted is not None
         task = asyncio.ensure_future(counted.give_back(period))
         self._giving.add(task)
         task.add_done_callback(self._giving.discard)
+
+    async def close(self) -> None:
+        """Wait for the give-backs under way: done before the run ends and its budgets close."""
+        while self._giving:
+            await asyncio.gather(*self._giving, return_exceptions=True)
 
     def learn(
         self,

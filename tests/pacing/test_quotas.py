@@ -449,6 +449,37 @@ def test_a_configured_quota_is_counted_on_the_keys_budget_by_every_run_on_it():
     assert sum(error.remaining for error in stopped) == 200 - 120
 
 
+class SlowGiveBack(ProcessBudget):
+    """A budget whose give-back takes a second to answer, as a Redis across a network may."""
+
+    async def quota_give_back(self, period: str) -> None:
+        await asyncio.sleep(1.0)
+        await super().quota_give_back(period)
+
+
+def test_a_429s_give_back_of_a_configured_quota_is_done_before_the_run_ends():
+    """The run's last requests are refused 429 (not paid): their counts are given back on the key's
+    budget before the run returns, not left to a task the budget's close may cut off."""
+    service = KeyedService({KEYS[0]: 600})
+    service.limits[KEYS[0]] = SlidingWindow(30, 60.0)  # the plan says 600; the service admits 30
+    quota = Quota(1000, "day")
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        budget = SlowGiveBack(loop.time, shared=True)
+        client = batchsum.AsyncClient(KEYS[0], "http://127.0.0.1:9", transport=httpx.MockTransport(service))
+        lane = KeyLane(client, Pacer(600, budget=budget), quota=quota, budget=budget)
+        try:
+            rows = [row async for row in summarize_stream(texts(40), client, lanes=[lane], max_wait=0)]
+        finally:
+            await client.aclose()
+        return rows, await budget.quota_used(quota.window(time.time())[0])
+
+    rows, used = virtual_clock.run(main())
+    assert service.refused > 0  # some were refused, and their counts given back
+    assert used == service.admitted[KEYS[0]] == [r.status for r in rows].count("ok")
+
+
 # -- the counts on every kind of budget ------------------------------------------------------------------
 
 
