@@ -199,7 +199,7 @@ def _read_retry_after(fields: dict[str, str], reading: _Reading) -> None:
     """``Retry-After`` (seconds, or an HTTP date) and ``retry-after-ms``, as the service said them."""
     if (text := fields.get("retry-after-ms")) is not None:
         number = read_list(text)
-        if number is not None and len(number) == 1 and (value := _delay(number[0][0])) is not None:
+        if number is not None and len(number) == 1 and (value := _delay(number[0][0])) is not None and value > 0:
             reading.retry_after = value / 1000.0
             return
     if (text := fields.get("retry-after")) is not None:
