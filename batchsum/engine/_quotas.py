@@ -20,19 +20,18 @@ class Quotas:
 
     __slots__ = ("keys", "_giving")
 
-    def __init__(self, keys: Keys | None) -> None:
+    def __init__(self, keys: Keys) -> None:
         self.keys = keys
         self._giving: set[asyncio.Task[None]] = set()  # counts given back, under way
 
     def started(self) -> None:
-        if self.keys is not None and not self.keys.single:
+        if not self.keys.single:
             self.keys.changed()
 
     async def admit(self, state: LaneState) -> str | None:
         """The key's quotas let this attempt go: it is counted on a configured quota (the period to
         give it back by) and reserved on a stated one; ``KeyOut`` when the key is out or spent."""
         lane, keys = state.lane, self.keys
-        assert keys is not None
         while True:
             now = lane.pacer.now()
             if state.out(now):
@@ -90,7 +89,6 @@ class Quotas:
     ) -> None:
         """What an answer says of the key's quotas: a quota stated (its room), or spent."""
         lane, keys = state.lane, self.keys
-        assert keys is not None
         now = lane.pacer.now()
         if isinstance(error, RateLimitError):
             lane.rate_limited += 1
