@@ -103,9 +103,11 @@ def parse_rate_headers(headers: Mapping[str, str], now: Callable[[], float] = ti
     Per minute or a quota: a limit whose window is at most ``MINUTE_BOUND`` (60 s) is per minute;
     anything else is a quota. A limit with no window beside windows stated in the same fields (the
     list form's ``30, 30;w=86400``, ``RateLimit-Limit: 100`` with ``RateLimit-Policy: 100;w=86400``,
-    Envoy's ``10, 10;w=60``) is the limit of one of them, the one with its value (else any): it adds
-    nothing of its own, and its room is that window's; when those windows are a minute and longer at
-    once, its room is not understood and ignored. A limit with no window and none beside it is per
+    Envoy's ``10, 10;w=60``) is the limit of one of them, the one with its value (else any); with
+    none in its own fields, a window with its value stated in another form's (``X-RateLimit-Limit:
+    100`` beside ``RateLimit-Policy: 100;w=86400``). It adds nothing of its own, and its room is
+    that window's; when those windows are a minute and longer at once, its room is not understood
+    and ignored. A limit with no window and none beside it is per
     minute unless the room its form states resets more than 60 s away, and then it is a quota.
     Room stated for a window over a minute (Kong's ``-Day``, a limit's as above) is a quota's, never
     per-minute room, whenever it resets; room with no window known is a quota's when it resets more
@@ -246,10 +248,11 @@ class _Room:
         return self.long or self.reset is None or self.reset <= MINUTE_BOUND
 
 
-# Forms whose limit with no window, and whose room, may go with a window stated beside them in the
-# same fields (a policy, the list form, Envoy's ``10, 10;w=60``): the family they are read in.
-_FAMILY = {"draft-06": "ietf", "list": "ietf", "draft-07": "ietf", "structured": "ietf", "x-ratelimit": "x-ratelimit"}
-_BARE_ROOM = ("draft-06", "draft-07", "x-ratelimit")  # the room of a family's limit with no window
+# The forms read in the same fields, whose limit with no window, and its room, go with a window
+# stated beside them (a policy, the list form); every other form is a family of its own (Envoy's
+# ``10, 10;w=60`` in X-RateLimit-Limit).
+_FAMILY = {"draft-06": "ietf", "list": "ietf", "draft-07": "ietf", "structured": "ietf"}
+_BARE_ROOM = ("draft-06", "draft-07", "x-ratelimit", "openai")  # the room of a form's limit with no window
 
 
 class _Reading:
@@ -300,26 +303,30 @@ class _Reading:
         """The limits and rooms read, each with its window where the fields say it: a limit with no
         window beside windows stated in its family is the limit of one of them (the one with its
         value; else any), so it adds no limit of its own, and its room is that window's (dropped
-        when those windows are a minute and longer at once: not understood). A limit with no window
-        and no window beside it is kept as it is: per minute, or a quota by its room's reset."""
+        when those windows are a minute and longer at once: not understood). With no window in its
+        family, one with its value in another form's fields (Kong's ``-Minute`` beside its
+        ``RateLimit-Limit``) is its window the same way. A limit with no window and no window for it
+        is kept as it is: per minute, or a quota by its room's reset."""
         windowed: dict[str, list[_Quota]] = {}
         for each in self.quotas:
-            if each.window is not None and each.form in _FAMILY:
-                windowed.setdefault(_FAMILY[each.form], []).append(each)
+            if each.window is not None:
+                windowed.setdefault(_FAMILY.get(each.form, each.form), []).append(each)
+        everywhere = [q for stated in windowed.values() for q in stated]
         named: dict[str, set[int]] = {}  # the windows a family's limit with no window may be
         quotas = []
         for each in self.quotas:
-            family = _FAMILY.get(each.form, "")
-            if each.window is None and family in windowed:
-                same = [q.window for q in windowed[family] if q.limit == each.limit and q.window is not None]
-                named.setdefault(family, set()).update(same or [q.window for q in windowed[family] if q.window])
+            family = _FAMILY.get(each.form, each.form)
+            own = windowed.get(family, [])
+            same = [q.window for q in own or everywhere if q.limit == each.limit and q.window is not None]
+            if each.window is None and (own or same):
+                named.setdefault(family, set()).update(same or [q.window for q in own if q.window is not None])
             else:
                 quotas.append(each)
         rooms = []
         for room in self.rooms:
-            family = _FAMILY.get(room.form, "")
-            if room.form in _BARE_ROOM and family in windowed:
-                candidates = named.get(family) or {q.window for q in windowed[family] if q.window is not None}
+            family = _FAMILY.get(room.form, room.form)
+            candidates = named.get(family) or {q.window for q in windowed.get(family, []) if q.window is not None}
+            if room.form in _BARE_ROOM and candidates:
                 if len({window > MINUTE_BOUND for window in candidates}) != 1:
                     continue
                 room = _Room(room.form, room.remaining, room.reset, max(candidates))

@@ -293,6 +293,15 @@ FORM_CASES = {
         },
         statement(10, 1, form="draft-06", quota=100, quota_window=86400, quota_remaining=99, quota_reset=30.0),
     ),
+    "X-RateLimit's limit named by a daily policy in the draft's fields: the day's, with its room": (
+        {
+            "X-RateLimit-Limit": "100",
+            "X-RateLimit-Remaining": "90",
+            "X-RateLimit-Reset": "30",
+            "RateLimit-Policy": "100;w=86400",
+        },
+        statement(form="draft-06+x-ratelimit", quota=100, quota_window=86400, quota_remaining=90, quota_reset=30.0),
+    ),
     "a limit that may be a minute's or a day's: its room is not understood": (
         {"RateLimit-Limit": "100, 100;w=60, 100;w=86400", "RateLimit-Remaining": "0", "RateLimit-Reset": "30"},
         statement(100, 60, form="list", quota=100, quota_window=86400),
