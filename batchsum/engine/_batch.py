@@ -48,14 +48,7 @@ class Batch:
             for lane in lanes
         ]
         self.keys = Keys(list(zip(lanes, firsts)), options.max_wait, self.cap_reached)
-        self.gate = Gate(
-            lanes[0].pacer,
-            options.max_wait,
-            stats=stats,
-            cap=options.max_requests,
-            on_cap=self.cap_reached,
-            keys=self.keys,
-        )
+        self.gate = Gate(self.keys, options.max_wait, stats=stats, cap=options.max_requests, on_cap=self.cap_reached)
         self.halt = Stop(self.gate.on_wire, options.drain_seconds)
         self.requests = Requests(self.keys, stats, self.answers, self.gate, self.halt.stopped, self.stop)
         self.intake = Intake(params, options, stats, self.requests, self.halt)
@@ -84,6 +77,7 @@ class Batch:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.gate.quotas.close()  # counts given back on a configured quota (the budget closes next)
         spilled = self.answers.close()
         if spilled is not None and isinstance(self.halt.fatal, JournalError):
             count = len(self.answers.unsaved)

@@ -10,10 +10,9 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from ..pacing import Pacer
 from ..pacing.quota import LONG_RETRY_AFTER
 from ..service.errors import APIError, APIResponseValidationError, APIStatusError, RateLimitError, RequestCapReached
-from ..service.rate_headers import RateStatement
+from ..service.rate_headers import MINUTE_BOUND, RateStatement
 from ..service.settings import DEFAULT_MAX_WAIT
 from ._keys import KeyOut, Keys, LaneState
 from ._quotas import Quotas
@@ -23,14 +22,14 @@ __all__ = ["Gate", "LaneHooks", "RequestCap"]
 
 
 class Gate:
-    """The client's attempt hooks: the request cap's count, a slot in flight, then the pacer's turn;
-    and what the engine must know when it stops: which tasks have a request on the wire, and that
-    nothing new starts.
+    """What every attempt of a batch passes, on whichever key (``hooks`` gives the client a key's):
+    the request cap's count, the key's quotas, a slot in flight, then the key's pacer's turn; and what
+    the engine must know when it stops: which tasks have a request on the wire, and that nothing new
+    starts.
 
     The cap counts paid requests (``RequestCap``); a key's quotas are ``_quotas.Quotas``'s."""
 
     __slots__ = (
-        "pacer",
         "max_wait",
         "closing",
         "on_wire",
@@ -42,15 +41,13 @@ class Gate:
 
     def __init__(
         self,
-        pacer: Pacer,
+        keys: Keys,
         max_wait: float = DEFAULT_MAX_WAIT,
         *,
         stats: BatchStats | None = None,
         cap: int | None = None,
         on_cap: Callable[[RequestCapReached], None] | None = None,
-        keys: Keys | None = None,
     ) -> None:
-        self.pacer = pacer
         self.max_wait = max_wait
         self.closing = False
         self.on_wire: set[asyncio.Task[Any]] = set()
@@ -59,36 +56,30 @@ class Gate:
         self.cap = RequestCap(cap, on_cap, self) if cap is not None else None
         self.quotas = Quotas(keys)  # the batch's keys, and their quotas
 
-    def hooks(self, state: LaneState) -> LaneHooks:
-        """The client's attempt hooks for one key of the batch (the gate's, with that key's pacer)."""
-        return LaneHooks(self, state)
+    def hooks(self, state: LaneState, first_429: float | None = None) -> LaneHooks:
+        """The client's attempt hooks for one key of the batch (the gate's, with that key's pacer);
+        ``first_429``: when the request met its first 429, on a key it was sent on before."""
+        return LaneHooks(self, state, first_429)
 
-    async def before_attempt(self) -> tuple[int, float, asyncio.Task[Any] | None, Any]:
-        return await self._before(self.pacer, None)
-
-    def after_attempt(
-        self, ticket: tuple[int, float, asyncio.Task[Any] | None, Any], error: BaseException | None, limits: Any
-    ) -> None:
-        self._after(self.pacer, None, ticket, error, limits)
-
-    async def _before(self, pacer: Pacer, state: LaneState | None) -> tuple[int, float, asyncio.Task[Any] | None, Any]:
+    async def _before(self, state: LaneState) -> tuple[int, float, asyncio.Task[Any] | None, Any]:
         if self.closing:
             raise asyncio.CancelledError
         if self.cap is not None:
             await self.cap.claim()
+        pacer = state.lane.pacer
         period: str | None = None
         admitted = False
         try:
-            if state is not None:
-                period = await self.quotas.admit(state)
-                admitted = True
+            period = await self.quotas.admit(state)
+            admitted = True
             in_flight = pacer.in_flight
-            await _guarded(state, in_flight.acquire())
+            await state.guard(in_flight.acquire())
             try:
-                started = await _guarded(state, pacer.before_attempt())
+                started = await state.guard(pacer.before_attempt())
                 if self.closing:
                     raise asyncio.CancelledError
-                if state is not None and state.out(started):  # the key left the run while this waited
+                # The key left the run while this waited, or an answer since says its quota has no room.
+                if state.out(started) or not state.lane.stated.allows(started):
                     raise KeyOut
             except BaseException:
                 in_flight.release()
@@ -96,34 +87,33 @@ class Gate:
         except BaseException:
             if self.cap is not None:
                 self.cap.settle(paid=False)
-            if state is not None and admitted:
+            if admitted:
                 state.reserved -= 1
                 if period is not None:
                     self.quotas.give_back(state, period)
             raise
         attempt, task = next(self._ids), asyncio.current_task()
         in_flight.started(attempt, started)
-        if state is not None:
-            state.reserved -= 1
-            state.lane.stated.started(started)
-            state.lane.requests += 1
-            state.started(started)
-            self.quotas.started()  # a key's queue moved: requests waiting for a key may go now
+        state.reserved -= 1
+        state.lane.stated.started(started)
+        state.lane.requests += 1
+        state.started(started)
+        self.quotas.started()  # a key's queue moved: requests waiting for a key may go now
         if task is not None:
             self.on_wire.add(task)
         if self.stats is not None:
-            self.stats.attempt_started(_wire(pacer, state, self.quotas.keys))
+            self.stats.attempt_started(self._wire(state))
         return attempt, started, task, period
 
     def _after(
         self,
-        pacer: Pacer,
-        state: LaneState | None,
+        state: LaneState,
         ticket: tuple[int, float, asyncio.Task[Any] | None, Any],
         error: BaseException | None,
         limits: RateStatement | None,
     ) -> None:
         attempt, started, task, period = ticket
+        pacer = state.lane.pacer
         if task is not None:
             self.on_wire.discard(task)
         # An answer of any kind says how long the service takes; a timeout or a lost connection does not.
@@ -132,15 +122,13 @@ class Gate:
         refused = isinstance(error, RateLimitError)
         if self.cap is not None:
             self.cap.settle(paid=not refused)
-        if state is not None and period is not None and refused:
+        if period is not None and refused:
             self.quotas.give_back(state, period)  # a 429 is not paid: not counted on the quota either
         if self.stats is not None:
             latency = pacer.now() - started if answered else None
-            self.stats.attempt_ended(_outcome(error), latency, _wire(pacer, state, self.quotas.keys))
-        # A 429 that asks for longer than a per-minute limit ever does is a quota spent, not a pace.
-        quota = refused and limits is not None and (limits.retry_after or 0.0) > LONG_RETRY_AFTER
-        if state is not None:
-            self.quotas.learn(state, error, limits, started, quota)
+            self.stats.attempt_ended(_outcome(error), latency, self._wire(state))
+        quota = refused and limits is not None and _stops(limits.retry_after, self.max_wait)
+        self.quotas.learn(state, error, limits, started, quota)
         pacer.after_attempt(
             started,
             rate_limited=refused and not quota,
@@ -148,6 +136,13 @@ class Gate:
             answered=answered and not quota,
             headers=limits,
         )
+
+    def _wire(self, state: LaneState) -> int:
+        """Attempts on the wire: the key's, or over several keys every key's."""
+        keys = self.quotas.keys
+        if keys.single:
+            return state.lane.pacer.in_flight.on_wire
+        return sum(s.lane.pacer.in_flight.on_wire for s in keys.states)
 
 
 class RequestCap:
@@ -189,22 +184,33 @@ class RequestCap:
 
 
 class LaneHooks:
-    """The client's attempt hooks for one key: the batch's gate with that key's pacer and quotas."""
+    """The client's attempt hooks for one key: the batch's gate with that key's pacer and quotas;
+    ``first_429``, the request's patience, carried over from a key it was sent on before."""
 
-    __slots__ = ("gate", "state", "max_wait")
+    __slots__ = ("gate", "state", "max_wait", "first_429")
 
-    def __init__(self, gate: Gate, state: LaneState) -> None:
+    def __init__(self, gate: Gate, state: LaneState, first_429: float | None = None) -> None:
         self.gate = gate
         self.state = state
         self.max_wait = gate.max_wait
+        self.first_429 = first_429
 
     async def before_attempt(self) -> tuple[int, float, asyncio.Task[Any] | None, Any]:
-        return await self.gate._before(self.state.lane.pacer, self.state)
+        return await self.gate._before(self.state)
 
     def after_attempt(
         self, ticket: tuple[int, float, asyncio.Task[Any] | None, Any], error: BaseException | None, limits: Any
     ) -> None:
-        self.gate._after(self.state.lane.pacer, self.state, ticket, error, limits)
+        self.gate._after(self.state, ticket, error, limits)
+
+
+def _stops(retry_after: float | None, max_wait: float) -> bool:
+    """A 429 that takes its key out until its ``Retry-After`` (and, with every key out, stops the
+    run) rather than pausing it: one asking for longer than a per-minute limit ever does (a quota
+    spent), or for over a minute and longer than ``max_wait`` (the same stop, not a wait). Shorter,
+    it is a per-minute "later", and each row's patience (``max_wait``) bounds it."""
+    wait = retry_after or 0.0
+    return wait > LONG_RETRY_AFTER or (wait > MINUTE_BOUND and wait > max_wait)
 
 
 def _outcome(error: BaseException | None) -> str:
@@ -216,15 +222,3 @@ def _outcome(error: BaseException | None) -> str:
     if isinstance(error, APIError):
         return error.code
     return "cancelled"
-
-
-async def _guarded(state: LaneState | None, awaitable: Any) -> Any:
-    """``awaitable``, or with a key of several, unless that key leaves the run first."""
-    return await awaitable if state is None else await state.guard(awaitable)
-
-
-def _wire(pacer: Pacer, state: LaneState | None, keys: Keys | None) -> int:
-    """Attempts on the wire: the key's, or over several keys every key's."""
-    if state is None or keys is None or keys.single:
-        return pacer.in_flight.on_wire
-    return sum(s.lane.pacer.in_flight.on_wire for s in keys.states)

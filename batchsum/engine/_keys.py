@@ -276,14 +276,16 @@ class Keys:
             self.changed()
         return any(s.lane.refusal is None for s in self.states)
 
-    def take_out(self, state: LaneState, until: float) -> None:
+    def take_out(self, state: LaneState, until: float, *, remember: bool = True) -> None:
         """``state``'s key has spent its quota (``lane.spent``): out of the run until ``until`` (the
-        pacer's clock)."""
+        pacer's clock). ``remember``: the key's record keeps it, so every later run on the key starts
+        with the key out; never a configured quota's (each run sets its own, and the budget's count,
+        every process's, is what says it is spent)."""
         lane = state.lane
         if lane.out_until >= until or lane.spent is None:
             return
         lane.out_until = until
-        if lane.record is not None:
+        if lane.record is not None and remember:
             lane.record.spent(lane.spent)
         if lane.tell is not None:
             left = sum(1 for s in self.states if not s.out(self.now()))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from ..pacing.quota import Spent
+from ..pacing.quota import LONG_RETRY_AFTER, Spent
 from ..service.errors import RateLimitError
 from ..service.rate_headers import RateStatement
 from ._keys import KeyOut, Keys, LaneState
@@ -20,19 +20,18 @@ class Quotas:
 
     __slots__ = ("keys", "_giving")
 
-    def __init__(self, keys: Keys | None) -> None:
+    def __init__(self, keys: Keys) -> None:
         self.keys = keys
         self._giving: set[asyncio.Task[None]] = set()  # counts given back, under way
 
     def started(self) -> None:
-        if self.keys is not None and not self.keys.single:
+        if not self.keys.single:
             self.keys.changed()
 
     async def admit(self, state: LaneState) -> str | None:
         """The key's quotas let this attempt go: it is counted on a configured quota (the period to
         give it back by) and reserved on a stated one; ``KeyOut`` when the key is out or spent."""
         lane, keys = state.lane, self.keys
-        assert keys is not None
         while True:
             now = lane.pacer.now()
             if state.out(now):
@@ -40,8 +39,11 @@ class Quotas:
             if lane.stated.allows(now, state.reserved):
                 break
             if not lane.pacer.in_flight.on_wire and not state.reserved:
+                if lane.stated.until - now <= LONG_RETRY_AFTER:  # back within a minute or two: a pause
+                    await state.guard(asyncio.sleep(lane.stated.until - now))
+                    continue
                 lane.spent = lane.stated.spent()
-                keys.take_out(state, max(lane.stated.until, now + 1.0))
+                keys.take_out(state, lane.stated.until)
                 raise KeyOut
             state.answered.clear()  # answers on the wire may state more room, or none left
             await state.guard(state.answered.wait())
@@ -55,7 +57,8 @@ class Quotas:
                 return period
             if not state.reserved and not lane.pacer.in_flight.on_wire:  # nothing of ours may give one back
                 lane.spent = lane.counted.spent()
-                keys.take_out(state, lane.pacer.now() + max(1.0, lane.spent.until - time.time()))
+                until = lane.pacer.now() + max(1.0, lane.spent.until - time.time())
+                keys.take_out(state, until, remember=False)  # the budget's count says it to every run
                 raise KeyOut
             state.answered.clear()  # ours under way: a 429 among them gives its count back
             await state.guard(state.answered.wait())
@@ -63,11 +66,18 @@ class Quotas:
                 raise KeyOut
 
     def give_back(self, state: LaneState, period: str) -> None:
+        """Uncount one request on the key's configured quota (a 429, or an attempt that never
+        started), on its budget in a task of its own: the attempt's end does not wait for it."""
         counted = state.lane.counted
         assert counted is not None
         task = asyncio.ensure_future(counted.give_back(period))
         self._giving.add(task)
         task.add_done_callback(self._giving.discard)
+
+    async def close(self) -> None:
+        """Wait for the give-backs under way: done before the run ends and its budgets close."""
+        while self._giving:
+            await asyncio.gather(*self._giving, return_exceptions=True)
 
     def learn(
         self,
@@ -79,7 +89,6 @@ class Quotas:
     ) -> None:
         """What an answer says of the key's quotas: a quota stated (its room), or spent."""
         lane, keys = state.lane, self.keys
-        assert keys is not None
         now = lane.pacer.now()
         if isinstance(error, RateLimitError):
             lane.rate_limited += 1
@@ -87,19 +96,22 @@ class Quotas:
             lane.stated.stated(
                 limits.quota_remaining, limits.quota_reset, limits.quota, limits.quota_window, started, now
             )
-            if lane.stated.news and lane.record is not None:
+            if lane.stated.news and lane.record is not None and lane.stated.lasts(now):
                 lane.record.quota_stated(lane.stated)
         state.answered.set()
-        if quota_429:
+        if quota_429:  # a quota spent (remembered), or a wait longer than max_wait (the same stop)
             assert limits is not None and limits.retry_after is not None
-            wait = limits.retry_after
-            name = f"quota (the service answered 429 asking to wait {_duration(wait)})"
+            wait, lasting = limits.retry_after, limits.retry_after > LONG_RETRY_AFTER
+            beyond = "" if lasting else f", longer than max_wait ({keys.max_wait:g} s)"
+            name = f"quota (the service answered 429 asking to wait {_duration(wait)}{beyond})"
             if lane.stated.limit is not None and lane.stated.left is not None and lane.stated.left <= 0:
                 name = lane.stated.spent().name
             lane.spent = Spent(name, time.time() + wait)
-            keys.take_out(state, now + wait)
+            keys.take_out(state, now + wait, remember=lasting)
         elif isinstance(error, RateLimitError) and limits is not None and limits.quota_room:
-            if limits.quota_remaining == 0 and limits.quota_reset is not None:  # refused on a quota it states
+            # Refused on a quota it states: spent until its reset; one back within a minute or two is
+            # the 429's pause (the pacer's), and the room stated (none) holds the key's next starts.
+            if limits.quota_remaining == 0 and limits.quota_reset is not None and limits.quota_reset > LONG_RETRY_AFTER:
                 lane.spent = lane.stated.spent()
                 keys.take_out(state, now + limits.quota_reset)
         keys.changed()

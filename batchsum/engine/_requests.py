@@ -20,7 +20,7 @@ from ..service.errors import (
     UnprocessableEntityError,
 )
 from ._answers import Answers
-from ._gate import Gate
+from ._gate import Gate, LaneHooks
 from ._keys import KeyOut, Keys, LaneState
 from .fingerprints import text_fingerprint
 from .tally import BatchStats
@@ -110,17 +110,24 @@ class Requests:
             self.answers.release(key)
 
     async def send(self, key: str, request: PreparedRequest, kind: str = ROW) -> Answer:
-        """Send ``request`` on the key ``keys`` gives it; again on another when that key leaves the run."""
+        """Send ``request`` on the key ``keys`` gives it; again on another when that key leaves the run
+        (or on the same key once it is back), with the patience it had: ``max_wait`` counts from its
+        first 429 on any key, so 429s that take a key out for a while still end it."""
+        first_429: float | None = None
         while True:
             state = await self.keys.choose()
+            hooks = self.gate.hooks(state, first_429)
             try:
-                return await self._send_on(state, key, request, kind)
+                return await self._send_on(state, hooks, key, request, kind)
             except KeyOut:
+                first_429 = hooks.first_429
                 continue
             finally:
                 self.keys.release(state)
 
-    async def _send_on(self, state: LaneState, key: str, request: PreparedRequest, kind: str) -> Answer:
+    async def _send_on(
+        self, state: LaneState, hooks: LaneHooks, key: str, request: PreparedRequest, kind: str
+    ) -> Answer:
         first = state.first
         is_first = await first.turn()
         permanent = False
@@ -128,7 +135,7 @@ class Requests:
             if self.stopped.is_set():
                 raise asyncio.CancelledError
             try:
-                summary, attempts = await state.lane.client.send(request, hooks=self.gate.hooks(state))
+                summary, attempts = await state.lane.client.send(request, hooks=hooks)
                 answer, permanent = Answer(summary, OK, None, None, 200, attempts), True
                 first.key_answered()
             except (AuthenticationError, NotPremiumError) as exc:

@@ -25,7 +25,7 @@ class KeyLane:
     its short ``key_hash`` and ``source`` (where it came from), its configured ``quota``; ``tell``
     hears a line for a person when the key leaves the run or comes back. The engine counts on it:
     ``requests`` (attempts), ``rate_limited`` (429s), ``refusal`` (the service's message when it
-    refused the key), ``spent`` (a quota spent, until when)."""
+    refused the key), ``spent`` (the last quota spent, until when; ``spent_now`` while it lasts)."""
 
     client: AsyncClient
     pacer: Pacer
@@ -61,10 +61,14 @@ class KeyLane:
             return self.pacer.auto.source
         return "configured" if self.pacer.rpm else None
 
+    def spent_now(self) -> Spent | None:
+        """``spent`` while the key is out for it (a key back from a quota's reset has none)."""
+        return self.spent if self.spent is not None and self.out_until > self.pacer.now() else None
+
     def quota_line(self) -> str | None:
         """What is known of the key's quota now, in words (None: nothing)."""
-        if self.spent is not None:
-            return f"{self.spent.name} spent until {utc(self.spent.until)}"
+        if (spent := self.spent_now()) is not None:
+            return f"{spent.name} spent until {utc(spent.until)}"
         stated = self.stated.describe()
         if stated is not None:
             return stated
@@ -81,15 +85,15 @@ class KeyLane:
             "rate_limited": self.rate_limited,
             "refusal": self.refusal,
             "quota": self.quota_line(),
-            "quota_spent_until": None if self.spent is None else utc(self.spent.until),
+            "quota_spent_until": None if (spent := self.spent_now()) is None else utc(spent.until),
         }
 
     def state(self) -> str:
         """``3f2a9c1b7d0e 120/min 41 sent`` for the progress line."""
         if self.refusal is not None:
             return f"{self.key_hash} refused"
-        if self.spent is not None and self.out_until > self.pacer.now():
-            return f"{self.key_hash} quota spent until {utc(self.spent.until)}"
+        if (spent := self.spent_now()) is not None:
+            return f"{self.key_hash} quota spent until {utc(spent.until)}"
         limit = self.limit()
         rate = f"{limit:.0f}/min" if limit else "unpaced"
         refused = f", {self.rate_limited} 429s" if self.rate_limited else ""

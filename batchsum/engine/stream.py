@@ -251,7 +251,8 @@ async def stream_results(
         await asyncio.gather(stop_waiter, return_exceptions=True)
         for lane in lanes:
             try:
-                if lane.record is not None and lane.stated.left is not None:  # the quota as the run ends
+                stated = lane.stated  # the quota as the run ends (not one that resets within a pause)
+                if lane.record is not None and stated.left is not None and stated.lasts(lane.pacer.now()):
                     lane.record.quota_stated(lane.stated)
                 await lane.pacer.flush()
             except BudgetError as exc:  # the budget is gone: its counts are only advice

@@ -26,7 +26,11 @@ from .exchange import Budget
 
 __all__ = ["Spent", "StatedQuota", "CountedQuota", "LONG_RETRY_AFTER", "utc", "window_name"]
 
-LONG_RETRY_AFTER = MAX_RETRY_AFTER  # a 429 asking for longer than this is a quota spent, not a per-minute "later"
+# The one threshold between a pause and a quota spent: a wait the service asks for (a 429's
+# Retry-After) or states (a quota's reset) at most this long is a per-minute limit's "later", even
+# when the reset reads a little over a minute (a Unix time on a clock a few seconds off): the key
+# pauses, never leaves the run, and nothing is remembered of it. Longer: a quota spent.
+LONG_RETRY_AFTER = MAX_RETRY_AFTER
 _NAMED = {3600: "hour", 86_400: "day"}
 
 
@@ -73,11 +77,13 @@ class Spent:
 class StatedQuota:
     """The room the service states in a quota longer than a minute: ``left`` starts (None: nothing
     stated), counted down by each start and renewed by each answer (its ``quota_remaining``, less our
-    starts after the stating attempt's: the service may not have counted them yet; the largest such
-    figure still valid is kept, as answers arrive in any order); ``until``/``wall_until`` its reset on
-    the pacer's clock and as a Unix time; ``limit``/``window`` the quota stated with it."""
+    starts after the stating attempt's: the service may not have counted them yet); the figure kept
+    is that of the latest-started attempt answered (an earlier one arriving late says less of what
+    others on the key spent since: other processes' starts count, and a ``Remaining: 0`` spends it);
+    ``until``/``wall_until`` its reset on the pacer's clock and as a Unix time; ``limit``/``window``
+    the quota stated with it."""
 
-    __slots__ = ("left", "until", "wall_until", "limit", "window", "news", "_starts", "_wall")
+    __slots__ = ("left", "until", "wall_until", "limit", "window", "news", "_starts", "_wall", "_at")
 
     def __init__(self, wall: Callable[[], float] = time.time) -> None:
         self.left: int | None = None
@@ -88,6 +94,7 @@ class StatedQuota:
         self.news = False  # a quota stated that the key's record has not heard of yet
         self._starts: list[float] = []
         self._wall = wall
+        self._at = -math.inf  # the start of the attempt whose statement ``left`` comes from
 
     def started(self, now: float) -> None:
         self._starts.append(now)
@@ -105,13 +112,18 @@ class StatedQuota:
             self.limit, self.window, self.news = limit, window, True
         if remaining is None or reset is None:
             return
-        later = len(self._starts) - bisect.bisect_right(self._starts, at)
-        left = remaining - later
         fresh = now >= self.until  # the last statement's period has ended: this is a new one
-        self.left = left if fresh or self.left is None else max(self.left, left)
-        if fresh or now + reset > self.until:
-            self.until, self.wall_until = now + reset, self._wall() + reset
+        if not fresh and self.left is not None and at < self._at:
+            return  # an answer to an earlier attempt: a later one has said more since
+        later = len(self._starts) - bisect.bisect_right(self._starts, at)
+        self.left, self._at = remaining - later, at
+        self.until, self.wall_until = now + reset, self._wall() + reset
         self.news = self.news or fresh
+
+    def lasts(self, now: float) -> bool:
+        """A quota to spend and remember: no reset stated, or one further than ``LONG_RETRY_AFTER``
+        (one that resets sooner is a pause, whatever its window)."""
+        return self.wall_until is None or self.until - now > LONG_RETRY_AFTER
 
     def allows(self, now: float, reserved: int = 0) -> bool:
         """May another start go on this quota, with ``reserved`` admitted and not started yet? Yes,

@@ -12,7 +12,7 @@ from .errors import APIError, APIResponseValidationError, error_from_response
 from .inflate import BoundedDecoder, DecodeError, UnsupportedEncoding
 from .rate_headers import RateStatement, parse_rate_headers
 from .redact import redact, redact_value
-from .retry import MAX_ANSWER_BYTES, MAX_ERROR_BYTES, parse_retry_after
+from .retry import MAX_ANSWER_BYTES, MAX_ERROR_BYTES, retry_wait
 
 __all__ = ["Answer", "check_size", "decode", "scrub", "too_large"]
 
@@ -56,15 +56,17 @@ def decode(
     ``secrets`` (the key: a service or proxy may echo the Authorization header) are taken out of both."""
     limits = parse_rate_headers(headers)
     try:
-        return _decode(status, headers, content, secrets), limits
+        return _decode(status, headers, content, secrets, limits), limits
     except APIError as error:
         error.rate_limit = limits
         raise scrub(error, secrets) from None
 
 
-def _decode(status: int, headers: httpx.Headers, content: bytes, secrets: tuple[str, ...]) -> str:
+def _decode(
+    status: int, headers: httpx.Headers, content: bytes, secrets: tuple[str, ...], limits: RateStatement | None
+) -> str:
     if status != 200:
-        raise error_from_response(status, headers, content, retry_after=parse_retry_after(headers), secrets=secrets)
+        raise error_from_response(status, headers, content, retry_after=retry_wait(limits), secrets=secrets)
     try:
         body = json.loads(content)
     except ValueError:  # cut short or garbled on the way: asking again may succeed

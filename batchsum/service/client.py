@@ -74,9 +74,12 @@ class AttemptHooks(Protocol):
     """What the batch engine plugs into the retry loop: every attempt waits for its turn, and the
     engine hears how each ended (``error`` None for a summary; a CancelledError when abandoned).
     With hooks, a 429 is answered by the shared pause: it costs no attempt, and ``max_wait``
-    (seconds since the request's first 429) bounds how long a request waits them out."""
+    (seconds since the request's first 429) bounds how long a request waits them out. ``first_429``
+    (the loop's time of that first 429) is kept on the hooks, not in one call: a request that leaves
+    ``send`` to be sent again (on another key, or on its own once back from a quota) keeps its patience."""
 
     max_wait: float
+    first_429: float | None
 
     async def before_attempt(self) -> Any: ...
 
@@ -356,7 +359,6 @@ class AsyncClient:
         ``hooks`` (the batch engine's pacer) is awaited before every attempt and told how each ended.
         """
         attempt = 0  # attempts the service answered other than "later" (429 under hooks): what was paid
-        first_429: float | None = None
         self._open()  # the pool made now if not yet: not between the pacer's turn and the request
         while True:
             attempt += 1
@@ -378,10 +380,11 @@ class AsyncClient:
                 if isinstance(error, RateLimitError):  # "later": the pacer's shared pause answers it
                     attempt -= 1
                     now = asyncio.get_running_loop().time()
-                    first_429 = now if first_429 is None else first_429
-                    if now - first_429 < hooks.max_wait:
+                    if hooks.first_429 is None:
+                        hooks.first_429 = now
+                    if now - hooks.first_429 < hooks.max_wait:
                         continue
-                    raise self._core.out_of_patience(error, now - first_429, hooks.max_wait, attempt)
+                    raise self._core.out_of_patience(error, now - hooks.first_429, hooks.max_wait, attempt)
             error.attempts = attempt
             delay = self._core.next_delay(error, attempt, paced=hooks is not None)
             if delay is None:

@@ -84,7 +84,8 @@ def parse_rate_headers(headers: Mapping[str, str], now: Callable[[], float] = ti
       ``RateLimit-Policy: 100;w=60``.
     - ``structured``: ``RateLimit-Policy: "p";q=100;w=60`` and ``RateLimit: "p";r=50;t=30`` (drafts
       08-11; Cloudflare's API). A policy counting other units than requests (``qu``) is skipped, and
-      so is the room stated for it.
+      so is the room stated for it; the room stated for a policy is its window's (a day's remainder
+      is a quota's room whenever it resets).
     - ``x-ratelimit``: ``X-RateLimit-Limit/-Remaining/-Reset`` (GitHub, Cloudflare, Envoy's
       ``10, 10;w=60``) and the ``X-Rate-Limit-*`` spelling; the reset in seconds, as a Unix time
       (10^9 and over), or as an HTTP date (RFC 1123) or an RFC 3339 date-time.
@@ -100,9 +101,17 @@ def parse_rate_headers(headers: Mapping[str, str], now: Callable[[], float] = ti
     in the past; so is a ``Retry-After`` (seconds or an HTTP date).
 
     Per minute or a quota: a limit whose window is at most ``MINUTE_BOUND`` (60 s) is per minute;
-    one with no window is per minute unless the room its form states resets more than 60 s away,
-    and then it is a quota; anything else is a quota. Room that resets more than 60 s away (or is
-    stated for a window over a minute, as Kong's ``-Day``) is a quota's, never per-minute room.
+    anything else is a quota. A limit with no window beside windows stated in the same fields (the
+    list form's ``30, 30;w=86400``, ``RateLimit-Limit: 100`` with ``RateLimit-Policy: 100;w=86400``,
+    Envoy's ``10, 10;w=60``) is the limit of one of them, the one with its value (else any); with
+    none in its own fields, a window with its value stated in another form's (``X-RateLimit-Limit:
+    100`` beside ``RateLimit-Policy: 100;w=86400``). It adds nothing of its own, and its room is
+    that window's; when those windows are a minute and longer at once, its room is not understood
+    and ignored. A limit with no window and none beside it is per
+    minute unless the room its form states resets more than 60 s away, and then it is a quota.
+    Room stated for a window over a minute (Kong's ``-Day``, a limit's as above) is a quota's, never
+    per-minute room, whenever it resets; room with no window known is a quota's when it resets more
+    than 60 s away; a minute's room that resets after its window would have ended is ignored.
     Several per-minute limits (a list, several policies, several forms): the most restrictive rate
     among those with a stated window; a limit with no window only when none states one. Several
     quotas: the one whose window holds the room stated for quotas (the smallest such), else the most
@@ -133,9 +142,12 @@ def _read_ietf(fields: dict[str, str], reading: _Reading) -> None:
     if dictionary is not None and not {"limit", "remaining", "reset"} & dictionary.keys():
         dictionary = None  # a list of service limits named by tokens also parses as a dictionary
     units: dict[str, object] = {}  # the structured policies by name: the unit each counts
+    windows: dict[str, int | None] = {}  # and the window each states (its room is that window's)
     for value, params in read_list(fields.get("ratelimit-policy")) or []:
         if isinstance(value, str):  # drafts 08 on: "name";q=100;w=60
             units[value] = params.get("qu", "requests")
+            window = _count(params["w"]) if "w" in params else None
+            windows[value] = window if window is not None and 0 < window <= MAX_RESET else None
             if units[value] == "requests":
                 reading.quota("structured", params.get("q"), params)
         elif "w" in params:  # drafts 04-07: 100;w=60 (the window is required)
@@ -151,7 +163,8 @@ def _read_ietf(fields: dict[str, str], reading: _Reading) -> None:
         return
     for value, params in read_list(fields.get("ratelimit")) or []:
         if isinstance(value, str) and units.get(value, "requests") == "requests" and "r" in params:
-            reading.room("structured", _count(params["r"]), _delay(params["t"]) if "t" in params else None)
+            until = _delay(params["t"]) if "t" in params else None
+            reading.room("structured", _count(params["r"]), until, windows.get(value))
 
 
 def _read_x_ratelimit(fields: dict[str, str], reading: _Reading) -> None:
@@ -188,7 +201,7 @@ def _read_retry_after(fields: dict[str, str], reading: _Reading) -> None:
     """``Retry-After`` (seconds, or an HTTP date) and ``retry-after-ms``, as the service said them."""
     if (text := fields.get("retry-after-ms")) is not None:
         number = read_list(text)
-        if number is not None and len(number) == 1 and (value := _delay(number[0][0])) is not None:
+        if number is not None and len(number) == 1 and (value := _delay(number[0][0])) is not None and value > 0:
             reading.retry_after = value / 1000.0
             return
     if (text := fields.get("retry-after")) is not None:
@@ -219,13 +232,27 @@ class _Room:
     form: str
     remaining: int | None
     reset: float | None
-    window: int | None = None  # the window it is stated for, when the name says it (Kong's)
+    window: int | None = None  # the window it is stated for, when known (Kong's name, a named policy, a limit's)
 
     @property
     def long(self) -> bool:
-        """The room of a quota: it resets (or its window ends) more than a minute away."""
-        longest = max(self.reset or 0.0, float(self.window or 0))
-        return longest > MINUTE_BOUND
+        """The room of a quota: stated for a window over a minute; with no window known, it resets
+        more than a minute away."""
+        if self.window is not None:
+            return self.window > MINUTE_BOUND
+        return (self.reset or 0.0) > MINUTE_BOUND
+
+    @property
+    def understood(self) -> bool:
+        """Not a minute's room that resets after its window would have ended."""
+        return self.long or self.reset is None or self.reset <= MINUTE_BOUND
+
+
+# The forms read in the same fields, whose limit with no window, and its room, go with a window
+# stated beside them (a policy, the list form); every other form is a family of its own (Envoy's
+# ``10, 10;w=60`` in X-RateLimit-Limit).
+_FAMILY = {"draft-06": "ietf", "list": "ietf", "draft-07": "ietf", "structured": "ietf"}
+_BARE_ROOM = ("draft-06", "draft-07", "x-ratelimit", "openai")  # the room of a form's limit with no window
 
 
 class _Reading:
@@ -272,19 +299,59 @@ class _Reading:
             self._now = float(self._clock())
         return self._now
 
+    def attributed(self) -> tuple[list[_Quota], list[_Room]]:
+        """The limits and rooms read, each with its window where the fields say it: a limit with no
+        window beside windows stated in its family is the limit of one of them (the one with its
+        value; else any), so it adds no limit of its own, and its room is that window's (dropped
+        when those windows are a minute and longer at once: not understood). With no window in its
+        family, one with its value in another form's fields (Kong's ``-Minute`` beside its
+        ``RateLimit-Limit``) is its window the same way. A limit with no window and no window for it
+        is kept as it is: per minute, or a quota by its room's reset."""
+        windowed: dict[str, list[_Quota]] = {}
+        for each in self.quotas:
+            if each.window is not None:
+                windowed.setdefault(_FAMILY.get(each.form, each.form), []).append(each)
+        everywhere = [q for stated in windowed.values() for q in stated]
+        named: dict[str, set[int]] = {}  # the windows a family's limit with no window may be
+        quotas = []
+        for each in self.quotas:
+            family = _FAMILY.get(each.form, each.form)
+            own = windowed.get(family, [])
+            same = [q.window for q in own or everywhere if q.limit == each.limit and q.window is not None]
+            if each.window is None and (own or same):
+                named.setdefault(family, set()).update(same or [q.window for q in own if q.window is not None])
+            else:
+                quotas.append(each)
+        rooms = []
+        for room in self.rooms:
+            family = _FAMILY.get(room.form, room.form)
+            candidates = named.get(family) or {q.window for q in windowed.get(family, []) if q.window is not None}
+            if room.form in _BARE_ROOM and candidates:
+                if len({window > MINUTE_BOUND for window in candidates}) != 1:
+                    continue
+                room = _Room(room.form, room.remaining, room.reset, max(candidates))
+            if room.understood:
+                rooms.append(room)
+        return quotas, rooms
+
     def statement(self) -> RateStatement | None:
         retry_after = self.retry_after if self.retry_after is not None and 0 < self.retry_after <= MAX_RESET else None
-        quota_forms = {room.form for room in self.rooms if room.long}  # forms whose bare limit is a quota
+        quotas, rooms = self.attributed()
+        quota_forms = {room.form for room in rooms if room.long}  # forms whose bare limit is a quota
         minute: list[_Quota] = []
         longer: list[_Quota] = []
-        for each in self.quotas:
+        for each in quotas:
             long = each.window > MINUTE_BOUND if each.window is not None else each.form in quota_forms
             (longer if long else minute).append(each)
         stated = [q for q in minute if q.window is not None]
         limit = min(stated or minute, key=lambda q: q.per_minute, default=None)
-        room = _fewest_room([r for r in self.rooms if not r.long])
-        quota_room = _fewest_room([r for r in self.rooms if r.long])
-        holding = [q for q in longer if q.window is not None and quota_room and q.window >= (quota_room.reset or 0.0)]
+        room = _fewest_room([r for r in rooms if not r.long])
+        quota_room = _fewest_room([r for r in rooms if r.long])
+        holding = [q for q in longer if q.window is not None and quota_room and q.window == quota_room.window]
+        if not holding:
+            holding = [
+                q for q in longer if q.window is not None and quota_room and q.window >= (quota_room.reset or 0.0)
+            ]
         quota: _Quota | None = min(holding, key=lambda q: q.window or 0) if holding else None
         if quota is None:
             windowed = [q for q in longer if q.window is not None]

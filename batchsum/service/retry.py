@@ -5,8 +5,6 @@ Constants live here so the client, the engine and the pacer agree on them.
 
 from __future__ import annotations
 
-import email.utils
-import math
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -19,6 +17,7 @@ from .errors import (
     RateLimitError,
     ServerError,
 )
+from .rate_headers import RateStatement, parse_rate_headers
 
 DEFAULT_MAX_RETRIES = 5
 DEFAULT_TIMEOUT = 60.0  # seconds; a 5000-word text in mode 2 can take a while
@@ -43,39 +42,26 @@ def is_retryable(error: BaseException) -> bool:
     return False
 
 
-def _seconds(raw: str | None, now: Callable[[], float], *, unix_above: float = math.inf) -> float | None:
-    """Seconds from a delta, an HTTP-date, or (above ``unix_above``) a Unix time; None if unreadable."""
-    if raw is None:
-        return None
-    try:
-        number = float(raw.strip())
-    except ValueError:
-        parsed = email.utils.parsedate_tz(raw)
-        if parsed is None:
-            return None
-        return email.utils.mktime_tz(parsed) - now()
-    if number != number or number in (math.inf, -math.inf):
-        return None
-    return number - now() if number > unix_above else number
+def retry_wait(limits: RateStatement | None) -> float | None:
+    """Seconds the client waits before trying a 429 again: the ``Retry-After`` the service said (as
+    ``rate_headers`` read it, the one parser: ``retry-after-ms``, or ``Retry-After`` in seconds or
+    an HTTP date), else the reset of the room it states (``X-RateLimit-Reset`` and the like); at most
+    ``MAX_RETRY_AFTER``. The raw value stays on the statement, where a quota is told from a pause.
 
-
-def parse_retry_after(headers: Mapping[str, str], now: Callable[[], float] = time.time) -> float | None:
-    """Seconds to wait from ``retry-after-ms``, ``Retry-After`` (seconds or HTTP-date) or
-    ``X-RateLimit-Reset`` (seconds, or a Unix time), at most ``MAX_RETRY_AFTER``.
-
-    None when absent or unusable (garbage, NaN, zero, negative, a date in the past): the caller then
+    None when nothing usable was said (absent, garbage, zero, a date in the past): the caller then
     backs off with jitter, never retrying at once (a wait of 0 would turn into a retry storm).
     """
-    ms = _seconds(headers.get("retry-after-ms"), now)
-    candidates = (
-        None if ms is None else ms / 1000,
-        _seconds(headers.get("retry-after"), now),
-        _seconds(headers.get("x-ratelimit-reset"), now, unix_above=1e9),
-    )
-    for value in candidates:
+    if limits is None:
+        return None
+    for value in (limits.retry_after, limits.reset, limits.quota_reset):
         if value is not None and value > 0:
             return min(value, MAX_RETRY_AFTER)
     return None
+
+
+def parse_retry_after(headers: Mapping[str, str], now: Callable[[], float] = time.time) -> float | None:
+    """``retry_wait`` of ``headers`` (``now``, Unix seconds, dates a reset or an HTTP date)."""
+    return retry_wait(parse_rate_headers(headers, now))
 
 
 def backoff(attempt: int, rand: Callable[[], float] = random.random) -> float:

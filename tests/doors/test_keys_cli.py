@@ -159,6 +159,26 @@ def test_a_daily_quota_spent_stops_the_run_with_every_row_and_the_same_command_c
         assert out["summary_status"].count("ok") == 200 and service.stats()["answered_twice"] == 0
 
 
+def test_a_configured_quota_spent_binds_only_the_runs_that_set_it(tmp_path):
+    """``--quota 5/day`` spent stops that run; the same key in a run with no quota, or a larger one,
+    sends what it needs: the budget's count is the quota's, and a run without it is not bound by it."""
+    key = "team-key-conf-0123456789abc"
+    with LocalService([key], accounts={key: Account(rpm=1200)}, faults=Faults(latency=0.02)) as service:
+        env = {**setting(service, tmp_path, 20), "BATCHSUM_API_KEY": key, "BATCHSUM_RPM": "1200"}
+        command = ("summarize", "in.parquet", "--column", "text")
+        capped = batchsum_cli(*command, "-o", "one.parquet", "--quota", "5/day", env=env, cwd=tmp_path)
+        assert capped.returncode == 1 and "daily quota of 5 (configured)" in capped.stderr
+        assert service.stats()["requests"] == 5
+        free = batchsum_cli(*command, "-o", "two.parquet", env=env, cwd=tmp_path)
+        assert free.returncode == 0, free.stderr
+        assert service.stats()["requests"] == 20  # the 5 answered come from the store
+        assert "quota spent" not in batchsum_cli("limits", env=env, cwd=tmp_path).stdout
+        larger = batchsum_cli(*command, "-o", "three.parquet", "--quota", "1000/day", env=env, cwd=tmp_path)
+        assert larger.returncode == 0, larger.stderr
+        again = batchsum_cli(*command, "-o", "four.parquet", "--quota", "5/day", "--refresh", env=env, cwd=tmp_path)
+        assert again.returncode == 1 and service.stats()["requests"] == 20  # still 5 of 5 used today
+
+
 def test_a_key_file_others_may_read_is_refused_before_anything_is_sent(team, tmp_path):
     env = setting(team, tmp_path, 5, keys=KEYS)
     os.chmod(tmp_path / "keys.txt", 0o644)

@@ -216,3 +216,48 @@ def test_every_key_refused_stops_the_run_as_one_key_does():
     assert error is not None  # the last key's refusal stops the run, raised after the rows finished in order
     assert all(r.status == "ok" for r in rows)
     assert list(service.admitted.values()) == [5, 5] and all(1 <= n <= 16 for n in service.unauthorized.values())
+
+
+class OneQuota429(KeyedService):
+    """Each key at its limit; ``key``'s ``after``-th request answered 429 asking for ``wait`` s (a
+    quota of its own spent until then), once."""
+
+    def __init__(self, limits: dict[str, int], key: str, after: int, wait: int) -> None:
+        super().__init__(limits)
+        self.key, self.after, self.wait = key, after, wait
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        key = request.headers.get("authorization", "").removeprefix("Bearer ")
+        if key == self.key and len(self.arrivals[key]) == self.after:
+            self.arrivals[key].append(asyncio.get_running_loop().time())
+            self.refused += 1
+            return httpx.Response(429, json={"error": Messages.RATE_LIMITED}, headers={"Retry-After": str(self.wait)})
+        return await super().__call__(request)
+
+
+def test_a_key_back_from_a_quotas_reset_reports_no_quota_spent():
+    """Key A's quota is spent for 130 s mid-run (B goes on), then A is back and sends again: the
+    report's keys and the progress line say nothing of a quota spent any more."""
+    a, b = keys(2)
+    service = OneQuota429({a: 60, b: 60}, a, after=5, wait=130)
+    told: list[str] = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        budgets = {key: ProcessBudget(loop.time, shared=True) for key in (a, b)}
+        clients: list = []
+        lanes = lanes_for(service, [a, b], budgets, clients)
+        for lane in lanes:
+            lane.tell = told.append
+        try:
+            rows = [row async for row in summarize_stream(texts(300), lanes[0].client, lanes=lanes)]
+            return rows, lanes[0], lanes[0].describe(), lanes[0].state()  # as the run's report reads them
+        finally:
+            for client in clients:
+                await client.aclose()
+
+    rows, back, described, state = virtual_clock.run(main())
+    assert [r.status for r in rows] == ["ok"] * 300 and service.refused == 1
+    assert back.spent is not None and back.requests > 6  # it left, and came back to send more
+    assert described["quota_spent_until"] is None and described["quota"] is None
+    assert "quota spent" not in state and any("leaves the run" in line for line in told)

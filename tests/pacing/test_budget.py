@@ -18,7 +18,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from batchsum.engine._gate import Gate as _Gate
 from batchsum.errors import BudgetError
 from batchsum.local import LocalService
 from batchsum.pacing import Pacer, max_starts
@@ -26,7 +25,7 @@ from batchsum.pacing.budget import MAX_PAUSE, ProcessBudget, RedisBudget, Report
 from batchsum.pacing.pacer import _loop_time
 from tests import virtual_clock
 from tests.conftest import article, free_port
-from tests.pacing.test_pacing import Sim, between, most_in_any_window, send_one
+from tests.pacing.test_pacing import Sim, between, engine_hooks, most_in_any_window, send_one
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -287,7 +286,7 @@ def test_a_cache_folder_that_cannot_be_written_is_one_line_naming_the_setting(tm
 
 def share(pacers, sim, texts_each):
     async def main():
-        gates = [_Gate(pacer) for pacer in pacers]
+        gates = [engine_hooks(pacer) for pacer in pacers]
         await asyncio.gather(*(send_one(gate, sim) for gate in gates for _ in range(texts_each)))
 
     virtual_clock.run(main())

@@ -16,7 +16,10 @@ import random
 import pytest
 from aiolimiter import AsyncLimiter
 
-from batchsum.engine._gate import Gate as _Gate
+import batchsum
+from batchsum.engine._gate import Gate
+from batchsum.engine._keys import FirstRequest, Keys
+from batchsum.engine.keys import KeyLane
 from batchsum.errors import RateLimitError, ServerError
 from batchsum.local.state import SlidingWindow
 from batchsum.pacing import JITTER_MARGIN, START_IN_FLIGHT, Pacer, max_starts
@@ -58,6 +61,14 @@ class Sim:
         return None
 
 
+def engine_hooks(pacer):
+    """The attempt hooks the engine gives a request on a batch's one key (its gate, with the key's
+    pacer): what ``AsyncClient.send`` awaits before each attempt and tells after it."""
+    lane = KeyLane(batchsum.AsyncClient("test-key-pacing-0123456789", "http://127.0.0.1:9"), pacer)
+    keys = Keys([(lane, FirstRequest(None, 1, alone=False))], max_wait=1800.0, on_quota=lambda error: None)
+    return Gate(keys).hooks(keys.states[0])
+
+
 async def send_one(gate, sim, *, delay=0.0):
     """One sender: one request through ``gate``, retried until ``sim`` answers it."""
     if delay:
@@ -86,7 +97,7 @@ def simulate(rpm, sim, *, texts, concurrency=None, limiter=None, stop_at=None, p
     """``texts`` senders (one request each, retried until answered) through one pacer; returns the pacer.
     ``spread``: senders arrive over this many seconds (a stream of rows) instead of all at once."""
     pacer = pacer or Pacer(rpm, max_in_flight=concurrency, limiter=limiter)
-    gate = _Gate(pacer)
+    gate = engine_hooks(pacer)
 
     async def main():
         tasks = [asyncio.ensure_future(send_one(gate, sim, delay=spread * i / texts)) for i in range(texts)]
@@ -194,7 +205,7 @@ def test_a_start_that_goes_out_late_does_not_shorten_the_gap_to_the_next():
             loop.now += 0.03  # the loop is held: nothing else runs meanwhile
 
     pacer = Pacer(600)
-    gate = _Gate(pacer)
+    gate = engine_hooks(pacer)
 
     async def main():
         worker = asyncio.ensure_future(busy())
@@ -348,7 +359,7 @@ def test_a_users_async_limiter_shared_by_two_batches_spaces_them_together():
     async def main():
         async def batch(sim):
             pacer = Pacer(120, limiter=limiter)
-            gate = _Gate(pacer)
+            gate = engine_hooks(pacer)
 
             async def one():
                 ticket = await gate.before_attempt()
@@ -369,7 +380,7 @@ def test_a_users_async_limiter_shared_by_two_batches_spaces_them_together():
 def test_5xx_answers_neither_lower_nor_pause():
     async def main():
         pacer = Pacer(600)
-        gate = _Gate(pacer)
+        gate = engine_hooks(pacer)
         for _ in range(20):
             ticket = await gate.before_attempt()
             gate.after_attempt(ticket, ServerError("boom", status_code=500), None)
@@ -385,7 +396,7 @@ def test_the_progress_line_says_why_it_waits_the_pace_and_what_is_in_flight():
 
     async def main():
         pacer = Pacer(600)
-        gate = _Gate(pacer)
+        gate = engine_hooks(pacer)
         stats = BatchStats(pacer=pacer)
         first = await gate.before_attempt()
         second = await gate.before_attempt()

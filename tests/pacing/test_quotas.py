@@ -20,12 +20,14 @@ from batchsum.local.state import SlidingWindow
 from batchsum.pacing import Pacer
 from batchsum.pacing.budget import ProcessBudget, RedisBudget, SQLiteBudget
 from batchsum.pacing.quota import StatedQuota
-from batchsum.pacing.record import LIMIT
+from batchsum.pacing.record import LIMIT, QUOTA, QUOTA_SPENT
+from batchsum.service import contract
 from batchsum.service.contract import Messages
 from batchsum.service.keys import Quota, parse_quota
 from tests import virtual_clock
 from tests.engine.test_keys import KeyedService
 from tests.engine.test_keys import keys as team_keys
+from tests.pacing.test_pace_conformance import most_in_any_window
 from tests.pacing.test_short_job import KEY, Service, record_of, told, uniform
 
 KEYS = team_keys(1)
@@ -36,21 +38,38 @@ def texts(n: int, seed: int = 0) -> list[str]:
 
 
 class QuotaStating(Service):
-    """A strict sliding minute that also states a quota of 10000 with no window and a reset hours away
-    (``X-RateLimit-*``), in every answer: a quota, not a per-minute limit."""
+    """A strict sliding minute that also states a quota in every answer: by default 10000 with no
+    window and a reset hours away (``X-RateLimit-*``); or the ``fixed`` headers given (a daily quota
+    in the list form, say): a quota, not a per-minute limit."""
 
-    def __init__(self, rpm: int, seed: int = 0) -> None:
+    def __init__(self, rpm: int, seed: int = 0, fixed: dict[str, str] | None = None) -> None:
         super().__init__("sliding", latency=uniform(0.3, 0.7, seed), rpm=rpm)
         self.limit = SlidingWindow(rpm, 60.0)
         self.used = 0
+        self.fixed = fixed
 
     def room_headers(self, now: float) -> dict[str, str]:
         self.used += 1
+        if self.fixed is not None:
+            return dict(self.fixed)
         return {
             "X-RateLimit-Limit": "10000",
             "X-RateLimit-Remaining": str(10000 - self.used),
             "X-RateLimit-Reset": str(int(time.time()) + 5 * 3600),
         }
+
+
+# Quotas stated with no per-minute window beside them (issue 40's rule: a statement is per minute when
+# its window is at most 60 s, or it has none and its reset is at most 60 s away; a value that is the
+# limit of a longer window stated beside it is that window's).
+LONG_ONLY = {
+    "the issue's list form: 30 a day": {"RateLimit-Limit": "30, 30;w=86400"},
+    "a bare limit with a daily policy": {"RateLimit-Limit": "100", "RateLimit-Policy": "100;w=86400"},
+    "draft-07 with a daily policy, room resetting in 30 s": {
+        "RateLimit": "limit=100, remaining=90, reset=30",
+        "RateLimit-Policy": "100;w=86400",
+    },
+}
 
 
 def run_auto(service: Service, n: int, record=None):
@@ -65,13 +84,14 @@ def run_auto(service: Service, n: int, record=None):
     return virtual_clock.run(main())
 
 
-def test_under_auto_a_stated_quota_with_no_window_and_a_reset_hours_away_is_no_per_minute_limit():
-    """Issue 40: ``X-RateLimit-Limit: 10000`` with a reset hours away is a quota. The run goes exactly
-    as against a service that states nothing (no pace raised to 10000, no storm of 429s), and the
-    key's record remembers no "10000 stated"."""
+@pytest.mark.parametrize("fixed", [None, *LONG_ONLY.values()], ids=["X-RateLimit, reset hours away", *LONG_ONLY])
+def test_under_auto_a_stated_quota_with_no_window_and_a_reset_hours_away_is_no_per_minute_limit(fixed):
+    """Issue 40: ``X-RateLimit-Limit: 10000`` with a reset hours away is a quota, and so is a limit
+    stated for a day only. The run goes exactly as against a service that states nothing (no pace
+    raised to 10000 or lowered to 30, no storm of 429s), and the key's record remembers nothing stated."""
     silent = Service("sliding", latency=uniform(0.3, 0.7), rpm=240)
     silent.limit = SlidingWindow(240, 60.0)
-    stating = QuotaStating(240)
+    stating = QuotaStating(240, fixed=fixed)
     quiet_rows, quiet_pacer = run_auto(silent, 400)
     record = record_of()
     rows, pacer = run_auto(stating, 400, record=record)
@@ -84,6 +104,26 @@ def test_under_auto_a_stated_quota_with_no_window_and_a_reset_hours_away_is_no_p
     remembered = record.pending.get(LIMIT) or record.budget.told.get(LIMIT)  # type: ignore[attr-defined]
     assert remembered is None or '"stated"' not in remembered
     assert LIMIT not in told(record) or "10000" not in str(remembered)
+
+
+@pytest.mark.parametrize("headers", LONG_ONLY.values(), ids=LONG_ONLY.keys())
+def test_a_quota_stated_for_a_day_only_never_lowers_a_configured_pace(headers):
+    """``--rpm 600`` against a service that states a daily quota and no per-minute limit, in the
+    forms above: the pace stays 600 (no "30/min stated"), and no row waits for a pause."""
+    service = QuotaStating(600, fixed=headers)
+    service.limit = SlidingWindow(10**6, 60.0)
+
+    async def main():
+        pacer = Pacer(600)
+        transport = httpx.MockTransport(service)
+        async with batchsum.AsyncClient(KEY, "http://127.0.0.1:9", transport=transport) as client:
+            rows = [row async for row in summarize_stream(texts(60), client, rpm=600, pacer=pacer)]
+        return rows, pacer
+
+    rows, pacer = virtual_clock.run(main())
+    assert [r.status for r in rows] == ["ok"] * 60 and service.refused == 0
+    assert pacer.pace == 600 and pacer.ceiling == 600 and not pacer.changes
+    assert most_in_any_window(service.arrivals, 60.0) == 60  # all sent in the first minute, at 600/min
 
 
 # -- quotas longer than a minute on a run's keys ------------------------------------------------------
@@ -127,14 +167,17 @@ class DailyQuota(KeyedService):
         return response
 
 
-def run_quota(service: KeyedService, n: int, *, max_wait: float = 1800.0, quota: Quota | None = None, budget=None):
+def run_quota(
+    service: KeyedService, n: int, *, max_wait: float = 1800.0, quota: Quota | None = None, budget=None, record=None
+):
     """``n`` texts on the one key; (rows, the error the run stopped with, the key's lane, virtual seconds)."""
 
     async def main():
         loop = asyncio.get_running_loop()
         shared = budget or ProcessBudget(loop.time, shared=True)
         client = batchsum.AsyncClient(KEYS[0], "http://127.0.0.1:9", transport=httpx.MockTransport(service))
-        lane = KeyLane(client, Pacer(service.rpm[KEYS[0]], budget=shared), quota=quota, budget=shared)
+        pacer = Pacer(service.rpm[KEYS[0]], budget=shared)
+        lane = KeyLane(client, pacer, record=record, quota=quota, budget=shared)
         rows, error = [], None
         try:
             stream = summarize_stream(texts(n), client, lanes=[lane], max_wait=max_wait)
@@ -170,6 +213,60 @@ def test_a_quota_unstated_stops_the_run_after_one_429_whose_retry_after_is_a_day
     assert lane.pacer.pace == 600  # the quota's 429 lowered nothing of the per-minute pace
 
 
+class SpentElsewhere(DailyQuota):
+    """The same daily quota, stated in every answer, of which another machine on the key (on no
+    budget of ours) spends ``burst`` at once after our ``after``-th request."""
+
+    def __init__(self, rpm: int, quota: int, *, after: int, burst: int) -> None:
+        super().__init__(rpm, quota, stated=True)
+        self.after, self.burst = after, burst
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        if self.admitted[KEYS[0]] == self.after:
+            self.used, self.after = self.used + self.burst, -1
+        return await super().__call__(request)
+
+
+def test_a_stated_quota_another_machine_spends_stops_the_run_at_the_answer_saying_none_is_left():
+    """What others spend shows in each answer's room: the latest figure is kept (never our own count
+    from an earlier one), and the 200 that says none is left takes the key out before any request of
+    ours is refused."""
+    service = SpentElsewhere(60, 300, after=10, burst=280)
+    rows, error, lane, _ = run_quota(service, 100)
+    assert error is not None and "daily quota of 300 (stated by the service)" in str(error)
+    assert [r.status for r in rows].count("ok") == service.admitted[KEYS[0]] == 20
+    assert service.refused == 0 and lane.rate_limited == 0
+
+
+def test_two_runs_on_a_key_with_a_stated_quota_stop_at_its_last_answer_with_no_429():
+    """Two runs on one key and budget: each answer's room counts what both spent, so together they
+    send the quota and stop, neither refused."""
+    service = DailyQuota(600, 300, stated=True)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        budget = ProcessBudget(loop.time, shared=True)
+
+        async def one(seed: int):
+            client = batchsum.AsyncClient(KEYS[0], "http://127.0.0.1:9", transport=httpx.MockTransport(service))
+            lane = KeyLane(client, Pacer(600, budget=budget), budget=budget)
+            rows, error = [], None
+            try:
+                async for row in summarize_stream(texts(1000, seed), client, lanes=[lane]):
+                    rows.append(row)
+            except QuotaSpent as exc:
+                error = exc
+            finally:
+                await client.aclose()
+            return [r.status for r in rows].count("ok"), error
+
+        return await asyncio.gather(one(1), one(2))
+
+    (ok1, error1), (ok2, error2) = virtual_clock.run(main())
+    assert ok1 + ok2 == service.admitted[KEYS[0]] == 300 and error1 is not None and error2 is not None
+    assert service.refused == 0
+
+
 class Renewing(DailyQuota):
     """A quota of an hour whose 429s ask for 600 s, renewed 700 s after it was first spent."""
 
@@ -193,11 +290,130 @@ def test_a_quota_that_resets_within_max_wait_is_waited_for_and_the_run_finishes(
     assert service.refused <= 3
 
 
-def test_a_429_asking_for_longer_than_max_wait_is_the_same_stop_not_a_wait():
-    service = Renewing(600, 100, stated=False, retry_after=600)
-    rows, error, lane, wall = run_quota(service, 150, max_wait=300)
+@pytest.mark.parametrize(("retry_after", "max_wait"), [(600, 300), (90, 30)])
+def test_a_429_asking_for_longer_than_max_wait_is_the_same_stop_not_a_wait(retry_after, max_wait):
+    """A quota's 429 (600 s), or a Retry-After of a minute and a half with ``max_wait`` 30: the run
+    stops at once, rows kept; only a quota is remembered."""
+    service = Renewing(600, 100, stated=False, retry_after=retry_after)
+    record = record_of()
+    rows, error, lane, wall = run_quota(service, 150, max_wait=max_wait, record=record)
     assert error is not None and [r.status for r in rows].count("ok") == 100
+    assert [r.error for r in rows if r.status != "ok"] == ["not_sent"] * 50
     assert wall < 60 and service.refused <= 3
+    assert (QUOTA_SPENT in told(record)) == (retry_after > 120)
+
+
+class Refusing:
+    """Every request answered 429 asking to wait ``retry_after`` seconds (no other header)."""
+
+    def __init__(self, retry_after: int) -> None:
+        self.retry_after = retry_after
+        self.calls = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.calls += 1
+        return httpx.Response(
+            429, json={"error": Messages.RATE_LIMITED}, headers={"Retry-After": str(self.retry_after)}
+        )
+
+
+def run_refused(service, keys: int, n: int, max_wait: float):
+    """``n`` texts on ``keys`` keys, each on its budget; (rows, the error the run stopped with), or
+    ("still running", None) when the run has not ended after a day of virtual time."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        clients, lanes = [], []
+        for key in team_keys(keys):
+            budget = ProcessBudget(loop.time, shared=True)
+            clients.append(batchsum.AsyncClient(key, "http://127.0.0.1:9", transport=httpx.MockTransport(service)))
+            lanes.append(KeyLane(clients[-1], Pacer(600, budget=budget), budget=budget))
+        rows, error = [], None
+
+        async def go():
+            async for row in summarize_stream(texts(n), clients[0], lanes=lanes, max_wait=max_wait):
+                rows.append(row)
+
+        try:
+            await asyncio.wait_for(go(), 86_400)
+        except QuotaSpent as exc:
+            error = exc
+        except asyncio.TimeoutError:
+            return "still running", None
+        finally:
+            for client in clients:
+                await client.aclose()
+        return rows, error
+
+    return virtual_clock.run(main())
+
+
+@pytest.mark.parametrize("keys", [1, 2])
+def test_max_wait_ends_a_rows_429s_that_take_its_key_out_and_back(keys):
+    """429s asking for 130 s (longer than a per-minute "later": the key leaves the run until then),
+    with ``max_wait`` 600: each time the key is back the row is refused again; it fails
+    ``rate_limited`` once it has been refused for ``max_wait`` since its first 429, on whichever key."""
+    service = Refusing(130)
+    rows, error = run_refused(service, keys, 2, max_wait=600)
+    assert rows != "still running" and error is None
+    assert [(r.status, r.error) for r in rows] == [("failed", "rate_limited")] * 2
+    assert service.calls <= 2 * keys * (600 // 130 + 2)
+
+
+class SkewedMinute:
+    """A limit of ``limit`` a clock-aligned minute stating ``X-RateLimit-Limit/-Remaining/-Reset``, the
+    reset as a Unix time on a clock ``skew`` seconds ahead: a minute's reset that reads as up to 66 s."""
+
+    def __init__(self, limit: int, skew: float) -> None:
+        self.limit, self.skew = limit, skew
+        self.used: dict[int, int] = {}
+        self.refused = self.admitted = 0
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        now = asyncio.get_running_loop().time()
+        minute = int(now // 60)
+        self.used[minute] = self.used.get(minute, 0) + 1
+        end = (minute + 1) * 60
+        headers = {
+            "X-RateLimit-Limit": str(self.limit),
+            "X-RateLimit-Remaining": str(max(0, self.limit - self.used[minute])),
+            "X-RateLimit-Reset": str(int(time.time() + (end - now) + self.skew)),
+        }
+        await asyncio.sleep(0.3)
+        if self.used[minute] > self.limit:
+            self.refused += 1
+            retry_after = str(math.ceil(end - now))
+            return httpx.Response(
+                429, json={"error": Messages.RATE_LIMITED}, headers={"Retry-After": retry_after, **headers}
+            )
+        self.admitted += 1
+        return httpx.Response(200, json={contract.FIELD_RESULT: "A summary."}, headers=headers)
+
+
+def test_a_quota_that_resets_within_two_minutes_is_a_pause_never_a_stop_nor_remembered():
+    """A per-minute limit whose reset, a Unix time on a clock 6 s ahead, reads as over a minute: its
+    limit reads as a quota (issue 40's rule), but one that resets within two minutes only pauses the
+    key. The run finishes with ``max_wait`` 30, and the key's record hears of no quota."""
+    service = SkewedMinute(30, skew=6)
+    record = record_of()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        budget = ProcessBudget(loop.time, shared=True)
+        client = batchsum.AsyncClient(KEYS[0], "http://127.0.0.1:9", transport=httpx.MockTransport(service))
+        lane = KeyLane(client, Pacer(30, budget=budget), record=record, budget=budget)
+        try:
+            rows = [row async for row in summarize_stream(texts(100), client, lanes=[lane], max_wait=30)]
+        except QuotaSpent as exc:
+            return [], exc, lane
+        finally:
+            await client.aclose()
+        return rows, None, lane
+
+    rows, error, lane = virtual_clock.run(main())
+    assert error is None and [r.status for r in rows] == ["ok"] * 100
+    assert lane.spent is None and service.refused <= 3
+    assert not told(record) & {QUOTA, QUOTA_SPENT}
 
 
 def test_a_configured_quota_is_counted_on_the_keys_budget_by_every_run_on_it():
@@ -231,6 +447,37 @@ def test_a_configured_quota_is_counted_on_the_keys_budget_by_every_run_on_it():
     stopped = [error for error in (error1, error2) if error is not None]
     assert stopped and all("daily quota of 120 (configured)" in str(error) for error in stopped)
     assert sum(error.remaining for error in stopped) == 200 - 120
+
+
+class SlowGiveBack(ProcessBudget):
+    """A budget whose give-back takes a second to answer, as a Redis across a network may."""
+
+    async def quota_give_back(self, period: str) -> None:
+        await asyncio.sleep(1.0)
+        await super().quota_give_back(period)
+
+
+def test_a_429s_give_back_of_a_configured_quota_is_done_before_the_run_ends():
+    """The run's last requests are refused 429 (not paid): their counts are given back on the key's
+    budget before the run returns, not left to a task the budget's close may cut off."""
+    service = KeyedService({KEYS[0]: 600})
+    service.limits[KEYS[0]] = SlidingWindow(30, 60.0)  # the plan says 600; the service admits 30
+    quota = Quota(1000, "day")
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        budget = SlowGiveBack(loop.time, shared=True)
+        client = batchsum.AsyncClient(KEYS[0], "http://127.0.0.1:9", transport=httpx.MockTransport(service))
+        lane = KeyLane(client, Pacer(600, budget=budget), quota=quota, budget=budget)
+        try:
+            rows = [row async for row in summarize_stream(texts(40), client, lanes=[lane], max_wait=0)]
+        finally:
+            await client.aclose()
+        return rows, await budget.quota_used(quota.window(time.time())[0])
+
+    rows, used = virtual_clock.run(main())
+    assert service.refused > 0  # some were refused, and their counts given back
+    assert used == service.admitted[KEYS[0]] == [r.status for r in rows].count("ok")
 
 
 # -- the counts on every kind of budget ------------------------------------------------------------------
@@ -288,6 +535,23 @@ def test_the_stated_quota_counts_our_starts_the_service_may_not_have_counted_yet
         quota.started(t)
     quota.stated(5, 100.0, 300, 86400.0, at=1.0, now=3.5)  # the answer to the start at 1: 2 and 3 may be uncounted
     assert quota.left == 3 and quota.allows(3.5) and not quota.allows(3.5, reserved=3)
-    quota.stated(4, 100.0, 300, 86400.0, at=0.0, now=3.6)  # an older answer arriving late: the larger figure stays
+    quota.stated(4, 100.0, 300, 86400.0, at=0.0, now=3.6)  # an older answer arriving late: it says less
     assert quota.left == 3
     assert quota.describe() == "about 3 left in the daily quota of 300 until 1970-01-01 00:18 UTC"
+
+
+def test_the_stated_quota_keeps_the_latest_started_attempts_figure_so_others_spending_counts():
+    """Another process on the key spent 4 since: the answer to our latest start says so, and the
+    figure it leaves is kept, smaller or not; a ``Remaining: 0`` on a 200 spends the quota."""
+    quota = StatedQuota(wall=lambda: 1000.0)
+    for t in (0.0, 1.0, 2.0):
+        quota.started(t)
+    quota.stated(10, 100.0, 300, 86400.0, at=0.0, now=0.5)
+    assert quota.left == 8  # our starts at 1 and 2 may be uncounted
+    quota.stated(4, 100.0, 300, 86400.0, at=1.0, now=1.5)  # 10 - 1 (ours) - 4 (another process's) - 1
+    assert quota.left == 3 and quota.allows(1.5)
+    quota.stated(0, 100.0, 300, 86400.0, at=2.0, now=2.5)  # a 200 whose Remaining is 0
+    assert quota.left == 0 and not quota.allows(2.5)
+    quota.stated(7, 100.0, 300, 86400.0, at=1.5, now=2.6)  # an earlier attempt's figure, arriving late
+    assert quota.left == 0 and not quota.allows(2.6)
+    assert quota.allows(103.0)  # its reset: a new period

@@ -1,8 +1,10 @@
 import email.utils
 
+import httpx
 import pytest
 
 from batchsum import errors
+from batchsum.service.answer import decode
 from batchsum.service.retry import (
     INITIAL_BACKOFF,
     MAX_RETRY_AFTER,
@@ -110,7 +112,6 @@ def test_local_parameter_errors_are_value_errors_too():
 
 def test_retry_after_in_seconds_http_date_ms_and_reset():
     assert parse_retry_after({"retry-after": "1"}) == 1.0
-    assert parse_retry_after({"retry-after": "2.5"}) == 2.5
     assert parse_retry_after({"retry-after-ms": "1500", "retry-after": "9"}) == 1.5
     now = 1_700_000_000.0
     date = email.utils.formatdate(now + 5, usegmt=True)
@@ -121,13 +122,27 @@ def test_retry_after_in_seconds_http_date_ms_and_reset():
 
 def test_retry_after_is_capped_and_never_negative_and_garbage_is_ignored():
     assert parse_retry_after({"retry-after": "100000"}) == MAX_RETRY_AFTER
-    assert parse_retry_after({"retry-after": "1e308"}) == MAX_RETRY_AFTER
     assert parse_retry_after({"retry-after": "soon"}) is None
     assert parse_retry_after({}) is None
 
 
+RAW_RETRY_AFTERS = ["1", "2.5", "1e5", "1e308", "100000", "86400", " 7 ", "0", "-3", "soon", "2678401"]
+
+
+@pytest.mark.parametrize("raw", RAW_RETRY_AFTERS)
+def test_one_parser_reads_retry_after_for_the_client_and_for_the_quota_decision(raw):
+    """The client's wait is the statement's raw ``Retry-After`` (what tells a quota from a pause),
+    clamped; a value one reads and the other ignores would make a pause of what is no quota."""
+    with pytest.raises(errors.RateLimitError) as refused:
+        decode(429, httpx.Headers({"retry-after": raw}), b'{"error": "Too Many Requests"}', ())
+    said = refused.value.rate_limit.retry_after if refused.value.rate_limit is not None else None
+    assert refused.value.retry_after == (None if said is None else min(said, MAX_RETRY_AFTER))
+    assert parse_retry_after({"retry-after": raw}) == refused.value.retry_after
+
+
 @pytest.mark.parametrize(
-    "value", ["-3", "0", "0.0", "-0", "nan", "inf", "-inf", "", "  ", "1,5", "Tue, 01 Jan 2019 00:00:00 GMT"]
+    "value",
+    ["-3", "0", "0.0", "-0", "nan", "inf", "-inf", "", "  ", "1,5", "2.5", "1e308", "Tue, 01 Jan 2019 00:00:00 GMT"],
 )
 def test_an_unusable_retry_after_means_back_off_never_a_wait_of_zero(value):
     assert parse_retry_after({"retry-after": value}) is None

@@ -258,6 +258,67 @@ FORM_CASES = {
             600, 60, form="list+draft-06", quota=300, quota_window=86400, quota_remaining=45, quota_reset=50000.0
         ),
     ),
+    # A limit with no window beside windows stated in its fields is one of theirs (the one with its value):
+    # never per minute when only longer windows are stated, and its room is that window's (issue 40)
+    "the issue's list form: 30 a day, no minute": (
+        {"RateLimit-Limit": "30, 30;w=86400"},
+        statement(form="list", quota=30, quota_window=86400),
+    ),
+    "a limit named by a daily policy": (
+        {"RateLimit-Limit": "100", "RateLimit-Policy": "100;w=86400"},
+        statement(form="draft-06", quota=100, quota_window=86400),
+    ),
+    "a daily policy's room with no limit field": (
+        {"RateLimit-Policy": "100;w=86400", "RateLimit-Remaining": "50", "RateLimit-Reset": "30"},
+        statement(form="draft-06", quota=100, quota_window=86400, quota_remaining=50, quota_reset=30.0),
+    ),
+    "draft-07 limit of a daily policy: its room is the quota's in its last minute too": (
+        {"RateLimit": "limit=100, remaining=50, reset=30", "RateLimit-Policy": "100;w=86400"},
+        statement(form="draft-07", quota=100, quota_window=86400, quota_remaining=50, quota_reset=30.0),
+    ),
+    "the list form's daily quota in its last minute: the room is the quota's": (
+        {"RateLimit-Limit": "300, 600;w=60, 300;w=86400", "RateLimit-Remaining": "250", "RateLimit-Reset": "40"},
+        statement(600, 60, form="list+draft-06", quota=300, quota_window=86400, quota_remaining=250, quota_reset=40.0),
+    ),
+    "the list form's minute expiring: the room is the minute's": (
+        {"RateLimit-Limit": "600, 600;w=60, 300;w=86400", "RateLimit-Remaining": "590", "RateLimit-Reset": "40"},
+        statement(600, 60, 590, 40.0, form="list+draft-06", quota=300, quota_window=86400),
+    ),
+    "a day's room beside a second's limit is no burst licence": (
+        {
+            "RateLimit-Limit": "100",
+            "RateLimit-Remaining": "99",
+            "RateLimit-Reset": "30",
+            "RateLimit-Policy": "100;w=86400, 10;w=1",
+        },
+        statement(10, 1, form="draft-06", quota=100, quota_window=86400, quota_remaining=99, quota_reset=30.0),
+    ),
+    "X-RateLimit's limit named by a daily policy in the draft's fields: the day's, with its room": (
+        {
+            "X-RateLimit-Limit": "100",
+            "X-RateLimit-Remaining": "90",
+            "X-RateLimit-Reset": "30",
+            "RateLimit-Policy": "100;w=86400",
+        },
+        statement(form="draft-06+x-ratelimit", quota=100, quota_window=86400, quota_remaining=90, quota_reset=30.0),
+    ),
+    "a limit that may be a minute's or a day's: its room is not understood": (
+        {"RateLimit-Limit": "100, 100;w=60, 100;w=86400", "RateLimit-Remaining": "0", "RateLimit-Reset": "30"},
+        statement(100, 60, form="list", quota=100, quota_window=86400),
+    ),
+    # The room a structured limit states is the room of the policy it names: of that policy's window
+    "structured: a daily policy's room resetting in 30 s is the quota's, no burst licence": (
+        {"RateLimit-Policy": '"day";q=300;w=86400, "min";q=600;w=60', "RateLimit": '"day";r=200;t=30'},
+        statement(600, 60, form="structured", quota=300, quota_window=86400, quota_remaining=200, quota_reset=30.0),
+    ),
+    "structured: a minute policy's room is never a quota's (resetting after its window: ignored)": (
+        {"RateLimit-Policy": '"min";q=600;w=60', "RateLimit": '"min";r=5;t=90'},
+        statement(600, 60, form="structured"),
+    ),
+    "structured: a minute policy's room": (
+        {"RateLimit-Policy": '"min";q=600;w=60, "day";q=300;w=86400', "RateLimit": '"min";r=5;t=20'},
+        statement(600, 60, 5, 20.0, form="structured", quota=300, quota_window=86400),
+    ),
     "a monthly quota": (
         {"RateLimit-Policy": '"month";q=100000;w=2592000', "RateLimit": '"month";r=5;t=86400'},
         statement(form="structured", quota=100000, quota_window=2592000, quota_remaining=5, quota_reset=86400.0),
@@ -714,6 +775,7 @@ def test_the_client_hands_each_statement_to_the_pacer_with_every_answer(form):
 
     class Hooks:
         max_wait = 60.0
+        first_429 = None
 
         async def before_attempt(self):
             return None
