@@ -183,7 +183,13 @@ def test_killed_python_workers_cost_seconds_and_pay_only_what_was_on_the_wire(sp
     sdf = spark.createDataFrame(data).repartition(2, "id")
     with LocalService([KEY], rpm=1200, faults=Faults(latency=0.3)) as service:
         out = batchsum.spark.summarize(
-            sdf, "text", rpm=1200, api_key=KEY, base_url=service.url, progress=False, journal=tmp_path / "answers.sqlite"
+            sdf,
+            "text",
+            rpm=1200,
+            api_key=KEY,
+            base_url=service.url,
+            progress=False,
+            journal=tmp_path / "answers.sqlite",
         )
         killer = KillAfter(service, 40, _python_workers)
         killer.start()
