@@ -197,6 +197,9 @@ def _read_kong(fields: dict[str, str], reading: _Reading) -> None:
             reading.room("kong", _fewest(remaining), None, window)
 
 
+_DELAY_SECONDS = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,9})?")
+
+
 def _read_retry_after(fields: dict[str, str], reading: _Reading) -> None:
     """``Retry-After`` (seconds, or an HTTP date) and ``retry-after-ms``, as the service said them."""
     if (text := fields.get("retry-after-ms")) is not None:
@@ -209,7 +212,7 @@ def _read_retry_after(fields: dict[str, str], reading: _Reading) -> None:
         date = _unix_date(text)
         if date is not None:
             reading.retry_after = date - reading.now()
-        elif text.isascii() and text.isdigit() and len(text) <= 15:
+        elif _DELAY_SECONDS.fullmatch(text):  # delay-seconds; a decimal fraction is read too, as servers send it
             reading.retry_after = float(text)
 
 

@@ -112,6 +112,7 @@ def test_local_parameter_errors_are_value_errors_too():
 
 def test_retry_after_in_seconds_http_date_ms_and_reset():
     assert parse_retry_after({"retry-after": "1"}) == 1.0
+    assert parse_retry_after({"retry-after": "2.5"}) == 2.5  # a fraction, as some servers (and ours) send it
     assert parse_retry_after({"retry-after-ms": "1500", "retry-after": "9"}) == 1.5
     now = 1_700_000_000.0
     date = email.utils.formatdate(now + 5, usegmt=True)
@@ -142,7 +143,7 @@ def test_one_parser_reads_retry_after_for_the_client_and_for_the_quota_decision(
 
 @pytest.mark.parametrize(
     "value",
-    ["-3", "0", "0.0", "-0", "nan", "inf", "-inf", "", "  ", "1,5", "2.5", "1e308", "Tue, 01 Jan 2019 00:00:00 GMT"],
+    ["-3", "0", "0.0", "-0", "nan", "inf", "-inf", "", "  ", "1,5", "1e308", "2.", ".5", "Tue, 01 Jan 2019 00:00:00 GMT"],
 )
 def test_an_unusable_retry_after_means_back_off_never_a_wait_of_zero(value):
     assert parse_retry_after({"retry-after": value}) is None
