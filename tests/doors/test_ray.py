@@ -13,8 +13,11 @@ import gc
 import glob
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -35,8 +38,9 @@ KEY = "bs-ray-test-key-0123456789abcdef"
 
 
 @pytest.fixture(scope="module")
-def local_ray(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("ray")
+def local_ray():
+    # Short: Ray's AF_UNIX sockets live under it (107 bytes at most; a pytest-xdist worker's tmp path is longer).
+    folder = Path(tempfile.mkdtemp(prefix="bsray-"))
     ray.init(
         num_cpus=2,
         include_dashboard=True,  # the state API (ray.util.state) is served by it
@@ -47,6 +51,7 @@ def local_ray(tmp_path_factory):
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield folder
     ray.shutdown()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def texts(count: int, seed: int) -> pd.DataFrame:
