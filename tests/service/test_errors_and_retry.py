@@ -143,7 +143,22 @@ def test_one_parser_reads_retry_after_for_the_client_and_for_the_quota_decision(
 
 @pytest.mark.parametrize(
     "value",
-    ["-3", "0", "0.0", "-0", "nan", "inf", "-inf", "", "  ", "1,5", "1e308", "2.", ".5", "Tue, 01 Jan 2019 00:00:00 GMT"],
+    [
+        "-3",
+        "0",
+        "0.0",
+        "-0",
+        "nan",
+        "inf",
+        "-inf",
+        "",
+        "  ",
+        "1,5",
+        "1e308",
+        "2.",
+        ".5",
+        "Tue, 01 Jan 2019 00:00:00 GMT",
+    ],
 )
 def test_an_unusable_retry_after_means_back_off_never_a_wait_of_zero(value):
     assert parse_retry_after({"retry-after": value}) is None
