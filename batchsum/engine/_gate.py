@@ -88,9 +88,7 @@ class Gate:
             if self.cap is not None:
                 self.cap.settle(paid=False)
             if admitted:
-                state.reserved -= 1
-                if period is not None:
-                    self.quotas.give_back(state, period)
+                self.quotas.release(state, period)
             raise
         attempt, task = next(self._ids), asyncio.current_task()
         in_flight.started(attempt, started)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from ..pacing import KeyRecord
+from ..pacing.quota import Spent
 from ..service.errors import APIStatusError, AuthenticationError, NotPremiumError, QuotaSpent
 from .keys import KeyLane
 
@@ -276,15 +277,16 @@ class Keys:
             self.changed()
         return any(s.lane.refusal is None for s in self.states)
 
-    def take_out(self, state: LaneState, until: float, *, remember: bool = True) -> None:
-        """``state``'s key has spent its quota (``lane.spent``): out of the run until ``until`` (the
-        pacer's clock). ``remember``: the key's record keeps it, so every later run on the key starts
-        with the key out; never a configured quota's (each run sets its own, and the budget's count,
-        every process's, is what says it is spent)."""
+    def take_out(self, state: LaneState, until: float, spent: Spent, *, remember: bool = True) -> None:
+        """``state``'s key has spent a quota (``spent``, kept as ``lane.spent``): out of the run until
+        ``until`` (the pacer's clock); a key out for longer already stays as it is. ``remember``: the
+        key's record keeps it, so every later run on the key starts with the key out; never a
+        configured quota's (each run sets its own, and the budget's count, every process's, is what
+        says it is spent)."""
         lane = state.lane
-        if lane.out_until >= until or lane.spent is None:
+        if lane.out_until >= until:
             return
-        lane.out_until = until
+        lane.spent, lane.out_until = spent, until
         if lane.record is not None and remember:
             lane.record.spent(lane.spent)
         if lane.tell is not None:

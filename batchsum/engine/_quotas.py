@@ -38,12 +38,11 @@ class Quotas:
                 raise KeyOut
             if lane.stated.allows(now, state.reserved):
                 break
-            if not lane.pacer.in_flight.on_wire and not state.reserved:
+            if _none_left(state, now):
                 if lane.stated.until - now <= LONG_RETRY_AFTER:  # back within a minute or two: a pause
                     await state.guard(asyncio.sleep(lane.stated.until - now))
                     continue
-                lane.spent = lane.stated.spent()
-                keys.take_out(state, lane.stated.until)
+                keys.take_out(state, lane.stated.until, lane.stated.spent())
                 raise KeyOut
             state.answered.clear()  # answers on the wire may state more room, or none left
             await state.guard(state.answered.wait())
@@ -56,14 +55,32 @@ class Quotas:
                 state.reserved += 1
                 return period
             if not state.reserved and not lane.pacer.in_flight.on_wire:  # nothing of ours may give one back
-                lane.spent = lane.counted.spent()
-                until = lane.pacer.now() + max(1.0, lane.spent.until - time.time())
-                keys.take_out(state, until, remember=False)  # the budget's count says it to every run
+                spent = lane.counted.spent()
+                until = lane.pacer.now() + max(1.0, spent.until - time.time())
+                keys.take_out(state, until, spent, remember=False)  # the budget's count says it to every run
                 raise KeyOut
             state.answered.clear()  # ours under way: a 429 among them gives its count back
             await state.guard(state.answered.wait())
             if state.out(lane.pacer.now()):
                 raise KeyOut
+
+    def release(self, state: LaneState, period: str | None) -> None:
+        """An admitted attempt that never started: its reservation freed and its count given back;
+        the key's waiting attempts look again, and a stated quota it leaves with no room takes the key
+        out (no answer may come to do it)."""
+        state.reserved -= 1
+        if period is not None:
+            self.give_back(state, period)
+        state.answered.set()
+        self._out_if_spent(state)
+
+    def _out_if_spent(self, state: LaneState) -> None:
+        """A stated quota with no room left and nothing of the key's under way to state more: the key
+        out until its reset (one within a minute or two is a pause: its starts wait, it stays)."""
+        lane = state.lane
+        now = lane.pacer.now()
+        if not state.out(now) and _none_left(state, now) and lane.stated.until - now > LONG_RETRY_AFTER:
+            self.keys.take_out(state, lane.stated.until, lane.stated.spent())
 
     def give_back(self, state: LaneState, period: str) -> None:
         """Uncount one request on the key's configured quota (a 429, or an attempt that never
@@ -106,15 +123,23 @@ class Quotas:
             name = f"quota (the service answered 429 asking to wait {_duration(wait)}{beyond})"
             if lane.stated.limit is not None and lane.stated.left is not None and lane.stated.left <= 0:
                 name = lane.stated.spent().name
-            lane.spent = Spent(name, time.time() + wait)
-            keys.take_out(state, now + wait, remember=lasting)
+            keys.take_out(state, now + wait, Spent(name, time.time() + wait), remember=lasting)
         elif isinstance(error, RateLimitError) and limits is not None and limits.quota_room:
             # Refused on a quota it states: spent until its reset; one back within a minute or two is
             # the 429's pause (the pacer's), and the room stated (none) holds the key's next starts.
             if limits.quota_remaining == 0 and limits.quota_reset is not None and limits.quota_reset > LONG_RETRY_AFTER:
-                lane.spent = lane.stated.spent()
-                keys.take_out(state, now + limits.quota_reset)
+                keys.take_out(state, now + limits.quota_reset, lane.stated.spent())
+        # A 200 saying none is left, with none of ours on the wire: no request of this key is admitted
+        # again to find it spent (its capacity is nil), so the answer takes the key out itself.
+        self._out_if_spent(state)
         keys.changed()
+
+
+def _none_left(state: LaneState, now: float) -> bool:
+    """The key's stated quota has no room for another start, and nothing of the key's is admitted or
+    on the wire whose answer could state more."""
+    lane = state.lane
+    return not lane.stated.allows(now, state.reserved) and not state.reserved and not lane.pacer.in_flight.on_wire
 
 
 def _duration(seconds: float) -> str:

@@ -197,7 +197,7 @@ def _read_kong(fields: dict[str, str], reading: _Reading) -> None:
             reading.room("kong", _fewest(remaining), None, window)
 
 
-_DELAY_SECONDS = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,9})?")
+_DELAY_SECONDS = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,3})?")  # to the millisecond, as retry-after-ms
 
 
 def _read_retry_after(fields: dict[str, str], reading: _Reading) -> None:

@@ -267,6 +267,62 @@ def test_two_runs_on_a_key_with_a_stated_quota_stop_at_its_last_answer_with_no_4
     assert service.refused == 0
 
 
+class TeamDailyQuota(KeyedService):
+    """Each key at ``rpm`` with a daily quota of ``quota``, stated in the list form in every answer."""
+
+    def __init__(self, keys: list[str], rpm: int, quota: int):
+        super().__init__(dict.fromkeys(keys, rpm))
+        self.quota, self.used = quota, dict.fromkeys(keys, 0)
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        key = request.headers["authorization"].removeprefix("Bearer ")
+        if self.used[key] >= self.quota:
+            self.refused += 1
+            response = httpx.Response(429, json={"error": Messages.RATE_LIMITED}, headers={"Retry-After": "86400"})
+        else:
+            self.used[key] += 1
+            response = await super().__call__(request)
+        response.headers.update(
+            {
+                "RateLimit-Limit": f"{self.quota}, {self.rpm[key]};w=60, {self.quota};w=86400",
+                "RateLimit-Remaining": str(self.quota - self.used[key]),
+                "RateLimit-Reset": "86400",
+            }
+        )
+        return response
+
+
+@pytest.mark.parametrize("rpm", [6, 120, 600])
+def test_several_keys_whose_stated_quotas_are_spent_stop_the_run_at_their_last_answers(rpm):
+    """The 200 that says none is left takes its key out: no request of the key is admitted again to
+    find it spent, so without it a run of several keys waited a day for the reset."""
+    keys = team_keys(3)
+    service = TeamDailyQuota(keys, rpm, 5)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        clients, lanes = [], []
+        for key in keys:
+            budget = ProcessBudget(loop.time, shared=True)
+            clients.append(batchsum.AsyncClient(key, "http://127.0.0.1:9", transport=httpx.MockTransport(service)))
+            lanes.append(KeyLane(clients[-1], Pacer(rpm, budget=budget), budget=budget))
+        rows, error = [], None
+        try:
+            async for row in summarize_stream(texts(40), clients[0], lanes=lanes, max_wait=1800):
+                rows.append(row)
+        except QuotaSpent as exc:
+            error = exc
+        finally:
+            for client in clients:
+                await client.aclose()
+        return rows, error, loop.time()
+
+    rows, error, wall = virtual_clock.run(main())
+    assert error is not None and error.remaining == 25 and "daily quota of 5 (stated by the service)" in str(error)
+    assert [r.status for r in rows].count("ok") == 15 and service.refused == 0
+    assert wall < 3600  # virtual seconds: stopped at the last answer, not at the quotas' reset a day away
+
+
 class Renewing(DailyQuota):
     """A quota of an hour whose 429s ask for 600 s, renewed 700 s after it was first spent."""
 

@@ -157,6 +157,7 @@ def test_one_parser_reads_retry_after_for_the_client_and_for_the_quota_decision(
         "1e308",
         "2.",
         ".5",
+        "0.0000001",  # finer than a millisecond: no wait of nothing
         "Tue, 01 Jan 2019 00:00:00 GMT",
     ],
 )
