@@ -114,6 +114,8 @@ def connect_store(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
             raise StoreError(f"the answer store {path} is not a batchsum answer store; it was left as it is") from None
         if why.startswith("of an unknown format"):
             raise StoreError(f"the answer store {path} is {why}; it was left as it is") from None
+        if "malformed" in why:  # damaged: nothing reads it again; what it held was paid for once
+            why += "; move the file aside and the next run starts a new store (only the answers in it are lost)"
         raise StoreError(f"the answer store {path} cannot be opened: {why}") from None
     return db
 

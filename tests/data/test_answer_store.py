@@ -142,6 +142,16 @@ def test_a_store_that_cannot_be_opened_says_why_in_one_error(tmp_path):
         folder.chmod(0o700)
 
 
+def test_a_damaged_store_says_in_its_one_error_how_to_start_a_new_one(tmp_path):
+    path = tmp_path / "answers.sqlite"
+    MachineStore(path, SERVICE).close()
+    data = bytearray(path.read_bytes())
+    data[100:300] = b"\xff" * 200  # page 1's tree of tables: nothing in the file can be found
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match="malformed; move the file aside and the next run starts a new store"):
+        open_store(f"sqlite://{path}", SERVICE)
+
+
 def _aged(path: Path, service: str, count: int, written: float, size: int = 50) -> None:
     db = sqlite3.connect(path)
     db.executemany(
