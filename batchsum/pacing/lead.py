@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..service.errors import BudgetError
-from .exchange import LOOK, Budget
+from .exchange import LOOK, SHARED_SECONDS, Budget
 from .handover import published, taken_on
 from .limit import AutoLimit
 from .paces import Paces
@@ -29,6 +29,7 @@ __all__ = ["Lead", "TICK_SECONDS"]
 log = logging.getLogger("batchsum")
 
 TICK_SECONDS = 1.0  # every run on the key looks at its lead this often
+REPUBLISH_SECONDS = SHARED_SECONDS / 3  # the lead writes its state again at least this often
 
 
 @dataclass(eq=False, slots=True)
@@ -63,6 +64,11 @@ class Lead:
                 await self.tick()
             except BudgetError as exc:  # the run finds out for itself at its next start
                 log.debug("the key's lead could not be looked at: %s", exc)
+            except Exception:  # a fault of ours: never a run that waits forever, or two that lead
+                log.warning("the key's search under --rpm auto failed; this run keeps its pace", exc_info=True)
+                self.leading = False
+                ready.set()
+                return
             ready.set()
             await asyncio.sleep(TICK_SECONDS)
 
@@ -81,7 +87,9 @@ class Lead:
             if why is not None:
                 self.moved(why)
             state = published(self.auto)
-            if state != self.published:
+            # Written again before it ages out (SHARED_SECONDS): a settled limit changes for minutes
+            # on end, and a run joining then would find no state to follow.
+            if state != self.published or view.state is None or view.now - view.state_at > REPUBLISH_SECONDS:
                 self.published = state
                 await self.budget.lead(self.holder, state)
         elif view.state is not None and view.state != self.published:

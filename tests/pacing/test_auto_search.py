@@ -271,6 +271,49 @@ def test_a_run_that_joins_a_search_in_progress_follows_it():
     assert machine.limit() is not None
 
 
+def test_a_run_that_joins_minutes_after_the_leader_settled_takes_its_limit():
+    """The leader settled at its cap (``auto:600`` on a 1200 plan: its state moves no more) writes it
+    again before it ages out, so a run joining 400 s later goes at it, not at the cautious 60/min."""
+    service, machine = service_with(SlidingWindow(1200, MINUTE)), Machine()
+    pacers, levels = [], []
+
+    async def main():
+        async def watch():
+            await asyncio.sleep(400 + 30)
+            levels.extend(pacer.pace for pacer in pacers)
+
+        watcher = asyncio.ensure_future(watch())
+        out = await wave(service, machine, 4500, runs=2, cap=600, starts=(0.0, 400.0), on_pacer=pacers.append)
+        watcher.cancel()
+        return out
+
+    out = scenario(main)
+    assert out.statuses == {"ok"} and out.refused == 0
+    assert len(levels) == 2 and min(levels) >= 0.95 * 600, levels
+
+
+@pytest.mark.parametrize("when", [1, 30])
+def test_a_fault_in_the_search_is_a_warning_never_a_run_that_hangs(when, monkeypatch, caplog):
+    """A bug in a step of the search (the first, or one later) ends that run's part in it with a
+    warning: the run goes on at its pace, and the other run on the key leads on."""
+    from batchsum.pacing import limit
+
+    steps = {"n": 0}
+    step = limit.AutoLimit.step
+
+    def failing(self, ledger):
+        steps["n"] += 1
+        if steps["n"] == when:
+            raise ValueError("a fault in the search")
+        return step(self, ledger)
+
+    monkeypatch.setattr(limit.AutoLimit, "step", failing)
+    service, machine = service_with(SlidingWindow(240, MINUTE)), Machine()
+    out = scenario(lambda: asyncio.wait_for(wave(service, machine, 400, runs=2), 3600))
+    assert out.statuses == {"ok"}
+    assert "the key's search under --rpm auto failed" in caplog.text
+
+
 def test_when_the_leader_dies_a_follower_carries_its_search_on():
     """The run leading the search is killed (it never lets the lead go); within 20 s a follower holds
     the lead, and carries the search on from the level proven, not from the cautious start."""
