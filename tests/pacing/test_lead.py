@@ -13,25 +13,12 @@ import uuid
 import pytest
 
 from batchsum.pacing import exchange, gcra
-from batchsum.pacing.budget import ProcessBudget, RedisBudget, Report, SQLiteBudget
+from batchsum.pacing.budget import RedisBudget, Report, SQLiteBudget
 from batchsum.pacing.ledger import TICK, Ledger, Tally, tick_of
 
 
 def run(coro):
     return asyncio.run(coro)
-
-
-@pytest.fixture(params=["process", "sqlite", "redis"])
-def budget_of(request, tmp_path):
-    """A factory of connections to one key's budget (as other processes have)."""
-    identity = uuid.uuid4().hex
-    if request.param == "process":
-        shared = ProcessBudget(shared=True)
-        return lambda: shared
-    if request.param == "sqlite":
-        return lambda: SQLiteBudget(tmp_path / "budget.sqlite", identity)
-    url = request.getfixturevalue("redis_url")
-    return lambda: RedisBudget(url, identity)
 
 
 async def closing(budget, call):
@@ -44,9 +31,9 @@ async def closing(budget, call):
 # -- the key's ledger --------------------------------------------------------------------------------
 
 
-def test_starts_are_counted_when_committed_and_answers_at_the_tick_of_their_start(budget_of):
+def test_starts_are_counted_when_committed_and_answers_at_the_tick_of_their_start(users):
     async def main():
-        a, b = budget_of(), budget_of()
+        a, b = users(), users()
         for _ in range(3):
             assert (await a.reserve(0.0)).committed
         await b.reserve(0.0, Report(answered=(0.0, 0.0), refused=(0.0,)), start=False)
@@ -84,9 +71,9 @@ def test_a_ledger_sums_a_span_with_its_edge_ticks_shared_out_and_tells_what_is_a
 # -- the lead ----------------------------------------------------------------------------------------
 
 
-def test_one_run_leads_the_search_the_others_see_its_state_and_it_renews_its_lease(budget_of):
+def test_one_run_leads_the_search_the_others_see_its_state_and_it_renews_its_lease(users):
     async def main():
-        a, b = budget_of(), budget_of()
+        a, b = users(), users()
         first = await a.lead("a", '{"level": 90}')
         second = await b.lead("b", '{"level": 400}')  # not b's to publish
         renewed = await a.lead("a")
@@ -100,9 +87,9 @@ def test_one_run_leads_the_search_the_others_see_its_state_and_it_renews_its_lea
     assert second.state == renewed.state == '{"level": 90}'
 
 
-def test_a_lead_let_go_passes_at_once_and_keeps_the_state_for_the_next(budget_of):
+def test_a_lead_let_go_passes_at_once_and_keeps_the_state_for_the_next(users):
     async def main():
-        a, b = budget_of(), budget_of()
+        a, b = users(), users()
         await a.lead("a", '{"level": 135}')
         await a.lead("a", '{"level": 202}', release=True)
         taken = await b.lead("b")
@@ -114,14 +101,14 @@ def test_a_lead_let_go_passes_at_once_and_keeps_the_state_for_the_next(budget_of
     assert taken.holder == "b" and taken.state == '{"level": 202}'
 
 
-def test_a_lead_whose_holder_stops_renewing_it_lapses(budget_of, monkeypatch):
+def test_a_lead_whose_holder_stops_renewing_it_lapses(users, monkeypatch):
     # The lease is shortened for the test (the budget's own clock decides; Redis reads its TIME).
     monkeypatch.setattr(exchange, "LEASE_SECONDS", 0.3)
     for module in ("batchsum.pacing.budget", "batchsum.pacing.sqlite_budget", "batchsum.pacing.redis_budget"):
         monkeypatch.setattr(f"{module}.LEASE_SECONDS", 0.3)
 
     async def main():
-        a, b = budget_of(), budget_of()
+        a, b = users(), users()
         await a.lead("a", '{"level": 60}')
         held = await b.lead("b")
         await asyncio.sleep(0.5)  # a died: no renewal
