@@ -4,7 +4,8 @@ and ``batchsum_estimate(list(text))`` on a connection (extra ``duckdb``).
 ``batchsum_summarize(text)`` returns a struct ``(summary, status, error, message)`` for each row, so
 that no failure is a silent NULL: ``status`` is ``ok``, ``skipped`` or ``failed``, ``error`` its code
 and ``message`` the service's words (or ours). The options are fixed when it is registered (another
-name, or a second registration, for other parameters). It is an Arrow-vectorized function registered
+name, or a second registration, for other parameters; a second registration under a name replaces
+the first). It is an Arrow-vectorized function registered
 with side effects (never folded into a constant when the query is planned), and DuckDB may call it
 from several of its threads at once: every call goes to the registration's one run on this
 connection (``run.Run`` on a thread of its own, ``batches.OpenRun``), opened at the first call and
@@ -161,6 +162,16 @@ def _functions(registration: Registration, token: _Token) -> tuple[Any, Any]:
     return summarize, estimated
 
 
+def _remove_earlier(con: duckdb.DuckDBPyConnection, name: str) -> None:
+    """A second registration under a name replaces the first (DuckDB holds one function a name):
+    the earlier functions are removed, and their run closes once DuckDB lets them go."""
+    for function in (name, _estimate_name(name)):
+        try:
+            con.remove_function(function)
+        except duckdb.InvalidInputException:  # none by that name yet
+            pass
+
+
 @document_options
 def register(
     con: duckdb.DuckDBPyConnection,
@@ -202,8 +213,9 @@ def register(
     key or plan (401) fails the query with the service's message; other failures are rows. Raises,
     before anything is sent: ``InvalidParameterError``, ``ConfigurationError``, ``BudgetError``.
     ``max_requests`` and ``sample`` are refused: DuckDB hands the function its rows a chunk at a
-    time, so it cannot hold a query's cap or spread a sample. Returns the ``Registration`` (its run:
-    ``close()`` ends it before the connection does)."""
+    time, so it cannot hold a query's cap or spread a sample. Registering a name again replaces its
+    functions (and ends the earlier run). Returns the ``Registration`` (its run: ``close()`` ends it
+    before the connection does)."""
     spec = RunSpec.from_options(locals())
     check_name("name", name)
     for option, value in (("max_requests", spec.max_requests), ("sample", spec.sample)):
@@ -222,6 +234,7 @@ def register(
         {spec.output_column: "VARCHAR", "status": "VARCHAR", "error": "VARCHAR", "message": "VARCHAR"}
     )
     create: Any = con.create_function  # the UDF kinds by name: the same in every DuckDB since 1.1
+    _remove_earlier(con, name)
     create(name, summarize, ["VARCHAR"], result, type="arrow", null_handling="special", side_effects=True)
     fields = {field: "BIGINT" for field in ESTIMATE_FIELDS[:-1]} | {ESTIMATE_FIELDS[-1]: "DOUBLE"}
     create(

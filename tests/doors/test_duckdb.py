@@ -199,6 +199,19 @@ def test_a_second_registration_carries_other_parameters(con, svc):
     assert con.execute("SELECT short_summary_estimate(['x'])").fetchone()[0]["skipped"] == 1
 
 
+def test_a_name_registered_again_takes_the_new_parameters_and_ends_the_earlier_run(con, svc):
+    text = article(600, seed=4)
+    first = register(con, svc)
+    [(long,)] = con.execute(f"SELECT batchsum_summarize('{text}').summary").fetchall()
+    second = register(con, svc, percentage=1, output_column="short")
+    [(short,)] = con.execute(f"SELECT batchsum_summarize('{text}').short").fetchall()
+    assert len(short) < len(long) and svc.stats()["requests"] == 2
+    assert con.execute("SELECT batchsum_estimate(['x'])").fetchall()[0][0]["skipped"] == 1
+    gc.collect()  # DuckDB let the earlier functions go: their run ended with them
+    assert repr(first) == "Registration(batchsum_summarize, closed)"
+    assert repr(second) == "Registration(batchsum_summarize, open)"
+
+
 def test_a_cap_and_a_sample_are_refused(con, svc):
     for option in ({"max_requests": 5}, {"sample": 3}):
         with pytest.raises(InvalidParameterError, match="a chunk at a time"):
