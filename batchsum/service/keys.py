@@ -16,6 +16,7 @@ import os
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 from .errors import ConfigurationError, InvalidParameterError
 from .settings import ENV_API_KEY, Secret, check_key, check_rate, environment, key_hash
@@ -155,26 +156,31 @@ def read_key_file(path: str | os.PathLike[str]) -> tuple[KeyPlan, ...]:
 
 
 def _extras(fields: list[str], shown: str, number: int) -> tuple[str | None, Quota | None]:
-    """A key file line's rate and quota, after its key; a message naming the line, never its text."""
+    """A key file line's rate and quota, after its key, in either order; a message naming the line
+    and the field, never its text."""
     rate: str | None = None
     quota: Quota | None = None
-    expected = "expected KEY [RPM|auto|auto:N] [quota=N/hour|day|month]"
     for position, field in enumerate(fields, 2):
+        is_quota = field.lower().startswith("quota=")
+        if (quota if is_quota else rate) is not None:
+            what = "quota" if is_quota else "rate"
+            _refuse(shown, number, f"field {position} is one too many: the line has its {what} already")
         try:
-            if field.lower().startswith("quota=") and quota is None:
+            if is_quota:
                 quota = parse_quota(field[len("quota=") :])
-            elif rate is None and quota is None:
+            else:
                 check_rate(field, "rate", text=True)
                 rate = field
-            else:
-                raise InvalidParameterError("")
         except InvalidParameterError:
-            what = "quota" if field.lower().startswith("quota=") else "rate"
-            raise ConfigurationError(
-                f"{shown} line {number}: field {position} is not a {what} ({expected}; the line is not shown, "
-                "since it holds a key)"
-            ) from None
+            _refuse(shown, number, f"field {position} is not a {'quota' if is_quota else 'rate'}")
     return rate, quota
+
+
+def _refuse(shown: str, number: int, why: str) -> NoReturn:
+    raise ConfigurationError(
+        f"{shown} line {number}: {why} (expected KEY [RPM|auto|auto:N] [quota=N/hour|day|month]; the line is "
+        "not shown, since it holds a key)"
+    )
 
 
 def _from_environment(text: str) -> tuple[KeyPlan, ...]:

@@ -31,8 +31,8 @@ def pieces(secret: str, width: int = 10) -> set[str]:
 
 
 def test_a_key_file_gives_each_key_its_line_its_rate_and_its_quota(tmp_path):
-    path = key_file(tmp_path, f"# the team's keys\n{A} 120\n\n{B} auto quota=10000/day\n{C}  quota=500/hour  \n")
-    plans = read_key_file(path)
+    path = key_file(tmp_path, f"# the team's keys\n{A} 120\n\n{B} quota=10000/day auto\n{C}  quota=500/hour  \n")
+    plans = read_key_file(path)  # a rate and a quota in either order
     assert [p.source for p in plans] == ["keys.txt line 2", "keys.txt line 4", "keys.txt line 5"]
     assert [p.rate for p in plans] == ["120", "auto", None]
     assert [p.quota for p in plans] == [None, Quota(10000, "day"), Quota(500, "hour")]
@@ -53,8 +53,10 @@ def test_a_key_file_others_may_read_is_refused_as_ssh_refuses_a_private_key(tmp_
     [
         (f"{A} fast", "field 2 is not a rate"),
         (f"{A} 120 quota=10/week", "field 3 is not a quota"),
-        (f"{A} 120 130", "field 3 is not a rate"),
-        (f"{A} quota=5/day 120", "field 3 is not a rate"),
+        (f"{A} 120 130", "field 3 is one too many: the line has its rate already"),
+        (f"{A} 600 junk", "field 3 is one too many: the line has its rate already"),
+        (f"{A} quota=5/day quota=6/day", "field 3 is one too many: the line has its quota already"),
+        (f"{A} quota=5/day fast", "field 3 is not a rate"),
         ("team-key-with-a-ctrl-\x07-char", "control character"),
     ],
 )
