@@ -28,7 +28,7 @@ from .spec import RunSpec
 __all__ = ["dry_run", "estimate"]
 
 
-async def _budget_lines(spec: RunSpec) -> tuple[str, KeyRecord | None, list[str]]:
+async def _budget_lines(spec: RunSpec) -> tuple[str, KeyRecord | None, list[str], list[_Left]]:
     """Which budget a run would join, how many starts it had in the last minute (others' runs), and
     whether the run's first request would go alone; and the key's record at its service. With several
     keys, a line for each (its hash, source, limit, first request, quota) besides."""
@@ -40,8 +40,9 @@ async def _budget_lines(spec: RunSpec) -> tuple[str, KeyRecord | None, list[str]
             ),
             None,
             [],
+            [],
         )
-    lines, first_record, first_seen = [], None, None
+    lines, lefts, first_record, first_seen = [], [], None, None
     for plan in spec.keys or (None,):
         kwargs = spec.client.client_kwargs()
         if plan is not None:
@@ -61,9 +62,11 @@ async def _budget_lines(spec: RunSpec) -> tuple[str, KeyRecord | None, list[str]
         limit = describe_rate(rpm, auto)
         shown = f"{limit:g}/min" if isinstance(limit, float) else limit
         source = f" ({plan.source})" if plan is not None else ""
+        lefts.append(quota)
         lines.append(
             f"key {key}{source}: {shown}; first request {record.describe(spec.params.mode)}; "
-            f"{seen.starts} started on its budget in the last minute by other runs" + (f"; {quota}" if quota else "")
+            f"{seen.starts} started on its budget in the last minute by other runs"
+            + (f"; {quota.words}" if quota.words else "")
         )
     assert first_record is not None and first_seen is not None
     pause = (
@@ -78,6 +81,7 @@ async def _budget_lines(spec: RunSpec) -> tuple[str, KeyRecord | None, list[str]
             ),
             first_record,
             lines,
+            lefts,
         )
     return (
         (
@@ -87,24 +91,50 @@ async def _budget_lines(spec: RunSpec) -> tuple[str, KeyRecord | None, list[str]
         ),
         first_record,
         lines,
+        lefts,
     )
 
 
-async def _quota_left(spec: RunSpec, plan: KeyPlan | None, budget: Budget, record: KeyRecord) -> str:
-    """What is known of the key's quota: spent until when, about how many left until when, or ""."""
+class _Left:
+    """What a key's quota leaves, as a dry run reads it: its words for the key's line, and about how
+    many requests (None: no quota known) until when (a Unix time)."""
+
+    def __init__(self, words: str = "", left: int | None = None, until: float = 0.0) -> None:
+        self.words, self.left, self.until = words, left, until
+
+
+async def _quota_left(spec: RunSpec, plan: KeyPlan | None, budget: Budget, record: KeyRecord) -> _Left:
+    """What is known of the key's quota: spent until when, about how many left until when, or none."""
     spent = record.quota_spent()
     if spent is not None:
-        return f"its {spent.describe()}: the run would not send on it before then"
+        return _Left(f"its {spent.describe()}: the run would not send on it before then", 0, spent.until)
     quota = plan.quota if plan is not None and plan.quota is not None else spec.quota
     if quota is not None:
         period, _, end = quota.window(time.time())
         left = max(0, quota.limit - await budget.quota_used(period))
-        return f"about {left} left in this key's {quota.name} until {utc(end)}"
+        return _Left(f"about {left} left in this key's {quota.name} until {utc(end)}", left, end)
     stated = record.quota()
     if stated is not None and stated.get("remaining") is not None:
         name = f"{window_name(stated.get('window'))} quota" + (f" of {stated['limit']}" if stated.get("limit") else "")
-        return f"about {stated['remaining']} left in this key's {name} until {utc(stated['reset_at'])} (stated)"
-    return ""
+        words = f"about {stated['remaining']} left in this key's {name} until {utc(stated['reset_at'])} (stated)"
+        return _Left(words, int(stated["remaining"]), float(stated["reset_at"]))
+    return _Left()
+
+
+def _short_of(lefts: list[_Left], most: int) -> str:
+    """The line a dry run adds when what every key's quota leaves is less than the job needs: the run
+    would send that much and stop (exit 1), to continue after a reset; "" when it is not short."""
+    if not lefts or any(left.left is None for left in lefts):
+        return ""
+    room = sum(left.left or 0 for left in lefts)
+    if room >= most:
+        return ""
+    reset = utc(min(left.until for left in lefts))
+    sends = f"would send about {room} and stop" if room else "would send nothing and stop"
+    return (
+        f"\nquota:            short: the quotas leave about {room} of the {most} requests; a run {sends} (exit 1); "
+        f"the same command continues once a quota resets (the first at {reset})"
+    )
 
 
 def _limit_line(spec: RunSpec, record: KeyRecord | None) -> tuple[str, float | None]:
@@ -191,8 +221,9 @@ def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
         batch = plan_batch(texts, params=spec.params, store=journal, shared=store, long_texts_policy=spec.long_texts)
     record: KeyRecord | None = None
     keys: list[str] = []
+    lefts: list[_Left] = []
     try:
-        budget, record, keys = asyncio.run(_budget_lines(spec))
+        budget, record, keys, lefts = asyncio.run(_budget_lines(spec))
     except BudgetError as exc:
         budget = f"budget:           not usable ({exc})"
     except ConfigurationError as exc:
@@ -210,9 +241,9 @@ def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
         needed += f"; at max_requests {spec.max_requests}: {runs} run{'s' if runs != 1 else ''}"
     if spec.sample is not None:
         needed += f"; a sample sends at most {min(spec.sample, batch.rows)}"
-    if len(keys) == 1 and "left in this key's" in keys[0]:
-        needed += "; " + keys[0].rsplit("; ", 1)[1]
-    plan = f"{plan}\n{needed}"
+    if len(keys) == 1 and lefts[0].words:
+        needed += "; " + lefts[0].words
+    plan = f"{plan}\n{needed}{_short_of(lefts, most)}"
     if limit:
         plan = f"{plan}\n{limit}"
     if len(keys) > 1:

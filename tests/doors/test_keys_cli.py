@@ -145,7 +145,11 @@ def test_a_daily_quota_spent_stops_the_run_with_every_row_and_the_same_command_c
         stop = done.stderr.strip().splitlines()[-1]
         assert ("daily quota of 100" if stated else "asking to wait") in stop
         assert "UTC" in stop and "The same command continues once a quota resets" in stop
-        # The key's record knows the quota spent: the same command before the reset sends nothing.
+        # The key's record knows the quota spent: the same command before the reset sends nothing,
+        # and its dry run says so.
+        dry = batchsum_cli(*command, "--dry-run", env=env, cwd=tmp_path).stdout
+        assert "the run would not send on it before then" in dry, dry
+        assert "short: the quotas leave about 0 of the 150 requests; a run would send nothing and stop" in dry
         again = batchsum_cli(*command, env=env, cwd=tmp_path)
         assert again.returncode == 1 and service.stats()["requests"] == 100 + report["requests"]["rate_limited"]
         listed = batchsum_cli("limits", env=env, cwd=tmp_path).stdout
@@ -166,9 +170,18 @@ def test_a_configured_quota_spent_binds_only_the_runs_that_set_it(tmp_path):
     with LocalService([key], accounts={key: Account(rpm=1200)}, faults=Faults(latency=0.02)) as service:
         env = {**setting(service, tmp_path, 20), "BATCHSUM_API_KEY": key, "BATCHSUM_RPM": "1200"}
         command = ("summarize", "in.parquet", "--column", "text")
+        dry = batchsum_cli(*command, "-o", "one.parquet", "--quota", "5/day", "--dry-run", env=env, cwd=tmp_path)
+        assert "about 5 left in this key's daily quota" in dry.stdout
+        assert (
+            "quota:            short: the quotas leave about 5 of the 20 requests; a run would send about 5"
+            in dry.stdout
+        )
         capped = batchsum_cli(*command, "-o", "one.parquet", "--quota", "5/day", env=env, cwd=tmp_path)
         assert capped.returncode == 1 and "daily quota of 5 (configured)" in capped.stderr
         assert service.stats()["requests"] == 5
+        dry = batchsum_cli(*command, "-o", "one.parquet", "--quota", "5/day", "--dry-run", env=env, cwd=tmp_path)
+        assert dry.returncode == 0 and "would send:       15 requests" in dry.stdout
+        assert "short: the quotas leave about 0 of the 15 requests; a run would send nothing and stop" in dry.stdout
         free = batchsum_cli(*command, "-o", "two.parquet", env=env, cwd=tmp_path)
         assert free.returncode == 0, free.stderr
         assert service.stats()["requests"] == 20  # the 5 answered come from the store
