@@ -35,6 +35,8 @@ T = TypeVar("T")
 # as strings (Redis turns Lua numbers into integers). ARGV[2]: LOOK, RESERVE, COMMIT or RESERVE_ONLY.
 # The key's counts: a hash per second (KEYS[2]:SECOND) of the second's totals (s, a, r) and its ticks'
 # (s3, a3, r3: the fourth tenth); ARGV[6] and ARGV[11]: the ages of the starts answered 429 and clean.
+# The trailing minute is summed from the tick ARGV[10] seconds back, as the SQLite budget sums it: the
+# ticks of its first second, then whole seconds.
 _LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -103,9 +105,21 @@ if committed == '1' then count(now, 's') end
 for age in string.gmatch(ARGV[11], '%S+') do count(now - tonumber(age), 'a') end
 for age in string.gmatch(ARGV[6], '%S+') do count(now - tonumber(age), 'r') end
 local starts, refusals, answers = 0, 0, 0
-local first = math.floor(now) - minute
-for second = first, math.floor(now) do
-  local c = redis.call('HMGET', KEYS[2] .. ':' .. second, 's', 'r', 'a')
+local from = math.floor((now - minute) / tick + 1e-9)
+local d0 = from % 10
+local first = (from - d0) / 10
+local fields = {}
+for d = d0, 9 do
+  table.insert(fields, 's' .. d); table.insert(fields, 'r' .. d); table.insert(fields, 'a' .. d)
+end
+local c = redis.call('HMGET', KEYS[2] .. ':' .. first, unpack(fields))
+for i = 1, #c, 3 do
+  starts = starts + (tonumber(c[i]) or 0)
+  refusals = refusals + (tonumber(c[i + 1]) or 0)
+  answers = answers + (tonumber(c[i + 2]) or 0)
+end
+for second = first + 1, math.floor(math.floor(now / tick + 1e-9) / 10) do
+  c = redis.call('HMGET', KEYS[2] .. ':' .. second, 's', 'r', 'a')
   starts = starts + (tonumber(c[1]) or 0)
   refusals = refusals + (tonumber(c[2]) or 0)
   answers = answers + (tonumber(c[3]) or 0)
