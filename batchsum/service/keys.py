@@ -172,6 +172,10 @@ def _extras(fields: list[str], shown: str, number: int) -> tuple[str | None, Quo
                 check_rate(field, "rate", text=True)
                 rate = field
         except InvalidParameterError:
+            malformed = True  # refused below, outside the handler: no message of the field rides along
+        else:
+            malformed = False
+        if malformed:
             _refuse(shown, number, f"field {position} is not a {'quota' if is_quota else 'rate'}")
     return rate, quota
 

@@ -131,3 +131,10 @@ def test_a_bad_quota_is_one_error_naming_it(text):
 def test_a_quota_reads_in_any_case_and_names_itself():
     assert parse_quota(" 10000/Day ") == Quota(10000, "day")
     assert Quota(300, "day").name == "daily quota of 300" and str(Quota(5, "month")) == "5/month"
+
+
+def test_a_malformed_field_carries_no_earlier_message(tmp_path):
+    path = key_file(tmp_path, f"{A} quota=12/fortnight\n")
+    with pytest.raises(ConfigurationError) as caught:
+        read_key_file(path)
+    assert caught.value.__context__ is None and caught.value.__cause__ is None
