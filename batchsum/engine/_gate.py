@@ -67,7 +67,7 @@ class Gate:
         if self.cap is not None:
             await self.cap.claim()
         pacer = state.lane.pacer
-        period: str | None = None
+        period: tuple[str, ...] | None = None
         admitted = False
         try:
             period = await self.quotas.admit(state)

@@ -28,9 +28,10 @@ class Quotas:
         if not self.keys.single:
             self.keys.changed()
 
-    async def admit(self, state: LaneState) -> str | None:
-        """The key's quotas let this attempt go: it is counted on a configured quota (the period to
-        give it back by) and reserved on a stated one; ``KeyOut`` when the key is out or spent."""
+    async def admit(self, state: LaneState) -> tuple[str, ...] | None:
+        """The key's quotas let this attempt go: it is counted on the key's budget, held to a
+        configured quota (the periods to give it back by), and reserved on a stated one; ``KeyOut``
+        when the key is out or spent."""
         lane, keys = state.lane, self.keys
         while True:
             now = lane.pacer.now()
@@ -64,7 +65,7 @@ class Quotas:
             if state.out(lane.pacer.now()):
                 raise KeyOut
 
-    def release(self, state: LaneState, period: str | None) -> None:
+    def release(self, state: LaneState, period: tuple[str, ...] | None) -> None:
         """An admitted attempt that never started: its reservation freed and its count given back;
         the key's waiting attempts look again, and a stated quota it leaves with no room takes the key
         out (no answer may come to do it)."""
@@ -82,9 +83,9 @@ class Quotas:
         if not state.out(now) and _none_left(state, now) and lane.stated.until - now > LONG_RETRY_AFTER:
             self.keys.take_out(state, lane.stated.until, lane.stated.spent())
 
-    def give_back(self, state: LaneState, period: str) -> None:
-        """Uncount one request on the key's configured quota (a 429, or an attempt that never
-        started), on its budget in a task of its own: the attempt's end does not wait for it."""
+    def give_back(self, state: LaneState, period: tuple[str, ...]) -> None:
+        """Uncount one request on the key's budget (a 429, or an attempt that never started), in a
+        task of its own: the attempt's end does not wait for it."""
         counted = state.lane.counted
         assert counted is not None
         task = asyncio.ensure_future(counted.give_back(period))

@@ -44,7 +44,7 @@ class KeyLane:
     counted: CountedQuota | None = None
 
     def __post_init__(self) -> None:
-        if self.quota is not None and self.budget is not None and self.counted is None:
+        if self.budget is not None and self.counted is None:  # every run counts what it pays on the key
             self.counted = CountedQuota(self.quota, self.budget)
 
     @property
@@ -72,7 +72,7 @@ class KeyLane:
         stated = self.stated.describe()
         if stated is not None:
             return stated
-        return self.counted.describe() if self.counted is not None else None
+        return self.counted.describe() if self.counted is not None else None  # None: no quota configured
 
     def describe(self) -> dict[str, Any]:
         """The key in the run report and the JSON log: never the key, its hash."""

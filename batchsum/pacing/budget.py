@@ -46,7 +46,7 @@ import bisect
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..service.errors import BudgetError, redact_location
@@ -221,13 +221,13 @@ class ProcessBudget(Budget):
             fresh = published if now - at <= SHARED_SECONDS else None
             return Lead(held, fresh, at, now)
 
-    async def quota_claim(self, period: str, limit: int, keep: float) -> int | None:
+    async def quota_claim(self, periods: Sequence[tuple[str, float]], limit: int | None) -> int | None:
         with self._lock:  # shared by threads and event loops: one count at a time
-            return await super().quota_claim(period, limit, keep)
+            return await super().quota_claim(periods, limit)
 
-    async def quota_give_back(self, period: str) -> None:
+    async def quota_give_back(self, periods: Sequence[str]) -> None:
         with self._lock:
-            await super().quota_give_back(period)
+            await super().quota_give_back(periods)
 
 
 async def check_budget(budget: Budget) -> None:

@@ -6,6 +6,7 @@ entries remembered of a key at a service.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .ledger import LEDGER_SECONDS, Ledger
@@ -184,22 +185,26 @@ class Budget(abc.ABC):
         counts and search of the keys' budgets there too; how many entries were forgotten."""
         return 0
 
-    # A configured quota's count (``pacing.quota.CountedQuota``), per period of the key's budget. This
+    # The key's paid requests per UTC period (``pacing.quota.CountedQuota``), the count a configured
+    # quota is held to, on the key's budget. This
     # default keeps it in the budget object (this process); the shared budgets keep it where they live.
 
-    async def quota_claim(self, period: str, limit: int, keep: float) -> int | None:
-        """Count one paid request in ``period`` if fewer than ``limit`` are counted: the count after
-        it, or None (the quota is spent). ``keep``: seconds the count must outlive (its period's end)."""
+    async def quota_claim(self, periods: Sequence[tuple[str, float]], limit: int | None) -> int | None:
+        """Count one paid request in each of ``periods`` (a name and the seconds the count must
+        outlive: its period's end), unless the first holds ``limit`` already: the first's count after
+        it, or None (its quota is spent; nothing counted). ``limit`` None: count, never refuse."""
         counts: dict[str, int] = self.__dict__.setdefault("_quota_counts", {})
-        if counts.get(period, 0) >= limit:
+        if limit is not None and counts.get(periods[0][0], 0) >= limit:
             return None
-        counts[period] = counts.get(period, 0) + 1
-        return counts[period]
+        for name, _ in periods:
+            counts[name] = counts.get(name, 0) + 1
+        return counts[periods[0][0]]
 
-    async def quota_give_back(self, period: str) -> None:
-        """Uncount one request of ``period`` the service did not charge for (a 429)."""
+    async def quota_give_back(self, periods: Sequence[str]) -> None:
+        """Uncount one request of each of ``periods`` the service did not charge for (a 429)."""
         counts: dict[str, int] = self.__dict__.setdefault("_quota_counts", {})
-        counts[period] = max(0, counts.get(period, 0) - 1)
+        for name in periods:
+            counts[name] = max(0, counts.get(name, 0) - 1)
 
     async def quota_used(self, period: str) -> int:
         """Requests counted in ``period`` so far (``--dry-run``, ``batchsum limits``)."""

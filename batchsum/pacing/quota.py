@@ -1,5 +1,6 @@
 """A key's quotas longer than a minute: the one configured (``CountedQuota``: N paid requests a UTC
-hour, day or month, counted on the key's budget by every process and machine using it), and the one
+hour, day or month, counted on the key's budget by every process and machine using the key, with a
+quota or without), and the one
 the service states (``StatedQuota``: the room its headers leave in a quota, or a 429 whose
 Retry-After is longer than a per-minute limit ever asks); and what a spent quota means (``Spent``:
 which quota, until when).
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..service.keys import ADJECTIVES, Quota
+from ..service.keys import ADJECTIVES, PERIODS, Quota
 from ..service.retry import MAX_RETRY_AFTER
 from .exchange import Budget
 
@@ -146,37 +147,54 @@ class StatedQuota:
 
 
 class CountedQuota:
-    """A configured quota (``Quota``) counted on the key's ``budget`` in UTC calendar periods:
-    ``claim`` counts one paid request before it starts (False: the quota is spent), ``give_back``
-    uncounts one the service did not charge for (a 429)."""
+    """Paid requests counted on the key's ``budget`` in UTC calendar periods (its hour, day and
+    month), by every run on the key, whether it configured a quota or not, so that the count a
+    configured ``quota`` (``Quota``) is held to is everything the key's runs paid: ``claim`` counts one
+    paid request before it starts (None: the quota is spent), ``give_back`` uncounts one the service
+    did not charge for (a 429). With no ``quota``, it counts and never refuses."""
 
     __slots__ = ("quota", "budget", "used", "_wall")
 
-    def __init__(self, quota: Quota, budget: Budget, wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, quota: Quota | None, budget: Budget, wall: Callable[[], float] = time.time) -> None:
         self.quota = quota
         self.budget = budget
-        self.used: int | None = None  # the count after our last claim (every process's)
+        self.used: int | None = None  # the count of the quota's period after our last claim (every run's)
         self._wall = wall
 
-    async def claim(self) -> str | None:
-        """Count one request in the period now; the period's name to give it back by, or None when
-        the quota is spent."""
-        period, _, end = self.quota.window(self._wall())
-        used = await self.budget.quota_claim(period, self.quota.limit, end - self._wall() + 3600)
+    def _periods(self) -> list[tuple[str, float]]:
+        """The periods now, the quota's first: each's name and the seconds its count is kept."""
+        wall = self._wall()
+        first = self.quota.period if self.quota is not None else PERIODS[0]
+        periods = []
+        for period in sorted(PERIODS, key=lambda name: name != first):
+            name, _, end = Quota(1, period).window(wall)
+            periods.append((name, end - wall + 3600))
+        return periods
+
+    async def claim(self) -> tuple[str, ...] | None:
+        """Count one request in the periods now; their names to give it back by, or None when the
+        quota is spent."""
+        periods = self._periods()
+        limit = self.quota.limit if self.quota is not None else None
+        used = await self.budget.quota_claim(periods, limit)
         if used is None:
-            self.used = self.quota.limit
+            self.used = limit
             return None
         self.used = used
-        return period
+        return tuple(name for name, _ in periods)
 
-    async def give_back(self, period: str) -> None:
-        await self.budget.quota_give_back(period)
+    async def give_back(self, periods: tuple[str, ...]) -> None:
+        await self.budget.quota_give_back(periods)
 
     def spent(self) -> Spent:
+        assert self.quota is not None
         _, _, end = self.quota.window(self._wall())
         return Spent(f"{self.quota.name} (configured)", end)
 
-    def describe(self) -> str:
+    def describe(self) -> str | None:
+        """``45 left in the daily quota of 300 until ...`` (None: no quota configured)."""
+        if self.quota is None:
+            return None
         _, _, end = self.quota.window(self._wall())
         used = "?" if self.used is None else max(0, self.quota.limit - self.used)
         return f"{used} left in the {self.quota.name} until {utc(end)}"

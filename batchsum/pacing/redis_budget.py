@@ -5,7 +5,7 @@ Redis' own clock, with the entries remembered of each key.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from ..service.errors import BudgetError, location_secrets, one_line, redact, redact_location
@@ -175,16 +175,24 @@ end
 return {held, published, string.format('%.6f', at), string.format('%.6f', now)}
 """
 
-# A configured quota's count: one more unless the limit is reached (-1), kept past its period's end.
+# The key's paid requests per period: one more in each period KEYS[i] (kept ARGV[i + 1] seconds) unless
+# the first holds the limit ARGV[1] already ('' none): -1. Returns the first's count.
 _QUOTA_LUA = """
 local used = tonumber(redis.call('GET', KEYS[1]) or '0')
-if used >= tonumber(ARGV[1]) then return -1 end
-used = redis.call('INCR', KEYS[1])
-redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2])))
+if ARGV[1] ~= '' and used >= tonumber(ARGV[1]) then return -1 end
+for i = 1, #KEYS do
+  local n = redis.call('INCR', KEYS[i])
+  if i == 1 then used = n end
+  redis.call('EXPIRE', KEYS[i], math.ceil(tonumber(ARGV[i + 1])))
+end
 return used
 """
 
-_GIVE_BACK_LUA = "if tonumber(redis.call('GET', KEYS[1]) or '0') > 0 then redis.call('DECR', KEYS[1]) end"
+_GIVE_BACK_LUA = """
+for i = 1, #KEYS do
+  if tonumber(redis.call('GET', KEYS[i]) or '0') > 0 then redis.call('DECR', KEYS[i]) end
+end
+"""
 
 _REDIS_ATTEMPTS = 3
 _REMEMBERED = "batchsum:remembered:"  # + KEY_HASH:SERVICE -> a hash of name -> "AT VALUE"
@@ -397,12 +405,15 @@ class RedisBudget(_RedisConnection):
         fresh = published if published and float(now) - float(at) <= SHARED_SECONDS else None
         return Lead(held or None, fresh, float(at), float(now))
 
-    async def quota_claim(self, period: str, limit: int, keep: float) -> int | None:
-        used = await self._redis(lambda: self._client()[1].eval(_QUOTA_LUA, 1, self._quota(period), limit, int(keep)))
+    async def quota_claim(self, periods: Sequence[tuple[str, float]], limit: int | None) -> int | None:
+        keys = [self._quota(name) for name, _ in periods]
+        args = ["" if limit is None else str(limit), *(str(int(keep)) for _, keep in periods)]
+        used = await self._redis(lambda: self._client()[1].eval(_QUOTA_LUA, len(keys), *keys, *args))
         return None if int(used) < 0 else int(used)
 
-    async def quota_give_back(self, period: str) -> None:
-        await self._redis(lambda: self._client()[1].eval(_GIVE_BACK_LUA, 1, self._quota(period)))
+    async def quota_give_back(self, periods: Sequence[str]) -> None:
+        keys = [self._quota(name) for name in periods]
+        await self._redis(lambda: self._client()[1].eval(_GIVE_BACK_LUA, len(keys), *keys))
 
     async def quota_used(self, period: str) -> int:
         return int(await self._redis(lambda: self._client()[1].get(self._quota(period))) or 0)

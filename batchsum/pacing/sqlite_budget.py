@@ -10,7 +10,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -261,11 +261,11 @@ class SQLiteBudget(_SQLiteFile):
 
         return self._transaction(step)
 
-    async def quota_claim(self, period: str, limit: int, keep: float) -> int | None:
-        return self._transaction(lambda db: _quota_claim(db, self.id, period, limit, keep))
+    async def quota_claim(self, periods: Sequence[tuple[str, float]], limit: int | None) -> int | None:
+        return self._transaction(lambda db: _quota_claim(db, self.id, periods, limit))
 
-    async def quota_give_back(self, period: str) -> None:
-        self._transaction(lambda db: db.execute(_GIVE_BACK, (self.id, period)))
+    async def quota_give_back(self, periods: Sequence[str]) -> None:
+        self._transaction(lambda db: db.executemany(_GIVE_BACK, [(self.id, name) for name in periods]))
 
     async def quota_used(self, period: str) -> int:
         return self._transaction(lambda db: _quota_used(db, self.id, period)) if self.path.exists() else 0
@@ -319,13 +319,18 @@ def _quota_used(db: sqlite3.Connection, key_id: str, period: str) -> int:
     return int(row[0]) if row else 0
 
 
-def _quota_claim(db: sqlite3.Connection, key_id: str, period: str, limit: int, keep: float) -> int | None:
-    """One more request counted in ``period`` unless ``limit`` are (None); kept ``keep`` seconds."""
-    used = _quota_used(db, key_id, period)
-    if used >= limit:
+def _quota_claim(
+    db: sqlite3.Connection, key_id: str, periods: Sequence[tuple[str, float]], limit: int | None
+) -> int | None:
+    """One more request counted in each of ``periods`` (each kept its seconds) unless the first holds
+    ``limit`` (None)."""
+    used = _quota_used(db, key_id, periods[0][0])
+    if limit is not None and used >= limit:
         return None
-    db.execute(
-        "INSERT OR REPLACE INTO quota_counts VALUES (?, ?, ?, ?)", (key_id, period, used + 1, time.time() + keep)
+    now = time.time()
+    db.executemany(
+        "INSERT INTO quota_counts VALUES (?, ?, 1, ?) ON CONFLICT (id, period) DO UPDATE SET used = used + 1",
+        [(key_id, name, now + keep) for name, keep in periods],
     )
-    db.execute("DELETE FROM quota_counts WHERE expires < ?", (time.time(),))
+    db.execute("DELETE FROM quota_counts WHERE expires < ?", (now,))
     return used + 1

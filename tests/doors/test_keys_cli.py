@@ -165,7 +165,8 @@ def test_a_daily_quota_spent_stops_the_run_with_every_row_and_the_same_command_c
 
 def test_a_configured_quota_spent_binds_only_the_runs_that_set_it(tmp_path):
     """``--quota 5/day`` spent stops that run; the same key in a run with no quota, or a larger one,
-    sends what it needs: the budget's count is the quota's, and a run without it is not bound by it."""
+    sends what it needs: a run is bound only by the quota it sets, and the budget counts what every
+    run on the key paid, with a quota or without."""
     key = "team-key-conf-0123456789abc"
     with LocalService([key], accounts={key: Account(rpm=1200)}, faults=Faults(latency=0.02)) as service:
         env = {**setting(service, tmp_path, 20), "BATCHSUM_API_KEY": key, "BATCHSUM_RPM": "1200"}
@@ -185,6 +186,9 @@ def test_a_configured_quota_spent_binds_only_the_runs_that_set_it(tmp_path):
         free = batchsum_cli(*command, "-o", "two.parquet", env=env, cwd=tmp_path)
         assert free.returncode == 0, free.stderr
         assert service.stats()["requests"] == 20  # the 5 answered come from the store
+        # What the run with no quota paid is counted on the key's budget all the same.
+        dry = batchsum_cli(*command, "-o", "five.parquet", "--quota", "30/day", "--dry-run", env=env, cwd=tmp_path)
+        assert "about 10 left in this key's daily quota of 30" in dry.stdout, dry.stdout
         assert "quota spent" not in batchsum_cli("limits", env=env, cwd=tmp_path).stdout
         larger = batchsum_cli(*command, "-o", "three.parquet", "--quota", "1000/day", env=env, cwd=tmp_path)
         assert larger.returncode == 0, larger.stderr

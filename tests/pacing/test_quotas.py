@@ -508,9 +508,9 @@ def test_a_configured_quota_is_counted_on_the_keys_budget_by_every_run_on_it():
 class SlowGiveBack(ProcessBudget):
     """A budget whose give-back takes a second to answer, as a Redis across a network may."""
 
-    async def quota_give_back(self, period: str) -> None:
+    async def quota_give_back(self, periods) -> None:
         await asyncio.sleep(1.0)
-        await super().quota_give_back(period)
+        await super().quota_give_back(periods)
 
 
 def test_a_429s_give_back_of_a_configured_quota_is_done_before_the_run_ends():
@@ -539,33 +539,30 @@ def test_a_429s_give_back_of_a_configured_quota_is_done_before_the_run_ends():
 # -- the counts on every kind of budget ------------------------------------------------------------------
 
 
-def test_quota_counts_hold_their_limit_on_the_machines_budget_across_processes(tmp_path):
-    path = tmp_path / "budget.sqlite"
-    one, two = SQLiteBudget(path, "key-id"), SQLiteBudget(path, "key-id")
+DAY, HOUR, MONTH = ("day:2026-11-26", 3600.0), ("hour:2026-11-26T10", 60.0), ("month:2026-11", 3600.0)
+
+
+def test_quota_counts_hold_their_limit_across_connections_and_count_every_period(users):
+    """Two connections (as two processes) on the key's budget, on every kind: a claim counts in
+    each period given and is refused when the first holds the limit; a claim with no limit (a run
+    that set no quota) counts all the same; a give-back uncounts every period."""
+    one, two = users(), users()
 
     async def main():
-        got = [await (one if i % 2 else two).quota_claim("day:2026-11-26", 5, 3600) for i in range(7)]
-        await one.quota_give_back("day:2026-11-26")
-        again = await two.quota_claim("day:2026-11-26", 5, 3600)
-        other = await one.quota_claim("day:2026-11-27", 5, 3600)
-        return got, again, other, await two.quota_used("day:2026-11-26")
+        got = [await (one if i % 2 else two).quota_claim([DAY, HOUR, MONTH], 5) for i in range(7)]
+        unbounded = await one.quota_claim([HOUR, DAY, MONTH], None)  # a run with no quota: counted
+        await one.quota_give_back([DAY[0], HOUR[0], MONTH[0]])
+        again = await two.quota_claim([DAY, HOUR, MONTH], 5)
+        other = await one.quota_claim([("day:2026-11-27", 3600.0)], 5)
+        used = [await two.quota_used(name) for name in (DAY[0], HOUR[0], MONTH[0])]
+        await one.aclose()
+        await two.aclose()
+        return got, unbounded, again, other, used
 
-    got, again, other, used = asyncio.run(main())
-    assert got == [1, 2, 3, 4, 5, None, None] and again == 5 and other == 1 and used == 5
-
-
-def test_quota_counts_hold_their_limit_on_redis(redis_url):
-    budget = RedisBudget(redis_url, f"quota-{time.time()}")
-
-    async def main():
-        got = [await budget.quota_claim("hour:2026-11-26T10", 3, 60) for _ in range(4)]
-        await budget.quota_give_back("hour:2026-11-26T10")
-        used = await budget.quota_used("hour:2026-11-26T10")
-        await budget.aclose()
-        return got, used
-
-    got, used = asyncio.run(main())
-    assert got == [1, 2, 3, None] and used == 2
+    got, unbounded, again, other, used = asyncio.run(main())
+    assert got == [1, 2, 3, 4, 5, None, None] and unbounded == 6  # the hour's count, past the day's limit
+    assert again is None  # the day holds 5 again after the give-back: still spent
+    assert other == 1 and used == [5, 5, 5]
 
 
 @pytest.mark.parametrize(
