@@ -39,7 +39,7 @@ import pyarrow as pa
 from .data.results import RowResult
 from .data.stores import scratch_store
 from .run.batches import OpenRun
-from .run.preview import estimate
+from .run.preview import estimate, summed_rate
 from .run.spec import RunSpec, document_options
 from .service import contract
 from .service.errors import InvalidParameterError
@@ -155,7 +155,8 @@ def _functions(registration: Registration, token: _Token) -> tuple[Any, Any]:
             [sum(p.skipped_by_reason.values()) for p in plans],
         ]
         arrays = [pa.array(v, pa.int64()) for v in values]
-        least = [None if spec.auto else p.minimum_seconds(spec.rpm) for p in plans]  # under auto: not known yet
+        rate, first = summed_rate(spec), max(1, len(spec.keys))  # None under auto: not known yet
+        least = [None if rate is None else p.minimum_seconds(rate, first) for p in plans]
         arrays.append(pa.array(least, pa.float64()))
         return pa.StructArray.from_arrays(arrays, names=list(ESTIMATE_FIELDS))
 

@@ -25,7 +25,7 @@ from ..service.settings import AUTO_MAX_RPM, describe_rate
 from .binding import spec_key_hash
 from .spec import RunSpec
 
-__all__ = ["dry_run", "estimate"]
+__all__ = ["dry_run", "estimate", "summed_rate"]
 
 
 async def _budget_lines(spec: RunSpec) -> tuple[str, KeyRecord | None, list[str], list[_Left]]:
@@ -204,6 +204,15 @@ def _stores(spec: RunSpec, stack: ExitStack) -> tuple[Journal | None, _Looked]:
     return journal, _Looked(store, f"store:            {store.where}")
 
 
+def summed_rate(spec: RunSpec) -> float | None:
+    """The rate a run's requests go at, requests a minute: its keys' limits summed (each key's line
+    of a key file, else ``rpm``); None where one is searched for (``auto``)."""
+    if not spec.keys:
+        return None if spec.auto else spec.rpm
+    rates = [plan.limit(spec.rpm, spec.auto) for plan in spec.keys]
+    return None if any(auto for _, auto in rates) else sum(rpm for rpm, _ in rates)
+
+
 def estimate(spec: RunSpec, texts: Iterable[Any]) -> BatchPlan:
     """What a run of ``spec`` over ``texts`` would send, reuse and skip (``BatchPlan``), sending
     nothing and creating no file."""
@@ -229,9 +238,8 @@ def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
     except ConfigurationError as exc:
         budget = f"budget:           not known ({exc})"
     limit, rate = _limit_line(spec, record) if spec.auto else ("", spec.rpm)
-    if len(spec.keys) > 1:
-        rates = [plan.limit(spec.rpm, spec.auto) for plan in spec.keys]
-        rate = None if any(auto for _, auto in rates) else sum(rpm for rpm, _ in rates)
+    if len(spec.keys) > 1 or (spec.keys and not spec.auto):
+        rate = summed_rate(spec)
     plan = batch.describe(rate, first=max(1, len(spec.keys)))
     most = batch.to_send + batch.reduce_max
     bound = " (at most; long texts' reduce requests are a bound)" if batch.reduce_max else ""

@@ -190,6 +190,15 @@ def test_the_estimate_says_what_a_query_would_send(con, svc):
     assert svc.stats()["requests"] == 4
 
 
+def test_the_estimates_time_is_at_the_keys_summed_limits(con, svc):
+    """Two keys at 120/min: 8 requests take (8 - 2) / 240 min, each key's first going at once."""
+    batchsum.duckdb.register(con, api_key=[KEY, "team-key-two-0123456789"], base_url=svc.url, rpm=120, progress=False)
+    table(con, [article(20, seed=i) for i in range(8)])
+    (plan,) = con.execute("SELECT batchsum_estimate(list(text)) FROM tickets").fetchone()
+    assert plan["would_send"] == 8 and plan["least_seconds"] == pytest.approx(1.5)
+    assert svc.stats()["requests"] == 0
+
+
 def test_a_second_registration_carries_other_parameters(con, svc):
     register(con, svc)
     register(con, svc, name="short_summary", percentage=1, output_column="short")

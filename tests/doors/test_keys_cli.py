@@ -196,6 +196,18 @@ def test_a_configured_quota_spent_binds_only_the_runs_that_set_it(tmp_path):
         assert again.returncode == 1 and service.stats()["requests"] == 20  # still 5 of 5 used today
 
 
+def test_the_dry_run_of_a_one_key_file_is_at_that_keys_own_limit(team, tmp_path):
+    key, rpm = next(iter(KEYS.items()))
+    env = setting(team, tmp_path, 61, keys={key: rpm})
+    done = batchsum_cli(
+        "summarize", "in.parquet", "-o", "out.parquet", "--column", "text", "--keys", "keys.txt", "--dry-run",
+        env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"at {rpm} requests/min that takes at least 0m06s" in done.stdout  # 60 after the first, at 600/min
+    assert team.stats()["requests"] == 0
+
+
 def test_a_key_file_others_may_read_is_refused_before_anything_is_sent(team, tmp_path):
     env = setting(team, tmp_path, 5, keys=KEYS)
     os.chmod(tmp_path / "keys.txt", 0o644)

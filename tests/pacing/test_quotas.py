@@ -18,7 +18,7 @@ from batchsum.engine.keys import KeyLane
 from batchsum.errors import QuotaSpent
 from batchsum.local.state import SlidingWindow
 from batchsum.pacing import Pacer
-from batchsum.pacing.budget import ProcessBudget, RedisBudget, SQLiteBudget
+from batchsum.pacing.budget import ProcessBudget
 from batchsum.pacing.quota import StatedQuota
 from batchsum.pacing.record import LIMIT, QUOTA, QUOTA_SPENT
 from batchsum.service import contract
