@@ -180,6 +180,10 @@ class APIError(BatchsumError):
         self.message = message
         self.attempts = 1
         self.rate_limit: RateStatement | None = None  # what the answer's rate-limit headers state, if anything
+        # A run's keys refused, every one (401): the last, as lines name it (``key 3f2a9c1b7d0e (keys.txt
+        # line 2)``), and how many the run had; None where the key is the one of $BATCHSUM_API_KEY.
+        self.key_name: str | None = None
+        self.keys = 1
 
 
 class APIConnectionError(APIError):
@@ -321,6 +325,13 @@ def explain(error: BaseException, base_url: str | None = None) -> str:
     tries = ""
     if isinstance(error, APIError):
         tries = f" after {error.attempts} attempt{'s' if error.attempts != 1 else ''}"
+    if isinstance(error, (AuthenticationError, NotPremiumError)) and error.key_name is not None:
+        every = f"every key of the run was refused ({error.keys}); the last, " if error.keys > 1 else ""
+        what = "did not accept the key" if isinstance(error, AuthenticationError) else "its plan does not allow this"
+        return (
+            f'{every}{error.key_name}: the service answered 401 "{error.message}": it {what}. Check the keys '
+            "(each is on the 'My Account' page of its account) and their plans"
+        )
     if isinstance(error, AuthenticationError):
         return (
             f'the service answered 401 "{error.message}": it did not accept the API key. Check the key in '

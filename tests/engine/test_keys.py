@@ -24,6 +24,7 @@ from batchsum.pacing import Pacer
 from batchsum.pacing.budget import ProcessBudget
 from batchsum.service import contract
 from batchsum.service.contract import Messages
+from batchsum.service.errors import explain
 from batchsum.service.settings import key_hash
 from tests import virtual_clock
 from tests.pacing.test_pace_conformance import most_in_any_window
@@ -216,6 +217,9 @@ def test_every_key_refused_stops_the_run_as_one_key_does():
     assert error is not None  # the last key's refusal stops the run, raised after the rows finished in order
     assert all(r.status == "ok" for r in rows)
     assert list(service.admitted.values()) == [5, 5] and all(1 <= n <= 16 for n in service.unauthorized.values())
+    # Its explanation names the last key as every line does, never $BATCHSUM_API_KEY.
+    said = explain(error)
+    assert said.startswith("every key of the run was refused (2); the last, key ") and "BATCHSUM_API_KEY" not in said
 
 
 class OneQuota429(KeyedService):
