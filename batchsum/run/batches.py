@@ -164,19 +164,31 @@ class OpenRun:
     def _call(self, coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
-    async def _stream(self, texts: list[Any]) -> list[RowResult]:
+    async def _stream(self, texts: list[Any]) -> tuple[list[RowResult], RequestCapReached | None]:
         stats = self._run.stats
         stats.total = (stats.total or 0) + len(texts)  # the rows handed over so far (the bar's length)
-        return [result async for result in self._run.stream(texts)]
+        results: list[RowResult] = []
+        try:
+            async for result in self._run.stream(texts):
+                results.append(result)
+        except RequestCapReached as exc:  # every row has its record (the unsent ones ``not_sent``)
+            return results, exc
+        return results, None
 
     def summarize(self, texts: list[Any]) -> list[RowResult]:
         """One result per text, in order. What stops the run (a refused key, a full disk) ends it
-        (its report written, its bar closed) and is raised."""
+        (its report written, its bar closed) and is raised; a quota spent (or the request cap) ends
+        it too, and the rows come back, the unsent ones ``not_sent``, with a ``RuntimeWarning``, as
+        from every frame front-end (the next call opens the next run, which sends only if a quota
+        reset since)."""
         try:
-            results: list[RowResult] = self._call(self._stream(texts))
+            results, stop = self._call(self._stream(texts))
         except BaseException as exc:
             self.close(exc)
             raise
+        if stop is not None:
+            self.close(stop)
+            warnings.warn(f"{stop}; call it again to continue (answers are kept)", RuntimeWarning, stacklevel=2)
         return results
 
     def close(self, error: BaseException | None = None) -> None:

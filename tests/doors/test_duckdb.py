@@ -221,6 +221,21 @@ def test_a_name_registered_again_takes_the_new_parameters_and_ends_the_earlier_r
     assert repr(second) == "Registration(batchsum_summarize, open)"
 
 
+def test_a_quota_spent_gives_every_row_back_with_a_warning_and_the_next_query_sends_nothing(con, svc):
+    """As from every frame front-end: the rows the quota left unsent are ``not_sent`` rows, the
+    query finishes, and a warning says why; the query again pays nothing more."""
+    register(con, svc, quota="3/day")
+    table(con, [article(20, seed=i) for i in range(8)])
+    query = "SELECT s.status, s.error FROM (SELECT id, batchsum_summarize(text) AS s FROM tickets) ORDER BY id"
+    with pytest.warns(RuntimeWarning, match="daily quota of 3 .configured."):
+        rows = con.execute(query).fetchall()
+    assert [status for status, _ in rows].count("ok") == 3
+    assert [error for status, error in rows if status != "ok"] == ["not_sent"] * 5
+    with pytest.warns(RuntimeWarning, match="daily quota of 3"):
+        again = con.execute(query).fetchall()
+    assert again == rows and svc.stats()["requests"] == 3
+
+
 def test_a_cap_and_a_sample_are_refused(con, svc):
     for option in ({"max_requests": 5}, {"sample": 3}):
         with pytest.raises(InvalidParameterError, match="a chunk at a time"):
