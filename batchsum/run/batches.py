@@ -182,6 +182,8 @@ class OpenRun:
         from every frame front-end (the next call opens the next run, which sends only if a quota
         reset since)."""
         try:
+            results: list[RowResult]
+            stop: RequestCapReached | None
             results, stop = self._call(self._stream(texts))
         except BaseException as exc:
             self.close(exc)
