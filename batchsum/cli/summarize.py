@@ -72,6 +72,7 @@ def _own_process(args: argparse.Namespace) -> None:
 def summarize_command(args: argparse.Namespace) -> int:
     _own_process(args)
     from ..data.datasets import DatasetInput, DatasetOutput, check_output
+    from ..data.results import check_output_columns
     from ..run.run import Run, dry_run
 
     # Everything that can be refused is checked before any file is created or anything is sent.
@@ -83,6 +84,8 @@ def summarize_command(args: argparse.Namespace) -> int:
     journal_path = _journal_path(args, target, source)
     spec = spec.replace(journal=str(journal_path))
     shown = redact_location(target.spec)  # the output as shown: without credentials
+    if source.schema is not None:  # the result columns' names are free in the input (a dry run says so too)
+        check_output_columns(source.schema.names, spec.output_column, hint="--output-column NAME")
     if args.dry_run:
         print(dry_run(spec, source.texts()))
         return EXIT_OK

@@ -12,6 +12,7 @@ import hashlib
 import ipaddress
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -156,8 +157,8 @@ def check_key(key: object, source: str) -> str:
     key = key.strip()
     if not key:
         raise ConfigurationError(
-            f"no API key: set {ENV_API_KEY} (the key is on the 'My Account' page of the service), "
-            "or use the local service (local=True, --local)"
+            f"no API key: set {ENV_API_KEY} (the key is on the 'My Account' page of the service), or several in "
+            "$BATCHSUM_API_KEYS or a key file (--keys, keys=), or use the local service (--local, local=True)"
         )
     for position, char in enumerate(key, 1):
         if not "!" <= char <= "~":
@@ -427,7 +428,17 @@ def budget_spec(budget: Any, environ: Mapping[str, str] | None = None) -> Any:
         budget = environment(environ).get(ENV_BUDGET, "").strip() or DEFAULT_BUDGET
         source = f"${ENV_BUDGET}"
     if isinstance(budget, str):
-        return redis_url(budget, source, BudgetError) if store_kind(budget) == "redis" else budget
+        if store_kind(budget) == "redis":
+            return redis_url(budget, source, BudgetError)
+        if budget.strip().lower() not in ("none", "process", "machine") and not budget.strip().lower().startswith(
+            "sqlite:///"
+        ):  # refused where the spec is made: a dry run or a door's registration, as the run itself
+            where = source if source.startswith("$") else "--budget, budget="
+            shown = re.sub(r"[^/@]*@", "***@", redact_location(budget.strip()))  # a mistyped URL's credentials too
+            raise BudgetError(
+                f"unknown budget {shown!r} ({where}): use none, machine, sqlite:///PATH or redis://HOST:PORT/DB"
+            )
+        return budget
     if callable(getattr(budget, "reserve", None)):
         return budget
     raise BudgetError(f"invalid budget {budget!r}: use 'machine', 'none', 'redis://HOST:PORT/DB' or a Budget")

@@ -204,10 +204,24 @@ def store_url_malformed(service, tmp_path, capsys, monkeypatch):
 
 
 def budget_url_malformed(service, tmp_path, capsys, monkeypatch):
-    code, err = summarize(
-        source(tmp_path), "-o", str(tmp_path / "out.parquet"), "--budget", f"redis://:{PASSWORD}@h:x/0", capsys=capsys
-    )
-    assert "invalid budget 'redis://***@h:x/0'" in err and PASSWORD not in err and not list(tmp_path.glob("out*"))
+    """A budget that cannot be read, or names no kind of budget: the run and its dry run alike."""
+    argv = [source(tmp_path), "-o", str(tmp_path / "out.parquet")]
+    for dry in ([], ["--dry-run"]):
+        code, err = summarize(*argv, "--budget", f"redis:/:{PASSWORD}@h/0", *dry, capsys=capsys)
+        assert code == 2 and "unknown budget 'redis:/***@h/0' (--budget, budget=)" in err and PASSWORD not in err, err
+        code, err = summarize(*argv, "--budget", f"redis://:{PASSWORD}@h:x/0", *dry, capsys=capsys)
+        assert "invalid budget 'redis://***@h:x/0'" in err and PASSWORD not in err and not list(tmp_path.glob("out*"))
+    return code, err
+
+
+def output_column_taken(service, tmp_path, capsys, monkeypatch):
+    """Result columns whose names the input has already: the run and its dry run alike."""
+    for dry in ([], ["--dry-run"]):
+        code, err = summarize(
+            source(tmp_path), "-o", str(tmp_path / "out.parquet"), "--output-column", "n", *dry, capsys=capsys
+        )
+        assert code == 2 and "the input already has column 'n'" in err, err
+    assert service.stats()["requests"] == 0 and not list(tmp_path.glob("out*"))
     return code, err
 
 
@@ -275,6 +289,7 @@ CASES = [
     Case("no key", no_key, 2, "bad usage or input"),
     Case("a store URL that cannot be read", store_url_malformed, 2, "nothing sent, no file created"),
     Case("a budget URL that cannot be read", budget_url_malformed, 2, "nothing sent, no file created"),
+    Case("result columns the input has", output_column_taken, 2, "nothing sent, no file created"),
     Case("`batchsum store`, its Redis out of reach", store_out_of_reach, 2, "a one-line message"),
     Case("`batchsum store`, its file damaged", store_damaged, 2, "a one-line message"),
     Case("SIGINT", signalled(signal.SIGINT), 130, "interrupted (Ctrl-C, SIGINT)"),
