@@ -14,6 +14,8 @@ stops a run) and ``console`` (what the command says, its exit codes); this modul
 from __future__ import annotations
 
 import argparse
+import io
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -60,12 +62,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         with signals, JsonLogs(getattr(args, "log_format", "human") == "json"):
             try:
                 return _dispatch(handlers[args.command], args)
+            except BrokenPipeError:  # the reader stopped early (``batchsum limits | head -1``): not an error
+                _quiet_stdout()
+                return EXIT_OK
             except KeyboardInterrupt:
                 name = "terminated (SIGTERM)" if signals.code == EXIT_TERMINATED else "interrupted"
                 say(f"{name}; what was done is kept")
                 return signals.code
     except KeyboardInterrupt:  # a signal while the logs were being put back
         return signals.code
+
+
+def _quiet_stdout() -> None:
+    """Standard output to /dev/null: what is still buffered for a closed pipe is not written again at
+    exit (Python would say "Exception ignored ... BrokenPipeError")."""
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        pass
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, io.UnsupportedOperation):  # no file behind stdout (a test's capture)
+        pass
 
 
 def _dispatch(handler: Any, args: argparse.Namespace) -> int:

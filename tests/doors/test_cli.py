@@ -348,3 +348,19 @@ def test_serve_starts_and_answers(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.mark.parametrize("command", [["store"], ["limits"], ["summarize", "--help"]])
+def test_a_reader_that_stops_early_ends_the_listing_quietly(command, tmp_path):
+    """``batchsum limits | head -1``: standard output a pipe whose reader is gone (closed before the
+    command starts, so every write finds it gone): exit 0, no traceback."""
+    read, write = os.pipe()
+    os.close(read)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "XDG_CACHE_HOME": str(tmp_path)}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "batchsum", *command], stdout=write, stderr=subprocess.PIPE, env=env, timeout=120
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 0 and b"Traceback" not in done.stderr and b"BrokenPipe" not in done.stderr, done.stderr
