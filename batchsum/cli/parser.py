@@ -316,7 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --remove: written before AGE ago (30d, 12h, 2w)",
     )
     store.add_argument("--service", default=None, metavar="URL", help="with --remove: of this service (base URL)")
-    store.add_argument("--all", action="store_true", help="with --remove: every answer")
+    store.add_argument(
+        "--all", action="store_true", help="with --remove: every answer (alone, without --older-than or --service)"
+    )
     store.add_argument(
         "--retention",
         type=_whole_days,

@@ -185,6 +185,10 @@ def store_command(args: argparse.Namespace) -> int:
         raise Stop(EXIT_USAGE, "error: --remove needs --older-than AGE, --service URL or --all")
     if choice and not args.remove:
         raise Stop(EXIT_USAGE, "error: --older-than, --service and --all choose what --remove removes: add --remove")
+    if args.all and (args.older_than is not None or args.service is not None):
+        raise Stop(
+            EXIT_USAGE, "error: --all removes every answer: give it alone, or --older-than and --service without it"
+        )
     service = args.service
     if service is not None and service != contract.LOCAL_SERVICE:
         service = contract.service_identity(check_base_url(service))

@@ -74,6 +74,16 @@ def default_store_path() -> Path:
     return Path(platformdirs.user_cache_dir("batchsum", appauthor=False)) / "answers.sqlite"
 
 
+def where_file(path: Path) -> str:
+    """How messages name the store file at ``path``: ``this machine (PATH)`` for the machine's own
+    store, ``the file PATH`` for one a user named (``--store sqlite:///PATH``)."""
+    try:
+        own = path.resolve() == default_store_path().resolve()
+    except OSError:
+        own = False
+    return f"this machine ({path})" if own else f"the file {path}"
+
+
 def _create(path: Path) -> None:
     """The file, made exclusively with mode 0600 (never through a link planted at its name) unless
     another process made it first; a file of the user's own that others may read is made 0600."""
@@ -179,7 +189,7 @@ class MachineStore:
         self.path = Path(path)
         self.service = service
         self.job = job
-        self.where = f"this machine ({self.path})"
+        self.where = where_file(self.path)
         self._lock = threading.RLock()
         self._db = connect_store(self.path, readonly=readonly)  # readonly: to look (a dry run), never to write
         self._claims = SQLiteClaims(self._db, self._lock)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .journal_file import problem
-from .machine_store import connect_store
+from .machine_store import connect_store, where_file
 from .stores import REFUSAL_SECONDS, StoreError
 
 __all__ = [
@@ -48,7 +48,7 @@ class MachineUpkeep:
 
     def __init__(self, path: str | Path, *, readonly: bool = False, db: sqlite3.Connection | None = None) -> None:
         self.path = Path(path)
-        self.where = f"this machine ({self.path})"
+        self.where = where_file(self.path)
         self._borrowed = db is not None
         self._db = db if db is not None else connect_store(self.path, readonly=readonly)
 

@@ -79,7 +79,7 @@ class _SQLiteFile(Budget):
     def __init__(self, path: str | os.PathLike[str], key_id: str, *, default: bool = False) -> None:
         self.path = Path(path)
         self.id = key_id
-        self.where = f"this machine ({self.path})"
+        self.where = f"this machine ({self.path})" if default else f"the file {self.path}"
         self._default = default
         self._db: sqlite3.Connection | None = None
         self._lock = threading.Lock()

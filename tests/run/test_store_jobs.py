@@ -347,8 +347,24 @@ def test_batchsum_store_shows_removes_and_sets_the_store(env, tmp_path, capsys):
     assert main(["store", "--retention", "30d", "--max-size", "200MB"]) == 0
     assert "answers kept 30 days" in capsys.readouterr().out
     assert main(["store", "--remove", "--service", env.url]) == 0 and "removed 4 answers" in capsys.readouterr().out
+    assert main(["store", "--remove", "--all", "--older-than", "1d"]) == 2  # which ones: never both
+    assert "--all removes every answer" in capsys.readouterr().err
     assert main(["store", "--remove", "--all"]) == 0
     assert main(["store", "--store", "none"]) == 0
+    named = tmp_path / "team.sqlite"  # a store the user names is a file, not this machine's store
+    assert (
+        summarize(
+            parquet(tmp_path / "in.parquet", texts(0, 2)),
+            "-o",
+            str(tmp_path / "c.parquet"),
+            "--store",
+            f"sqlite://{named}",
+        )
+        == 0
+    )
+    capsys.readouterr()
+    assert main(["store", "--store", f"sqlite://{named}"]) == 0
+    assert f"store:      the file {named}" in capsys.readouterr().out
 
 
 def test_lazy_frames_collected_together_claim_their_texts(env, tmp_path):
