@@ -13,6 +13,7 @@ stores imported when it is first opened; entries listed and removed) is in ``sto
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -86,8 +87,13 @@ def where_file(path: Path) -> str:
 
 def _create(path: Path) -> None:
     """The file, made exclusively with mode 0600 (never through a link planted at its name) unless
-    another process made it first; a file of the user's own that others may read is made 0600."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    another process made it first; a file of the user's own that others may read is made 0600. The
+    machine store's folder (the user's cache folder) is made when missing; a folder the user named
+    must exist (a mistyped path makes no folders)."""
+    if path.parent.resolve() == default_store_path().parent.resolve():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    elif not path.parent.is_dir():
+        raise FileNotFoundError(errno.ENOENT, f"its folder {path.parent} does not exist")
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
     try:
         os.close(os.open(path, flags, 0o600))

@@ -5,6 +5,7 @@ the entries remembered of each key.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import sqlite3
@@ -95,7 +96,10 @@ class _SQLiteFile(Budget):
         if self._db is not None:
             return self._db
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self._default:  # the cache folder; a folder the user named must exist (a typo makes none)
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            elif not self.path.parent.is_dir():
+                raise FileNotFoundError(errno.ENOENT, f"its folder {self.path.parent} does not exist")
             db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
         except (OSError, sqlite3.Error) as exc:
             raise self._fail(getattr(exc, "strerror", None) or exc) from None

@@ -142,6 +142,13 @@ def test_a_store_that_cannot_be_opened_says_why_in_one_error(tmp_path):
         folder.chmod(0o700)
 
 
+def test_a_store_whose_named_folder_is_missing_makes_no_folders(tmp_path):
+    """A mistyped ``--store sqlite:///PATH``: one error naming the folder, and no folder made."""
+    with pytest.raises(StoreError, match="its folder .*typo.* does not exist"):
+        open_store(f"sqlite://{tmp_path}/typo/deeper/answers.sqlite", SERVICE)
+    assert not (tmp_path / "typo").exists()
+
+
 def test_a_damaged_store_says_in_its_one_error_how_to_start_a_new_one(tmp_path):
     path = tmp_path / "answers.sqlite"
     MachineStore(path, SERVICE).close()

@@ -268,6 +268,12 @@ def test_a_cache_folder_that_cannot_be_written_is_one_line_naming_the_setting(tm
     assert "\n" not in message and str(blocker) in message and "BATCHSUM_BUDGET" in message and "none" in message
 
 
+def test_a_budget_file_whose_named_folder_is_missing_makes_no_folders(tmp_path):
+    with pytest.raises(BudgetError, match="its folder .*typo.* does not exist"):
+        run(open_budget(f"sqlite:///{tmp_path}/typo/budget.sqlite", "id").check())
+    assert not (tmp_path / "typo").exists()
+
+
 # -- pacers sharing a budget, on virtual time --------------------------------------------------------
 
 
