@@ -51,7 +51,10 @@ def limits_command(args: argparse.Namespace) -> int:
     mine = key_hash_from_environment()
     marked = _marked_keys(args)  # the keys of --keys FILE (or $BATCHSUM_API_KEYS), by hash: where each came from
     if args.this_key and mine is None:
-        raise Stop(EXIT_USAGE, f"error: --this-key needs ${ENV_API_KEY}")
+        raise Stop(
+            EXIT_USAGE,
+            f"error: --this-key needs ${ENV_API_KEY}; for several keys, --keys FILE (or $BATCHSUM_API_KEYS) marks each",
+        )
     service = contract.service_identity(check_base_url(args.service)) if args.service else None
 
     async def look() -> tuple[list[Any], int]:

@@ -120,7 +120,7 @@ OPTIONS: tuple[Option, ...] = (
         "output_column",
         "summary",
         "name of the summary column; the others are NAME_status, NAME_error, NAME_message, "
-        "NAME_http_status, NAME_attempts",
+        "NAME_http_status, NAME_attempts, NAME_requests",
     ),
     Option("api_key", None, f"the API key (default ${ENV_API_KEY})"),
     Option("base_url", None, f"the service's address (default ${ENV_BASE_URL}, else {contract.DEFAULT_BASE_URL})"),

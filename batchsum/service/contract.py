@@ -226,7 +226,7 @@ def text_problem(text: Any) -> tuple[SkipReason, str] | None:
     if words == 0:
         return SkipReason.EMPTY, "the text is empty or only white space"
     if words < MIN_WORDS:
-        return SkipReason.TOO_SHORT, f"{words} words; the service needs at least {MIN_WORDS}"
+        return SkipReason.TOO_SHORT, f"{words} word{'s' if words != 1 else ''}; the service needs at least {MIN_WORDS}"
     if words > MAX_WORDS:
         return SkipReason.TOO_LONG, f"{words} words; the service takes at most {MAX_WORDS}"
     return None

@@ -143,6 +143,8 @@ def read_key_file(path: str | os.PathLike[str]) -> tuple[KeyPlan, ...]:
         fields = line.split()
         if not fields or fields[0].startswith("#"):
             continue
+        comment = next((i for i, field in enumerate(fields) if field.startswith("#")), len(fields))
+        fields = fields[:comment]  # a field that begins with # begins a comment, to the line's end
         where = f"{name} line {number}"
         rate, quota = _extras(fields[1:], shown, number)
         plan = _plan(fields[0], where, rate, quota)

@@ -31,7 +31,9 @@ def pieces(secret: str, width: int = 10) -> set[str]:
 
 
 def test_a_key_file_gives_each_key_its_line_its_rate_and_its_quota(tmp_path):
-    path = key_file(tmp_path, f"# the team's keys\n{A} 120\n\n{B} quota=10000/day auto\n{C}  quota=500/hour  \n")
+    path = key_file(
+        tmp_path, f"# the team's keys\n{A} 120 # seat 1\n\n{B} quota=10000/day auto\n{C}  quota=500/hour  \n"
+    )
     plans = read_key_file(path)  # a rate and a quota in either order
     assert [p.source for p in plans] == ["keys.txt line 2", "keys.txt line 4", "keys.txt line 5"]
     assert [p.rate for p in plans] == ["120", "auto", None]
