@@ -205,8 +205,6 @@ class DatasetInput:
                 )
             counts.append(self._count(reader, source))
         self.num_rows: int | None = None if None in counts else sum(c for c in counts if c is not None)
-        if self.num_rows == 0:
-            raise input_error(f"{', '.join(self.uris)}: no rows to summarize", *self.uris)
 
     def _open(self, source: Source) -> _ParquetFiles | _Scanned:
         if source.format == "parquet" and not source.remote:

@@ -15,6 +15,7 @@ import pytest
 import batchsum
 from batchsum.cli import build_parser, main
 from batchsum.data.journal import Journal
+from batchsum.data.results import result_columns
 from batchsum.local.summarizer import summarize as local_summary
 from tests.conftest import EXPIRED_KEY, KEY, article, free_port
 
@@ -158,7 +159,6 @@ def bad_inputs(tmp_path):
         ([str(tmp_path / "ints.parquet"), "-o", out, "--column", "text"], "not text"),
         ([str(tmp_path / "notes.parquet"), "-o", out, "--column", "text"], "cannot be read as Parquet"),
         ([str(tmp_path / "zero.parquet"), "-o", out, "--column", "text"], "is empty (0 bytes)"),
-        ([str(tmp_path / "norows.parquet"), "-o", out, "--column", "text"], "no rows"),
         ([str(tmp_path / "missing.parquet"), "-o", out, "--column", "text"], "no such file"),
         ([str(tmp_path / "nothing*.parquet"), "-o", out, "--column", "text"], "no file matches"),
         ([good, "-o", str(tmp_path / "no" / "such" / "out.parquet"), "--column", "text"], "does not exist"),
@@ -167,6 +167,20 @@ def bad_inputs(tmp_path):
         ([good, str(tmp_path / "other.parquet"), "-o", out, "--column", "text"], "inputs must match"),
         ([good, "-o", out, "--column", "text", "--journal", str(tmp_path / "notes.parquet")], "not a batchsum journal"),
     ]
+
+
+@pytest.mark.parametrize("kind", ["parquet", "csv"])
+def test_an_input_with_no_rows_writes_an_empty_output_with_the_result_columns(env, tmp_path, capsys, kind):
+    """A nightly job's input is empty some nights: exit 0 and an output of no rows, its columns the
+    input's and the results', so the steps after it read it as on any night."""
+    source = tmp_path / f"norows.{kind}"
+    empty = frame().iloc[:0]
+    empty.to_parquet(source, index=False) if kind == "parquet" else empty.to_csv(source, index=False)
+    out = tmp_path / f"out.{kind}"
+    assert run(str(source), "-o", str(out), "--column", "text") == 0
+    assert "wrote " in capsys.readouterr().err and env.stats()["requests"] == 0
+    written = pd.read_parquet(out) if kind == "parquet" else pd.read_csv(out)
+    assert len(written) == 0 and list(written.columns) == [*empty.columns, *result_columns()]
 
 
 def test_every_bad_input_is_one_line_exit_2_and_nothing_sent(env, tmp_path, capsys):
