@@ -268,7 +268,7 @@ class Keys:
             lane.out_until = math.inf
             self.refusal = error
             left = sum(1 for s in self.states if s.lane.refusal is None)
-            if lane.source:  # a key of a key file or $BATCHSUM_API_KEYS: the stop names it
+            if len(self.states) > 1 or lane.listed:  # the stop names it, as the lines do
                 error.key_name, error.keys = lane.name, len(self.states)
             if left and lane.tell is not None:
                 lane.tell(

@@ -14,6 +14,7 @@ from ..pacing.exchange import Budget
 from ..pacing.quota import CountedQuota, Spent, StatedQuota, utc
 from ..service.client import AsyncClient
 from ..service.keys import Quota
+from ..service.settings import ENV_API_KEY
 
 __all__ = ["KeyLane", "Pacers", "KeysState"]
 
@@ -46,6 +47,12 @@ class KeyLane:
     def __post_init__(self) -> None:
         if self.budget is not None and self.counted is None:  # every run counts what it pays on the key
             self.counted = CountedQuota(self.quota, self.budget)
+
+    @property
+    def listed(self) -> bool:
+        """A key of a list (a key file, ``$BATCHSUM_API_KEYS``, ``api_key=[...]``), not the one key of
+        ``api_key`` or ``$BATCHSUM_API_KEY``."""
+        return self.source not in ("", "api_key", f"${ENV_API_KEY}")
 
     @property
     def name(self) -> str:

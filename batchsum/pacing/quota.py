@@ -13,6 +13,7 @@ counted yet; neither ever moves the per-minute pace, which stays the pacer's.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import datetime as _dt
 import json
@@ -153,13 +154,16 @@ class CountedQuota:
     paid request before it starts (None: the quota is spent), ``give_back`` uncounts one the service
     did not charge for (a 429). With no ``quota``, it counts and never refuses."""
 
-    __slots__ = ("quota", "budget", "used", "_wall")
+    __slots__ = ("quota", "budget", "used", "_wall", "_one")
 
     def __init__(self, quota: Quota | None, budget: Budget, wall: Callable[[], float] = time.time) -> None:
         self.quota = quota
         self.budget = budget
         self.used: int | None = None  # the count of the quota's period after our last claim (every run's)
         self._wall = wall
+        # One count at a time: a batch's attempts all claim at once, and each call is a command on the
+        # budget (a Redis connection each, of a pool of 100).
+        self._one = asyncio.Lock()
 
     def _periods(self) -> list[tuple[str, float]]:
         """The periods now, the quota's first: each's name and the seconds its count is kept."""
@@ -176,7 +180,8 @@ class CountedQuota:
         quota is spent."""
         periods = self._periods()
         limit = self.quota.limit if self.quota is not None else None
-        used = await self.budget.quota_claim(periods, limit)
+        async with self._one:
+            used = await self.budget.quota_claim(periods, limit)
         if used is None:
             self.used = limit
             return None
@@ -184,7 +189,8 @@ class CountedQuota:
         return tuple(name for name, _ in periods)
 
     async def give_back(self, periods: tuple[str, ...]) -> None:
-        await self.budget.quota_give_back(periods)
+        async with self._one:
+            await self.budget.quota_give_back(periods)
 
     def spent(self) -> Spent:
         assert self.quota is not None

@@ -430,15 +430,13 @@ def budget_spec(budget: Any, environ: Mapping[str, str] | None = None) -> Any:
     if isinstance(budget, str):
         if store_kind(budget) == "redis":
             return redis_url(budget, source, BudgetError)
-        if budget.strip().lower() not in ("none", "process", "machine") and not budget.strip().lower().startswith(
-            "sqlite:///"
-        ):  # refused where the spec is made: a dry run or a door's registration, as the run itself
-            where = source if source.startswith("$") else "--budget, budget="
-            shown = re.sub(r"[^/@]*@", "***@", redact_location(budget.strip()))  # a mistyped URL's credentials too
-            raise BudgetError(
-                f"unknown budget {shown!r} ({where}): use none, machine, sqlite:///PATH or redis://HOST:PORT/DB"
-            )
-        return budget
+        lowered = budget.strip().lower()
+        if lowered in ("none", "process", "machine") or lowered.startswith("sqlite:///"):
+            return budget
+        # Refused where the spec is made (a dry run, a door's registration), as the run would.
+        shown = re.sub(r"[^/@]*@", "***@", redact_location(budget.strip()))  # a mistyped URL's credentials too
+        where = source if source.startswith("$") else "--budget, budget="
+        raise BudgetError(f"unknown budget {shown!r} ({where}): use {STORE_KINDS}")
     if callable(getattr(budget, "reserve", None)):
         return budget
     raise BudgetError(f"invalid budget {budget!r}: use 'machine', 'none', 'redis://HOST:PORT/DB' or a Budget")
