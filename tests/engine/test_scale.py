@@ -232,7 +232,8 @@ def _problem_by_full_count(text: str) -> tuple[contract.SkipReason, str] | None:
     if words == 0:
         return contract.SkipReason.EMPTY, "the text is empty or only white space"
     if words < contract.MIN_WORDS:
-        return contract.SkipReason.TOO_SHORT, f"{words} words; the service needs at least {contract.MIN_WORDS}"
+        word = "word" if words == 1 else "words"
+        return contract.SkipReason.TOO_SHORT, f"{words} {word}; the service needs at least {contract.MIN_WORDS}"
     if words > contract.MAX_WORDS:
         return contract.SkipReason.TOO_LONG, f"{words} words; the service takes at most {contract.MAX_WORDS}"
     return None
