@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from .data.results import RowResult
 from .data.stores import scratch_store
-from .run.batches import OpenRun
+from .run.batches import OpenRun, RunEnded
 from .run.preview import estimate, summed_rate
 from .run.spec import RunSpec, document_options
 from .service import contract
@@ -71,21 +71,25 @@ class Registration:
         _open.add(self)
 
     def summarize(self, texts: list[Any]) -> list[RowResult]:
-        """One result per text, in order, through the registration's run (opened here if none is)."""
-        with self._lock:
-            if self._run is None or self._run.closed:
-                self._run = OpenRun(self.spec, shared=False)
-                self.runs += 1
-                self._idle = threading.Event()
-                threading.Thread(target=self._close_when_idle, args=(self._run, self._idle), daemon=True).start()
-            run = self._run
-            self._calls += 1
-        try:
-            return run.summarize(texts)
-        finally:
+        """One result per text, in order, through the registration's run (opened here if none is, or
+        if the one there is ending: a quota spent, a stop)."""
+        while True:
             with self._lock:
-                self._calls -= 1
-                self._last = time.monotonic()
+                if self._run is None or self._run.ending:
+                    self._run = OpenRun(self.spec, shared=False)
+                    self.runs += 1
+                    self._idle = threading.Event()
+                    threading.Thread(target=self._close_when_idle, args=(self._run, self._idle), daemon=True).start()
+                run = self._run
+                self._calls += 1
+            try:
+                return run.summarize(texts)
+            except RunEnded:  # it ended between the look and the call: the next run
+                continue
+            finally:
+                with self._lock:
+                    self._calls -= 1
+                    self._last = time.monotonic()
 
     def _close_when_idle(self, run: OpenRun, stop: threading.Event) -> None:
         while not stop.wait(min(1.0, IDLE_SECONDS / 4)):

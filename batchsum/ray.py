@@ -85,7 +85,7 @@ class _Summarize:
     def __call__(self, batch: pa.Table) -> pa.Table:
         texts = batch.column(self.column).to_pylist()
         with self._lock:
-            if self._run is None or self._run.closed:
+            if self._run is None or self._run.ending:
                 self._run = OpenRun(self.spec)
             results = self._run.summarize(texts)
         return with_results(batch, results, self.spec.output_column)

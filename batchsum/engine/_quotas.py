@@ -14,6 +14,11 @@ from ._keys import KeyOut, Keys, LaneState
 
 __all__ = ["Quotas"]
 
+# How often an attempt waiting for its key's answers looks again: the answers it waits for may be
+# another batch's on the same key (the calls of one open run, from DuckDB's threads), which tell
+# their own batch, not this one.
+LOOK_AGAIN_SECONDS = 0.5
+
 
 class Quotas:
     """The quotas of a batch's keys (``keys``), as its gate meets them."""
@@ -46,7 +51,7 @@ class Quotas:
                 keys.take_out(state, lane.stated.until, lane.stated.spent())
                 raise KeyOut
             state.answered.clear()  # answers on the wire may state more room, or none left
-            await state.guard(state.answered.wait())
+            await _next_answer(state)
         if lane.counted is None:
             state.reserved += 1
             return None
@@ -61,7 +66,7 @@ class Quotas:
                 keys.take_out(state, until, spent, remember=False)  # the budget's count says it to every run
                 raise KeyOut
             state.answered.clear()  # ours under way: a 429 among them gives its count back
-            await state.guard(state.answered.wait())
+            await _next_answer(state)
             if state.out(lane.pacer.now()):
                 raise KeyOut
 
@@ -150,3 +155,12 @@ def _duration(seconds: float) -> str:
             count = seconds / size
             return f"a {one}" if round(count, 1) == 1 else f"{count:.3g} {one}s"
     return f"{seconds:g} s"
+
+
+async def _next_answer(state: LaneState) -> None:
+    """Until an answer of the key's comes to this batch, or ``LOOK_AGAIN_SECONDS`` (``KeyOut`` if
+    the key leaves the run first)."""
+    try:
+        await state.guard(asyncio.wait_for(state.answered.wait(), LOOK_AGAIN_SECONDS))
+    except asyncio.TimeoutError:
+        pass

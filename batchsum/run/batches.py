@@ -142,12 +142,18 @@ class BatchStream(Generic[B]):
                         pass
 
 
+class RunEnded(RuntimeError):
+    """A call came to an ``OpenRun`` that had ended already: open the next."""
+
+
 class OpenRun:
     """One run kept open on its own event loop thread across calls: ``summarize(texts)`` streams a
-    batch through it and returns its results, in order; ``close()`` ends the run (its report, its
-    claims, its connections). The pace, the client's connections, the budget and the key's record
-    stay with the run from one batch to the next, as they would in one long run. A run that cannot
-    be opened (a budget out of reach) raises here, leaving no thread or event loop behind."""
+    batch through it and returns its results, in order, from any number of threads at once;
+    ``close()`` ends the run (its report, its claims, its connections). The pace, the client's
+    connections, the budget and the key's record stay with the run from one batch to the next, as
+    they would in one long run. What stops the run (``stopped``) ends it once the last call in it
+    returns: a call on another thread is never left waiting on a closed loop. A run that cannot be
+    opened (a budget out of reach) raises here, leaving no thread or event loop behind."""
 
     def __init__(self, spec: RunSpec, *, shared: bool = True) -> None:
         self._loop = asyncio.new_event_loop()
@@ -160,6 +166,14 @@ class OpenRun:
             self._stop_loop()  # and leaves no thread or loop behind
             raise
         self.closed = False
+        self.stopped: BaseException | None = None  # what ended the run: no call starts in it from then on
+        self._calls = 0  # calls in the run now
+        self._guard = threading.Lock()
+
+    @property
+    def ending(self) -> bool:
+        """Closed, or stopped and closing once its last call returns: the next call opens a new run."""
+        return self.closed or self.stopped is not None
 
     def _call(self, coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
@@ -180,24 +194,40 @@ class OpenRun:
         (its report written, its bar closed) and is raised; a quota spent (or the request cap) ends
         it too, and the rows come back, the unsent ones ``not_sent``, with a ``RuntimeWarning``, as
         from every frame front-end (the next call opens the next run, which sends only if a quota
-        reset since)."""
+        reset since). ``RunEnded`` when the run had ended before the call."""
+        with self._guard:
+            if self.ending:
+                raise RunEnded("the run has ended: open the next")
+            self._calls += 1
         try:
             results: list[RowResult]
             stop: RequestCapReached | None
             results, stop = self._call(self._stream(texts))
         except BaseException as exc:
-            self.close(exc)
+            self._leave(exc)
             raise
+        self._leave(stop)
         if stop is not None:
-            self.close(stop)
             warnings.warn(f"{stop}; call it again to continue (answers are kept)", RuntimeWarning, stacklevel=2)
         return results
 
+    def _leave(self, stop: BaseException | None) -> None:
+        """A call returns (``stop``: what ended the run in it, if anything); the last call in a
+        stopped run closes it."""
+        with self._guard:
+            self._calls -= 1
+            if stop is not None and self.stopped is None:
+                self.stopped = stop
+            last = self.stopped is not None and not self._calls
+        if last:
+            self.close(self.stopped)
+
     def close(self, error: BaseException | None = None) -> None:
         """End the run (``error``: what stopped it, for its report)."""
-        if self.closed:
-            return
-        self.closed = True
+        with self._guard:
+            if self.closed:
+                return
+            self.closed = True
         try:
             self._call(
                 self._run.__aexit__(type(error) if error else None, error, error.__traceback__ if error else None)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import gc
 import json
+import threading
 import time
+import warnings
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -234,6 +236,35 @@ def test_a_quota_spent_gives_every_row_back_with_a_warning_and_the_next_query_se
     with pytest.warns(RuntimeWarning, match="daily quota of 3"):
         again = con.execute(query).fetchall()
     assert again == rows and svc.stats()["requests"] == 3
+
+
+def test_a_quota_spent_while_duckdbs_threads_call_at_once_ends_the_query_with_every_row(svc, tmp_path):
+    """Four DuckDB threads in one run, each with its own chunks: the quota spent in one thread's
+    batch ends the others' too (they looked only at their own answers, and waited forever), and a
+    run closed by one call never strands another's on its stopped loop."""
+    pq.write_table(
+        pa.table({"text": [article(12, seed=i) for i in range(2048)]}), tmp_path / "in.parquet", row_group_size=512
+    )
+    connection = duckdb.connect()
+    connection.execute("SET threads = 4")
+    register(connection, svc, quota="30/day")
+    svc.faults = Faults(latency=0.2)
+    got: dict = {}
+
+    def query() -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # one warning per chunk: the quota spent
+            got["rows"] = connection.execute(
+                f"SELECT batchsum_summarize(text).status FROM '{tmp_path}/in.parquet'"
+            ).fetchall()
+
+    worker = threading.Thread(target=query, daemon=True)
+    worker.start()
+    worker.join(120)  # a guard against a hang, not a timing: it ends in seconds
+    assert not worker.is_alive(), "the query hung"
+    statuses = [status for (status,) in got["rows"]]
+    assert len(statuses) == 2048 and statuses.count("ok") == 30 == svc.stats()["requests"]
+    connection.close()
 
 
 def test_a_cap_and_a_sample_are_refused(con, svc):
