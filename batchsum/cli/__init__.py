@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import select
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -63,6 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 return _dispatch(handlers[args.command], args)
             except BrokenPipeError:  # the reader stopped early (``batchsum limits | head -1``): not an error
+                if not _stdout_gone():
+                    raise
                 _quiet_stdout()
                 return EXIT_OK
             except KeyboardInterrupt:
@@ -71,6 +74,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return signals.code
     except KeyboardInterrupt:  # a signal while the logs were being put back
         return signals.code
+
+
+def _stdout_gone() -> bool:
+    """Is standard output a pipe whose reader is gone (the broken pipe was ours, not a socket's)?"""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))  # a pipe with no reader
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):  # no file behind it, or no poll
+        return False
 
 
 def _quiet_stdout() -> None:

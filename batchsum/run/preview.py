@@ -238,8 +238,12 @@ def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
     except ConfigurationError as exc:
         budget = f"budget:           not known ({exc})"
     limit, rate = _limit_line(spec, record) if spec.auto else ("", spec.rpm)
-    if len(spec.keys) > 1 or (spec.keys and not spec.auto):
-        rate = summed_rate(spec)
+    if spec.keys:  # each key at its line's rate: summed, unless one is searched for
+        summed = summed_rate(spec)
+        if summed is not None:
+            limit, rate = "", summed
+        elif len(spec.keys) > 1 or not spec.auto:
+            rate = None
     plan = batch.describe(rate, first=max(1, len(spec.keys)))
     most = batch.to_send + batch.reduce_max
     bound = " (at most; long texts' reduce requests are a bound)" if batch.reduce_max else ""
@@ -251,7 +255,8 @@ def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
         needed += f"; a sample sends at most {min(spec.sample, batch.rows)}"
     if len(keys) == 1 and lefts[0].words:
         needed += "; " + lefts[0].words
-    plan = f"{plan}\n{needed}{_short_of(lefts, most)}"
+    sends = min(most, spec.max_requests if spec.max_requests is not None else most, spec.sample or most)
+    plan = f"{plan}\n{needed}{_short_of(lefts, sends)}"
     if limit:
         plan = f"{plan}\n{limit}"
     if len(keys) > 1:

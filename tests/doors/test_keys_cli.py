@@ -173,6 +173,10 @@ def test_a_configured_quota_spent_binds_only_the_runs_that_set_it(tmp_path):
         command = ("summarize", "in.parquet", "--column", "text")
         dry = batchsum_cli(*command, "-o", "one.parquet", "--quota", "5/day", "--dry-run", env=env, cwd=tmp_path)
         assert "about 5 left in this key's daily quota" in dry.stdout
+        capped_dry = batchsum_cli(
+            *command, "-o", "one.parquet", "--quota", "5/day", "--max-requests", "5", "--dry-run", env=env, cwd=tmp_path
+        )
+        assert "quota:" not in capped_dry.stdout  # a run capped at what the quota leaves is not short
         assert (
             "quota:            short: the quotas leave about 5 of the 20 requests; a run would send about 5"
             in dry.stdout
@@ -196,12 +200,13 @@ def test_a_configured_quota_spent_binds_only_the_runs_that_set_it(tmp_path):
         assert again.returncode == 1 and service.stats()["requests"] == 20  # still 5 of 5 used today
 
 
-def test_the_dry_run_of_a_one_key_file_is_at_that_keys_own_limit(team, tmp_path):
+@pytest.mark.parametrize("rpm_flag", [[], ["--rpm", "auto"]], ids=["no --rpm", "--rpm auto"])
+def test_the_dry_run_of_a_one_key_file_is_at_that_keys_own_limit(team, tmp_path, rpm_flag):
     key, rpm = next(iter(KEYS.items()))
     env = setting(team, tmp_path, 61, keys={key: rpm})
     done = batchsum_cli(
         "summarize", "in.parquet", "-o", "out.parquet", "--column", "text", "--keys", "keys.txt", "--dry-run",
-        env=env, cwd=tmp_path,
+        *rpm_flag, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert f"at {rpm} requests/min that takes at least 0m06s" in done.stdout  # 60 after the first, at 600/min
