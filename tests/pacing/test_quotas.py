@@ -168,15 +168,18 @@ class DailyQuota(KeyedService):
 
 
 def run_quota(
-    service: KeyedService, n: int, *, max_wait: float = 1800.0, quota: Quota | None = None, budget=None, record=None
-):
-    """``n`` texts on the one key; (rows, the error the run stopped with, the key's lane, virtual seconds)."""
+    service, n: int, *, max_wait: float = 1800.0, quota: Quota | None = None, budget=None, record=None, rpm=None,
+    budget_type=ProcessBudget,
+):  # fmt: skip
+    """``n`` texts on the one key at ``rpm`` (the service's for it); (rows, the error the run stopped
+    with, the key's lane, virtual seconds). ``budget_type``: the budget made on the loop's clock
+    when ``budget`` is None."""
 
     async def main():
         loop = asyncio.get_running_loop()
-        shared = budget or ProcessBudget(loop.time, shared=True)
+        shared = budget or budget_type(loop.time, shared=True)
         client = batchsum.AsyncClient(KEYS[0], "http://127.0.0.1:9", transport=httpx.MockTransport(service))
-        pacer = Pacer(service.rpm[KEYS[0]], budget=shared)
+        pacer = Pacer(rpm or service.rpm[KEYS[0]], budget=shared)
         lane = KeyLane(client, pacer, record=record, quota=quota, budget=shared)
         rows, error = [], None
         try:
@@ -452,21 +455,7 @@ def test_a_quota_that_resets_within_two_minutes_is_a_pause_never_a_stop_nor_reme
     key. The run finishes with ``max_wait`` 30, and the key's record hears of no quota."""
     service = SkewedMinute(30, skew=6)
     record = record_of()
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        budget = ProcessBudget(loop.time, shared=True)
-        client = batchsum.AsyncClient(KEYS[0], "http://127.0.0.1:9", transport=httpx.MockTransport(service))
-        lane = KeyLane(client, Pacer(30, budget=budget), record=record, budget=budget)
-        try:
-            rows = [row async for row in summarize_stream(texts(100), client, lanes=[lane], max_wait=30)]
-        except QuotaSpent as exc:
-            return [], exc, lane
-        finally:
-            await client.aclose()
-        return rows, None, lane
-
-    rows, error, lane = virtual_clock.run(main())
+    rows, error, lane, _ = run_quota(service, 100, max_wait=30, record=record, rpm=30)
     assert error is None and [r.status for r in rows] == ["ok"] * 100
     assert lane.spent is None and service.refused <= 3
     assert not told(record) & {QUOTA, QUOTA_SPENT}
@@ -519,19 +508,8 @@ def test_a_429s_give_back_of_a_configured_quota_is_done_before_the_run_ends():
     service = KeyedService({KEYS[0]: 600})
     service.limits[KEYS[0]] = SlidingWindow(30, 60.0)  # the plan says 600; the service admits 30
     quota = Quota(1000, "day")
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        budget = SlowGiveBack(loop.time, shared=True)
-        client = batchsum.AsyncClient(KEYS[0], "http://127.0.0.1:9", transport=httpx.MockTransport(service))
-        lane = KeyLane(client, Pacer(600, budget=budget), quota=quota, budget=budget)
-        try:
-            rows = [row async for row in summarize_stream(texts(40), client, lanes=[lane], max_wait=0)]
-        finally:
-            await client.aclose()
-        return rows, await budget.quota_used(quota.window(time.time())[0])
-
-    rows, used = virtual_clock.run(main())
+    rows, _, lane, _ = run_quota(service, 40, max_wait=0, quota=quota, budget_type=SlowGiveBack)
+    used = asyncio.run(lane.budget.quota_used(quota.window(time.time())[0]))
     assert service.refused > 0  # some were refused, and their counts given back
     assert used == service.admitted[KEYS[0]] == [r.status for r in rows].count("ok")
 
@@ -623,19 +601,8 @@ def test_counting_on_a_far_budget_does_not_slow_the_pace():
     away, a run at 6000/min still starts at its pace (one count at a time held it near 2000/min).
     On the virtual clock: the time is the pacer's, exact."""
     service = KeyedService({KEYS[0]: 6000})
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        budget = FarBudget(loop.time, shared=True)
-        client = batchsum.AsyncClient(KEYS[0], "http://127.0.0.1:9", transport=httpx.MockTransport(service))
-        lane = KeyLane(client, Pacer(6000, budget=budget), budget=budget)
-        try:
-            rows = [row async for row in summarize_stream(texts(600), client, lanes=[lane], max_wait=0)]
-        finally:
-            await client.aclose()
-        return rows, await budget.quota_used(Quota(1, "day").window(time.time())[0])
-
-    rows, counted = virtual_clock.run(main())
+    rows, _, lane, _ = run_quota(service, 600, max_wait=0, budget_type=FarBudget)
+    counted = asyncio.run(lane.budget.quota_used(Quota(1, "day").window(time.time())[0]))
     after_first = service.arrivals[KEYS[0]][1:]  # the key's first request goes alone, by design
     assert counted == 600 and all(row.status == "ok" for row in rows)
     assert (len(after_first) - 1) / (after_first[-1] - after_first[0]) * 60 >= 0.95 * 6000
