@@ -186,8 +186,8 @@ class Budget(abc.ABC):
         return 0
 
     # The key's paid requests per UTC period (``pacing.quota.CountedQuota``), the count a configured
-    # quota is held to, on the key's budget. This
-    # default keeps it in the budget object (this process); the shared budgets keep it where they live.
+    # quota is held to. This default keeps it in the budget object (this process); the shared budgets
+    # keep it where they live.
 
     async def quota_claim(self, periods: Sequence[tuple[str, float]], limit: int | None) -> int | None:
         """Count one paid request in each of ``periods`` (a name and the seconds the count must

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..service.keys import ADJECTIVES, PERIODS, Quota
+from ..service.keys import ADJECTIVES, PERIODS, Quota, period_window
 from ..service.retry import MAX_RETRY_AFTER
 from .exchange import Budget
 
@@ -175,7 +175,7 @@ class CountedQuota:
         first = self.quota.period if self.quota is not None else PERIODS[0]
         periods = []
         for period in sorted(PERIODS, key=lambda name: name != first):
-            name, _, end = Quota(1, period).window(wall)
+            name, _, end = period_window(period, wall)
             periods.append((name, end - wall + 3600))
         return periods
 

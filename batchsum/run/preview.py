@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import Iterable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any
 
 from ..data.journal import Journal
@@ -95,12 +96,14 @@ async def _budget_lines(spec: RunSpec) -> tuple[str, KeyRecord | None, list[str]
     )
 
 
+@dataclass(frozen=True)
 class _Left:
     """What a key's quota leaves, as a dry run reads it: its words for the key's line, and about how
     many requests (None: no quota known) until when (a Unix time)."""
 
-    def __init__(self, words: str = "", left: int | None = None, until: float = 0.0) -> None:
-        self.words, self.left, self.until = words, left, until
+    words: str = ""
+    left: int | None = None
+    until: float = 0.0
 
 
 async def _quota_left(spec: RunSpec, plan: KeyPlan | None, budget: Budget, record: KeyRecord) -> _Left:

@@ -27,6 +27,7 @@ __all__ = [
     "ENV_API_KEYS",
     "PERIODS",
     "parse_quota",
+    "period_window",
     "read_key_file",
     "resolve_keys",
     "MAX_KEY_FILE_BYTES",
@@ -55,19 +56,25 @@ class Quota:
         return f"{ADJECTIVES[self.period]} quota of {self.limit}"
 
     def window(self, wall: float) -> tuple[str, float, float]:
-        """The period holding the Unix time ``wall``: its name (``day:2026-11-26``), start and end."""
-        moment = _dt.datetime.fromtimestamp(wall, _dt.timezone.utc)
-        if self.period == "hour":
-            start = moment.replace(minute=0, second=0, microsecond=0)
-            end, label = start + _dt.timedelta(hours=1), start.strftime("%Y-%m-%dT%H")
-        elif self.period == "day":
-            start = moment.replace(hour=0, minute=0, second=0, microsecond=0)
-            end, label = start + _dt.timedelta(days=1), start.strftime("%Y-%m-%d")
-        else:
-            start = moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-            days = calendar.monthrange(start.year, start.month)[1]
-            end, label = start + _dt.timedelta(days=days), start.strftime("%Y-%m")
-        return f"{self.period}:{label}", start.timestamp(), end.timestamp()
+        """The quota's period holding the Unix time ``wall`` (``period_window``)."""
+        return period_window(self.period, wall)
+
+
+def period_window(period: str, wall: float) -> tuple[str, float, float]:
+    """The UTC calendar ``period`` (hour, day or month) holding the Unix time ``wall``: its name
+    (``day:2026-11-26``), start and end."""
+    moment = _dt.datetime.fromtimestamp(wall, _dt.timezone.utc)
+    if period == "hour":
+        start = moment.replace(minute=0, second=0, microsecond=0)
+        end, label = start + _dt.timedelta(hours=1), start.strftime("%Y-%m-%dT%H")
+    elif period == "day":
+        start = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+        end, label = start + _dt.timedelta(days=1), start.strftime("%Y-%m-%d")
+    else:
+        start = moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        days = calendar.monthrange(start.year, start.month)[1]
+        end, label = start + _dt.timedelta(days=days), start.strftime("%Y-%m")
+    return f"{period}:{label}", start.timestamp(), end.timestamp()
 
 
 def parse_quota(value: object, name: str = "quota") -> Quota | None:
@@ -167,6 +174,7 @@ def _extras(fields: list[str], shown: str, number: int) -> tuple[str | None, Quo
         if (quota if is_quota else rate) is not None:
             what = "quota" if is_quota else "rate"
             _refuse(shown, number, f"field {position} is one too many: the line has its {what} already")
+        malformed = False
         try:
             if is_quota:
                 quota = parse_quota(field[len("quota=") :])
@@ -175,8 +183,6 @@ def _extras(fields: list[str], shown: str, number: int) -> tuple[str | None, Quo
                 rate = field
         except InvalidParameterError:
             malformed = True  # refused below, outside the handler: no message of the field rides along
-        else:
-            malformed = False
         if malformed:
             _refuse(shown, number, f"field {position} is not a {'quota' if is_quota else 'rate'}")
     return rate, quota

@@ -23,7 +23,7 @@ from batchsum.pacing.quota import StatedQuota
 from batchsum.pacing.record import LIMIT, QUOTA, QUOTA_SPENT
 from batchsum.service import contract
 from batchsum.service.contract import Messages
-from batchsum.service.keys import Quota, parse_quota
+from batchsum.service.keys import Quota, parse_quota, period_window
 from tests import virtual_clock
 from tests.engine.test_keys import KeyedService
 from tests.engine.test_keys import keys as team_keys
@@ -602,7 +602,7 @@ def test_counting_on_a_far_budget_does_not_slow_the_pace():
     On the virtual clock: the time is the pacer's, exact."""
     service = KeyedService({KEYS[0]: 6000})
     rows, _, lane, _ = run_quota(service, 600, max_wait=0, budget_type=FarBudget)
-    counted = asyncio.run(lane.budget.quota_used(Quota(1, "day").window(time.time())[0]))
+    counted = asyncio.run(lane.budget.quota_used(period_window("day", time.time())[0]))
     after_first = service.arrivals[KEYS[0]][1:]  # the key's first request goes alone, by design
     assert counted == 600 and all(row.status == "ok" for row in rows)
     assert (len(after_first) - 1) / (after_first[-1] - after_first[0]) * 60 >= 0.95 * 6000
