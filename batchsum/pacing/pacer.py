@@ -32,9 +32,9 @@ from .pause import Alarm, Pause
 from .record import KeyRecord
 from .room import Company, StatedRoom, Statement
 from .sharing import Sharing
-from .turn import Limiter, Turn
+from .turn import AtTurn, Limiter, Turn, TurnGiven
 
-__all__ = ["Pacer", "PaceChange", "PacerState", "Limiter", "PaceLog"]
+__all__ = ["Pacer", "PaceChange", "PacerState", "Limiter", "PaceLog", "AtTurn", "TurnGiven"]
 
 
 @dataclass(frozen=True)
@@ -164,11 +164,13 @@ class Pacer:
     def now(self) -> float:
         return self._clock()
 
-    async def before_attempt(self) -> float:
-        """Wait for this attempt's turn; returns the time it starts (pass it to ``after_attempt``)."""
+    async def before_attempt(self, at_turn: AtTurn | None = None) -> float:
+        """Wait for this attempt's turn; returns the time it starts (pass it to ``after_attempt``).
+        ``at_turn``: asked once the turn has come, before the start is committed; when it says no,
+        ``TurnGiven`` is raised and the reserved start goes to the next attempt."""
         if self._answers.lead is not None:
             await self._answers.lead.start()  # under auto: the key's level before the first start
-        return await self._turn.take()
+        return await self._turn.take(at_turn)
 
     def room_left(self, now: float) -> int:
         """Starts the service's headers still allow before their reset, beyond the pace, ours to use."""

@@ -1,12 +1,17 @@
 """When each attempt of a batch starts: its turn reserved on the key's budget, waited for and then
 committed (the budget checks the spacing), at the pace's interval or on the room the service stated.
+
+An attempt may be asked, when its turn has come and before it is committed, whether it still goes
+(``at_turn``: the engine claims its text then). One that does not (its text is claimed by another run)
+raises ``TurnGiven``, and its reserved start goes to the next attempt to take a turn: nothing is
+committed for it, so nothing is counted as sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -19,9 +24,16 @@ from .room import Company, StatedRoom
 from .sharing import Sharing
 from .spacing import ROOM_SPEEDUP, interval_of
 
-__all__ = ["Turn", "Limiter"]
+__all__ = ["Turn", "Limiter", "TurnGiven", "AtTurn"]
 
 MINUTE_LOOK = 0.5  # a turn held by a full minute looks at the key's count again this often
+
+
+AtTurn = Callable[[], Awaitable[bool]]  # asked when an attempt's turn has come: does it still go?
+
+
+class TurnGiven(Exception):
+    """The attempt does not go (``at_turn`` said no): its reserved start went to the next attempt."""
 
 
 class Limiter(Protocol):
@@ -51,39 +63,40 @@ class Turn:
     alone: bool
     last_start: float = -math.inf
     lock: asyncio.Lock | None = field(default=None, init=False)
+    given: bool | None = field(default=None, init=False)  # a reserved start given on: on stated room?
 
-    async def take(self) -> float:
-        """Wait for this attempt's turn; the time it starts."""
+    async def take(self, at_turn: AtTurn | None = None) -> float:
+        """Wait for this attempt's turn; the time it starts. ``at_turn``: asked once the turn has come,
+        before the start is committed; False gives the reserved start to the next attempt
+        (``TurnGiven`` raised here)."""
         if self.lock is None:
             self.lock = asyncio.Lock()
         async with self.lock:  # one caller at a time takes a turn: FIFO order, one reservation
-            interval, on_room = await self._take_turn()
+            interval, on_room = await self._take_turn(at_turn)
         now = self.clock()
         self._started(now, interval, on_room)
         return now
 
-    async def _take_turn(self) -> tuple[float, bool]:
-        """Reserve the next start on the budget, wait for it, then commit it (the budget checks the
-        spacing against every process's last start); the interval it was committed with, and
-        whether it is on stated room. A pause that begins meanwhile sends it back to reserve."""
+    async def _take_turn(self, at_turn: AtTurn | None) -> tuple[float, bool]:
+        """Reserve the next start on the budget (or take the one an attempt before gave on), wait for
+        it, ask ``at_turn``, then commit it (the budget checks the spacing against every process's
+        last start); the interval it was committed with, and whether it is on stated room. A pause
+        that begins meanwhile sends it back to reserve."""
         while True:
-            while (wait := self.room.reset_wait(self.clock())) > ON_TIME:
-                await self.alarm.nap(min(wait, 1.0))  # used up: wait for the reset, or a newer statement
-            while self._minute_full():
-                await self.alarm.nap(MINUTE_LOOK)
-                await self.sharing.exchange(LOOK, 0.0, self.last_start)
-            interval, on_room = self._spacing(self.clock())
-            # With a limiter of the user's, no start is committed before it has been asked.
-            slot = await self.sharing.exchange(RESERVE, interval, self.last_start, commit=self.limiter is None)
-            if slot.deferred:
-                await self.alarm.nap(slot.wait)
-                continue  # this run's share: its own turn has come, now take the key's next slot
-            if slot.committed:
-                return interval, on_room
-            if slot.wait > ON_TIME:
-                await self.alarm.nap(slot.wait)
-            if self.limiter is not None:
-                await self.limiter.acquire()
+            given, self.given = self.given, None
+            if given is None:
+                reserved = await self._reserve(commit=self.limiter is None and at_turn is None)
+                if reserved is None:
+                    continue  # this run's share: its own turn has come, now take the key's next slot
+                interval, on_room, committed = reserved
+                if committed:
+                    return interval, on_room
+            else:
+                interval, on_room = self._spacing(self.clock())
+                on_room = on_room and given
+            if at_turn is not None and not await at_turn():
+                self.given = on_room
+                raise TurnGiven
             while not self.pause.paused(self.clock()):
                 interval, still = self._spacing(self.clock())
                 on_room = on_room and still
@@ -91,6 +104,29 @@ class Turn:
                 if slot.committed:
                     return interval, on_room
                 await self.alarm.nap(slot.wait)  # another start went out meanwhile, or a pause began
+
+    async def _reserve(self, *, commit: bool) -> tuple[float, bool, bool] | None:
+        """The next start reserved on the budget and waited for (with a limiter of the user's, asked
+        too): its interval, whether it is on stated room, and whether it is committed already (due
+        at once, and ``commit``); None when a shared run's own turn had not come (ask again)."""
+        while (wait := self.room.reset_wait(self.clock())) > ON_TIME:
+            await self.alarm.nap(min(wait, 1.0))  # used up: wait for the reset, or a newer statement
+        while self._minute_full():
+            await self.alarm.nap(MINUTE_LOOK)
+            await self.sharing.exchange(LOOK, 0.0, self.last_start)
+        interval, on_room = self._spacing(self.clock())
+        # With a limiter of the user's, no start is committed before it has been asked.
+        slot = await self.sharing.exchange(RESERVE, interval, self.last_start, commit=commit)
+        if slot.deferred:
+            await self.alarm.nap(slot.wait)
+            return None
+        if slot.committed:
+            return interval, on_room, True
+        if slot.wait > ON_TIME:
+            await self.alarm.nap(slot.wait)
+        if self.limiter is not None:
+            await self.limiter.acquire()
+        return interval, on_room, False
 
     def _minute_full(self) -> bool:
         """Under auto, whether the key's starts of the trailing minute (every process's, less those

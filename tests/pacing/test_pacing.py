@@ -218,6 +218,42 @@ def test_a_start_that_goes_out_late_does_not_shorten_the_gap_to_the_next():
     assert sum(1 for g in gaps if g > pacer.interval + 0.001) > 20  # the loop did hold some back
 
 
+def test_an_attempt_that_does_not_go_at_its_turn_gives_its_start_to_the_next_and_nothing_is_counted():
+    """``at_turn`` says no for every third attempt (its text claimed by another run): that attempt
+    raises ``TurnGiven`` without a start committed on the budget, and the next attempt goes in the
+    start it had reserved; the starts that went out keep the spacing, and the budget counts only them."""
+    from batchsum.pacing.pacer import TurnGiven
+    from batchsum.pacing.budget import ProcessBudget
+
+    budget = ProcessBudget(lambda: asyncio.get_running_loop().time())
+    pacer = Pacer(600, budget=budget)
+    asked, given, starts = [], [], []
+
+    async def attempt(i):
+        async def at_turn():
+            asked.append((i, asyncio.get_running_loop().time()))
+            return i % 3 != 1
+
+        try:
+            starts.append(await pacer.before_attempt(at_turn))
+        except TurnGiven:
+            given.append(i)
+
+    async def main():
+        await asyncio.gather(*(attempt(i) for i in range(30)))
+        slot = await budget.look()
+        return slot.starts
+
+    counted = virtual_clock.run(main())
+    assert given == [i for i in range(30) if i % 3 == 1]
+    assert len(starts) == 20 and counted == 20
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert min(gaps) >= pacer.interval - 1e-9
+    # An attempt that took a start given on asked at the time it was due, not an interval later.
+    times = dict(asked)
+    assert all(times[i + 1] == times[i] for i in given if i + 1 < 30)
+
+
 @pytest.mark.parametrize("share", [1e-5, 0.0002])
 def test_a_share_below_one_start_an_hour_is_refused_naming_the_share(share):
     from batchsum.errors import InvalidParameterError
