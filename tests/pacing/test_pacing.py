@@ -222,8 +222,8 @@ def test_an_attempt_that_does_not_go_at_its_turn_gives_its_start_to_the_next_and
     """``at_turn`` says no for every third attempt (its text claimed by another run): that attempt
     raises ``TurnGiven`` without a start committed on the budget, and the next attempt goes in the
     start it had reserved; the starts that went out keep the spacing, and the budget counts only them."""
-    from batchsum.pacing.pacer import TurnGiven
     from batchsum.pacing.budget import ProcessBudget
+    from batchsum.pacing.pacer import TurnGiven
 
     budget = ProcessBudget(lambda: asyncio.get_running_loop().time())
     pacer = Pacer(600, budget=budget)
