@@ -360,8 +360,8 @@ def _none_back(keys: Keys, now: float) -> None:
     if keys.waiting != waited.out_until and lane.spent is not None and lane.tell is not None:
         keys.waiting = waited.out_until
         minutes = max(0.0, (waited.out_until or now) - now) / 60
-        which = "every key's quota is spent" if len(lanes) > 1 else f"{lane.name}: its quota is spent"
+        quota = f"{lane.spent.name} of {lane.name}" if len(lanes) > 1 else lane.spent.name
         lane.tell(
-            f"{which}: the run waits until {utc(lane.spent.until)} for the {lane.spent.name} of {lane.name} to "
-            f"reset ({minutes:.0f} min, within max_wait {keys.max_wait:g} s), then goes on"
+            f"{'every key' if len(lanes) > 1 else lane.name}: quota spent; the run waits for the {quota} to reset at "
+            f"{utc(lane.spent.until)} ({minutes:.0f} min, within max_wait {keys.max_wait:g} s), then goes on"
         )

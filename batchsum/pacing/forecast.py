@@ -197,57 +197,79 @@ def project(keys: Sequence[KeyNow], requests: int, at: float, max_wait: float) -
     has nothing left is out until its reset; every key out, the run waits for the first back within
     ``max_wait`` (``first_back``, as the run decides) or stops there. Requests are spread as the run
     spreads them, by rate (a fluid count: the numbers are whole where a quota decides)."""
-    lanes = [_Lane.of(key) for key in keys]
-    t, left, sent = at, float(requests), 0.0
-    waits: list[Wait] = []
-    rate: float | None = -1.0  # not seen yet
-    known = True
-    while left > _EPSILON:
-        for lane in lanes:
-            lane.back(t)
-        sending = [lane for lane in lanes if not lane.out(t)]
-        if not sending:
-            waiting = first_back([lane.now() for lane in lanes], t, max_wait)
-            if waiting is None:
-                backs = [lane.out_until for lane in lanes if lane.out_until is not None and lane.out_until != math.inf]
-                first = min(backs, default=None)
-                why = next((lane.why for lane in lanes if first is not None and lane.out_until == first), "")
-                return Projection(requests, round(sent), None if rate == -1.0 else rate, None if not known else t - at,
-                                  tuple(waits), t, first, why)  # fmt: skip
-            assert waiting.out_until is not None
-            waits.append(Wait(t, waiting.out_until, waiting.why, round(sent)))
-            t = waiting.out_until
-            continue
-        if rate == -1.0:
-            rates = [lane.key.rate for lane in sending]
-            rate = None if any(r is None for r in rates) else sum(r or 0.0 for r in rates)
-        fresh = [lane for lane in sending if not lane.started]
-        if fresh:  # each key's first request goes at once (alone: the others wait for its answer)
-            for lane in fresh:
-                lane.started = True
-                if left > _EPSILON:
-                    lane.spend(1.0)
-                    left, sent = left - 1.0, sent + 1.0
-            continue
-        fast = [lane for lane in sending if not lane.key.rate]  # not known (or unpaced): no time of its own
-        if fast:
-            known = known and all(lane.key.rate == 0 for lane in fast)
-            for lane in fast:
-                count = min(left, lane.room())
-                lane.spend(count)
-                left, sent = left - count, sent + count
-            continue
-        per_second = [(lane, (lane.key.rate or 0.0) / 60) for lane in sending]
-        total = sum(speed for _, speed in per_second)
-        step = left / total
-        for lane, speed in per_second:
+    return _Projector(keys, requests, at).run(max_wait)
+
+
+class _Projector:
+    """``project``'s state: the keys as they move on (``lanes``), the time ``t``, the requests left
+    and sent, the waits, the rate the keys that send first send at (``rate``), and whether the time
+    is known (False once a key whose rate is not known sent)."""
+
+    def __init__(self, keys: Sequence[KeyNow], requests: int, at: float) -> None:
+        self.lanes = [_Lane.of(key) for key in keys]
+        self.requests, self.at, self.t = requests, at, at
+        self.left, self.sent = float(requests), 0.0
+        self.waits: list[Wait] = []
+        self.rate: float | None = None
+        self.rated = False  # ``rate`` is set: the first keys to send have sent
+        self.known = True
+
+    def run(self, max_wait: float) -> Projection:
+        while self.left > _EPSILON:
+            for lane in self.lanes:
+                lane.back(self.t)
+            sending = [lane for lane in self.lanes if not lane.out(self.t)]
+            if not sending:
+                waiting = first_back([lane.now() for lane in self.lanes], self.t, max_wait)
+                if waiting is None:
+                    return self._stopped()
+                assert waiting.out_until is not None
+                self.waits.append(Wait(self.t, waiting.out_until, waiting.why, round(self.sent)))
+                self.t = waiting.out_until
+                continue
+            if not self.rated:
+                rates = [lane.key.rate for lane in sending]
+                self.rate = None if any(r is None for r in rates) else sum(r or 0.0 for r in rates)
+                self.rated = True
+            fresh = [lane for lane in sending if not lane.started]
+            fast = [lane for lane in sending if not lane.key.rate]  # not known, or unpaced: no time of their own
+            if fresh:  # each key's first request goes at once (alone: the others wait for its answer)
+                for lane in fresh:
+                    lane.started = True
+                    self._send(lane, min(1.0, self.left))
+            elif fast:
+                self.known = self.known and all(lane.key.rate == 0 for lane in fast)
+                for lane in fast:
+                    self._send(lane, min(self.left, lane.room()))
+            else:
+                self._step(sending)
+        return Projection(self.requests, round(self.sent), self.rate, self._seconds(), tuple(self.waits))
+
+    def _send(self, lane: _Lane, count: float) -> None:
+        lane.spend(count)
+        self.left, self.sent = self.left - count, self.sent + count
+
+    def _step(self, sending: list[_Lane]) -> None:
+        """The keys sending at their rates until the next thing that changes them: the job done, a
+        quota spent, a key back, a quota renewed."""
+        speeds = [(lane, (lane.key.rate or 0.0) / 60) for lane in sending]
+        step = self.left / sum(speed for _, speed in speeds)
+        for lane, speed in speeds:
             step = min(step, max(0.0, lane.room()) / speed)
-        later = [lane.out_until for lane in lanes if lane.out_until is not None and lane.out_until > t]
-        later += [lane.next_reset() for lane in sending]  # a quota renewed while its key sends
-        step = min([step, *(until - t for until in later if until != math.inf)])
-        for lane, speed in per_second:
-            count = min(speed * step, left)
-            lane.spend(count)
-            left, sent = left - count, sent + count
-        t += step
-    return Projection(requests, round(sent), None if rate == -1.0 else rate, t - at if known else None, tuple(waits))
+        later = [lane.out_until for lane in self.lanes if lane.out_until is not None and lane.out_until > self.t]
+        later += [lane.next_reset() for lane in sending]
+        step = min([step, *(until - self.t for until in later if until != math.inf)])
+        for lane, speed in speeds:
+            self._send(lane, min(speed * step, self.left))
+        self.t += step
+
+    def _seconds(self) -> float | None:
+        return self.t - self.at if self.known else None
+
+    def _stopped(self) -> Projection:
+        """Every key out, none back within ``max_wait``: the run stops here."""
+        backs = [lane for lane in self.lanes if lane.out_until is not None and lane.out_until != math.inf]
+        first = min(backs, key=lambda lane: lane.out_until or 0.0, default=None)
+        back, why = (first.out_until, first.why) if first is not None else (None, "")
+        sent = round(self.sent)
+        return Projection(self.requests, sent, self.rate, self._seconds(), tuple(self.waits), self.t, back, why)

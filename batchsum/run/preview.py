@@ -170,7 +170,7 @@ def _quota_line(projection: Projection, max_wait: float) -> str:
     first = projection.waits[0]
     wait = f"waits for the {first.why} to reset at {utc(first.until)} ({_duration(first.until - first.start)}, within max_wait {max_wait:g} s)"
     if first.sent:
-        line = f"the quotas leave about {first.sent} of the {requests} requests until then: a run sends those, {wait}, and goes on"
+        line = f"the quotas leave about {first.sent} of the {requests} requests before a reset: a run sends those, {wait}, and goes on"
     else:
         line = f"every key's quota is spent now: a run {wait}, then sends"
     more = len(projection.waits) - 1

@@ -292,7 +292,7 @@ def test_after_an_hourly_quota_is_spent_the_dry_run_says_a_long_max_wait_waits_a
             env=env, cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
         )  # fmt: skip
         try:
-            lines = waits_for_line(waiting, "the run waits until")
+            lines = waits_for_line(waiting, "the run waits for")
             said = json.loads(lines[-1])["message"]
             assert "hourly quota of 20 (stated by the service)" in said and "within max_wait 7200 s" in said
             waiting.send_signal(signal.SIGINT)

@@ -66,6 +66,7 @@ class Job:
         self.spec, self.service, self.wall0 = spec, service, wall0
         self.loop = asyncio.get_running_loop()
         self.budgets = {plan.hash: Recalling(self.loop.time, self.wall) for plan in spec.keys}
+        self.told: list[str] = []  # the lines the run says of its keys
 
     def wall(self) -> float:
         return self.wall0 + self.loop.time()
@@ -103,6 +104,7 @@ class Job:
                 KeyLane(
                     client, Pacer(rpm, budget=budget), await self.record(plan), plan.hash, plan.source, quota, budget,
                     counted=CountedQuota(quota, budget, wall=self.wall), stated=StatedQuota(wall=self.wall),
+                    tell=self.told.append,
                 )
             )  # fmt: skip
         rows, error = [], None
@@ -125,9 +127,9 @@ def spec_of(keys: list[str], tmp_path: Path, lines: list[str], max_wait: float, 
     return RunSpec.from_kwargs(keys=path, base_url=URL, max_wait=max_wait, progress=False, **options)
 
 
-def run_job(spec: RunSpec, service: KeyedService, wall0: float, n: int, before=None):
+def run_job(spec: RunSpec, service: KeyedService, wall0: float, n: int, before=None, told=None):
     """The dry run's projection of ``n`` requests, then the run: (projection, rows, error, lanes,
-    seconds, the service's arrivals on the first key)."""
+    seconds); ``told`` gets the lines the run said of its keys."""
 
     async def main():
         job = Job(spec, service, wall0)
@@ -135,6 +137,8 @@ def run_job(spec: RunSpec, service: KeyedService, wall0: float, n: int, before=N
             await before(job)
         projection = await job.look(n)
         rows, error, lanes, seconds = await job.run(n)
+        if told is not None:
+            told.extend(job.told)
         return projection, rows, error, lanes, seconds
 
     return virtual_clock.run(main())
@@ -163,14 +167,16 @@ def test_a_quota_that_resets_within_max_wait_is_a_wait_until_its_reset_and_the_r
     about 40 and stop" before)."""
     [key] = team_keys(1)
     spec = spec_of([key], tmp_path, ["{0} 600 quota=40/hour"], max_wait=1800)
-    service = KeyedService({key: 600})
-    projection, rows, error, lanes, seconds = run_job(spec, service, A_QUARTER_TO_TWO, 70)
+    service, told = KeyedService({key: 600}), []
+    projection, rows, error, lanes, seconds = run_job(spec, service, A_QUARTER_TO_TWO, 70, told=told)
     assert not projection.stops and projection.sent == 70 and projection.rate == 600
     [wait] = projection.waits
     assert (wait.sent, wait.until - A_QUARTER_TO_TWO) == (40, 15 * 60) and "hourly quota of 40" in wait.why
     assert [r.status for r in rows] == ["ok"] * 70 and error is None
     arrivals = service.arrivals[key]
     assert arrivals[40] >= 15 * 60 - 1e-6 > arrivals[39]  # the 41st went once the hour turned, not before
+    waited = [line for line in told if "the run waits" in line]  # said once, with the reset's time
+    assert len(waited) == 1 and "hourly quota of 40 (configured) to reset at 2030-01-15 14:00 UTC" in waited[0]
     assert_same(projection, rows, error, seconds, A_QUARTER_TO_TWO)
 
 
