@@ -584,3 +584,37 @@ def test_lost_answers_count_as_paid_and_a_connection_never_made_does_not(fresh: 
     assert {r.error for r in results} == {"connection_error"}
     refused = validate(json.loads(path.read_text()))
     assert refused["requests"]["sent"] == 6 and refused["requests"]["paid"] == refused["requests"]["used_rate"] == 0
+
+
+def test_what_an_attempt_cost_is_one_rule_for_the_report_the_cap_and_the_quota() -> None:
+    import httpx
+
+    from batchsum.engine.tally import Charge, charge
+    from batchsum.errors import (
+        APIConnectionError,
+        APIResponseValidationError,
+        APITimeoutError,
+        AuthenticationError,
+        NotPremiumError,
+        RateLimitError,
+        ServerError,
+        TextTooLongError,
+    )
+    from batchsum.service.client import AsyncClient
+
+    never_made = AsyncClient(KEY, "http://127.0.0.1:9")._core.transport_error(httpx.ConnectError("refused"))
+    cases = {
+        None: Charge(paid=True, used_rate=True),
+        APIResponseValidationError("the body is not JSON"): Charge(True, True),
+        RateLimitError("Too Many Requests", status_code=429): Charge(False, False),
+        AuthenticationError("incorrect API key provided", status_code=401): Charge(False, False),
+        NotPremiumError("you are not premium for this request", status_code=401): Charge(False, True),
+        TextTooLongError("Text exceeds word limit", status_code=422): Charge(False, True),
+        ServerError("An unexpected error occurred", status_code=500): Charge(False, True),
+        APITimeoutError("no answer in time"): Charge(True, True),
+        APIConnectionError("the server closed the connection"): Charge(True, True),
+        asyncio.CancelledError(): Charge(True, True),
+        never_made: Charge(False, False),
+    }
+    for error, cost in cases.items():
+        assert charge(error) == cost, error
