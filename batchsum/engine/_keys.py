@@ -324,7 +324,8 @@ def wall_of(lane: KeyLane) -> float:
 
 def _spent_before(lane: KeyLane) -> None:
     """A key its record knows spent (by an earlier run, or another process) starts out of the run
-    until the quota's reset."""
+    until the quota's reset (a run's pieces take it out when they open it, so that its first lines
+    say so; a batch given lanes alone does it here)."""
     spent = lane.record.quota_spent() if lane.record is not None else None
     if spent is not None and lane.spent is None:
         lane.spent = spent

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
@@ -218,8 +219,8 @@ def _run_options(spec: RunSpec, budget: Budget, record: KeyRecord, sample: Any) 
 
 
 def _watch_keys(lanes: list[KeyLane], records: list[KeyRecord], stats: BatchStats, mode: int) -> None:
-    """The stats a run's keys are read by (a key whose record knows its quota spent starts out of the
-    run until it resets: ``engine._keys.Keys`` takes it out)."""
+    """The stats a run's keys are read by; a key whose record knows its quota spent starts out of the
+    run until it resets."""
     stats.timeline = stats.timeline or Timeline(0.0)
     stats.timeline.rpm = sum(lane.pacer.ceiling for lane in lanes)  # the plan the chart draws
     stats.pacer = lanes[0].pacer if len(lanes) == 1 else Pacers(lanes)
@@ -227,6 +228,11 @@ def _watch_keys(lanes: list[KeyLane], records: list[KeyRecord], stats: BatchStat
     if len(lanes) > 1:
         alone = sum(1 for record in records if record.proven(mode) is None)
         stats.first_request = f"{len(lanes)} keys: {alone} send their first request alone, all at once"
+    for lane in lanes:
+        spent = lane.record.quota_spent() if lane.record is not None else None
+        if spent is not None:
+            lane.spent = spent
+            lane.out_until = lane.pacer.now() + (spent.until - time.time())
 
 
 async def _open_key(
