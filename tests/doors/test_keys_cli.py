@@ -316,8 +316,11 @@ def test_two_keys_one_with_its_configured_quota_spent_the_dry_run_times_the_job_
     job = ("summarize", "more.parquet", "-o", "more-out.parquet", "--column", "text", "--keys", "keys.txt")
     before = batchsum_cli(*job, "--dry-run", env=env, cwd=tmp_path).stdout
     assert "at 1500 requests/min" in before, before
-    spent = batchsum_cli("summarize", "in.parquet", "-o", "a.parquet", "--column", "text", "--keys", "a.txt",
-                         env=env, cwd=tmp_path)  # fmt: skip
+    # --max-wait 60: a stop at the quota, not a wait for its reset, even near UTC midnight.
+    spent = batchsum_cli(
+        "summarize", "in.parquet", "-o", "a.parquet", "--column", "text", "--keys", "a.txt", "--max-wait", "60",
+        env=env, cwd=tmp_path,
+    )  # fmt: skip
     assert spent.returncode == 1 and team.state.status_by_key[a][200] == 5, spent.stderr
     dry = batchsum_cli(*job, "--dry-run", env=env, cwd=tmp_path).stdout
     assert "would send:       91 requests; at 900 requests/min that takes at least 0m06s" in dry, dry
@@ -369,7 +372,7 @@ def test_three_keys_one_revoked_mid_run_max_requests_holds_what_the_service_bill
 def test_three_keys_one_revoked_mid_run_a_configured_quota_counts_what_the_service_billed(team, tmp_path):
     """``--quota 20/day`` on each key: the revoked key's refusals are given back on its budget, so a
     dry run after says 5 left of its day (15 billed), and every key sent at most its quota."""
-    done, report, two = revoked_run(team, tmp_path, 100, "--quota", "20/day")
+    done, report, two = revoked_run(team, tmp_path, 100, "--quota", "20/day", "--max-wait", "60")  # a stop, not a wait
     assert done.returncode == 1 and (report["outcome"], report["cause"]) == ("stopped", "quota")
     by_key = {key: team.state.status_by_key[key] for key in KEYS}
     assert [by_key[key][200] for key in KEYS] == [20, 15, 20] and by_key[two][401] >= 1
