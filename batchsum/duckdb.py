@@ -17,7 +17,10 @@ store on disk of this process's own, removed at exit, whose claims do the same: 
 
 ``batchsum_estimate(list(text))`` says what a query would send, sending nothing: a struct of the rows,
 the requests it would send, the rows already answered (by the answer store or the journal), of those
-by the store, the duplicates, the rows it would skip, and the least seconds it takes at the pace.
+by the store, the duplicates, the rows it would skip, the least seconds it takes at what the keys can
+do now (a key whose quota is spent adds nothing until its reset; a wait for a reset within
+``max_wait`` included), and the requests it sends before a quota stops it (NULL: none does), as a
+dry run says them (``run.preview.forecast``).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import pyarrow as pa
 from .data.results import RowResult
 from .data.stores import scratch_store
 from .run.batches import OpenRun, RunEnded
-from .run.preview import estimate, summed_rate
+from .run.preview import estimate, forecast
 from .run.spec import RunSpec, document_options
 from .service import contract
 from .service.errors import InvalidParameterError
@@ -49,7 +52,9 @@ from .service.settings import DEFAULT_MAX_WAIT, check_name
 __all__ = ["register", "Registration", "IDLE_SECONDS", "ESTIMATE_FIELDS"]
 
 IDLE_SECONDS = 60.0  # a registration's run is closed after this long without a call
-ESTIMATE_FIELDS = ("rows", "would_send", "already_answered", "from_store", "duplicates", "skipped", "least_seconds")
+ESTIMATE_FIELDS = (
+    "rows", "would_send", "already_answered", "from_store", "duplicates", "skipped", "least_seconds", "quota_stops_after",
+)  # fmt: skip
 _RUN_THREAD = "batchsum-run"  # the name of ``OpenRun``'s thread: a close asked there goes to another
 _open: weakref.WeakSet[Registration] = weakref.WeakSet()
 
@@ -159,9 +164,9 @@ def _functions(registration: Registration, token: _Token) -> tuple[Any, Any]:
             [sum(p.skipped_by_reason.values()) for p in plans],
         ]
         arrays = [pa.array(v, pa.int64()) for v in values]
-        rate, first = summed_rate(spec), max(1, len(spec.keys))  # None under auto: not known yet
-        least = [None if rate is None else p.minimum_seconds(rate, first) for p in plans]
-        arrays.append(pa.array(least, pa.float64()))
+        projections = forecast(spec, plans).projections  # the keys read once; None: a limit not known yet
+        arrays.append(pa.array([p.seconds for p in projections], pa.float64()))
+        arrays.append(pa.array([p.sent if p.stops else None for p in projections], pa.int64()))
         return pa.StructArray.from_arrays(arrays, names=list(ESTIMATE_FIELDS))
 
     return summarize, estimated
@@ -241,7 +246,7 @@ def register(
     create: Any = con.create_function  # the UDF kinds by name: the same in every DuckDB since 1.1
     _remove_earlier(con, name)
     create(name, summarize, ["VARCHAR"], result, type="arrow", null_handling="special", side_effects=True)
-    fields = {field: "BIGINT" for field in ESTIMATE_FIELDS[:-1]} | {ESTIMATE_FIELDS[-1]: "DOUBLE"}
+    fields = {field: "DOUBLE" if field == "least_seconds" else "BIGINT" for field in ESTIMATE_FIELDS}
     create(
         _estimate_name(name),
         estimated,

@@ -35,7 +35,7 @@ import pyarrow.csv as pcsv
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from ..service.errors import InputError, one_line
+from ..service.errors import InputError, OutputError, one_line
 from .csvsafe import neutralize
 from .dataset_input import BATCH_BYTES as BATCH_BYTES
 from .dataset_input import BATCH_ROWS as BATCH_ROWS
@@ -255,6 +255,16 @@ class DatasetOutput:
         return self.target.spec
 
     def write(self, batch: pa.RecordBatch, results: Sequence[RowResult]) -> None:
+        try:
+            self._write(batch, results)
+        except OSError as exc:  # a full disk, a quota, a folder turned read-only
+            raise _output_error(
+                f"cannot write {self.target.spec} ({exc.strerror or one_line(exc)}); every answer is in the "
+                "journal: run the same command again once it can be written, and nothing is paid twice",
+                self.target.spec,
+            ) from None
+
+    def _write(self, batch: pa.RecordBatch, results: Sequence[RowResult]) -> None:
         columns: list[tuple[Any, ...]] = list(zip(*results)) if results else [() for _ in RESULT_TYPES]
         arrays = batch.columns + [pa.array(values, type=t) for values, t in zip(columns, RESULT_TYPES)]
         for index in self._neutralized:
@@ -276,15 +286,22 @@ class DatasetOutput:
             self._group_bytes = 0
 
     def commit(self) -> None:
-        if self.target.format == "parquet":
-            self._flush()
-        self._writer.close()
-        self._file.close()
+        try:
+            if self.target.format == "parquet":
+                self._flush()
+            self._writer.close()
+            self._file.close()
+        except OSError as exc:  # a full disk, a quota: the last row group, the footer
+            raise _output_error(
+                f"cannot write {self.target.spec} ({exc.strerror or one_line(exc)}); every answer is in the "
+                "journal: run the same command again once it can be written, and nothing is paid twice",
+                self.target.spec,
+            ) from None
         if not self.target.remote:
             try:
                 os.replace(self.partial, self.target.local)
             except OSError as exc:  # the folder turned read-only, a quota, a vanished mount
-                raise input_error(
+                raise _output_error(
                     f"cannot write {self.target.spec} ({exc.strerror or one_line(exc)}); every answer is in "
                     "the journal: run the same command again once it can be written, and nothing is paid twice",
                     self.target.spec,
@@ -299,7 +316,7 @@ class DatasetOutput:
         except (OSError, pa.ArrowException) as exc:
             kept = self.partial.with_name(self.partial.name.removeprefix(".").removesuffix(".partial"))
             os.replace(self.partial, kept)
-            raise input_error(
+            raise _output_error(
                 f"cannot put {self.target.spec} ({one_line(exc)}); the output is kept in {kept}", self.target.spec
             ) from None
         self.partial.unlink(missing_ok=True)
@@ -311,3 +328,8 @@ class DatasetOutput:
             self._file.close()
         with contextlib.suppress(OSError):  # a folder made read-only keeps it: nothing more to do
             self.partial.unlink(missing_ok=True)
+
+
+def _output_error(message: str, spec: str) -> OutputError:
+    """An ``OutputError`` whose message holds no credential of the output's location."""
+    return OutputError(str(input_error(message, spec)))

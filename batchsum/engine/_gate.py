@@ -16,7 +16,7 @@ from ..service.rate_headers import MINUTE_BOUND, RateStatement
 from ..service.settings import DEFAULT_MAX_WAIT
 from ._keys import KeyOut, Keys, LaneState
 from ._quotas import Quotas
-from .tally import BatchStats
+from .tally import BatchStats, charge
 
 __all__ = ["Gate", "LaneHooks", "RequestCap"]
 
@@ -27,7 +27,8 @@ class Gate:
     the engine must know when it stops: which tasks have a request on the wire, and that nothing new
     starts.
 
-    The cap counts paid requests (``RequestCap``); a key's quotas are ``_quotas.Quotas``'s."""
+    The cap counts paid requests (``RequestCap``, paid as ``tally.charge`` says); a key's quotas are
+    ``_quotas.Quotas``'s."""
 
     __slots__ = (
         "max_wait",
@@ -118,13 +119,14 @@ class Gate:
         answered = error is None or isinstance(error, (APIStatusError, APIResponseValidationError))
         pacer.in_flight.finished(attempt, answered)
         refused = isinstance(error, RateLimitError)
+        cost = charge(error)
         if self.cap is not None:
-            self.cap.settle(paid=not refused)
-        if period is not None and refused:
-            self.quotas.give_back(state, period)  # a 429 is not paid: not counted on the quota either
+            self.cap.settle(paid=cost.paid)
+        if period is not None and not cost.paid:
+            self.quotas.give_back(state, period)  # not billed (a 429, a 401, a 422, a 5xx): not counted on the quota
         if self.stats is not None:
             latency = pacer.now() - started if answered else None
-            self.stats.attempt_ended(_outcome(error), latency, self._wire(state))
+            self.stats.attempt_ended(_outcome(error), latency, self._wire(state), cost)
         quota = refused and limits is not None and _stops(limits.retry_after, self.max_wait)
         self.quotas.learn(state, error, limits, started, quota)
         pacer.after_attempt(
@@ -145,8 +147,11 @@ class Gate:
 
 class RequestCap:
     """The request cap (``max_requests``) as paid requests claimed: one before each attempt waits for
-    its turn, given back by a 429 (the service said "later": not paid). Used up, an attempt waits while
-    claimed attempts may still give one back; when none can, ``on_cap`` stops the batch."""
+    its turn, given back when its answer shows it was not billed (``tally.charge``: a 429, a 401, a
+    422, a 5xx; a lost answer keeps it, as it may have been). Used up, an attempt waits while claimed
+    attempts may still give one back; when none can, ``on_cap`` stops the batch.
+
+    Invariant: ``paid`` never passes ``cap``, so the attempts billed never do either."""
 
     __slots__ = ("cap", "on_cap", "gate", "paid", "claims", "_settled")
 
@@ -154,7 +159,7 @@ class RequestCap:
         self.cap = cap
         self.on_cap = on_cap
         self.gate = gate
-        self.paid = 0  # paid requests claimed (started or about to start), 429s given back
+        self.paid = 0  # paid requests claimed (started or about to start), those not billed given back
         self.claims = 0  # claims whose attempt has not ended yet: each may still give one back
         self._settled: asyncio.Event | None = None
 

@@ -1,7 +1,9 @@
 """Which key sends (``Keys``): a request goes to the key with free capacity whose next start comes
 first; each key's first request goes alone, every key's at once; a key refused (401) or out of quota
-leaves the run (``KeyOut`` moves what waited on it to the others); when every key is out the run
-waits for the first back within ``max_wait``, or stops (the last refusal, or ``QuotaSpent``).
+leaves the run (``KeyOut`` moves what waited on it to the others), and a key its record knows spent
+starts out of it; when every key is out the run waits for the first back within ``max_wait``, or
+stops (the last refusal, or ``QuotaSpent``), as ``pacing.forecast.first_back`` decides (a dry run
+projects the run by the same function).
 
 Invariant: a key is given no more requests than its pacer lets be in flight (its budget's pace decides
 when each starts), so a key slowed by other runs on its budget takes fewer, and none waits on a key
@@ -11,16 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from ..pacing import KeyRecord
-from ..pacing.quota import Spent
+from ..pacing.forecast import KeyNow, first_back, key_now
+from ..pacing.quota import Spent, utc
 from ..service.errors import APIStatusError, AuthenticationError, NotPremiumError, QuotaSpent
 from .keys import KeyLane
 
-__all__ = ["Keys", "KeyOut", "LaneState", "FirstRequest"]
+__all__ = ["Keys", "KeyOut", "LaneState", "FirstRequest", "lane_now", "wall_of"]
 
 T = TypeVar("T")
 RECHECK = 0.5  # seconds between looks while requests wait for a key (capacity grows with latency)
@@ -67,7 +71,7 @@ class KeyOut(Exception):
 class LaneState:
     """What a batch keeps of one key beyond ``KeyLane``: its first request, the requests given to it
     and not done with it (``assigned``), the attempts it holds reserved on a stated quota, and the
-    future that resolves when it leaves the run."""
+    future that resolves when it leaves the run. A key its record knows spent starts out."""
 
     __slots__ = ("lane", "first", "alone", "assigned", "reserved", "answered", "starts", "_gone")
 
@@ -80,6 +84,7 @@ class LaneState:
         self.answered = asyncio.Event()  # rung at each answer: a wait on a stated quota looks again
         self.starts: deque[float] = deque(maxlen=6)  # this run's last starts on the key
         self._gone: asyncio.Future[None] | None = None
+        _spent_before(lane)
 
     def out(self, now: float) -> bool:
         return now < self.lane.out_until
@@ -164,6 +169,7 @@ class Keys:
         self.max_wait = max_wait
         self.on_quota = on_quota
         self.refusal: APIStatusError | None = None  # the last key's refusal: the batch's stop when none is left
+        self.waiting: float | None = None  # every key out: the reset the run waits for (told once)
         self._waiters: deque[asyncio.Future[LaneState | None]] = deque()
         self._timer: asyncio.TimerHandle | None = None
 
@@ -311,15 +317,52 @@ def _abandon(waiters: deque[asyncio.Future[LaneState | None]], future: asyncio.F
         pass
 
 
+def wall_of(lane: KeyLane) -> float:
+    """The Unix time now, as the key's quotas count it (their periods, their resets)."""
+    return lane.counted.wall() if lane.counted is not None else time.time()
+
+
+def _spent_before(lane: KeyLane) -> None:
+    """A key its record knows spent (by an earlier run, or another process) starts out of the run
+    until the quota's reset (a run's pieces take it out when they open it, so that its first lines
+    say so; a batch given lanes alone does it here)."""
+    spent = lane.record.quota_spent() if lane.record is not None else None
+    if spent is not None and lane.spent is None:
+        lane.spent = spent
+        lane.out_until = lane.pacer.now() + (spent.until - wall_of(lane))
+
+
+def lane_now(lane: KeyLane, now: float) -> KeyNow:
+    """What the key can do now (``pacing.forecast.key_now``), as the run holds it: its limit, out
+    until a quota spent comes back, or refused; on the pacer's clock."""
+    out = (lane.out_until, lane.spent.name) if lane.spent is not None else None
+    return key_now(lane.name, lane.limit(), now, out=out, refusal=lane.refusal)
+
+
 def _none_back(keys: Keys, now: float) -> None:
     """Every key of ``keys`` is out: the last refusal when none can come back; ``QuotaSpent`` (told
-    to ``on_quota``) when the first back is further than ``max_wait``; else nothing (wait for it)."""
-    back = [s.lane for s in keys.states if s.lane.refusal is None and s.lane.spent is not None]
-    if not back:
+    to ``on_quota``) when the first back is further than ``max_wait``; else nothing (wait for it,
+    said once)."""
+    lanes = [state.lane for state in keys.states]
+    held = [lane_now(lane, now) for lane in lanes]
+    if all(key.refused for key in held):
         assert keys.refusal is not None
         raise keys.refusal
-    first = min(lane.out_until for lane in back)
-    if first - now > keys.max_wait:
-        spent = [(lane.key_hash, lane.spent.name, lane.spent.until) for lane in back if lane.spent is not None]
+    waited = first_back(held, now, keys.max_wait)
+    if waited is None:
+        spent = [
+            (lane.key_hash, lane.spent.name, lane.spent.until)
+            for lane in lanes
+            if lane.refusal is None and lane.spent is not None
+        ]
         keys.on_quota(QuotaSpent(spent))
         raise asyncio.CancelledError
+    lane = lanes[held.index(waited)]
+    if keys.waiting != waited.out_until and lane.spent is not None and lane.tell is not None:
+        keys.waiting = waited.out_until
+        minutes = max(0.0, (waited.out_until or now) - now) / 60
+        quota = f"{lane.spent.name} of {lane.name}" if len(lanes) > 1 else lane.spent.name
+        lane.tell(
+            f"{'every key' if len(lanes) > 1 else lane.name}: quota spent; the run waits for the {quota} to reset at "
+            f"{utc(lane.spent.until)} ({minutes:.0f} min, within max_wait {keys.max_wait:g} s), then goes on"
+        )

@@ -1,16 +1,16 @@
 """What an attempt does with its key's quotas (``Quotas``): admitted (counted on a configured quota,
-reserved on a stated one, or the key leaves the run: ``KeyOut``), a 429's count given back, and what
-each answer says of them (room stated, a quota spent: the key out until its reset)."""
+reserved on a stated one, or the key leaves the run: ``KeyOut``), the count of an attempt not billed
+given back (``tally.charge``), and what each answer says of them (room stated, a quota spent: the
+key out until its reset)."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 from ..pacing.quota import LONG_RETRY_AFTER, Spent
 from ..service.errors import RateLimitError
 from ..service.rate_headers import RateStatement
-from ._keys import KeyOut, Keys, LaneState
+from ._keys import KeyOut, Keys, LaneState, wall_of
 
 __all__ = ["Quotas"]
 
@@ -62,10 +62,10 @@ class Quotas:
                 return period
             if not state.reserved and not lane.pacer.in_flight.on_wire:  # nothing of ours may give one back
                 spent = lane.counted.spent()
-                until = lane.pacer.now() + max(1.0, spent.until - time.time())
+                until = lane.pacer.now() + max(1.0, spent.until - wall_of(lane))
                 keys.take_out(state, until, spent, remember=False)  # the budget's count says it to every run
                 raise KeyOut
-            state.answered.clear()  # ours under way: a 429 among them gives its count back
+            state.answered.clear()  # ours under way: one not billed among them gives its count back
             await _next_answer(state)
             if state.out(lane.pacer.now()):
                 raise KeyOut
@@ -89,8 +89,8 @@ class Quotas:
             self.keys.take_out(state, lane.stated.until, lane.stated.spent())
 
     def give_back(self, state: LaneState, period: tuple[str, ...]) -> None:
-        """Uncount one request on the key's budget (a 429, or an attempt that never started), in a
-        task of its own: the attempt's end does not wait for it."""
+        """Uncount one request on the key's budget (one not billed, or an attempt that never started),
+        in a task of its own: the attempt's end does not wait for it."""
         counted = state.lane.counted
         assert counted is not None
         task = asyncio.ensure_future(counted.give_back(period))
@@ -129,7 +129,7 @@ class Quotas:
             name = f"quota (the service answered 429 asking to wait {_duration(wait)}{beyond})"
             if lane.stated.limit is not None and lane.stated.left is not None and lane.stated.left <= 0:
                 name = lane.stated.spent().name
-            keys.take_out(state, now + wait, Spent(name, time.time() + wait), remember=lasting)
+            keys.take_out(state, now + wait, Spent(name, wall_of(lane) + wait), remember=lasting)
         elif isinstance(error, RateLimitError) and limits is not None and limits.quota_room:
             # Refused on a quota it states: spent until its reset; one back within a minute or two is
             # the 429's pause (the pacer's), and the room stated (none) holds the key's next starts.

@@ -39,13 +39,18 @@ drives (it yields each round's requests and is sent their answers).
   fit one request, that request is the last, and the result says what was cut. The same cut applies
   to a single summary too long for any group. The ratio also bounds the rounds, so
   ``estimate_requests`` can give a true upper bound of reduce requests.
+
+Replay. A dry run of a row whose parts are answered already (a job done before, the machine's store)
+replays its reduce with the answers kept (``replay_reduce``): each round's requests are looked up as
+the engine would look them up, so a reduce answered before is known to cost nothing, and the first
+round with a request not kept is exact; only the rounds after it are a bound.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from fractions import Fraction
 from itertools import islice
@@ -67,6 +72,8 @@ __all__ = [
     "Round",
     "Reduced",
     "reduce_plan",
+    "Replay",
+    "replay_reduce",
 ]
 
 PART_WORDS = 4500  # 10% headroom under contract.MAX_WORDS: see the module docstring
@@ -307,3 +314,45 @@ def reduce_plan(
             groups[i] = answer.strip()
         words_before = words
         current = [group for group in groups if group]
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What a row's reduce would still send (``replay_reduce``): ``to_send``, the requests (text,
+    parameters) of the first round with an answer not kept, exact; then at most ``more`` reduce
+    requests in the rounds after it (0: that round is the last, or the row ends there)."""
+
+    to_send: list[tuple[str, contract.Params]]
+    more: int
+
+
+# What a reduce request's answer is, kept: (answered, its summary), a refusal (False, ""), or None
+# when nothing is kept for it.
+Kept = Callable[[str, contract.Params], tuple[bool, str] | None]
+
+
+def replay_reduce(
+    summaries: list[str], text_words: int, params: contract.Params, kept: Kept, *, max_words: int = PART_WORDS
+) -> Replay:
+    """The reduce of one row whose ``summaries`` (its parts', in order) are known, driven with the
+    answers ``kept`` holds for its requests, as the engine drives it: a round wholly kept goes on to
+    the next; the first round with a request not kept is what would be sent (the round's other
+    requests are kept, and cost nothing); a refusal kept ends the row after its round."""
+    plan = reduce_plan(summaries, text_words, params, max_words=max_words)
+    bound = estimate_requests(text_words, max_words=max_words)[1]
+    done = 0
+    try:
+        step = next(plan)
+        while True:
+            looked = [kept(text, step.params) for text in step.texts]
+            refused = any(found is not None and not found[0] for found in looked)
+            missing = [(text, step.params) for text, found in zip(step.texts, looked) if found is None]
+            if missing:
+                more = 0 if step.final or refused else max(0, bound - done - len(step.texts))
+                return Replay(missing, more)
+            if refused:
+                return Replay([], 0)
+            done += len(step.texts)
+            step = plan.send([found[1] for found in looked if found is not None])
+    except StopIteration:
+        return Replay([], 0)

@@ -1,5 +1,6 @@
 """The dry-run plan (``plan_batch``, ``BatchPlan``): every row classified as the engine would (sent,
-duplicate, known, skipped, a long text's parts), and nothing sent."""
+duplicate, known, skipped, a long text's parts, and its reduce replayed from the answers kept when
+its parts are answered), and nothing sent."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..data.results import OK, Answer
 from ..data.stores import AnswerStore
 from ..service import contract
 from ..service.client import validate_params
@@ -23,14 +25,15 @@ class BatchPlan:
     """What a run would do, without sending anything (``--dry-run``)."""
 
     rows: int = 0
-    to_send: int = 0  # distinct requests the store does not answer (rows, and long texts' parts)
+    to_send: int = 0  # distinct requests the store does not answer (rows, long texts' parts, reduces replayed)
     duplicates: int = 0  # rows that share a request with an earlier row
     known: int = 0  # rows the journal or the answer store already answers
     known_store: int = 0  # of those, rows the answer store shared beyond the output answers
     skipped_by_reason: Counter[str] = field(default_factory=Counter)
     long_rows: int = 0  # rows over the limit that long_texts="split" or "truncate" sends
     parts: int = 0  # part requests to send: exact
-    reduce_max: int = 0  # reduce requests: at most this many (fewer when the parts' summaries are short)
+    reduces: int = 0  # reduce requests to send, exact (a row whose parts are answered: its reduce replayed)
+    reduce_max: int = 0  # reduce requests beyond those: at most this many (fewer when the summaries are short)
     skipped_long_cost: tuple[int, int] = (0, 0)  # what splitting the skipped long rows would take
 
     def minimum_seconds(self, rpm: float, first: int = 1) -> float:
@@ -38,16 +41,34 @@ class BatchPlan:
         once: each key's lone first request, every key's together)."""
         return max(0, self.to_send - first) * 60.0 / rpm if rpm else 0.0
 
-    def describe(self, rpm: float | None, first: int = 1) -> str:
+    def describe(
+        self,
+        rpm: float | None,
+        first: int = 1,
+        *,
+        seconds: float | None = None,
+        waited: float = 0.0,
+        stops_after: int | None = None,
+    ) -> str:
         """The plan in lines; ``rpm`` None: the limit is not known yet (``rpm="auto"``); ``first``:
-        requests that go at once (one per key)."""
+        requests that go at once (one per key). From the keys' quotas (``pacing.forecast.project``):
+        ``seconds`` the time the requests take, ``waited`` of it waiting for a quota's reset, and
+        ``stops_after``: the requests sent before a quota stops the run (None: it does not)."""
         skipped = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped_by_reason.items())) or "none"
-        if rpm is None:
-            pace = "how long that takes depends on the limit, not known yet"
+        waits = f", {_duration(waited)} of it waiting for a quota to reset" if waited else ""
+        if stops_after is not None:
+            about = f"about {stops_after}" if stops_after else "none"
+            at = f"at {rpm:g} requests/min, " if rpm else ""
+            pace = f"{at}{about} of them before a quota stops the run (see quota below)"
+        elif rpm is None:
+            pace = "how long that takes depends on the limit, not known yet" + (
+                f" (a wait for a quota to reset, {_duration(waited)}, included)" if waited else ""
+            )
         elif rpm:
-            pace = f"at {rpm:g} requests/min that takes at least {_duration(self.minimum_seconds(rpm, first))}"
+            took = seconds if seconds is not None else self.minimum_seconds(rpm, first)
+            pace = f"at {rpm:g} requests/min that takes at least {_duration(took)}{waits}"
         else:
-            pace = "unpaced (rpm 0)"
+            pace = "unpaced (rpm 0)" + (f", {_duration(waited)} waiting for a quota to reset" if waited else "")
         sends = f"{_count(self.to_send, 'request')}"
         if self.reduce_max:  # a long text's reduce requests depend on how long its parts' summaries are
             sends = f"{self.to_send} to {_count(self.to_send + self.reduce_max, 'request')}"
@@ -59,9 +80,15 @@ class BatchPlan:
             f"would skip:       {_count(sum(self.skipped_by_reason.values()), 'row')} ({skipped})",
         ]
         if self.long_rows:
+            if not self.reduce_max:
+                reduces = _count(self.reduces, "reduce request")
+            elif self.reduces:
+                reduces = f"{self.reduces} to {self.reduces + self.reduce_max} reduce requests"
+            else:
+                reduces = f"at most {self.reduce_max} reduce requests"
             lines.append(
                 f"long texts:       {_count(self.long_rows, 'row')} over the limit: {self.parts} part requests "
-                f"and at most {self.reduce_max} reduce requests (in the requests above)"
+                f"and {reduces} (in the requests above)"
             )
         if self.skipped_long_cost[0]:
             parts, reduce = self.skipped_long_cost
@@ -114,6 +141,16 @@ def plan_batch(
             return "store"
         return None
 
+    def answer(text: str, request_params: contract.Params) -> Answer | None:
+        """The answer kept for a request (the journal's, else the store's); None: none kept."""
+        key = text_fingerprint(request_params)(text)
+        found = store.get(key) if store is not None else None
+        return found if found is not None or shared is None else shared.get(key)
+
+    def kept(text: str, request_params: contract.Params) -> tuple[bool, str] | None:
+        found = answer(text, request_params)
+        return None if found is None else (found.status == OK, found.summary or "")
+
     def count(text: str, request_params: contract.Params) -> bool:
         """True when this request is new: neither an earlier row's nor kept."""
         key = text_fingerprint(request_params)(text)
@@ -134,9 +171,17 @@ def plan_batch(
             if long_texts_policy == TRUNCATE:
                 count(long_texts.truncate_text(text), params)
                 continue
-            new = [count(part, long_texts.part_params(params)) for part in long_texts.split_text(text)]
-            plan.parts += sum(new)
-            plan.reduce_max += long_texts.estimate_requests(contract.count_words(text))[1]
+            pieces, words = long_texts.split_text(text), contract.count_words(text)
+            part_params = long_texts.part_params(params)
+            plan.parts += sum(count(piece, part_params) for piece in pieces)
+            answers = [answer(piece, part_params) for piece in pieces]
+            if any(found is None for found in answers):  # parts still to send: their summaries are not known
+                plan.reduce_max += long_texts.estimate_requests(words)[1]
+            elif all(found.status == OK for found in answers if found is not None):  # else the row fails: no reduce
+                summaries = [found.summary or "" for found in answers if found is not None]
+                replay = long_texts.replay_reduce(summaries, words, params, kept)
+                plan.reduces += sum(count(reduced, reduce_params) for reduced, reduce_params in replay.to_send)
+                plan.reduce_max += replay.more
             continue
         if problem is not None:
             plan.skipped_by_reason[problem[0].value] += 1

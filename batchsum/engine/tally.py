@@ -1,5 +1,6 @@
-"""A run's live counts (``BatchStats``): rows by status, requests and their attempts, and long texts'
-extra work (``LongWork``); read by progress bars, the one-line account and the run report."""
+"""A run's live counts (``BatchStats``): rows by status, requests and their attempts, what the service
+billed and what used its rate (``charge``, the one rule), and long texts' extra work (``LongWork``);
+read by progress bars, the one-line account and the run report."""
 
 from __future__ import annotations
 
@@ -9,9 +10,16 @@ from array import array
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ..data.results import OK, SKIPPED, RowResult
+from ..service.errors import (
+    APIConnectionError,
+    APIResponseValidationError,
+    APIStatusError,
+    AuthenticationError,
+    RateLimitError,
+)
 from .long_texts import estimate_requests
 from .timeline import Timeline
 
@@ -19,9 +27,45 @@ if TYPE_CHECKING:
     from ..pacing import Pacer, PacerState
     from .keys import Pacers
 
-__all__ = ["BatchStats", "LongWork", "Telemetry"]
+__all__ = ["BatchStats", "LongWork", "Telemetry", "Charge", "charge"]
 
 _STATUS = operator.attrgetter("status")
+
+
+class Charge(NamedTuple):
+    """What one attempt cost: ``paid``, billed by the service or maybe billed (the report's
+    ``requests.paid``, what ``max_requests`` caps and a configured quota counts), and ``used_rate``,
+    counted against the service's rate (the report's ``requests.used_rate`` and utilization; the
+    pace spaces every start whatever it cost)."""
+
+    paid: bool
+    used_rate: bool
+
+
+_BILLED, _USED, _FREE = Charge(True, True), Charge(False, True), Charge(False, False)
+
+
+def charge(error: BaseException | None) -> Charge:
+    """What an attempt that ended with ``error`` (None: answered) cost, by one rule:
+
+    - an answer (200) is billed, and so is a 200 whose body could not be read (``bad_response``);
+    - a 429 (the service's "later") and a 401 for a wrong key cost nothing;
+    - any other answer the service gave that is not a summary is not billed but used the rate: a 401
+      for the plan (an expired plan, or a mode it refuses), a 422, a 5xx (the service's failure), any
+      other status;
+    - a timeout, a connection lost once made, a stop while on the wire: maybe billed (the request may
+      have reached the service, and no answer will say it did not), so they count as paid: a cap or a
+      quota is never overspent; and they used the rate;
+    - a connection never made (refused, or none within the timeout) reached nothing: it costs nothing."""
+    if error is None or isinstance(error, APIResponseValidationError):
+        return _BILLED
+    if isinstance(error, (RateLimitError, AuthenticationError)):
+        return _FREE
+    if isinstance(error, APIStatusError):
+        return _USED
+    if isinstance(error, APIConnectionError) and not error.reached:
+        return _FREE
+    return _BILLED
 
 
 class Telemetry(Protocol):
@@ -29,7 +73,7 @@ class Telemetry(Protocol):
 
     def attempt_started(self) -> None: ...
 
-    def attempt_ended(self, outcome: str, latency: float | None) -> None: ...
+    def attempt_ended(self, outcome: str, latency: float | None, paid: bool) -> None: ...
 
     def row_done(self, status: str, count: int = 1) -> None: ...
 
@@ -91,6 +135,8 @@ class BatchStats:
     timeline: Timeline | None = None  # told by the pacer (``PaceLog``) and by the counts here
     first_request: str | None = None  # whether the run's first request went alone, and why
     requests: int = 0  # attempts that went to the service, 429s and retries included
+    paid: int = 0  # attempts the service billed, or may have (``charge``)
+    used_rate: int = 0  # attempts the service counts against its rate (``charge``)
     outcomes: Counter[str] = field(default_factory=Counter)  # attempts by outcome: ok, rate_limited, error codes
     latencies: array[float] = field(default_factory=lambda: array("d"))  # of answered attempts, seconds
     telemetry: Telemetry | None = None
@@ -108,11 +154,6 @@ class BatchStats:
         """Rows whose result is known (counted as they arrive, in any order)."""
         return self.ok + self.skipped + self.failed
 
-    @property
-    def paid(self) -> int:
-        """Attempts the service charges for: every attempt but its 429s (the service's "later")."""
-        return self.requests - self.outcomes["rate_limited"]
-
     def attempt_started(self, on_wire: int) -> None:
         self.requests += 1
         if self.pacer is not None and self.timeline is not None:
@@ -120,14 +161,16 @@ class BatchStats:
         if self.telemetry is not None:
             self.telemetry.attempt_started()
 
-    def attempt_ended(self, outcome: str, latency: float | None, on_wire: int) -> None:
+    def attempt_ended(self, outcome: str, latency: float | None, on_wire: int, cost: Charge = _BILLED) -> None:
         self.outcomes[outcome] += 1
+        self.paid += cost.paid
+        self.used_rate += cost.used_rate
         if latency is not None:
             self.latencies.append(latency)
         if self.pacer is not None and self.timeline is not None:
             self.timeline.in_flight(self.pacer.now(), on_wire)
         if self.telemetry is not None:
-            self.telemetry.attempt_ended(outcome, latency)
+            self.telemetry.attempt_ended(outcome, latency, cost.paid)
 
     @property
     def work_total(self) -> int | None:
@@ -209,12 +252,12 @@ class BatchStats:
             self.telemetry.row_done(OK, ok)
 
     def account(self) -> str:
-        """One line: rows, sent, reused, skipped by reason, failed by code, 429s, wall time."""
+        """One line: rows, sent, reused, skipped by reason, failed by code, 429s, paid, wall time."""
         parts, reduces = self.sent_by_kind["part"], self.sent_by_kind["reduce"]
         long = f" ({parts} long-text parts, {reduces} reduces)" if parts or reduces else ""
         store = f" ({self.from_store} from the store)" if self.from_store else ""
         return (
             f"{self.done} rows: {self.ok} ok, {self.skipped} skipped{_by(self.skipped_by_reason)}, "
             f"{self.failed} failed{_by(self.failed_by_code)}; {self.sent} sent{long}, {self.reused} reused{store}, "
-            f"{self.rate_limited} 429s, {self.elapsed:.1f}s"
+            f"{self.rate_limited} 429s, {self.paid} paid, {self.elapsed:.1f}s"
         ) + self.long_work.skipped_cost(self.skipped_by_reason["too_long"])

@@ -6,7 +6,8 @@ Retry-After is longer than a per-minute limit ever asks); and what a spent quota
 which quota, until when).
 
 Invariants: a configured quota's count on the budget never passes its limit (a request is counted
-before it starts, and given back only when the service answered 429, "not paid"); starts on a
+before it starts, and given back only when its answer shows it was not billed: a 429, a refusal of
+the key, a 422, a 5xx; ``engine.tally.charge`` says which); starts on a
 stated quota never outnumber what the service stated it has left, less what of ours it may not have
 counted yet; neither ever moves the per-minute pace, which stays the pacer's.
 """
@@ -155,15 +156,16 @@ class CountedQuota:
     month), by every run on the key, whether it configured a quota or not, so that the count a
     configured ``quota`` (``Quota``) is held to is everything the key's runs paid: ``claim`` counts one
     paid request before it starts (None: the quota is spent), ``give_back`` uncounts one the service
-    did not charge for (a 429). With no ``quota``, it counts and never refuses."""
+    did not bill (``engine.tally.charge``). With no ``quota``, it counts and never refuses. ``wall``: the
+    Unix time now, the periods' clock."""
 
-    __slots__ = ("quota", "budget", "used", "_wall", "_one")
+    __slots__ = ("quota", "budget", "used", "wall", "_one")
 
     def __init__(self, quota: Quota | None, budget: Budget, wall: Callable[[], float] = time.time) -> None:
         self.quota = quota
         self.budget = budget
         self.used: int | None = None  # the count of the quota's period after our last claim (every run's)
-        self._wall = wall
+        self.wall = wall
         # A few counts at a time: a batch's attempts all claim at once, and each call is a command on
         # the budget (a Redis connection each, of a pool of 100); a few keep a far budget's round
         # trips from capping the pace (one at a time, 30 ms apart, is 2000 a minute).
@@ -171,7 +173,7 @@ class CountedQuota:
 
     def _periods(self) -> list[tuple[str, float]]:
         """The periods now, the quota's first: each's name and the seconds its count is kept."""
-        wall = self._wall()
+        wall = self.wall()
         first = self.quota.period if self.quota is not None else PERIODS[0]
         periods = []
         for period in sorted(PERIODS, key=lambda name: name != first):
@@ -198,13 +200,13 @@ class CountedQuota:
 
     def spent(self) -> Spent:
         assert self.quota is not None
-        _, _, end = self.quota.window(self._wall())
+        _, _, end = self.quota.window(self.wall())
         return Spent(f"{self.quota.name} (configured)", end)
 
     def describe(self) -> str | None:
         """``45 left in the daily quota of 300 until ...`` (None: no quota configured)."""
         if self.quota is None:
             return None
-        _, _, end = self.quota.window(self._wall())
+        _, _, end = self.quota.window(self.wall())
         used = "?" if self.used is None else max(0, self.quota.limit - self.used)
         return f"{used} left in the {self.quota.name} until {utc(end)}"

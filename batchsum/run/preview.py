@@ -1,12 +1,16 @@
 """What a run would do, sending nothing and creating no file (``dry_run``): rows to send, skip and
-reuse, the least time, the paid requests needed, the limit under auto and the budget it joins."""
+reuse, the time it takes at what each key can do now (``look_at_key``: a key whose quota is spent adds
+nothing until its reset) with the waits for quotas the run would wait for and the stop where it
+would stop (``pacing.forecast.project``, by the rule the run keeps), the paid requests needed, the
+limit under auto and the budget it joins."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +21,8 @@ from ..data.scopes import look_at_store
 from ..data.stores import StoreError
 from ..engine.plan import BatchPlan, plan_batch
 from ..pacing import KeyRecord
-from ..pacing.budget import Budget, open_budget
+from ..pacing.budget import Budget, Slot, open_budget
+from ..pacing.forecast import KeyNow, Projection, QuotaLeft, key_now, project
 from ..pacing.quota import utc, window_name
 from ..service.client import AsyncClient
 from ..service.errors import BudgetError, ConfigurationError
@@ -26,24 +31,64 @@ from ..service.settings import AUTO_MAX_RPM, describe_rate
 from .binding import spec_key_hash
 from .spec import RunSpec
 
-__all__ = ["dry_run", "estimate", "summed_rate"]
+__all__ = ["dry_run", "estimate", "forecast", "look_at_key", "sends", "summed_rate", "KeyLook", "Forecast"]
 
 
-async def _budget_lines(spec: RunSpec) -> tuple[str, KeyRecord | None, list[str], list[_Left]]:
-    """Which budget a run would join, how many starts it had in the last minute (others' runs), and
-    whether the run's first request would go alone; and the key's record at its service. With several
-    keys, a line for each (its hash, source, limit, first request, quota) besides."""
-    if spec.client.local:
-        return (
-            (
-                "budget:           the local service's own fresh key: no other run uses it\n"
-                "first request:    alone: the local service's own key is new"
-            ),
-            None,
-            [],
-            [],
-        )
-    lines, lefts, first_record, first_seen = [], [], None, None
+@dataclass(frozen=True)
+class KeyLook:
+    """What a dry run reads of one key on its budget, writing nothing: its hash, its record at the
+    service, the budget's state (``seen``: starts in the last minute by other runs) and where it is,
+    what the key can do now (``now``), and what its quotas leave in words (``words``)."""
+
+    key: str
+    record: KeyRecord
+    seen: Slot
+    where: str
+    now: KeyNow
+    words: str
+
+
+async def look_at_key(
+    spec: RunSpec, plan: KeyPlan | None, budget: Budget, wall: Callable[[], float] = time.time
+) -> KeyLook:
+    """What ``spec``'s run could do on one key (``plan``; None: the spec's one key), read from its
+    ``budget``: its rate (configured, or under auto the limit its record remembers), each quota and
+    what it leaves until its reset (configured: the budget's count; stated: what the record last
+    heard), a quota its record knows spent; as ``pacing.forecast.key_now`` says it."""
+    now = wall()
+    seen = await budget.look()
+    key = plan.hash if plan is not None else spec_key_hash(spec)
+    service = spec.client.service
+    record = KeyRecord(budget, key, service, await budget.recall(key, service), clock=wall)
+    rpm, auto = plan.limit(spec.rpm, spec.auto) if plan is not None else (spec.rpm, spec.auto)
+    found = record.limit() if auto else None
+    rate = (min(found.rpm, rpm) if found is not None else None) if auto else rpm
+    quotas, words = [], []
+    spent = record.quota_spent()
+    if spent is not None:
+        words.append(f"its {spent.describe()}: the run would not send on it before then")
+    configured = plan.quota if plan is not None and plan.quota is not None else spec.quota
+    if configured is not None:
+        period, _, end = configured.window(now)
+        left = max(0, configured.limit - await budget.quota_used(period))
+        quotas.append(QuotaLeft(f"{configured.name} (configured)", left, end, configured.limit, configured.period))
+        if spent is None:
+            words.append(f"about {left} left in this key's {configured.name} until {utc(end)}")
+    stated = record.quota()
+    if stated is not None and stated.get("remaining") is not None:
+        name = f"{window_name(stated.get('window'))} quota" + (f" of {stated['limit']}" if stated.get("limit") else "")
+        left, reset = int(stated["remaining"]), float(stated["reset_at"])
+        window = stated.get("window") if stated.get("limit") else None
+        quotas.append(QuotaLeft(f"{name} (stated by the service)", left, reset, stated.get("limit"), window))
+        if spent is None:
+            words.append(f"about {left} left in this key's {name} until {utc(reset)} (stated)")
+    out = (spent.until, spent.name) if spent is not None else None
+    return KeyLook(key, record, seen, budget.where, key_now(key, rate, now, quotas=quotas, out=out), "; ".join(words))
+
+
+async def _look_at_keys(spec: RunSpec) -> list[KeyLook]:
+    """Each key of ``spec`` as a dry run reads it (``look_at_key``), its budget opened and closed."""
+    looks = []
     for plan in spec.keys or (None,):
         kwargs = spec.client.client_kwargs()
         if plan is not None:
@@ -51,93 +96,93 @@ async def _budget_lines(spec: RunSpec) -> tuple[str, KeyRecord | None, list[str]
         async with AsyncClient(**kwargs) as client:
             budget = open_budget(spec.budget, client.identity)
             try:
-                seen = await budget.look()
-                key = plan.hash if plan is not None else spec_key_hash(spec)
-                record = await KeyRecord.recall(budget, key, spec.client.service)
-                quota = await _quota_left(spec, plan, budget, record)
+                looks.append(await look_at_key(spec, plan, budget))
             finally:
                 await budget.aclose()
-        if first_record is None:
-            first_record, first_seen, where = record, seen, budget.where
+    return looks
+
+
+def _budget_lines(spec: RunSpec, looks: Sequence[KeyLook]) -> tuple[str, list[str]]:
+    """Which budget a run would join, how many starts it had in the last minute (others' runs), and
+    whether the run's first request would go alone. With several keys, a line for each (its hash,
+    source, limit, first request, quota) besides."""
+    if spec.client.local:
+        return (
+            "budget:           the local service's own fresh key: no other run uses it\n"
+            "first request:    alone: the local service's own key is new"
+        ), []
+    lines = []
+    for plan, look in zip(spec.keys or (None,), looks):
         rpm, auto = plan.limit(spec.rpm, spec.auto) if plan is not None else (spec.rpm, spec.auto)
         limit = describe_rate(rpm, auto)
         shown = f"{limit:g}/min" if isinstance(limit, float) else limit
         source = f" ({plan.source})" if plan is not None else ""
-        lefts.append(quota)
         lines.append(
-            f"key {key}{source}: {shown}; first request {record.describe(spec.params.mode)}; "
-            f"{seen.starts} started on its budget in the last minute by other runs"
-            + (f"; {quota.words}" if quota.words else "")
+            f"key {look.key}{source}: {shown}; first request {look.record.describe(spec.params.mode)}; "
+            f"{look.seen.starts} started on its budget in the last minute by other runs"
+            + (f"; {look.words}" if look.words else "")
         )
-    assert first_record is not None and first_seen is not None
-    pause = (
-        f"; paused {first_seen.paused_for:.0f} s more: {first_seen.pause_reason}" if first_seen.paused_for > 0 else ""
-    )
+    first = looks[0]
     if len(lines) > 1:
         return (
-            (
-                f"budget:           {where}, one for each key\n"
-                f"first request:    each key's first request goes alone, every key's at once (a wrong key costs one "
-                "request per key), unless the key is proven"
-            ),
-            first_record,
-            lines,
-            lefts,
+            f"budget:           {first.where}, one for each key\n"
+            f"first request:    each key's first request goes alone, every key's at once (a wrong key costs one "
+            "request per key), unless the key is proven"
+        ), lines
+    seen = first.seen
+    pause = f"; paused {seen.paused_for:.0f} s more: {seen.pause_reason}" if seen.paused_for > 0 else ""
+    return (
+        f"budget:           {first.where}; {seen.starts} requests started on it in the last minute "
+        f"by other runs with this key{pause}\n"
+        f"first request:    {first.record.describe(spec.params.mode)}"
+    ), lines
+
+
+def _unread_keys(spec: RunSpec, now: float) -> list[KeyNow]:
+    """The keys as the spec alone says them, when their budgets cannot be read: each at its
+    configured rate (None under auto), its quotas not known."""
+    plans: Sequence[KeyPlan | None] = spec.keys or (None,)
+    keys = []
+    for plan in plans:
+        rpm, auto = plan.limit(spec.rpm, spec.auto) if plan is not None else (spec.rpm, spec.auto)
+        keys.append(key_now(plan.hash if plan is not None else "key", None if auto else rpm, now))
+    return keys
+
+
+def _quota_line(projection: Projection, max_wait: float) -> str:
+    """The line a dry run adds when the keys' quotas decide the run: where it waits for a reset
+    (within ``max_wait``), or where it stops (exit 1), as the run decides; "" when they do not."""
+    requests, sent = projection.requests, projection.sent
+    if projection.stops:
+        assert projection.stop_at is not None
+        sends = f"would send about {sent} and stop" if sent else "would send nothing and stop"
+        line = f"\nquota:            short: the quotas leave about {sent} of the {requests} requests; a run {sends} (exit 1)"
+        if projection.back is None:
+            return line
+        after = projection.back - projection.stop_at
+        return (
+            f"{line}: the first quota back, the {projection.why}, resets at {utc(projection.back)}, "
+            f"{_duration(after)} after the run would stop, longer than max_wait ({max_wait:g} s); the same command "
+            f"continues once a quota resets (or waits for it with a max_wait of {math.ceil(after)} s or more)"
         )
-    return (
-        (
-            f"budget:           {where}; {first_seen.starts} requests started on it in the last minute "
-            f"by other runs with this key{pause}\n"
-            f"first request:    {first_record.describe(spec.params.mode)}"
-        ),
-        first_record,
-        lines,
-        lefts,
-    )
-
-
-@dataclass(frozen=True)
-class _Left:
-    """What a key's quota leaves, as a dry run reads it: its words for the key's line, and about how
-    many requests (None: no quota known) until when (a Unix time)."""
-
-    words: str = ""
-    left: int | None = None
-    until: float = 0.0
-
-
-async def _quota_left(spec: RunSpec, plan: KeyPlan | None, budget: Budget, record: KeyRecord) -> _Left:
-    """What is known of the key's quota: spent until when, about how many left until when, or none."""
-    spent = record.quota_spent()
-    if spent is not None:
-        return _Left(f"its {spent.describe()}: the run would not send on it before then", 0, spent.until)
-    quota = plan.quota if plan is not None and plan.quota is not None else spec.quota
-    if quota is not None:
-        period, _, end = quota.window(time.time())
-        left = max(0, quota.limit - await budget.quota_used(period))
-        return _Left(f"about {left} left in this key's {quota.name} until {utc(end)}", left, end)
-    stated = record.quota()
-    if stated is not None and stated.get("remaining") is not None:
-        name = f"{window_name(stated.get('window'))} quota" + (f" of {stated['limit']}" if stated.get("limit") else "")
-        words = f"about {stated['remaining']} left in this key's {name} until {utc(stated['reset_at'])} (stated)"
-        return _Left(words, int(stated["remaining"]), float(stated["reset_at"]))
-    return _Left()
-
-
-def _short_of(lefts: list[_Left], most: int) -> str:
-    """The line a dry run adds when what every key's quota leaves is less than the job needs: the run
-    would send that much and stop (exit 1), to continue after a reset; "" when it is not short."""
-    if not lefts or any(left.left is None for left in lefts):
+    if not projection.waits:
         return ""
-    room = sum(left.left or 0 for left in lefts)
-    if room >= most:
-        return ""
-    reset = utc(min(left.until for left in lefts))
-    sends = f"would send about {room} and stop" if room else "would send nothing and stop"
-    return (
-        f"\nquota:            short: the quotas leave about {room} of the {most} requests; a run {sends} (exit 1); "
-        f"the same command continues once a quota resets (the first at {reset})"
-    )
+    first = projection.waits[0]
+    wait = f"waits for the {first.why} to reset at {utc(first.until)} ({_duration(first.until - first.start)}, within max_wait {max_wait:g} s)"
+    if first.sent:
+        line = f"the quotas leave about {first.sent} of the {requests} requests before a reset: a run sends those, {wait}, and goes on"
+    else:
+        line = f"every key's quota is spent now: a run {wait}, then sends"
+    more = len(projection.waits) - 1
+    if more:
+        line += f" ({more} more wait{'s' if more != 1 else ''} for a reset after it, {_duration(projection.waited)} of waiting in all)"
+    return f"\nquota:            {line}; the time above counts the waiting"
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
 def _limit_line(spec: RunSpec, record: KeyRecord | None) -> tuple[str, float | None]:
@@ -208,8 +253,9 @@ def _stores(spec: RunSpec, stack: ExitStack) -> tuple[Journal | None, _Looked]:
 
 
 def summed_rate(spec: RunSpec) -> float | None:
-    """The rate a run's requests go at, requests a minute: its keys' limits summed (each key's line
-    of a key file, else ``rpm``); None where one is searched for (``auto``)."""
+    """The rate a run's requests go at by its options alone, requests a minute: its keys' limits
+    summed (each key's line of a key file, else ``rpm``); None where one is searched for (``auto``).
+    What the keys can do now (a quota spent) is ``forecast``'s."""
     if not spec.keys:
         return None if spec.auto else spec.rpm
     rates = [plan.limit(spec.rpm, spec.auto) for plan in spec.keys]
@@ -224,47 +270,81 @@ def estimate(spec: RunSpec, texts: Iterable[Any]) -> BatchPlan:
         return plan_batch(texts, params=spec.params, store=journal, shared=store, long_texts_policy=spec.long_texts)
 
 
+def sends(spec: RunSpec, batch: BatchPlan) -> int:
+    """The requests a run of ``batch`` sends at most: every one it needs (long texts' reduce requests
+    at their bound), within ``max_requests`` and ``sample``."""
+    most = batch.to_send + batch.reduce_max
+    return min(most, spec.max_requests if spec.max_requests is not None else most, spec.sample or most)
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """What a run of ``spec`` does on its keys as they are now: ``projections`` one per plan given
+    (``pacing.forecast.project``), from the keys read (``looks``; empty: their budgets could not be
+    read, or the local service's key: each key at its configured rate), and why a budget could not
+    be read (``problem``, a line of the dry run)."""
+
+    projections: list[Projection]
+    looks: list[KeyLook]
+    problem: str = ""
+
+
+def forecast(spec: RunSpec, batches: Sequence[BatchPlan]) -> Forecast:
+    """What runs of ``spec`` over each of ``batches`` would do on its keys now: each key read once
+    (``look_at_key``: its rate, a quota spent taking it out until the reset), then each batch's
+    requests projected as the run goes (waits for a reset within ``max_wait``, a stop beyond it)."""
+    now = time.time()
+    looks: list[KeyLook] = []
+    problem = ""
+    if not spec.client.local:
+        try:
+            looks = asyncio.run(_look_at_keys(spec))
+        except BudgetError as exc:
+            problem = f"budget:           not usable ({exc})"
+        except ConfigurationError as exc:
+            problem = f"budget:           not known ({exc})"
+    keys = [look.now for look in looks] or _unread_keys(spec, now)
+    return Forecast([project(keys, sends(spec, batch), now, spec.max_wait) for batch in batches], looks, problem)
+
+
 def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
     """What a run of ``spec`` over ``texts`` would do, sending nothing and creating no file: rows to
-    send, skip, reuse (from the journal, when it exists, and the answer store), the least time, and
-    the budget it joins."""
+    send, skip, reuse (from the journal, when it exists, and the answer store), the time it takes at
+    what each key can do now (quota waits included), where a quota would stop it, and the budget it
+    joins."""
     with ExitStack() as stack:
         journal, store = _stores(spec, stack)
         batch = plan_batch(texts, params=spec.params, store=journal, shared=store, long_texts_policy=spec.long_texts)
-    record: KeyRecord | None = None
-    keys: list[str] = []
-    lefts: list[_Left] = []
-    try:
-        budget, record, keys, lefts = asyncio.run(_budget_lines(spec))
-    except BudgetError as exc:
-        budget = f"budget:           not usable ({exc})"
-    except ConfigurationError as exc:
-        budget = f"budget:           not known ({exc})"
-    limit, rate = _limit_line(spec, record) if spec.auto else ("", spec.rpm)
-    if spec.keys:  # each key at its line's rate: summed, unless one is searched for
-        summed = summed_rate(spec)
-        if summed is not None:
-            limit, rate = "", summed
-        elif len(spec.keys) > 1 or not spec.auto:
-            rate = None
-    plan = batch.describe(rate, first=max(1, len(spec.keys)))
+    seen = forecast(spec, [batch])
+    projection, looks = seen.projections[0], seen.looks
+    budget, keys = (seen.problem, []) if seen.problem else _budget_lines(spec, looks)
+    limit = ""
+    if spec.auto and summed_rate(spec) is None and len(spec.keys) <= 1:
+        limit = _limit_line(spec, looks[0].record if looks else None)[0]
+    plan = batch.describe(
+        projection.rate,
+        first=max(1, len(spec.keys)),
+        seconds=projection.seconds,
+        waited=projection.waited,
+        stops_after=projection.sent if projection.stops else None,
+    )
     most = batch.to_send + batch.reduce_max
     bound = " (at most; long texts' reduce requests are a bound)" if batch.reduce_max else ""
-    needed = f"requests needed:  {most} paid requests for the whole job{bound} (more only for retries)"
+    needed = f"requests needed:  {most} paid requests for the whole job{bound} (more only for answers lost on the way)"
     if spec.max_requests is not None:
         runs = -(-most // spec.max_requests) if most else 0
         needed += f"; at max_requests {spec.max_requests}: {runs} run{'s' if runs != 1 else ''}"
     if spec.sample is not None:
         needed += f"; a sample sends at most {min(spec.sample, batch.rows)}"
-    if len(keys) == 1 and lefts[0].words:
-        needed += "; " + lefts[0].words
-    sends = min(most, spec.max_requests if spec.max_requests is not None else most, spec.sample or most)
-    plan = f"{plan}\n{needed}{_short_of(lefts, sends)}"
+    if len(keys) == 1 and looks[0].words:
+        needed += "; " + looks[0].words
+    plan = f"{plan}\n{needed}{_quota_line(projection, spec.max_wait)}"
     if limit:
         plan = f"{plan}\n{limit}"
     if len(keys) > 1:
         plan += (
             f"\nkeys:             {len(keys)}, the requests spread over them by free capacity (the time above is "
-            "at their summed limits, each key's lone first request going at once)\n" + "\n".join(keys)
+            "at the summed limits of the keys that can send, each key's lone first request going at once)\n"
+            + "\n".join(keys)
         )
     return f"{plan}\n{store.line}\n{budget}"

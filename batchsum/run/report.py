@@ -6,6 +6,7 @@ the timeline second by second (``Timeline``) it is made of are the engine's (``e
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import math
@@ -19,6 +20,16 @@ from typing import Any
 from ..engine.tally import BatchStats as BatchStats
 from ..engine.tally import LongWork as LongWork
 from ..engine.timeline import Timeline as Timeline
+from ..service.errors import (
+    AuthenticationError,
+    BudgetError,
+    InputError,
+    JournalError,
+    NotPremiumError,
+    OutputError,
+    QuotaSpent,
+    RequestCapReached,
+)
 
 __all__ = [
     "BatchStats",
@@ -28,10 +39,39 @@ __all__ = [
     "merge_reports",
     "describe_report",
     "write_report",
+    "stop_cause",
+    "upgrade_report",
     "REPORT_SCHEMA",
+    "STOP_CAUSES",
 ]
 
-REPORT_SCHEMA = "batchsum-run-report/2"  # bumped only by a change that breaks a reader (2: several keys)
+# Bumped only by a change that breaks a reader (2: several keys; 3: a stop's ``cause``, ``paid`` what
+# was billed beside ``used_rate``). Reports of the schemas before are still read (merged, described).
+REPORT_SCHEMA = "batchsum-run-report/3"
+
+# Why a stopped run stopped (the report's ``cause``), by the type of the error that stopped it: the
+# nearest class of the error's own (its MRO) named here. A new kind of stop is one line here (and its
+# word in the schema's ``cause``); an error none of these names ended the run as ``failed``.
+STOP_CAUSES: dict[type[BaseException], str] = {
+    KeyboardInterrupt: "signal",
+    asyncio.CancelledError: "cancel",
+    RequestCapReached: "request_cap",
+    QuotaSpent: "quota",
+    AuthenticationError: "key_refused",
+    NotPremiumError: "key_refused",
+    BudgetError: "budget_unreachable",
+    JournalError: "journal",
+    InputError: "input",
+    OutputError: "output",
+}
+
+
+def stop_cause(error: BaseException | None) -> str | None:
+    """The ``cause`` of a run that ``error`` stopped (``STOP_CAUSES``); None: not a stop (no error, or
+    a failure)."""
+    if error is None:
+        return None
+    return next((STOP_CAUSES[kind] for kind in type(error).__mro__ if kind in STOP_CAUSES), None)
 
 
 def _iso(wall: float) -> str:
@@ -82,16 +122,10 @@ def run_report(
     ``keys``: each key of the run as ``engine.keys.KeyLane.describe`` gives it (its hash, never the key).
 
     ``started_at`` / ``ended_at``: wall-clock times. ``error``: what ended the run, if not its end:
-    a stop (a signal, the request cap, a refused key, a broken input, a journal: ``stopped``) or
-    anything else (``failed``)."""
-    from ..service.errors import BatchsumError
-
-    if error is None:
-        outcome = "finished"
-    elif isinstance(error, (BatchsumError, KeyboardInterrupt)) or type(error).__name__ == "CancelledError":
-        outcome = "stopped"
-    else:
-        outcome = "failed"
+    a stop (``stopped``, its ``cause`` by ``STOP_CAUSES``: a signal, the request cap, a refused key, a
+    broken input, a journal, ...) or anything else (``failed``)."""
+    cause = stop_cause(error)
+    outcome = "finished" if error is None else "stopped" if cause is not None else "failed"
     timeline = stats.timeline.to_dict() if stats.timeline is not None else None
     if timeline is not None:
         timeline["total"] = stats.total
@@ -100,8 +134,6 @@ def run_report(
     if len(keys) > 1:  # several keys: the plan is the sum of their limits
         rpm = float(sum(key["limit"] or 0.0 for key in keys))
     share = float(options.get("share") or 1.0)
-    minutes = max(ended_at - started_at, 1e-9) / 60
-    per_minute = stats.paid / minutes
     rate_limited = stats.outcomes["rate_limited"]
     return {
         "schema": REPORT_SCHEMA,
@@ -112,6 +144,7 @@ def run_report(
         "ended_at": _iso(ended_at),
         "seconds": round(ended_at - started_at, 3),
         "outcome": outcome,
+        "cause": cause,
         "error": None if error is None else {"type": type(error).__name__, "message": _stop_message(error)},
         "rows": {
             "total": stats.total,
@@ -125,8 +158,9 @@ def run_report(
         "requests": {
             "sent": stats.requests,
             "paid": stats.paid,
+            "used_rate": stats.used_rate,
             "rate_limited": rate_limited,
-            "retried": max(0, stats.paid - stats.sent),
+            "retried": max(0, stats.requests - rate_limited - stats.sent),
             "texts_sent": stats.sent,
             "reused": stats.reused,
             "from_store": stats.from_store,
@@ -138,13 +172,7 @@ def run_report(
             {"from": round(start, 3), "until": round(until, 3), "why": why}
             for start, until, why in (timeline or {}).get("pauses", [])
         ],
-        "utilization": {
-            "plan_rpm": rpm,
-            "share": share,
-            "paid_per_minute": round(per_minute, 3),
-            "of_plan": round(per_minute / rpm, 4) if rpm else None,
-            "of_share": round(per_minute / (rpm * share), 4) if rpm else None,
-        },
+        "utilization": _utilization(rpm, share, stats.paid, stats.used_rate, ended_at - started_at),
         "latency": _latency(stats.latencies),
         "pace": _pace(stats),
         "keys": list(keys),
@@ -152,9 +180,24 @@ def run_report(
     }
 
 
+def _utilization(rpm: float, share: float, paid: int, used_rate: int, seconds: float) -> dict[str, Any]:
+    """How much of the plan (and of the run's share of it) the run used: what used the rate a minute,
+    beside what was billed a minute."""
+    minutes = max(seconds, 1e-9) / 60
+    used = used_rate / minutes
+    return {
+        "plan_rpm": rpm,
+        "share": share,
+        "paid_per_minute": round(paid / minutes, 3),
+        "used_per_minute": round(used, 3),
+        "of_plan": round(used / rpm, 4) if rpm else None,
+        "of_share": round(used / (rpm * share), 4) if rpm else None,
+    }
+
+
 def _stop_message(error: BaseException) -> str:
     """What ended a run, in one line: a signal or a cancel says so (not ``CancelledError()``)."""
-    if isinstance(error, KeyboardInterrupt) or type(error).__name__ == "CancelledError":
+    if isinstance(error, (KeyboardInterrupt, asyncio.CancelledError)):
         return "stopped by a signal (Ctrl-C, SIGTERM) or a cancel; answers on the wire were awaited and kept"
     from ..service.errors import one_line
 
@@ -178,26 +221,31 @@ def _pace(stats: BatchStats) -> dict[str, Any]:
 
 _SUMMED = {
     "rows": ("total", "done", "ok", "skipped", "failed"),
-    "requests": ("sent", "paid", "rate_limited", "retried", "texts_sent", "reused", "from_store", "skipped"),
-}
+    "requests": (
+        "sent", "paid", "used_rate", "rate_limited", "retried", "texts_sent", "reused", "from_store", "skipped",
+    ),
+}  # fmt: skip
+_ORDER = ("finished", "stopped", "failed")
 
 
 def merge_reports(reports: Sequence[dict[str, Any]], *, run_id: str) -> dict[str, Any]:
     """One report for the partitions of a job (Dask): counts summed, the earliest start and latest
-    end, the worst outcome, latency percentiles the largest of the partitions' (an upper bound);
-    timelines stay in the partitions' own files (``partitions`` says how many)."""
+    end, the worst outcome (and the cause of the first part stopped so), latency percentiles the
+    largest of the partitions' (an upper bound); timelines stay in the partitions' own files
+    (``partitions`` says how many). Parts of schema 2 are read as 3 (``upgrade_report``)."""
     if not reports:
         raise ValueError("no reports to merge")
+    reports = [upgrade_report(report) for report in reports]
     merged: dict[str, Any] = {key: value for key, value in reports[0].items() if key != "timeline"}
+    merged["schema"] = REPORT_SCHEMA
     merged["run_id"] = run_id
     merged["started_at"] = min(r["started_at"] for r in reports)
     merged["ended_at"] = max(r["ended_at"] for r in reports)
     start = datetime.datetime.fromisoformat(merged["started_at"])
     end = datetime.datetime.fromisoformat(merged["ended_at"])
     merged["seconds"] = round((end - start).total_seconds(), 3)
-    order = ("finished", "stopped", "failed")
-    merged["outcome"] = max((r["outcome"] for r in reports), key=order.index)
-    merged["error"] = next((r["error"] for r in reports if r["error"] is not None), None)
+    worst = max(reports, key=lambda r: _ORDER.index(r["outcome"]))
+    merged["outcome"], merged["cause"], merged["error"] = worst["outcome"], worst["cause"], worst["error"]
     for section, names in _SUMMED.items():
         merged[section] = dict(reports[0][section])
         for name in names:
@@ -210,14 +258,10 @@ def merge_reports(reports: Sequence[dict[str, Any]], *, run_id: str) -> dict[str
                     total.update(r[section][name])
                 merged[section][name] = dict(sorted(total.items()))
     merged["pauses"] = [pause for r in reports for pause in r["pauses"]]
-    rpm = merged["utilization"]["plan_rpm"]
-    per_minute = merged["requests"]["paid"] / max(merged["seconds"], 1e-9) * 60
-    merged["utilization"] = {
-        **merged["utilization"],
-        "paid_per_minute": round(per_minute, 3),
-        "of_plan": round(per_minute / rpm, 4) if rpm else None,
-        "of_share": round(per_minute / (rpm * merged["utilization"]["share"]), 4) if rpm else None,
-    }
+    utilization, requests = merged["utilization"], merged["requests"]
+    merged["utilization"] = _utilization(
+        utilization["plan_rpm"], utilization["share"], requests["paid"], requests["used_rate"], merged["seconds"]
+    )
     # Percentiles do not add up: the merged one is the largest of the partitions' (an upper bound).
     merged["latency"] = {"count": sum(r["latency"]["count"] for r in reports)} | {
         name: max((r["latency"][name] for r in reports if r["latency"][name] is not None), default=None)
@@ -235,6 +279,22 @@ def merge_reports(reports: Sequence[dict[str, Any]], *, run_id: str) -> dict[str
     merged["timeline"] = None
     merged["partitions"] = len(reports)
     return merged
+
+
+def upgrade_report(report: dict[str, Any]) -> dict[str, Any]:
+    """A report as schema 3 reads it: one of schema 2 (or earlier) gets its ``cause`` (null: not
+    known), ``requests.used_rate`` (its ``paid``: what schema 2 counted, every attempt but its 429s)
+    and ``utilization.used_per_minute``; its ``paid`` stays as it was counted then. A report of
+    schema 3 comes back as it is."""
+    if report.get("schema") == REPORT_SCHEMA:
+        return report
+    upgraded = dict(report)
+    upgraded.setdefault("cause", None)
+    requests = upgraded["requests"] = dict(report["requests"])
+    requests.setdefault("used_rate", requests["paid"])
+    utilization = upgraded["utilization"] = dict(report["utilization"])
+    utilization.setdefault("used_per_minute", utilization["paid_per_minute"])
+    return upgraded
 
 
 def _merged_keys(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -301,7 +361,8 @@ def _key_line(key: dict[str, Any]) -> str:
 
 
 def describe_report(report: dict[str, Any]) -> str:
-    """The report for a person (``batchsum report run.json``)."""
+    """The report for a person (``batchsum report run.json``; a report of schema 2 as well)."""
+    report = upgrade_report(report)
     rows, requests, latency = report["rows"], report["requests"], report["latency"]
     utilization = report["utilization"]
 
@@ -309,7 +370,8 @@ def describe_report(report: dict[str, Any]) -> str:
         return " (" + ", ".join(f"{k} {v}" for k, v in counts.items()) + ")" if counts else ""
 
     error = report.get("error")
-    outcome = report["outcome"] + (f": {error['message']}" if error else "")
+    cause = f" ({report['cause']})" if report.get("cause") else ""
+    outcome = report["outcome"] + cause + (f": {error['message']}" if error else "")
     cap = requests.get("max_requests")
     if latency["count"]:
         latencies = (
@@ -319,10 +381,11 @@ def describe_report(report: dict[str, Any]) -> str:
     else:
         latencies = "none measured"
     use = (
-        f"{utilization['paid_per_minute']:g} paid/min = {100 * utilization['of_plan']:.0f}% of the plan's "
-        f"{utilization['plan_rpm']:g}/min (share {utilization['share']:g})"
+        f"{utilization['used_per_minute']:g}/min used the rate = {100 * utilization['of_plan']:.0f}% of the "
+        f"plan's {utilization['plan_rpm']:g}/min (share {utilization['share']:g}); "
+        f"{utilization['paid_per_minute']:g} paid/min"
         if utilization["of_plan"] is not None
-        else f"{utilization['paid_per_minute']:g} paid/min, unpaced"
+        else f"{utilization['used_per_minute']:g}/min used the rate, {utilization['paid_per_minute']:g} paid/min, unpaced"
     )
     total = rows["total"] if rows["total"] is not None else "?"
     lines = [
@@ -333,7 +396,8 @@ def describe_report(report: dict[str, Any]) -> str:
         f"{by(rows['skipped_by_reason'])}, {rows['failed']} failed{by(rows['failed_by_code'])}",
         f"requests:     {requests['sent']} sent, {requests['paid']} paid"
         + (f" (cap {cap})" if cap is not None else "")
-        + f", {requests['rate_limited']} 429s, {requests['retried']} retries; {requests['reused']} rows reused"
+        + f", {requests['used_rate']} used the rate, {requests['rate_limited']} 429s, {requests['retried']} retries;"
+        + f" {requests['reused']} rows reused"
         + (f" ({requests['from_store']} from the store)" if requests.get("from_store") else ""),
         f"pauses:       {len(report['pauses'])}",
         f"utilization:  {use}",

@@ -9,6 +9,8 @@ Instruments (all under the meter ``batchsum``):
 - ``batchsum.requests`` (counter): attempts that went to the service, by ``outcome`` (``ok``,
   ``rate_limited``, or the error code: ``server_error``, ``timeout``, ...)
 - ``batchsum.rate_limited`` (counter): 429s
+- ``batchsum.paid`` (counter): attempts the service billed, or may have (a lost answer), as the run
+  report's ``requests.paid`` counts them (``engine.tally.charge``): not a 429, a 401, a 422, a 5xx
 - ``batchsum.request.duration`` (histogram, seconds): latency of answered attempts
 - ``batchsum.in_flight`` (up-down counter): attempts on the wire
 - ``batchsum.pace`` (observable gauge, requests/min): the pace in force
@@ -46,6 +48,9 @@ class _Instruments:
         self.runs: weakref.WeakSet[Metrics] = weakref.WeakSet()  # the runs the pace gauge reports
         self.requests = meter.create_counter("batchsum.requests", unit="{request}", description="attempts sent")
         self.rate_limited = meter.create_counter("batchsum.rate_limited", unit="{request}", description="429s")
+        self.paid = meter.create_counter(
+            "batchsum.paid", unit="{request}", description="attempts billed, or maybe billed (a lost answer)"
+        )
         self.latency = meter.create_histogram(
             "batchsum.request.duration", unit="s", description="latency of answered attempts"
         )
@@ -97,12 +102,14 @@ class Metrics:
     def attempt_started(self) -> None:
         self._instruments.in_flight.add(1, self.attributes)
 
-    def attempt_ended(self, outcome: str, latency: float | None) -> None:
+    def attempt_ended(self, outcome: str, latency: float | None, paid: bool) -> None:
         instruments = self._instruments
         instruments.in_flight.add(-1, self.attributes)
         instruments.requests.add(1, {**self.attributes, "outcome": outcome})
         if outcome == "rate_limited":
             instruments.rate_limited.add(1, self.attributes)
+        if paid:
+            instruments.paid.add(1, self.attributes)
         if latency is not None:
             instruments.latency.record(latency, self.attributes)
 

@@ -92,6 +92,7 @@ class Watch:
                 kind,
                 f"run {self.run_id} {'stopped' if kind == 'stop' else 'failed'}: {report['error']['message']}",
                 run_id=self.run_id,
+                cause=report["cause"],
                 error=report["error"],
             )
         event(
@@ -99,6 +100,7 @@ class Watch:
             f"run {self.run_id} ended ({report['outcome']}): {self.stats.account()}",
             run_id=self.run_id,
             outcome=report["outcome"],
+            cause=report["cause"],
             rows=report["rows"],
             requests={k: v for k, v in report["requests"].items() if k != "by_outcome"},
             seconds=report["seconds"],
@@ -145,6 +147,7 @@ class Watch:
             skipped=stats.skipped,
             failed=stats.failed,
             paid=stats.paid,
+            used_rate=stats.used_rate,
             rate_limited=stats.outcomes["rate_limited"],
             pace=round(pacer.pace, 3),
             in_flight=pacer.in_flight.on_wire,

@@ -153,6 +153,10 @@ class _ClientCore:
             error = APIResponseValidationError(f"the answer could not be decoded ({exc})")
         else:
             error = APIConnectionError(f"connection to {self.base_url} failed: {type(exc).__name__}: {exc}")
+        if isinstance(error, APIConnectionError) and isinstance(
+            exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+        ):
+            error.reached = False  # no connection was made: the request went nowhere (nothing billed)
         return scrub(error, self.secrets)
 
     @staticmethod

@@ -4,7 +4,8 @@ means to a person (``explain``, ``one_line``).
     BatchsumError
     ├── ConfigurationError             no key, a key over plain http to a remote host, a bad base URL
     ├── InputError                     (also a ValueError) a missing column, an unreadable file, ...
-    │   └── BrokenInputError           an input that broke after rows were read: the run stops there
+    │   ├── BrokenInputError           an input that broke after rows were read: the run stops there
+    │   └── OutputError                the output cannot be written (its folder, a remote put): the run stops
     ├── JournalError                   the journal cannot be written or read: the run stops
     ├── RequestCapReached              the request cap (max_requests) was reached: the run stops
     │   └── QuotaSpent                 every key's quota longer than a minute is spent: the run stops
@@ -53,6 +54,7 @@ __all__ = [
     "ConfigurationError",
     "InputError",
     "BrokenInputError",
+    "OutputError",
     "JournalError",
     "BudgetError",
     "RequestCapReached",
@@ -99,6 +101,12 @@ class InputError(BatchsumError, ValueError):
 class BrokenInputError(InputError):
     """An input that could be opened broke while it was read (a corrupt row group after good ones):
     the run stops as any stop does, keeping what was answered and writing the rows finished so far."""
+
+
+class OutputError(InputError):
+    """The output cannot be written once the run began (its folder refuses a write or the final
+    rename, a remote put fails): the run stops as any stop does; every answer is in the journal, so
+    the same command again pays for none of them."""
 
 
 class JournalError(BatchsumError):
@@ -187,9 +195,11 @@ class APIError(BatchsumError):
 
 
 class APIConnectionError(APIError):
-    """The connection failed or was dropped before a whole answer arrived."""
+    """The connection failed or was dropped before a whole answer arrived. ``reached``: False when
+    no connection was made (refused, none within the timeout): the service never saw the request."""
 
     code = "connection_error"
+    reached = True
 
 
 class APITimeoutError(APIConnectionError):

@@ -185,6 +185,7 @@ def test_the_estimate_says_what_a_query_would_send(con, svc):
         "duplicates": 1,
         "skipped": 2,
         "least_seconds": 0.0,
+        "quota_stops_after": None,
     }
     con.execute("SELECT batchsum_summarize(text) FROM tickets WHERE id < 4").fetchall()
     (after,) = con.execute(estimate).fetchone()
@@ -199,6 +200,39 @@ def test_the_estimates_time_is_at_the_keys_summed_limits(con, svc):
     (plan,) = con.execute("SELECT batchsum_estimate(list(text)) FROM tickets").fetchone()
     assert plan["would_send"] == 8 and plan["least_seconds"] == pytest.approx(1.5)
     assert svc.stats()["requests"] == 0
+
+
+def test_the_estimate_leaves_a_spent_keys_rate_out_and_says_where_a_quota_stops_the_query(con, svc, tmp_path):
+    """Key one's daily quota of 3 is spent by a query: the estimate over both keys (120/min each)
+    times 8 requests at the other key's 120/min, not their summed 240; a registration on the spent
+    key alone says its query stops at once (a reset further than ``max_wait``), sending none."""
+    import datetime as _dt
+    import os
+
+    two = "team-key-two-0123456789"  # never sent on: an estimate sends nothing
+    path = tmp_path / "keys.txt"
+    path.write_text(f"{KEY} 120 quota=3/day\n{two} 120\n")
+    os.chmod(path, 0o600)
+    spender = duckdb.connect()
+    batchsum.duckdb.register(spender, api_key=KEY, base_url=svc.url, rpm=120, quota="3/day", progress=False)
+    table(spender, [article(20, seed=100 + i) for i in range(3)])
+    spender.execute("SELECT batchsum_summarize(text) FROM tickets").fetchall()
+    spender.close()
+    assert svc.stats()["requests"] == 3
+    batchsum.duckdb.register(con, keys=path, base_url=svc.url, progress=False)
+    batchsum.duckdb.register(
+        con, name="alone_summarize", api_key=KEY, base_url=svc.url, rpm=120, quota="3/day", max_wait=60, progress=False
+    )
+    table(con, [article(20, seed=i) for i in range(8)])
+    (plan,) = con.execute("SELECT batchsum_estimate(list(text)) FROM tickets").fetchone()
+    assert plan["would_send"] == 8 and plan["least_seconds"] == pytest.approx(3.5)  # (8 - 1) / 120 min
+    assert plan["quota_stops_after"] is None
+    (alone,) = con.execute("SELECT alone_estimate(list(text)) FROM tickets").fetchone()
+    now = _dt.datetime.now(_dt.timezone.utc)
+    midnight = (now + _dt.timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    expected = 0 if (midnight - now).total_seconds() > 60 else None  # the rule: a reset within max_wait is waited for
+    assert alone["quota_stops_after"] == expected
+    assert svc.stats()["requests"] == 3
 
 
 def test_a_second_registration_carries_other_parameters(con, svc):

@@ -92,7 +92,7 @@ def test_three_keys_in_a_key_file_share_out_the_run_each_at_its_own_limit(team, 
     assert_spacing_per_key(team, KEYS)
     report = json.loads((tmp_path / "run.json").read_text())
     jsonschema.validate(report, SCHEMA)
-    assert report["schema"] == "batchsum-run-report/2"
+    assert report["schema"] == "batchsum-run-report/3"
     assert [k["hash"] for k in report["keys"]] == [key_hash(k) for k in KEYS]
     assert [k["source"] for k in report["keys"]] == ["keys.txt line 1", "keys.txt line 2", "keys.txt line 3"]
     assert [k["limit"] for k in report["keys"]] == [600, 900, 1500]
@@ -235,3 +235,152 @@ def test_the_dry_run_names_each_key_its_limit_and_the_time_at_their_summed_limit
         line = next(line for line in done.stdout.splitlines() if line.startswith(f"key {key_hash(key)}"))
         assert f"keys.txt line {n}" in line and f"{rpm}/min" in line and "about 5000 left" in line
     assert team.stats()["requests"] == 0 and no_piece_of(KEYS, done.stdout, done.stderr)
+
+
+# -- issue 48: the dry run says what the run does; paid is what the service billed -----------------------
+
+
+def waits_for_line(proc: subprocess.Popen[str], needle: str) -> list[str]:
+    """The lines of ``proc``'s stderr up to the first holding ``needle`` (a guard of two minutes
+    against a run that never says it, not a timing)."""
+    import selectors
+
+    lines: list[str] = []
+    with selectors.DefaultSelector() as selector:
+        assert proc.stderr is not None
+        selector.register(proc.stderr, selectors.EVENT_READ)
+        while not any(needle in line for line in lines):
+            assert selector.select(timeout=120), f"no line with {needle!r}: {lines}"
+            line = proc.stderr.readline()
+            assert line, f"the run ended without a line holding {needle!r}: {lines}"
+            lines.append(line)
+    return lines
+
+
+def test_after_an_hourly_quota_is_spent_the_dry_run_says_a_long_max_wait_waits_and_a_short_one_stops(tmp_path):
+    """An hourly quota the service states, spent by a run (which stopped: its reset is about an hour
+    away, beyond the default max_wait of 30 minutes). The dry run with ``--max-wait 7200`` says the
+    run waits until the reset, and the run does (it says so, and is interrupted while it waits,
+    having sent nothing); with ``--max-wait 60``, that it stops, and the run stops at once."""
+    import signal
+
+    key = "team-key-hourly-0123456789"
+    account = Account(rpm=1200, quota=20, quota_window=3600, state_quota=True)
+    with LocalService([key], accounts={key: account}, faults=Faults(latency=0.02)) as service:
+        env = {**setting(service, tmp_path, 30), "BATCHSUM_API_KEY": key, "BATCHSUM_RPM": "1200"}
+        command = ("summarize", "in.parquet", "-o", "out.parquet", "--column", "text")
+        first = batchsum_cli(*command, env=env, cwd=tmp_path)
+        assert first.returncode == 1 and "hourly quota of 20" in first.stderr, first.stderr
+        paid = service.stats()["requests"]
+        assert service.stats()["by_status"]["200"] == 20
+        long = batchsum_cli(*command, "--dry-run", "--max-wait", "7200", env=env, cwd=tmp_path).stdout
+        assert (
+            "quota:            every key's quota is spent now: a run waits for the hourly quota of 20 (stated by the "
+            "service) to reset at " in long
+        ), long
+        assert "within max_wait 7200 s), then sends" in long and "of it waiting for a quota to reset" in long
+        short = batchsum_cli(*command, "--dry-run", "--max-wait", "60", env=env, cwd=tmp_path).stdout
+        assert "short: the quotas leave about 0 of the 10 requests; a run would send nothing and stop (exit 1)" in short
+        assert "longer than max_wait (60 s)" in short, short
+        stopped = batchsum_cli(*command, "--max-wait", "60", "--report", "short.json", env=env, cwd=tmp_path)
+        assert stopped.returncode == 1 and service.stats()["requests"] == paid
+        report = json.loads((tmp_path / "short.json").read_text())
+        jsonschema.validate(report, SCHEMA)
+        assert (report["outcome"], report["cause"], report["requests"]["paid"]) == ("stopped", "quota", 0)
+        waiting = subprocess.Popen(
+            [sys.executable, "-m", "batchsum", *command, "--max-wait", "7200", "--log-format", "json"],
+            env=env, cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        try:
+            lines = waits_for_line(waiting, "the run waits for")
+            said = json.loads(lines[-1])["message"]
+            assert "hourly quota of 20 (stated by the service)" in said and "within max_wait 7200 s" in said
+            waiting.send_signal(signal.SIGINT)
+            assert waiting.wait(timeout=120) == 130
+        finally:
+            waiting.kill()
+            waiting.wait()
+        assert service.stats()["requests"] == paid  # it waited: nothing was sent before the reset
+
+
+def test_two_keys_one_with_its_configured_quota_spent_the_dry_run_times_the_job_at_the_others_rate(team, tmp_path):
+    """Key A (600/min, ``quota=5/day``) spent by a run of its own, key B (900/min): the dry run of
+    both times 91 requests at 900 requests/min (it said 1500 before A was spent), and the run sends
+    every one on B."""
+    a, b = list(KEYS)[:2]
+    env = setting(team, tmp_path, 10)
+    for name, lines in (("a.txt", [f"{a} 600 quota=5/day"]), ("keys.txt", [f"{a} 600 quota=5/day", f"{b} 900"])):
+        (tmp_path / name).write_text("".join(line + "\n" for line in lines))
+        os.chmod(tmp_path / name, 0o600)
+    pq.write_table(pa.table({"text": texts(91, seed=5)}), tmp_path / "more.parquet")
+    job = ("summarize", "more.parquet", "-o", "more-out.parquet", "--column", "text", "--keys", "keys.txt")
+    before = batchsum_cli(*job, "--dry-run", env=env, cwd=tmp_path).stdout
+    assert "at 1500 requests/min" in before, before
+    # --max-wait 60: a stop at the quota, not a wait for its reset, even near UTC midnight.
+    spent = batchsum_cli(
+        "summarize", "in.parquet", "-o", "a.parquet", "--column", "text", "--keys", "a.txt", "--max-wait", "60",
+        env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert spent.returncode == 1 and team.state.status_by_key[a][200] == 5, spent.stderr
+    dry = batchsum_cli(*job, "--dry-run", env=env, cwd=tmp_path).stdout
+    assert "would send:       91 requests; at 900 requests/min that takes at least 0m06s" in dry, dry
+    assert "about 0 left in this key's daily quota of 5" in dry
+    done = batchsum_cli(*job, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert team.state.status_by_key[a][200] == 5 and sum(team.state.status_by_key[a].values()) == 5  # none on A
+    assert team.state.status_by_key[b][200] == 91
+
+
+def revoked_run(team, tmp_path: Path, n: int, *extra: str) -> tuple[subprocess.CompletedProcess[str], dict, str]:
+    """Three keys, the second's plan revoked after 15 requests (401 "you are not premium"), a run of
+    ``n`` texts: (the command, its report, the revoked key)."""
+    two = list(KEYS)[1]
+    team.state.accounts[two].expires_after = 15
+    env = setting(team, tmp_path, n, keys=KEYS, seed=3)
+    done = batchsum_cli(
+        "summarize", "in.parquet", "-o", "out.parquet", "--column", "text", "--keys", "keys.txt",
+        "--report", "run.json", *extra, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    report = json.loads((tmp_path / "run.json").read_text())
+    jsonschema.validate(report, SCHEMA)
+    return done, report, two
+
+
+def test_three_keys_one_revoked_mid_run_the_reports_paid_is_what_the_service_answered(team, tmp_path):
+    """Counted at the service: ``paid`` is its 200s (it said 151 for 150 answered), ``used_rate``
+    every request but none of its 429s (there are none), the revoked key's refusals sent again on
+    the others are the retries."""
+    done, report, two = revoked_run(team, tmp_path, 150)
+    assert done.returncode == 0, done.stderr
+    stats, refusals = team.stats(), team.state.status_by_key[two][401]
+    assert refusals >= 1 and report["outcome"] == "finished" and report["cause"] is None
+    assert report["requests"]["paid"] == stats["by_status"]["200"] == 150
+    assert report["requests"]["sent"] == stats["requests"] == 150 + refusals
+    assert report["requests"]["used_rate"] == 150 + refusals and report["requests"]["retried"] == refusals
+    assert report["utilization"]["paid_per_minute"] <= report["utilization"]["used_per_minute"]
+    shown = batchsum_cli("report", "run.json", env=os.environ.copy(), cwd=tmp_path).stdout
+    assert f"{150 + refusals} sent, 150 paid, {150 + refusals} used the rate" in shown
+
+
+def test_three_keys_one_revoked_mid_run_max_requests_holds_what_the_service_billed(team, tmp_path):
+    done, report, two = revoked_run(team, tmp_path, 120, "--max-requests", "60")
+    assert done.returncode == 1 and team.state.status_by_key[two][401] >= 1
+    assert team.stats()["by_status"]["200"] == report["requests"]["paid"] == 60  # the 401s were given back
+    assert (report["outcome"], report["cause"]) == ("stopped", "request_cap")
+
+
+def test_three_keys_one_revoked_mid_run_a_configured_quota_counts_what_the_service_billed(team, tmp_path):
+    """``--quota 20/day`` on each key: the revoked key's refusals are given back on its budget, so a
+    dry run after says 5 left of its day (15 billed), and every key sent at most its quota."""
+    done, report, two = revoked_run(team, tmp_path, 100, "--quota", "20/day", "--max-wait", "60")  # a stop, not a wait
+    assert done.returncode == 1 and (report["outcome"], report["cause"]) == ("stopped", "quota")
+    by_key = {key: team.state.status_by_key[key] for key in KEYS}
+    assert [by_key[key][200] for key in KEYS] == [20, 15, 20] and by_key[two][401] >= 1
+    assert report["requests"]["paid"] == 55
+    env = setting(team, tmp_path, 100, keys=KEYS, seed=3)
+    dry = batchsum_cli(
+        "summarize", "in.parquet", "-o", "again.parquet", "--column", "text", "--keys", "keys.txt", "--quota", "20/day",
+        "--dry-run", env=env, cwd=tmp_path,
+    ).stdout  # fmt: skip
+    line = next(line for line in dry.splitlines() if line.startswith(f"key {key_hash(two)}"))
+    assert "about 5 left in this key's daily quota of 20" in line, dry

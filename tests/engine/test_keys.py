@@ -193,6 +193,40 @@ def test_a_key_whose_plan_expires_mid_run_leaves_and_the_others_finish_the_job()
     assert len(told) == 1 and key_hash(chosen[1]) in told[0] and Messages.NOT_PREMIUM in told[0]
     assert not any(chosen[1][i : i + 10] in told[0] for i in range(len(chosen[1]) - 9))
     assert stats.rate_limited == 0 and service.refused == 0
+    # What was billed is what the service answered; its refusals of the expired plan were not billed,
+    # and each was sent again on another key (a retry), and used the rate as a plan's 401 may.
+    refusals = service.unauthorized[chosen[1]]
+    assert stats.paid == sum(service.admitted.values()) == 600
+    assert stats.requests == 600 + refusals and stats.outcomes["not_premium"] == refusals
+    assert stats.used_rate == 600 + refusals
+
+
+def test_the_cap_counts_what_was_billed_so_a_revoked_keys_refusals_are_given_back():
+    """Three keys, one whose plan expires after 15 requests, ``max_requests`` 100: the service
+    answers exactly 100 summaries (its refusals of the expired plan gave their counts back)."""
+    chosen = keys(3)
+    service = KeyedService(dict(zip(chosen, (120, 180, 300))))
+    service.expires[chosen[1]] = 15
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        budgets = {key: ProcessBudget(loop.time, shared=True) for key in chosen}
+        clients: list = []
+        lanes = lanes_for(service, chosen, budgets, clients)
+        stats, rows = BatchStats(), []
+        try:
+            async for row in summarize_stream(texts(300), lanes[0].client, stats=stats, lanes=lanes, max_requests=100):
+                rows.append(row)
+        except batchsum.RequestCapReached:
+            pass
+        finally:
+            for client in clients:
+                await client.aclose()
+        return rows, stats
+
+    rows, stats = virtual_clock.run(main())
+    assert service.unauthorized[chosen[1]] >= 1  # the expiry came inside the capped run
+    assert sum(service.admitted.values()) == [r.status for r in rows].count("ok") == stats.paid == 100
 
 
 def test_every_key_refused_stops_the_run_as_one_key_does():

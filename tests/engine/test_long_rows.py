@@ -15,6 +15,7 @@ import batchsum
 from batchsum.data.journal import Journal
 from batchsum.data.stores import MemoryStore
 from batchsum.engine import long_texts, plan_batch, summarize_stream
+from batchsum.engine.fingerprints import text_fingerprint
 from batchsum.engine.tally import BatchStats
 from batchsum.local import Faults
 from batchsum.service import contract
@@ -93,6 +94,61 @@ async def test_the_dry_run_counts_parts_exactly_and_bounds_the_reduce_requests(s
     assert skipped.skipped_by_reason["too_long"] == 3 and skipped.skipped_long_cost[0] == plan.parts + 3
 
 
+async def test_the_dry_run_of_a_split_job_done_replays_its_reduce_from_the_store_and_says_nothing_to_send(svc):
+    """Every answer of the job kept (its parts' and its reduce's): the dry run replays the reduce from
+    the part summaries kept and looks each reduce request up, so it says 0 to send (it said "0 to 20",
+    adding the reduce's bound whatever the store held); the run then sends 0."""
+    rows = [DOC_12K, DOC_31K, article(30)]
+    store = MemoryStore()
+    await collect(svc, rows, store=store, long_texts="split")
+    plan = plan_batch(rows, long_texts_policy="split", shared=store)
+    assert (plan.to_send, plan.parts, plan.reduces, plan.reduce_max) == (0, 0, 0, 0)
+    assert "would send:       0 requests;" in plan.describe(600)
+    assert "0 part requests and 0 reduce requests" in plan.describe(600)
+    svc.state.reset_stats()
+    await collect(svc, rows, store=store, long_texts="split")
+    assert svc.stats()["requests"] == 0
+
+
+async def test_a_reduce_round_not_kept_is_counted_exactly_and_only_the_rounds_after_it_are_a_bound(svc):
+    """The parts kept and the reduce's last request forgotten: the replay finds it, to send (exact,
+    the last round: nothing after it); with the first round of a tree forgotten, its requests are
+    exact and the rounds after them a bound the run keeps within."""
+    rows = [DOC_31K]
+    store = MemoryStore()
+    stats = BatchStats()
+    await collect(svc, rows, store=store, stats=stats, long_texts="split")
+    reduces = stats.sent_by_kind["reduce"]
+    assert reduces > 1  # 31,000 words: a tree of rounds, then the last request
+    params = contract.Params(contract.Mode.STANDARD, contract.PERCENTAGE_DEFAULT, None)
+    parts = long_texts.split_text(DOC_31K)
+    part_params = long_texts.part_params(params)
+    summaries = [store.get(text_fingerprint(part_params)(part)).summary for part in parts]
+    plan = long_texts.reduce_plan(summaries, contract.count_words(DOC_31K), params)
+    rounds, step = [], next(plan)
+    try:
+        while True:
+            rounds.append(step)
+            step = plan.send([store.get(text_fingerprint(step.params)(t)).summary for t in step.texts])
+    except StopIteration:
+        pass
+    assert sum(len(r.texts) for r in rounds) == reduces and rounds[-1].final
+    last = rounds[-1]
+    store.pop(text_fingerprint(last.params)(last.texts[0]))
+    forgot_last = plan_batch(rows, long_texts_policy="split", shared=store)
+    assert (forgot_last.to_send, forgot_last.reduces, forgot_last.reduce_max) == (1, 1, 0)
+    first = rounds[0]
+    for text in first.texts:
+        store.pop(text_fingerprint(first.params)(text))
+    forgot_first = plan_batch(rows, long_texts_policy="split", shared=store)
+    assert forgot_first.reduces == len(first.texts) and forgot_first.reduce_max >= reduces - len(first.texts)
+    assert f"{len(first.texts)} to " in forgot_first.describe(600)
+    svc.state.reset_stats()
+    await collect(svc, rows, store=store, long_texts="split")
+    sent = svc.stats()["requests"]
+    assert forgot_first.reduces <= sent <= forgot_first.reduces + forgot_first.reduce_max
+
+
 async def test_a_stop_in_the_middle_of_a_long_row_keeps_its_finished_parts(svc, tmp_path):
     svc.faults = Faults(latency=0.2)
     path = tmp_path / "j.sqlite"
@@ -135,6 +191,30 @@ async def test_truncate_sends_the_first_words_and_says_so_and_skip_says_what_spl
     skipped = await collect(svc, [DOC_12K, DOC_31K], stats=stats)
     assert [r.error for r in skipped] == ["too_long", "too_long"] and stats.sent == 0
     assert "long_texts='split'" in stats.account() and "10 part requests" in stats.account()
+
+
+def test_a_split_job_done_then_its_dry_run_for_another_output_says_0_requests_and_the_run_sends_0(
+    env, tmp_path, capsys
+):
+    """Issue 48 through the command line: a split long-text job into one output; the dry run of the
+    same rows into another output (the machine's store holds every answer) says "would send: 0
+    requests", and the run sends 0."""
+    from batchsum.cli import main
+
+    pd.DataFrame({"text": [DOC_12K, DOC_31K, article(30)]}).to_parquet(tmp_path / "in.parquet")
+    argv = ["summarize", str(tmp_path / "in.parquet"), "--column", "text", "--long-texts", "split", "--rpm", "0"]
+    assert main([*argv, "-o", str(tmp_path / "first.parquet"), "--quiet"]) == 0
+    first = env.stats()["requests"]
+    assert first > long_texts.count_parts(DOC_12K) + long_texts.count_parts(DOC_31K) + 1  # reduces paid too
+    capsys.readouterr()
+    assert main([*argv, "-o", str(tmp_path / "second.parquet"), "--dry-run"]) == 0
+    dry = capsys.readouterr().out
+    assert "would send:       0 requests;" in dry and "0 part requests and 0 reduce requests" in dry, dry
+    assert "requests needed:  0 paid requests for the whole job (more" in dry
+    assert main([*argv, "-o", str(tmp_path / "second.parquet"), "--quiet"]) == 0
+    assert env.stats()["requests"] == first  # the run sent 0
+    again = pd.read_parquet(tmp_path / "second.parquet")
+    assert list(again["summary"]) == list(pd.read_parquet(tmp_path / "first.parquet")["summary"])
 
 
 def test_the_same_long_row_gives_the_same_answer_on_every_front_end(env, tmp_path):

@@ -21,6 +21,7 @@ from batchsum.options import RunSpec
 from batchsum.pacing import JITTER_MARGIN
 from batchsum.pacing.budget import RESERVE, RESERVE_ONLY, ProcessBudget, Report, Share, Slot, SQLiteBudget
 from batchsum.run import run_texts
+from batchsum.run.report import BatchStats
 from tests.conftest import EXPIRED_KEY, KEY, article
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "run-report.schema.json").read_text())
@@ -53,8 +54,8 @@ def dataset(tmp_path: Path, n: int, seed: int = 0) -> Path:
 
 
 def paid_at(service: LocalService) -> int:
-    stats = service.state.stats()
-    return int(stats["requests"] - stats["by_status"].get("429", 0))
+    """What the service billed: the summaries it answered (a 200 each)."""
+    return int(service.state.stats()["by_status"].get("200", 0))
 
 
 def validate(report: dict) -> dict:
@@ -62,12 +63,16 @@ def validate(report: dict) -> dict:
     return report
 
 
-def matches_service(report: dict, service: LocalService) -> None:
-    """The report's counts are what the service logged: requests, 429s, texts paid for."""
+def matches_service(report: dict, service: LocalService, wrong_key: int = 0) -> None:
+    """The report's counts are what the service logged: requests, 429s, what it billed (its 200s:
+    nothing here loses an answer on the way), what used its rate (every request but its 429s and
+    its ``wrong_key`` 401s)."""
     stats = service.state.stats()
+    rate_limited = stats["by_status"].get("429", 0)
     assert report["requests"]["sent"] == stats["requests"]
-    assert report["requests"]["rate_limited"] == stats["by_status"].get("429", 0)
-    assert report["requests"]["paid"] == stats["requests"] - stats["by_status"].get("429", 0)
+    assert report["requests"]["rate_limited"] == rate_limited
+    assert report["requests"]["paid"] == stats["by_status"].get("200", 0)
+    assert report["requests"]["used_rate"] == stats["requests"] - rate_limited - wrong_key
     assert report["requests"]["by_outcome"].get("ok", 0) == stats["answered"]
 
 
@@ -93,6 +98,7 @@ def test_a_cap_of_50_on_200_rows_sends_50_paid_requests_and_three_more_runs_fini
     assert table["summary_error"].count("not_sent") == 150
     first = validate(json.loads(report.read_text()))
     assert first["outcome"] == "stopped" and first["error"]["type"] == "RequestCapReached"
+    assert first["cause"] == "request_cap"
     matches_service(first, fresh)
 
     codes = []
@@ -118,15 +124,17 @@ def test_the_dry_run_says_how_many_requests_the_job_needs_and_how_many_runs_at_t
     assert fresh.state.stats()["requests"] == 0
 
 
-def test_a_cap_counts_retries_and_not_429s(svc: LocalService) -> None:
-    """Paid requests include retries of a 5xx; a 429 (the service's 'later') is given back."""
+def test_a_cap_counts_what_the_service_billed_not_its_429s_nor_its_5xx(svc: LocalService) -> None:
+    """The cap holds what was billed: a 429 (the service's "later") and a 5xx (its failure) are
+    given back, so 30 summaries are answered whatever came between them."""
     from batchsum.local import Faults
 
     svc.faults = Faults(rates={"500": 0.3, "429": 0.2}, seed=3)
     spec = RunSpec.from_kwargs(api_key=KEY, base_url=svc.url, rpm=0, budget="none", progress=False, max_requests=30)
     with pytest.raises(batchsum.RequestCapReached):
         asyncio.run(run_texts(spec, texts(60, seed=7)))
-    assert paid_at(svc) == 30
+    by_status = svc.state.stats()["by_status"]
+    assert paid_at(svc) == 30 and by_status.get("500", 0) > 0 and by_status.get("429", 0) > 0
 
 
 # -- the sample --------------------------------------------------------------------------------
@@ -301,8 +309,9 @@ def test_the_report_of_a_failed_run_matches_the_service(fresh: LocalService, tmp
         asyncio.run(run_texts(spec, texts(20, seed=5)))
     report = validate(json.loads(path.read_text()))
     assert report["outcome"] == "stopped" and report["error"]["type"] == "NotPremiumError"
+    assert report["cause"] == "key_refused"
     matches_service(report, fresh)
-    assert report["requests"]["sent"] == 1
+    assert report["requests"]["sent"] == 1 and report["requests"]["paid"] == 0  # the refusal was not billed
 
 
 def test_plot_run_draws_a_report_file(fresh: LocalService, tmp_path: Path) -> None:
@@ -371,6 +380,7 @@ def test_opentelemetry_metrics_count_what_the_report_counts(fresh: LocalService,
     assert sum(sums.get("batchsum.rate_limited", {}).values()) == report["requests"]["rate_limited"]
     assert sum(sums["batchsum.rows"].values()) == report["rows"]["done"] == 40
     assert sum(sums["batchsum.request.duration"].values()) == report["latency"]["count"]
+    assert sum(sums.get("batchsum.paid", {}).values()) == report["requests"]["paid"] == paid_at(fresh)
     assert sum(sums["batchsum.in_flight"].values()) == 0
     assert any(report["run_id"] in data and "batchsum.pace" in data for data in paces)
 
@@ -397,6 +407,8 @@ def test_a_run_whose_rows_fail_reports_what_the_service_logged(fresh: LocalServi
     report = validate(json.loads(path.read_text()))
     assert report["rows"]["failed_by_code"] == {"server_error": 6}
     assert report["requests"]["retried"] == 6 and report["requests"]["by_outcome"] == {"server_error": 12}
+    assert report["requests"]["paid"] == 0 and report["requests"]["used_rate"] == 12  # the service's failures
+    assert report["outcome"] == "finished" and report["cause"] is None
     matches_service(report, fresh)
 
 
@@ -482,3 +494,127 @@ def test_pandas_at_the_cap_returns_every_row_and_warns(svc: LocalService) -> Non
     assert (out["summary_error"] == "not_sent").sum() == 7
     again = frame.batchsum.summarize("text", **options)  # the same call without the cap: the rest
     assert (again["summary_status"] == "ok").all() and svc.state.stats()["answered_twice"] == 0
+
+
+# -- what the report says of a stop, and what it counts as paid (schema 3) -----------------------------
+
+
+def test_every_stop_gets_its_cause_from_one_mapping_and_anything_else_is_a_failure():
+    from batchsum.errors import (
+        AuthenticationError,
+        BrokenInputError,
+        BudgetError,
+        JournalError,
+        NotPremiumError,
+        OutputError,
+        QuotaSpent,
+        RequestCapReached,
+    )
+    from batchsum.run.report import STOP_CAUSES, run_report, stop_cause
+
+    stops = {
+        KeyboardInterrupt(): "signal",
+        asyncio.CancelledError(): "cancel",
+        RequestCapReached(5): "request_cap",
+        QuotaSpent([("abc", "daily quota of 5 (configured)", time.time() + 60)]): "quota",
+        AuthenticationError("incorrect API key provided", status_code=401): "key_refused",
+        NotPremiumError("you are not premium for this request", status_code=401): "key_refused",
+        BudgetError("the Redis at redis://localhost:1 cannot be reached"): "budget_unreachable",
+        JournalError("disk full"): "journal",
+        BrokenInputError("row group 3 is corrupt"): "input",
+        OutputError("cannot write out.parquet"): "output",
+    }
+    causes = SCHEMA["properties"]["cause"]["enum"]
+    assert set(STOP_CAUSES.values()) <= set(causes)
+    for error, cause in stops.items():
+        assert stop_cause(error) == cause
+        report = run_report(BatchStats(), run_id="r", options={}, started_at=0.0, ended_at=1.0, error=error)
+        assert (report["outcome"], report["cause"]) == ("stopped", cause)
+        validate(report | {"options": RunSpec.from_kwargs(local=True).describe()})
+    failed = run_report(BatchStats(), run_id="r", options={}, started_at=0.0, ended_at=1.0, error=RuntimeError("x"))
+    assert (failed["outcome"], failed["cause"]) == ("failed", None)
+    finished = run_report(BatchStats(), run_id="r", options={}, started_at=0.0, ended_at=1.0)
+    assert (finished["outcome"], finished["cause"]) == ("finished", None)
+
+
+def test_a_report_of_schema_2_is_still_read_described_and_merged(fresh: LocalService, tmp_path: Path) -> None:
+    from batchsum.run.report import describe_report, merge_reports
+
+    path = tmp_path / "now.json"
+    spec = RunSpec.from_kwargs(rpm=PLAN, budget="none", progress=False, report=path)
+    asyncio.run(run_texts(spec, texts(6, seed=21)))
+    now = validate(json.loads(path.read_text()))
+    assert now["schema"] == "batchsum-run-report/3"
+    old = json.loads(path.read_text())
+    old["schema"] = "batchsum-run-report/2"
+    del old["cause"], old["requests"]["used_rate"], old["utilization"]["used_per_minute"]
+    shown = describe_report(old)
+    assert "outcome:      finished" in shown and "6 paid, 6 used the rate" in shown
+    merged = validate(merge_reports([old, now], run_id=now["run_id"]))
+    assert merged["requests"]["paid"] == 12 and merged["requests"]["used_rate"] == 12 and merged["cause"] is None
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert main(["report", str(tmp_path / "old.json")]) == 0
+
+
+def test_lost_answers_count_as_paid_and_a_connection_never_made_does_not(fresh: LocalService, tmp_path: Path) -> None:
+    """A connection the service cut after the request arrived may have been billed: it counts as
+    paid (the cap and a quota are never overspent) and as used the rate; a connection never made (a
+    port nobody listens on) reached nothing and costs nothing."""
+    import socket
+
+    from batchsum.local import Faults
+
+    fresh.faults = Faults(rates={"drop": 1.0})
+    try:
+        path = tmp_path / "dropped.json"
+        spec = RunSpec.from_kwargs(rpm=0, budget="none", progress=False, report=path, max_retries=1)
+        results = asyncio.run(run_texts(spec, texts(4, seed=22)))
+    finally:
+        fresh.faults = Faults()
+    assert {r.error for r in results} == {"connection_error"}
+    dropped = validate(json.loads(path.read_text()))
+    assert dropped["requests"]["sent"] == fresh.state.stats()["requests"] == 8
+    assert dropped["requests"]["paid"] == dropped["requests"]["used_rate"] == 8
+    with socket.socket() as probe:  # a loopback port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    path = tmp_path / "refused.json"
+    spec = RunSpec.from_kwargs(base_url=closed, rpm=0, budget="none", progress=False, report=path, max_retries=1)
+    results = asyncio.run(run_texts(spec, texts(3, seed=23)))
+    assert {r.error for r in results} == {"connection_error"}
+    refused = validate(json.loads(path.read_text()))
+    assert refused["requests"]["sent"] == 6 and refused["requests"]["paid"] == refused["requests"]["used_rate"] == 0
+
+
+def test_what_an_attempt_cost_is_one_rule_for_the_report_the_cap_and_the_quota() -> None:
+    import httpx
+
+    from batchsum.engine.tally import Charge, charge
+    from batchsum.errors import (
+        APIConnectionError,
+        APIResponseValidationError,
+        APITimeoutError,
+        AuthenticationError,
+        NotPremiumError,
+        RateLimitError,
+        ServerError,
+        TextTooLongError,
+    )
+    from batchsum.service.client import AsyncClient
+
+    never_made = AsyncClient(KEY, "http://127.0.0.1:9")._core.transport_error(httpx.ConnectError("refused"))
+    cases = {
+        None: Charge(paid=True, used_rate=True),
+        APIResponseValidationError("the body is not JSON"): Charge(True, True),
+        RateLimitError("Too Many Requests", status_code=429): Charge(False, False),
+        AuthenticationError("incorrect API key provided", status_code=401): Charge(False, False),
+        NotPremiumError("you are not premium for this request", status_code=401): Charge(False, True),
+        TextTooLongError("Text exceeds word limit", status_code=422): Charge(False, True),
+        ServerError("An unexpected error occurred", status_code=500): Charge(False, True),
+        APITimeoutError("no answer in time"): Charge(True, True),
+        APIConnectionError("the server closed the connection"): Charge(True, True),
+        asyncio.CancelledError(): Charge(True, True),
+        never_made: Charge(False, False),
+    }
+    for error, cost in cases.items():
+        assert charge(error) == cost, error
