@@ -62,8 +62,10 @@ class Answers:
         while its statements are trusted, the room left, or a pause when none is left."""
         stated, paces = statement.per_minute, self.paces
         if self.lead is not None:
-            if stated is not None and self.room.trusted and self.lead.leading and self.lead.auto.stated(stated, now):
-                self.lead.moved(f"the service's rate-limit headers state {stated:g}/min")
+            if stated is not None and self.room.trusted:
+                self.lead.auto.hear(stated)
+                if self.lead.leading and self.lead.auto.stated(stated, now):
+                    self.lead.moved(f"the service's rate-limit headers state {stated:g}/min")
         elif stated is not None and stated < paces.ceiling:
             paces.ceiling = max(MIN_RPM, stated)
             if paces.pace > paces.ceiling or not paces.pace:

@@ -98,9 +98,9 @@ class Lead:
     def _follow(self, state: str, *, resume: bool = False) -> None:
         """Take on a limit (or a search) another run published (``resume``: to lead it on)."""
         self.published = state
-        before = (self.auto.value, self.auto.source)
+        before = (self.auto.value, self.auto.origin)
         if taken_on(self.auto, state, resume=resume):
-            moved = (self.auto.value, self.auto.source) != before and self.auto.value is not None
+            moved = (self.auto.value, self.auto.origin) != before and self.auto.value is not None
             self.moved("as the run leading the key's search found" if moved else None, publish=False)
 
     def moved(self, why: str | None, *, publish: bool = True) -> None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from .ledger import Ledger
 from .search import Search, Settle, adopt_seconds, probed, sent_evenly
+from .sources import BY_HEADERS, CAPPED, FOLLOWED, FOUND, IN_PART, LOWERED, PROBED, REMEMBERED, STATED, Source, known
 from .spacing import JITTER_MARGIN, MIN_RPM, WINDOW
 from .strikes import Strikes
 
@@ -46,8 +47,8 @@ MAX_RPM = 1_000_000.0  # the most a limit may be (stated or capped): beyond is n
 
 @dataclass(frozen=True)
 class Found:
-    """A limit and how it was known: "found" (searched for), "stated" (by the service's headers),
-    "configured" (``--rpm N``); ``at``: when (Unix time)."""
+    """A limit and how it was known (``sources``: ``found`` by a search, ``found in part``,
+    ``lowered`` by refusals, ``probed``, ``stated`` by the service's headers); ``at``: when (Unix time)."""
 
     rpm: float
     how: str
@@ -67,20 +68,23 @@ class Found:
         return cls(rpm, how, at) if MIN_RPM <= rpm <= MAX_RPM and math.isfinite(rpm) else None
 
     def describe(self) -> str:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.at))
-        return f"{self.how} {when}"
+        """``found 2026-11-26 14:02 by a search``."""
+        return known(self.how, self.at)
 
 
 class AutoLimit:
     """The limit in force under ``--rpm auto`` (``value``; None while searching), where it came from
-    (``source``), the ``phase``, and what to remember (``found``, once each time a limit is found).
-    The run leading the key's search calls ``step`` with the key's ledger; the others take on what it publishes (``handover.py``)."""
+    (``origin``; ``source`` with a search's level), the ``phase``, and what to remember (``found``,
+    once each time a limit is found); ``heard``: the per-minute limit this run's own answers last
+    stated. The run leading the key's search calls ``step`` with the key's ledger; the others take
+    on what it publishes (``handover.py``)."""
 
     def __init__(self, cap: float, remembered: Found | None = None, wall: Callable[[], float] = time.time) -> None:
         self.cap = min(cap, MAX_RPM)
         self.wall = wall
         self.value: float | None = None
-        self.source = "searching"
+        self.origin = Source.searching()
+        self.heard: float | None = None
         self.standing = "settled"  # once the search ended: settled, stated, probe, or capped
         self.search: Search | None = Search(self.cap, level=min(self.cap, START_RPM))
         self.since = -math.inf  # when the settled limit (or the probe) began, on the budget's clock
@@ -91,8 +95,14 @@ class AutoLimit:
         if remembered is not None:
             capped = remembered.rpm > self.cap
             self.value = min(self.cap, remembered.rpm)
-            self.source = f"remembered ({remembered.describe()})" + (f", capped at {self.cap:g}" if capped else "")
+            kind = CAPPED if capped else REMEMBERED
+            self.origin = Source(kind, remembered.how, remembered.at, self.cap if capped else None)
             self.search = None
+
+    @property
+    def source(self) -> Source:
+        """Where the limit in force came from (while searching, with the level tried)."""
+        return Source.searching(self.search.level) if self.search is not None else self.origin
 
     @property
     def phase(self) -> str:
@@ -120,7 +130,7 @@ class AutoLimit:
         if self.search is not None:
             return f"searching: trying {self.search.level:.0f}/min"
         probing = f", probing {self.probe_level:.0f}/min" if self.phase == "probe" else ""
-        return f"{self.value:.0f}/min ({self.source}{probing})"
+        return f"{self.value:.0f}/min ({self.origin.detail()}{probing})"
 
     def begin(self, now: float) -> None:
         """The key's first start under this limit (the budget's clock): the first level's stretch and a
@@ -157,7 +167,7 @@ class AutoLimit:
         if outcome is None:
             return None
         if outcome:
-            return self._settle(self.probe_level, "found", ledger.now)
+            return self._settle(self.probe_level, PROBED, ledger.now)
         self.probe_refused += ledger.refusals(self.since, ledger.now)
         self.standing, self.since = "settled", ledger.now
         self.strikes.clear(ledger.now)
@@ -170,7 +180,7 @@ class AutoLimit:
         shown = self.strikes.shown(ledger, self.since + adopt_seconds(pace), pace)
         if shown is None or shown >= self.value * LOWER:
             return None
-        return self._settle(max(MIN_RPM, shown), "found", ledger.now, lowered=True)
+        return self._settle(max(MIN_RPM, shown), LOWERED, ledger.now, lowered=True)
 
     def _settle(self, value: float, how: str, now: float, *, lowered: bool = False) -> str:
         self.value = max(MIN_RPM, min(self.cap, value))
@@ -178,9 +188,9 @@ class AutoLimit:
         self.strikes.clear(now)
         stamp = self.wall()
         if how == "capped":  # not a finding: a run without the cap searches on from here
-            self.standing, self.source = "capped", f"the cap (auto:{self.cap:g})"
+            self.standing, self.origin = "capped", Source(CAPPED, cap=self.cap)
             return f"the search reached the cap, {self.cap:g}/min"
-        self.source = f"{how} {time.strftime('%Y-%m-%d %H:%M', time.localtime(stamp))}"
+        self.origin = Source(FOUND, how, stamp)
         self.found = Found(self.value, how, stamp)
         if lowered:
             return f"the service refused twice at {self.value / LOWER:.0f}/min or more; it admits {self.value:.0f}/min"
@@ -190,26 +200,38 @@ class AutoLimit:
         """A search that did not end (its run did): the highest level it proved, to start from."""
         if self.search is None or self.search.lo <= 0 or self.search.phase not in ("refine", "confirm"):
             return None
-        return Found(self.search.lo / (1 + JITTER_MARGIN), "found in part", self.wall())
+        return Found(self.search.lo / (1 + JITTER_MARGIN), IN_PART, self.wall())
 
     def stated(self, per_minute: float, now: float) -> bool:
         """The service's trusted headers state its limit: that is the limit in force (up to the cap)."""
         value = min(self.cap, per_minute)
-        if self.phase == "stated" and self.value == value:
+        self.heard = per_minute
+        if self.phase == "stated" and self.value == value and self.origin.kind == STATED:
             return False
-        self.value, self.standing, self.source, self.search = value, "stated", "stated by the service", None
-        self.found = Found(value, "stated", self.wall())
+        stamp = self.wall()
+        self.value, self.standing, self.origin, self.search = value, "stated", Source(STATED, BY_HEADERS, stamp), None
+        self.found = Found(value, BY_HEADERS, stamp)
         return True
+
+    def hear(self, per_minute: float) -> None:
+        """This run's own answers state ``per_minute`` (trusted headers): a limit followed from
+        another run, which its service stated, is stated to this run too when the value is the same."""
+        self.heard = per_minute
+        origin = self.origin
+        if origin.kind == FOLLOWED and origin.how == BY_HEADERS and self.value is not None:
+            if math.isclose(self.value, min(self.cap, per_minute)):
+                self.origin = Source(STATED, BY_HEADERS, origin.at)
 
     def distrusted(self, now: float) -> bool:
         """The service's statements are no longer believed: a stated limit is searched again from it."""
         if self.phase != "stated" or self.value is None:
             return False
-        self.search, self.value, self.source = (
+        self.search, self.value, self.origin = (
             Search(self.cap, level=min(self.cap, START_RPM, self.value)),
             None,
-            "searching",
+            Source.searching(),
         )
+        self.heard = None
         return True
 
     @property

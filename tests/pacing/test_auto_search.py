@@ -244,7 +244,8 @@ def test_auto_with_a_cap_paces_under_it_and_remembers_nothing():
     capped, after, uncapped = scenario(main)
     assert capped.statuses == {"ok"} and capped.refused == 0 and after is None
     assert min(b - a for a, b in zip(capped.arrivals[1:], capped.arrivals[2:])) >= 60 / 120 - 1e-9
-    assert capped.pacers[0].auto.source == "the cap (auto:120)"
+    assert capped.pacers[0].auto.source.kind == "capped"
+    assert capped.pacers[0].auto.source.detail() == "the cap (auto:120)"
     found = machine.limit()
     assert found is not None and 582 <= found.rpm <= 612
 
@@ -389,3 +390,30 @@ def test_a_budget_of_this_process_only_searches_alone():
 
     out = scenario(main)
     assert out.statuses == {"ok"} and out.refused <= 12
+
+
+def test_a_run_after_one_whose_service_stated_the_limit_reports_it_followed_not_stated():
+    """Issue 48 item 5: run A's answers state 300/min; run B, two minutes later on the key, gets no
+    headers (its service states nothing now) and takes the limit over from A's published state: its
+    report says ``followed`` (A's service stated it), not ``stated``."""
+    from types import SimpleNamespace
+
+    from batchsum.run.report import _pace
+    from tests.pacing.test_short_job import Service, uniform
+
+    service = Service("sliding", latency=uniform(0.3, 0.7), rpm=300, state_room="RateLimit-")
+    service.limit = SlidingWindow(300, MINUTE)
+    machine = Machine()
+
+    async def main():
+        first = await wave(service, machine, 200)
+        service.state_room = None
+        await asyncio.sleep(120)
+        return first, await wave(service, machine, 200, seed=1)
+
+    first, second = scenario(main)
+    assert first.refused == 0 and second.refused == 0 and second.statuses == {"ok"}
+    a, b = (_pace(SimpleNamespace(pacer=w.pacers[0], first_request=None)) for w in (first, second))
+    assert (a["limit"], a["limit_source"], a["limit_detail"]) == (300, "stated", "stated by the service")
+    assert b["limit"] == 300 and b["limit_source"] == "followed", b
+    assert b["limit_detail"].startswith("stated by the service ") and "followed from another run" in b["limit_detail"]
