@@ -180,9 +180,9 @@ class AutoLimit:
         shown = self.strikes.shown(ledger, self.since + adopt_seconds(pace), pace)
         if shown is None or shown >= self.value * LOWER:
             return None
-        return self._settle(max(MIN_RPM, shown), LOWERED, ledger.now, lowered=True)
+        return self._settle(max(MIN_RPM, shown), LOWERED, ledger.now, lowered=self.value)
 
-    def _settle(self, value: float, how: str, now: float, *, lowered: bool = False) -> str:
+    def _settle(self, value: float, how: str, now: float, *, lowered: float | None = None) -> str:
         self.value = max(MIN_RPM, min(self.cap, value))
         self.search, self.standing, self.since = None, "settled", now
         self.strikes.clear(now)
@@ -192,8 +192,8 @@ class AutoLimit:
             return f"the search reached the cap, {self.cap:g}/min"
         self.origin = Source(FOUND, how, stamp)
         self.found = Found(self.value, how, stamp)
-        if lowered:
-            return f"the service refused twice at {self.value / LOWER:.0f}/min or more; it admits {self.value:.0f}/min"
+        if lowered is not None:
+            return f"the service refused at {lowered:.0f}/min, admitting {self.value:.0f}/min over a full window"
         return f"the service refused above {self.value:.0f}/min"
 
     def partly_found(self) -> Found | None:

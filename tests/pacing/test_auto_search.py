@@ -417,3 +417,54 @@ def test_a_run_after_one_whose_service_stated_the_limit_reports_it_followed_not_
     assert (a["limit"], a["limit_source"], a["limit_detail"]) == (300, "stated", "stated by the service")
     assert b["limit"] == 300 and b["limit_source"] == "followed", b
     assert b["limit_detail"].startswith("stated by the service ") and "followed from another run" in b["limit_detail"]
+
+
+@pytest.mark.parametrize("kind", ["sliding minute", "fixed minute", "clock minute", "10 s windows", "bucket"])
+def test_a_plan_lowered_to_half_met_by_one_run_is_remembered_and_the_next_run_pays_no_429(kind):
+    """Issue 48 item 6: the key's record says 400/min; the plan is now 200. A run of 300 texts meets
+    it: on a minute's window it sends at the old pace for half a minute, draws one refusal episode,
+    pauses until the window resets and finishes (one episode, not two strikes). What that full window
+    admitted is remembered (never more than the service showed), and the next run pays no 429."""
+    limit, true = judge(kind, 200)
+    service, machine = service_with(limit), Machine()
+    machine.entries["limit"] = Remembered("k", "s", "limit", Found(400, "found", 0).to_json(), 1e12)
+
+    async def main():
+        met = await wave(service, machine, 300)
+        remembered = machine.limit()
+        await asyncio.sleep(30)
+        return met, remembered, await wave(service, machine, 300, seed=1)
+
+    met, remembered, after = scenario(main)
+    assert met.statuses == {"ok"} and 0 < met.refused <= 12
+    assert remembered is not None and remembered.how == "lowered"
+    assert 0.95 * true <= remembered.rpm <= true, remembered  # what the service showed, no more
+    assert after.statuses == {"ok"} and after.refused == 0 and after.rate() >= 0.95 * true
+
+
+def test_a_refusal_with_a_long_wait_after_a_whole_minute_at_the_known_limit_lowers_nothing():
+    """A run at a remembered limit that is right, a minute and more into it, meets one 429 asking it
+    to wait 30 s (an outage, not a window): the minute before admitted more than the one that
+    refused, so no minute's window shows in it, and the record stays (the record holds only what
+    the service showed over a full window of refusals)."""
+    import httpx
+
+    class Outage(type(service_with(None))):
+        async def __call__(self, request):
+            now = asyncio.get_running_loop().time()
+            if 80 <= now < 81:  # an outage of a second: everything refused, come back in 30 s
+                self.arrivals.append(now)
+                self.refused += 1
+                await asyncio.sleep(0.3)
+                return httpx.Response(429, json={"error": "Too Many Requests"}, headers={"Retry-After": "30"})
+            return await super().__call__(request)
+
+    from tests.pacing.test_short_job import uniform
+
+    service = Outage("sliding", latency=uniform(0.3, 0.7))
+    service.limit = SlidingWindow(240, MINUTE)
+    machine = Machine()
+    machine.entries["limit"] = Remembered("k", "s", "limit", Found(240, "found", 0).to_json(), 1e12)
+    out = scenario(lambda: wave(service, machine, 600))
+    assert out.statuses == {"ok"} and out.refused >= 1
+    assert machine.limit().rpm == 240 and machine.limit().at == 1e12
