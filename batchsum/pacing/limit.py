@@ -43,6 +43,7 @@ PROBE_STEP = 1.05  # ... this much above
 LOWER = 0.98  # a limit the strikes show lower than this share of the one in force replaces it
 LIMIT_SECONDS = 7 * 86400.0  # a remembered limit is a starting point for a week
 MAX_RPM = 1_000_000.0  # the most a limit may be (stated or capped): beyond is not a plan
+MIN_SENDING = 0.01  # the least share of the key's pace its runs are taken to send together
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class AutoLimit:
         self.value: float | None = None
         self.origin = Source.searching()
         self.heard: float | None = None
+        self.sending = 1.0  # what the runs on the key may send together, a share of its pace (at most 1)
         self.standing = "settled"  # once the search ended: settled, stated, probe, or capped
         self.search: Search | None = Search(self.cap, level=min(self.cap, START_RPM))
         self.since = -math.inf  # when the settled limit (or the probe) began, on the budget's clock
@@ -116,8 +118,17 @@ class AutoLimit:
         return self.probe_level if self.standing == "probe" else self.value
 
     def pace(self) -> float:
-        """The pace to run at: under the limit once it is known, else the level being tried."""
-        return max(MIN_RPM, self.limit() * (1.0 if self.search is not None else SETTLE))
+        """The key's pace: under the limit once it is known; while searching, the pace at which the
+        runs on the key, each at its share of it, send the level being tried together (a run with
+        ``--share 0.5`` alone on the key paces the key at twice the level: it sends the level)."""
+        if self.search is not None:
+            return max(MIN_RPM, min(self.cap, self.search.level / max(self.sending, MIN_SENDING)))
+        return max(MIN_RPM, self.limit() * SETTLE)
+
+    def ceiling(self) -> float:
+        """The most the key's pace may be now (the pacer's ceiling): the limit, or while searching
+        the pace that sends the level."""
+        return max(self.limit(), self.pace())
 
     def minute_cap(self) -> int:
         """The most the key's trailing minute may hold before the next start (its starts less its

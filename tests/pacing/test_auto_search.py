@@ -468,3 +468,49 @@ def test_a_refusal_with_a_long_wait_after_a_whole_minute_at_the_known_limit_lowe
     out = scenario(lambda: wave(service, machine, 600))
     assert out.statuses == {"ok"} and out.refused >= 1
     assert machine.limit().rpm == 240 and machine.limit().at == 1e12
+
+
+def test_a_run_with_a_share_alone_on_a_key_whose_limit_is_unknown_climbs_to_its_share_of_it():
+    """Issue 48 item 7: ``--share 0.5`` alone on a key whose limit (600/min) nobody knows. The search
+    judges what was sent by what the runs on the key may send together (here the run's own half): the
+    key's pace is twice the level tried, so the run sends the level and proves it; the limit found is
+    the key's (600/min), and once it is known the run sends its share of it, about 300/min. (Before,
+    the ledger never showed 0.8 of the level sent and the run stayed at half of 60/min.)"""
+    from batchsum.pacing.budget import Share
+
+    service, machine = service_with(SlidingWindow(600, MINUTE)), Machine()
+
+    async def main():
+        return await wave(service, machine, 1800, share=Share("half", 0.5))
+
+    out = scenario(main)
+    assert out.statuses == {"ok"} and out.refused <= 16
+    found = machine.limit()
+    assert found is not None and 582 <= found.rpm <= 612, found
+    settled = max(c.at for c in out.pacers[0].changes if "limit" in c.reason)
+    late = [t for t in out.arrivals if t > settled + 70]
+    rate = (len(late) - 1) / (late[-1] - late[0]) * MINUTE
+    assert 0.95 * 300 <= rate <= 300, rate  # its share of the key's limit, under it
+    assert most_in_any_window(late, MINUTE) <= 300
+
+
+def test_runs_with_shares_alone_on_a_key_search_with_what_they_may_send_together():
+    """Two runs with ``--share 0.3`` on a key of 600/min nobody knows, nobody else on it: the
+    registry says they may send 0.6 of the key's pace together, so the level tried is what they
+    send; the key's limit is found, and each then sends its share of it."""
+    from batchsum.pacing.budget import Share
+
+    service, machine = service_with(SlidingWindow(600, MINUTE)), Machine()
+    shares = [Share("a", 0.3), Share("b", 0.3)]
+
+    async def main():
+        return await wave(service, machine, 1100, runs=2, share=shares)
+
+    out = scenario(main)
+    assert out.statuses == {"ok"} and out.refused <= 16
+    found = machine.limit()
+    assert found is not None and 582 <= found.rpm <= 612, found
+    settled = max(c.at for p in out.pacers for c in p.changes if "limit" in c.reason)
+    late = [t for t in out.arrivals if settled + 70 < t < min(out.ends) - 5]
+    rate = (len(late) - 1) / (late[-1] - late[0]) * MINUTE
+    assert 0.95 * 360 <= rate <= 360, rate  # 0.3 + 0.3 of the key's limit, under it

@@ -313,3 +313,24 @@ def test_every_source_reads_one_vocabulary_and_survives_its_json():
         assert Source.from_data(json.loads(json.dumps(source.data()))) == source
         assert source.detail() and "\n" not in source.detail()
     assert Source.configured().detail().startswith("configured")
+
+
+def test_what_the_runs_on_a_key_may_send_together_is_their_shares_summed_at_most_one():
+    from types import SimpleNamespace
+
+    from batchsum.pacing.budget import ProcessBudget
+    from batchsum.pacing.lead import key_share
+
+    class Registry(ProcessBudget):
+        def __init__(self, shares):
+            super().__init__()
+            self.shares = shares
+
+        async def runs(self):
+            return [SimpleNamespace(share=share) for share in self.shares]
+
+    assert run(key_share(ProcessBudget(), 0.5)) == 0.5  # no registry: this run alone
+    assert run(key_share(Registry([0.3, 0.3]), 0.3)) == pytest.approx(0.6)
+    assert run(key_share(Registry([0.3, None]), 0.3)) == 1.0  # a run without a share: the whole key
+    assert run(key_share(Registry([0.7, 0.6]), 0.7)) == 1.0  # at most the key's pace
+    assert run(key_share(Registry([]), 0.4)) == 0.4  # this run's entry not published yet
