@@ -33,7 +33,7 @@ from .sources import BY_HEADERS, CAPPED, FOLLOWED, FOUND, IN_PART, LOWERED, PROB
 from .spacing import JITTER_MARGIN, MIN_RPM, WINDOW
 from .strikes import Strikes
 
-__all__ = ["AutoLimit", "Found", "LIMIT_SECONDS", "START_RPM", "SETTLE", "MAX_RPM"]
+__all__ = ["AutoLimit", "Found", "stated", "heard", "distrusted", "LIMIT_SECONDS", "START_RPM", "SETTLE", "MAX_RPM"]
 
 from .search import START_RPM  # noqa: E402  (a name of this module's too)
 
@@ -213,38 +213,45 @@ class AutoLimit:
             return None
         return Found(self.search.lo / (1 + JITTER_MARGIN), IN_PART, self.wall())
 
-    def stated(self, per_minute: float, now: float) -> bool:
-        """The service's trusted headers state its limit: that is the limit in force (up to the cap)."""
-        value = min(self.cap, per_minute)
-        self.heard = per_minute
-        if self.phase == "stated" and self.value == value and self.origin.kind == STATED:
-            return False
-        stamp = self.wall()
-        self.value, self.standing, self.origin, self.search = value, "stated", Source(STATED, BY_HEADERS, stamp), None
-        self.found = Found(value, BY_HEADERS, stamp)
-        return True
-
-    def hear(self, per_minute: float) -> None:
-        """This run's own answers state ``per_minute`` (trusted headers): a limit followed from
-        another run, which its service stated, is stated to this run too when the value is the same."""
-        self.heard = per_minute
-        origin = self.origin
-        if origin.kind == FOLLOWED and origin.how == BY_HEADERS and self.value is not None:
-            if math.isclose(self.value, min(self.cap, per_minute)):
-                self.origin = Source(STATED, BY_HEADERS, origin.at)
-
-    def distrusted(self, now: float) -> bool:
-        """The service's statements are no longer believed: a stated limit is searched again from it."""
-        if self.phase != "stated" or self.value is None:
-            return False
-        self.search, self.value, self.origin = (
-            Search(self.cap, level=min(self.cap, START_RPM, self.value)),
-            None,
-            Source.searching(),
-        )
-        self.heard = None
-        return True
-
     @property
     def searching(self) -> bool:
         return self.search is not None
+
+
+# What the service's headers state, as the limit in force: the answers' part (``answers.Answers``).
+
+
+def stated(auto: AutoLimit, per_minute: float) -> bool:
+    """The service's trusted headers state its limit: that is the limit in force (up to the cap), this
+    run's own (``stated``); whether that is news."""
+    value = min(auto.cap, per_minute)
+    auto.heard = per_minute
+    if auto.phase == "stated" and auto.value == value and auto.origin.kind == STATED:
+        return False
+    stamp = auto.wall()
+    auto.value, auto.standing, auto.origin, auto.search = value, "stated", Source(STATED, BY_HEADERS, stamp), None
+    auto.found = Found(value, BY_HEADERS, stamp)
+    return True
+
+
+def heard(auto: AutoLimit, per_minute: float) -> None:
+    """This run's own answers state ``per_minute`` (trusted headers): a limit followed from another
+    run, which its service stated, is stated to this run too when the value is the same."""
+    auto.heard = per_minute
+    origin = auto.origin
+    if origin.kind == FOLLOWED and origin.how == BY_HEADERS and auto.value is not None:
+        if math.isclose(auto.value, min(auto.cap, per_minute)):
+            auto.origin = Source(STATED, BY_HEADERS, origin.at)
+
+
+def distrusted(auto: AutoLimit) -> bool:
+    """The service's statements are no longer believed: a stated limit is searched again from it."""
+    if auto.phase != "stated" or auto.value is None:
+        return False
+    auto.search, auto.value, auto.origin = (
+        Search(auto.cap, level=min(auto.cap, START_RPM, auto.value)),
+        None,
+        Source.searching(),
+    )
+    auto.heard = None
+    return True

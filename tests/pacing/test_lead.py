@@ -239,8 +239,10 @@ def _settled(how: str, value: float = 240.0):
     from batchsum.pacing.search import Settle
 
     leader = _auto()
+    from batchsum.pacing.limit import stated
+
     if how == "stated":
-        leader.stated(value, 0.0)
+        stated(leader, value)
     else:
         leader._settle(*Settle(value, "found"), 0.0)
     return leader
@@ -265,6 +267,7 @@ def test_a_limit_another_runs_service_stated_is_followed_until_this_runs_own_ans
     """Issue 48 item 5: the published state carried "stated by the service" for 300 s, and a run whose
     service stated nothing read it as its own."""
     from batchsum.pacing.handover import published, taken_on
+    from batchsum.pacing.limit import heard
 
     state = published(_settled("stated", 300.0))
     silent = _auto()
@@ -273,9 +276,9 @@ def test_a_limit_another_runs_service_stated_is_followed_until_this_runs_own_ans
     assert silent.describe().startswith("300/min (stated by the service ") and "followed from another run" in (
         silent.describe()
     )
-    silent.hear(600.0)  # its own service states another limit: not what it follows
+    heard(silent, 600.0)  # its own service states another limit: not what it follows
     assert silent.source.kind == "followed"
-    silent.hear(300.0)  # ... and now the same one: stated to this run too
+    heard(silent, 300.0)  # ... and now the same one: stated to this run too
     assert silent.source.kind == "stated"
     heard_first = _auto()
     heard_first.heard = 300.0
