@@ -137,7 +137,7 @@ class AutoLimit:
         return cap if cap is not None else max(1, math.floor(self.limit() * SETTLE))
 
     def describe(self) -> str:
-        """``240/min (found 2026-11-25 14:02)``, or what the search is trying."""
+        """``240/min (found 2026-11-25 14:02 by a search, in this run)``, or what the search is trying."""
         if self.search is not None:
             return f"searching: trying {self.search.level:.0f}/min"
         probing = f", probing {self.probe_level:.0f}/min" if self.phase == "probe" else ""
