@@ -41,7 +41,7 @@ async def key_share(budget: Budget, own: float) -> float:
         return own
     total = 0.0
     for entry in await runs():
-        share = getattr(entry, "share", None)
+        share = entry.get("share") if isinstance(entry, dict) else getattr(entry, "share", None)
         total += float(share) if isinstance(share, (int, float)) and 0 < share < 1 else 1.0
     return min(1.0, max(total, own))
 

@@ -337,3 +337,9 @@ def test_what_the_runs_on_a_key_may_send_together_is_their_shares_summed_at_most
     assert run(key_share(Registry([0.3, None]), 0.3)) == 1.0  # a run without a share: the whole key
     assert run(key_share(Registry([0.7, 0.6]), 0.7)) == 1.0  # at most the key's pace
     assert run(key_share(Registry([]), 0.4)) == 0.4  # this run's entry not published yet
+
+    class Plain(Registry):  # entries as plain JSON
+        async def runs(self):
+            return [{"share": share} for share in self.shares]
+
+    assert run(key_share(Plain([0.25, 0.25]), 0.25)) == 0.5 and run(key_share(Plain([0.25, None]), 0.25)) == 1.0
