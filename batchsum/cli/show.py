@@ -83,7 +83,7 @@ def limits_command(args: argparse.Namespace) -> int:
         this += f" ({marked[entry.key_hash]})" if entry.key_hash in marked else ""
         if entry.name == LIMIT:
             limit = Found.from_json(entry.value, entry.at)
-            shown = f"{limit.rpm:g}/min, {limit.how} {when}" if limit is not None else "unreadable"
+            shown = f"{limit.rpm:g}/min, {limit.describe()}" if limit is not None else "unreadable"
         else:
             shown = _quota_shown(entry.name, entry.value, when)
         print(f"{entry.service}  {shown}  key {entry.key_hash}{this}")

@@ -12,6 +12,7 @@ from typing import Any
 from ..pacing import KeyRecord, PaceChange, Pacer, PacerState
 from ..pacing.exchange import Budget
 from ..pacing.quota import CountedQuota, Spent, StatedQuota, utc
+from ..pacing.sources import Source
 from ..service.client import AsyncClient
 from ..service.keys import Quota
 from ..service.settings import ENV_API_KEY
@@ -63,10 +64,11 @@ class KeyLane:
         """The key's limit in force, requests a minute (0: no pacing)."""
         return self.pacer.ceiling
 
-    def limit_source(self) -> str | None:
+    def limit_source(self) -> Source | None:
+        """Where the key's limit in force came from (``pacing.sources``; None: no pacing)."""
         if self.pacer.auto is not None:
             return self.pacer.auto.source
-        return "configured" if self.pacer.rpm else None
+        return Source.configured() if self.pacer.rpm else None
 
     def spent_now(self) -> Spent | None:
         """``spent`` while the key is out for it (a key back from a quota's reset has none)."""
@@ -87,7 +89,8 @@ class KeyLane:
             "hash": self.key_hash,
             "source": self.source,
             "limit": self.limit() or None,
-            "limit_source": self.limit_source(),
+            "limit_source": None if (source := self.limit_source()) is None else source.kind,
+            "limit_detail": None if source is None else source.detail(),
             "requests": self.requests,
             "rate_limited": self.rate_limited,
             "refusal": self.refusal,

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from .evidence import Evidence
 from .in_flight import InFlight
 from .lead import Lead
+from .limit import distrusted, heard
+from .limit import stated as taken_as_stated
 from .paces import Paces
 from .pause import Alarm, Pause
 from .record import KeyRecord
@@ -62,8 +64,10 @@ class Answers:
         while its statements are trusted, the room left, or a pause when none is left."""
         stated, paces = statement.per_minute, self.paces
         if self.lead is not None:
-            if stated is not None and self.room.trusted and self.lead.leading and self.lead.auto.stated(stated, now):
-                self.lead.moved(f"the service's rate-limit headers state {stated:g}/min")
+            if stated is not None and self.room.trusted:
+                heard(self.lead.auto, stated)
+                if self.lead.leading and taken_as_stated(self.lead.auto, stated):
+                    self.lead.moved(f"the service's rate-limit headers state {stated:g}/min")
         elif stated is not None and stated < paces.ceiling:
             paces.ceiling = max(MIN_RPM, stated)
             if paces.pace > paces.ceiling or not paces.pace:
@@ -86,7 +90,7 @@ class Answers:
             self.paces.note("the service refused while its headers stated room left; its room is not used again", now)
             if self.record is not None:
                 self.record.room_contradicted()
-            if self.lead is not None and self.lead.leading and self.lead.auto.distrusted(now):
+            if self.lead is not None and self.lead.leading and distrusted(self.lead.auto):
                 self.lead.moved("the limit its headers stated is searched for again")
         self.rate_limited += 1
         self.paces.log.refused(now)

@@ -3,7 +3,9 @@ the limit known, as plain JSON (``AutoLimit.state``), and its taking on by anoth
 or leading it on.
 
 Invariant: nothing in the state is a secret or a key; a run takes on a state only as far as its own cap
-allows, and a run taking the lead over tries a level again from the highest one proven.
+allows, and a run taking the lead over tries a level again from the highest one proven; what another
+run found or was told by its service is ``followed`` here, never this run's ``found`` or ``stated``
+(``sources.Source.followed``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import math
 from typing import Any, Protocol
 
 from .search import Search, search_data, search_from
+from .sources import CAPPED, Source
 from .strikes import Strikes
 
 __all__ = ["published", "taken_on"]
@@ -23,7 +26,8 @@ class Held(Protocol):
 
     cap: float
     value: float | None
-    source: str
+    origin: Source
+    heard: float | None
     standing: str
     since: float
     probe_level: float
@@ -41,7 +45,7 @@ def published(auto: Held) -> str:
     data: dict[str, Any] = {
         "cap": auto.cap,
         "value": auto.value,
-        "source": auto.source,
+        "source": auto.origin.data(),
         "standing": auto.standing,
         "since": _time(auto.since),
         "probe_level": auto.probe_level,
@@ -64,15 +68,18 @@ def taken_on(auto: Held, text: str | None, *, resume: bool = False) -> bool:
         data = json.loads(text)
         value = None if data["value"] is None else float(data["value"])
         search = None if data["search"] is None else search_from(data["search"], auto.cap)
-        standing, source, probe_level = str(data["standing"]), str(data["source"]), float(data["probe_level"])
+        standing, probe_level = str(data["standing"]), float(data["probe_level"])
+        origin = Source.from_data(data["source"]).followed(heard=auto.heard, value=value)
         since = -math.inf if data["since"] is None else float(data["since"])
         watermark = -math.inf if data["watermark"] is None else float(data["watermark"])
         strikes = Strikes([float(t) for t in data["strikes"]], watermark)
     except (ValueError, TypeError, KeyError):
         return False
-    auto.standing, auto.source, auto.probe_level, auto.since, auto.strikes = (
+    if value is not None and value > auto.cap:  # this run's own cap holds it lower
+        origin = Source(CAPPED, origin.how, origin.at, auto.cap)
+    auto.standing, auto.origin, auto.probe_level, auto.since, auto.strikes = (
         standing,
-        source,
+        origin,
         probe_level,
         since,
         strikes,
@@ -81,7 +88,7 @@ def taken_on(auto: Held, text: str | None, *, resume: bool = False) -> bool:
     if standing == "capped" and value is not None and value < auto.cap:
         # Another run's cap held the key there: it admitted that much; search on from it.
         search = auto.search = Search(auto.cap, level=value)
-        auto.value, auto.source = None, "searching"
+        auto.value, auto.origin = None, Source.searching()
     if search is not None:
         search.level = min(auto.cap, search.lo if resume and search.lo > 0 else search.level)
         if resume:

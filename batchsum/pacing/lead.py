@@ -24,12 +24,26 @@ from .paces import Paces
 from .record import KeyRecord
 from .sharing import Sharing
 
-__all__ = ["Lead", "TICK_SECONDS"]
+__all__ = ["Lead", "TICK_SECONDS", "key_share"]
 
 log = logging.getLogger("batchsum")
 
 TICK_SECONDS = 1.0  # every run on the key looks at its lead this often
 REPUBLISH_SECONDS = SHARED_SECONDS / 3  # the lead writes its state again at least this often
+
+
+async def key_share(budget: Budget, own: float) -> float:
+    """What the runs on the key may send together, as a share of the key's pace: the shares of the
+    live runs on the budget's registry summed (1 for a run without one), at most 1, and never less
+    than this run's ``own``; ``own`` while the budget keeps no registry (a run alone on the key)."""
+    runs = getattr(budget, "runs", None)
+    if runs is None:
+        return own
+    total = 0.0
+    for entry in await runs():
+        share = entry.get("share") if isinstance(entry, dict) else getattr(entry, "share", None)
+        total += float(share) if isinstance(share, (int, float)) and 0 < share < 1 else 1.0
+    return min(1.0, max(total, own))
 
 
 @dataclass(eq=False, slots=True)
@@ -77,6 +91,11 @@ class Lead:
         the lead; then lead (a look at the ledger, the limit moved and published) or follow (the
         published limit taken on)."""
         await self.sharing.exchange(LOOK, 0.0, self.last_start())
+        sending = await key_share(self.budget, self.sharing.share.fraction if self.sharing.share else 1.0)
+        if sending != self.auto.sending:
+            self.auto.sending = sending
+            if self.auto.searching:
+                self.moved(None, publish=self.leading)  # the key's pace that sends the level
         view = await self.budget.lead(self.holder)
         took_over = view.holder == self.holder and not self.leading
         self.leading = view.holder == self.holder
@@ -98,16 +117,16 @@ class Lead:
     def _follow(self, state: str, *, resume: bool = False) -> None:
         """Take on a limit (or a search) another run published (``resume``: to lead it on)."""
         self.published = state
-        before = (self.auto.value, self.auto.source)
+        before = (self.auto.value, self.auto.origin)
         if taken_on(self.auto, state, resume=resume):
-            moved = (self.auto.value, self.auto.source) != before and self.auto.value is not None
+            moved = (self.auto.value, self.auto.origin) != before and self.auto.value is not None
             self.moved("as the run leading the key's search found" if moved else None, publish=False)
 
     def moved(self, why: str | None, *, publish: bool = True) -> None:
         """The limit or the level moved (``why``; None: a step not worth a line): the pace follows it,
         and a limit found goes to the record (by the lead only)."""
         auto, paces, now = self.auto, self.paces, self.clock()
-        paces.ceiling = auto.limit()
+        paces.ceiling = auto.ceiling()
         found, auto.found = auto.found, None
         if found is not None and self.record is not None and publish:
             self.record.limit_found(found)

@@ -29,10 +29,11 @@ from dataclasses import dataclass
 
 from .ledger import Ledger
 from .search import Search, Settle, adopt_seconds, probed, sent_evenly
+from .sources import BY_HEADERS, CAPPED, FOLLOWED, FOUND, IN_PART, LOWERED, PROBED, REMEMBERED, STATED, Source, known
 from .spacing import JITTER_MARGIN, MIN_RPM, WINDOW
 from .strikes import Strikes
 
-__all__ = ["AutoLimit", "Found", "LIMIT_SECONDS", "START_RPM", "SETTLE", "MAX_RPM"]
+__all__ = ["AutoLimit", "Found", "stated", "heard", "distrusted", "LIMIT_SECONDS", "START_RPM", "SETTLE", "MAX_RPM"]
 
 from .search import START_RPM  # noqa: E402  (a name of this module's too)
 
@@ -42,12 +43,13 @@ PROBE_STEP = 1.05  # ... this much above
 LOWER = 0.98  # a limit the strikes show lower than this share of the one in force replaces it
 LIMIT_SECONDS = 7 * 86400.0  # a remembered limit is a starting point for a week
 MAX_RPM = 1_000_000.0  # the most a limit may be (stated or capped): beyond is not a plan
+MIN_SENDING = 0.01  # the least share of the key's pace its runs are taken to send together
 
 
 @dataclass(frozen=True)
 class Found:
-    """A limit and how it was known: "found" (searched for), "stated" (by the service's headers),
-    "configured" (``--rpm N``); ``at``: when (Unix time)."""
+    """A limit and how it was known (``sources``: ``found`` by a search, ``found in part``,
+    ``lowered`` by refusals, ``probed``, ``stated`` by the service's headers); ``at``: when (Unix time)."""
 
     rpm: float
     how: str
@@ -67,20 +69,24 @@ class Found:
         return cls(rpm, how, at) if MIN_RPM <= rpm <= MAX_RPM and math.isfinite(rpm) else None
 
     def describe(self) -> str:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.at))
-        return f"{self.how} {when}"
+        """``found 2026-11-26 14:02 by a search``."""
+        return known(self.how, self.at)
 
 
 class AutoLimit:
     """The limit in force under ``--rpm auto`` (``value``; None while searching), where it came from
-    (``source``), the ``phase``, and what to remember (``found``, once each time a limit is found).
-    The run leading the key's search calls ``step`` with the key's ledger; the others take on what it publishes (``handover.py``)."""
+    (``origin``; ``source`` with a search's level), the ``phase``, and what to remember (``found``,
+    once each time a limit is found); ``heard``: the per-minute limit this run's own answers last
+    stated. The run leading the key's search calls ``step`` with the key's ledger; the others take
+    on what it publishes (``handover.py``)."""
 
     def __init__(self, cap: float, remembered: Found | None = None, wall: Callable[[], float] = time.time) -> None:
         self.cap = min(cap, MAX_RPM)
         self.wall = wall
         self.value: float | None = None
-        self.source = "searching"
+        self.origin = Source.searching()
+        self.heard: float | None = None
+        self.sending = 1.0  # what the runs on the key may send together, a share of its pace (at most 1)
         self.standing = "settled"  # once the search ended: settled, stated, probe, or capped
         self.search: Search | None = Search(self.cap, level=min(self.cap, START_RPM))
         self.since = -math.inf  # when the settled limit (or the probe) began, on the budget's clock
@@ -91,8 +97,14 @@ class AutoLimit:
         if remembered is not None:
             capped = remembered.rpm > self.cap
             self.value = min(self.cap, remembered.rpm)
-            self.source = f"remembered ({remembered.describe()})" + (f", capped at {self.cap:g}" if capped else "")
+            kind = CAPPED if capped else REMEMBERED
+            self.origin = Source(kind, remembered.how, remembered.at, self.cap if capped else None)
             self.search = None
+
+    @property
+    def source(self) -> Source:
+        """Where the limit in force came from (while searching, with the level tried)."""
+        return Source.searching(self.search.level) if self.search is not None else self.origin
 
     @property
     def phase(self) -> str:
@@ -106,8 +118,17 @@ class AutoLimit:
         return self.probe_level if self.standing == "probe" else self.value
 
     def pace(self) -> float:
-        """The pace to run at: under the limit once it is known, else the level being tried."""
-        return max(MIN_RPM, self.limit() * (1.0 if self.search is not None else SETTLE))
+        """The key's pace: under the limit once it is known; while searching, the pace at which the
+        runs on the key, each at its share of it, send the level being tried together (a run with
+        ``--share 0.5`` alone on the key paces the key at twice the level: it sends the level)."""
+        if self.search is not None:
+            return max(MIN_RPM, min(self.cap, self.search.level / max(self.sending, MIN_SENDING)))
+        return max(MIN_RPM, self.limit() * SETTLE)
+
+    def ceiling(self) -> float:
+        """The most the key's pace may be now (the pacer's ceiling): the limit, or while searching
+        the pace that sends the level."""
+        return max(self.limit(), self.pace())
 
     def minute_cap(self) -> int:
         """The most the key's trailing minute may hold before the next start (its starts less its
@@ -116,11 +137,11 @@ class AutoLimit:
         return cap if cap is not None else max(1, math.floor(self.limit() * SETTLE))
 
     def describe(self) -> str:
-        """``240/min (found 2026-11-25 14:02)``, or what the search is trying."""
+        """``240/min (found 2026-11-25 14:02 by a search, in this run)``, or what the search is trying."""
         if self.search is not None:
             return f"searching: trying {self.search.level:.0f}/min"
         probing = f", probing {self.probe_level:.0f}/min" if self.phase == "probe" else ""
-        return f"{self.value:.0f}/min ({self.source}{probing})"
+        return f"{self.value:.0f}/min ({self.origin.detail()}{probing})"
 
     def begin(self, now: float) -> None:
         """The key's first start under this limit (the budget's clock): the first level's stretch and a
@@ -157,7 +178,7 @@ class AutoLimit:
         if outcome is None:
             return None
         if outcome:
-            return self._settle(self.probe_level, "found", ledger.now)
+            return self._settle(self.probe_level, PROBED, ledger.now)
         self.probe_refused += ledger.refusals(self.since, ledger.now)
         self.standing, self.since = "settled", ledger.now
         self.strikes.clear(ledger.now)
@@ -170,48 +191,67 @@ class AutoLimit:
         shown = self.strikes.shown(ledger, self.since + adopt_seconds(pace), pace)
         if shown is None or shown >= self.value * LOWER:
             return None
-        return self._settle(max(MIN_RPM, shown), "found", ledger.now, lowered=True)
+        return self._settle(max(MIN_RPM, shown), LOWERED, ledger.now, lowered=self.value)
 
-    def _settle(self, value: float, how: str, now: float, *, lowered: bool = False) -> str:
+    def _settle(self, value: float, how: str, now: float, *, lowered: float | None = None) -> str:
         self.value = max(MIN_RPM, min(self.cap, value))
         self.search, self.standing, self.since = None, "settled", now
         self.strikes.clear(now)
         stamp = self.wall()
         if how == "capped":  # not a finding: a run without the cap searches on from here
-            self.standing, self.source = "capped", f"the cap (auto:{self.cap:g})"
+            self.standing, self.origin = "capped", Source(CAPPED, cap=self.cap)
             return f"the search reached the cap, {self.cap:g}/min"
-        self.source = f"{how} {time.strftime('%Y-%m-%d %H:%M', time.localtime(stamp))}"
+        self.origin = Source(FOUND, how, stamp)
         self.found = Found(self.value, how, stamp)
-        if lowered:
-            return f"the service refused twice at {self.value / LOWER:.0f}/min or more; it admits {self.value:.0f}/min"
+        if lowered is not None:
+            return f"the service refused at {lowered:.0f}/min, admitting {self.value:.0f}/min over a full window"
         return f"the service refused above {self.value:.0f}/min"
 
     def partly_found(self) -> Found | None:
         """A search that did not end (its run did): the highest level it proved, to start from."""
         if self.search is None or self.search.lo <= 0 or self.search.phase not in ("refine", "confirm"):
             return None
-        return Found(self.search.lo / (1 + JITTER_MARGIN), "found in part", self.wall())
-
-    def stated(self, per_minute: float, now: float) -> bool:
-        """The service's trusted headers state its limit: that is the limit in force (up to the cap)."""
-        value = min(self.cap, per_minute)
-        if self.phase == "stated" and self.value == value:
-            return False
-        self.value, self.standing, self.source, self.search = value, "stated", "stated by the service", None
-        self.found = Found(value, "stated", self.wall())
-        return True
-
-    def distrusted(self, now: float) -> bool:
-        """The service's statements are no longer believed: a stated limit is searched again from it."""
-        if self.phase != "stated" or self.value is None:
-            return False
-        self.search, self.value, self.source = (
-            Search(self.cap, level=min(self.cap, START_RPM, self.value)),
-            None,
-            "searching",
-        )
-        return True
+        return Found(self.search.lo / (1 + JITTER_MARGIN), IN_PART, self.wall())
 
     @property
     def searching(self) -> bool:
         return self.search is not None
+
+
+# What the service's headers state, as the limit in force: the answers' part (``answers.Answers``).
+
+
+def stated(auto: AutoLimit, per_minute: float) -> bool:
+    """The service's trusted headers state its limit: that is the limit in force (up to the cap), this
+    run's own (``stated``); whether that is news."""
+    value = min(auto.cap, per_minute)
+    auto.heard = per_minute
+    if auto.phase == "stated" and auto.value == value and auto.origin.kind == STATED:
+        return False
+    stamp = auto.wall()
+    auto.value, auto.standing, auto.origin, auto.search = value, "stated", Source(STATED, BY_HEADERS, stamp), None
+    auto.found = Found(value, BY_HEADERS, stamp)
+    return True
+
+
+def heard(auto: AutoLimit, per_minute: float) -> None:
+    """This run's own answers state ``per_minute`` (trusted headers): a limit followed from another
+    run, which its service stated, is stated to this run too when the value is the same."""
+    auto.heard = per_minute
+    origin = auto.origin
+    if origin.kind == FOLLOWED and origin.how == BY_HEADERS and auto.value is not None:
+        if math.isclose(auto.value, min(auto.cap, per_minute)):
+            auto.origin = Source(STATED, BY_HEADERS, origin.at)
+
+
+def distrusted(auto: AutoLimit) -> bool:
+    """The service's statements are no longer believed: a stated limit is searched again from it."""
+    if auto.phase != "stated" or auto.value is None:
+        return False
+    auto.search, auto.value, auto.origin = (
+        Search(auto.cap, level=min(auto.cap, START_RPM, auto.value)),
+        None,
+        Source.searching(),
+    )
+    auto.heard = None
+    return True

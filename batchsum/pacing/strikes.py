@@ -1,10 +1,13 @@
 """Refusals at a known limit's pace, told apart: a storm (refusals right after a pause, nothing admitted
 between them) changes nothing; a strike is a refusal after a stretch of even sending at the pace, or
 with the service admitting steadily since the last one; two strikes close together are the limit, and
-show what the service admits.
+show what the service admits; so does one strike that a minute's window refused, full until it reset
+(``minute.minute_refused``): a run that meets a plan lowered to half on a minute's window draws one
+refusal, pauses and may end before a second.
 
 Invariant: refusals are judged once each, in the order of their starts, and only when their episode
-has ended (a start admitted after them); a storm never makes a strike.
+has ended (a start admitted after them); a storm never makes a strike; what a strike shows is what
+the service admitted over a full window that refused.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import math
 
 from .ledger import TICK, Ledger
+from .minute import minute_refused
 from .search import sent_evenly
 from .spacing import WINDOW
 
@@ -72,6 +76,9 @@ class Strikes:
             self.times = [t for t in self.times if first - t <= STRIKES_WITHIN] + [first]
             if first - self.times[0] >= STRIKE_SECONDS:  # closer, too close to tell a window by
                 return shown_by(ledger, self.times)
+            full = minute_refused(ledger, first)
+            if full is not None:  # a minute's window, full until it reset: what it admitted
+                return float(full)
         return None
 
     def clear(self, now: float) -> None:

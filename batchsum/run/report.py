@@ -207,14 +207,18 @@ def _stop_message(error: BaseException) -> str:
 def _pace(stats: BatchStats) -> dict[str, Any]:
     """The report's pace section: the first request, the changes, and under auto the limit in force
     (where it came from, and the 429s its upward probes cost)."""
+    from ..pacing.sources import Source
+
     pacer = stats.pacer
     auto = pacer.auto if pacer is not None else None
     configured = pacer is not None and auto is None and bool(pacer.rpm)
+    source = auto.source if auto is not None else Source.configured() if configured else None
     return {
         "first_request": stats.first_request,
         "changes": [str(change) for change in pacer.changes] if pacer is not None else [],
         "limit": auto.value if auto is not None else pacer.rpm if configured and pacer is not None else None,
-        "limit_source": auto.source if auto is not None else "configured" if configured else None,
+        "limit_source": source.kind if source is not None else None,
+        "limit_detail": source.detail() if source is not None else None,
         "probe_rate_limited": 0 if auto is None else auto.probe_refused,
     }
 
@@ -273,6 +277,7 @@ def merge_reports(reports: Sequence[dict[str, Any]], *, run_id: str) -> dict[str
         "changes": list(dict.fromkeys(change for p in paces for change in p.get("changes", []))),
         "limit": min((p["limit"] for p in paces if p.get("limit") is not None), default=None),
         "limit_source": next((p["limit_source"] for p in paces if p.get("limit_source")), None),
+        "limit_detail": next((p["limit_detail"] for p in paces if p.get("limit_detail")), None),
         "probe_rate_limited": sum(p.get("probe_rate_limited", 0) for p in paces),
     }
     merged["keys"] = _merged_keys([r.get("keys") or [] for r in reports])

@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import httpx
@@ -35,6 +36,12 @@ class Machine(ProcessBudget):
     def __init__(self) -> None:
         super().__init__(lambda: asyncio.get_running_loop().time(), shared=True)
         self.entries: dict[str, Remembered] = {}
+        self.registry: dict[int, float | None] = {}  # the runs on the key now, each with its share
+
+    async def runs(self) -> list[SimpleNamespace]:
+        """The live runs on the key, each with its ``share`` (None: the whole key), as the budget's
+        registry gives them (``Budget.runs``)."""
+        return [SimpleNamespace(share=share) for share in self.registry.values()]
 
     async def recall(self, key_hash: str, service: str) -> list[Remembered]:
         return list(self.entries.values())
@@ -122,12 +129,13 @@ async def wave(
     seed: int = 0,
     starts: tuple[float, ...] = (),
     budget: Callable[[int], Any] | None = None,
-    share: Share | None = None,
+    share: Share | None | list[Share | None] = None,
     on_pacer: Callable[[Pacer], None] | None = None,
 ) -> Wave:
     """``runs`` runs of ``n`` texts each with ``rpm="auto"`` on ``machine``'s budget (or
-    ``budget(i)``'s), started at the offsets ``starts`` (default: together); ``share`` each run's;
-    ``on_pacer`` told of each run's pacer as it starts."""
+    ``budget(i)``'s), started at the offsets ``starts`` (default: together); ``share`` each run's (or
+    one per run); ``on_pacer`` told of each run's pacer as it starts. Each run is on the machine's
+    registry of runs while it runs."""
     loop = asyncio.get_running_loop()
     out = Wave(began=loop.time())
     arrived, refused = len(service.arrivals), service.refused
@@ -138,11 +146,17 @@ async def wave(
             await asyncio.sleep(delay)
         on = machine if budget is None else budget(number)
         record = KeyRecord(on, "keyhash", "https://svc", await machine.recall("keyhash", "https://svc"))
-        pacer = Pacer(cap, auto=True, record=record, budget=on, share=share)
+        own = share[number] if isinstance(share, list) else share
+        pacer = Pacer(cap, auto=True, record=record, budget=on, share=own)
         if on_pacer is not None:
             on_pacer(pacer)
-        async with batchsum.AsyncClient(KEY, "http://127.0.0.1:9", transport=httpx.MockTransport(service)) as c:
-            rows = [r async for r in summarize_stream(texts(n, number, seed), c, rpm=cap, pacer=pacer, record=record)]
+        machine.registry[id(pacer)] = None if own is None else own.fraction
+        try:
+            async with batchsum.AsyncClient(KEY, "http://127.0.0.1:9", transport=httpx.MockTransport(service)) as c:
+                stream = summarize_stream(texts(n, number, seed), c, rpm=cap, pacer=pacer, record=record)
+                rows = [r async for r in stream]
+        finally:
+            del machine.registry[id(pacer)]
         return rows, loop.time(), pacer
 
     for rows, end, pacer in await asyncio.gather(*(one(i) for i in range(runs))):

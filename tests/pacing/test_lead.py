@@ -7,6 +7,7 @@ budget whose clock is stepped forward or back."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 
@@ -222,3 +223,123 @@ def test_the_gcra_state_moves_its_schedule_back_with_the_clock():
     at, committed = state.advance(700.0, 0.5, Report(), exchange.RESERVE)
     assert at == pytest.approx(700.5) and not committed  # an interval after the last start, moved back
     assert state.paused_until == pytest.approx(700.2)
+
+
+# -- where a limit came from, handed over ------------------------------------------------------------
+
+
+def _auto(cap: float = 1e6, remembered=None):
+    from batchsum.pacing.limit import AutoLimit
+
+    return AutoLimit(cap, remembered, wall=lambda: 1_790_000_000.0)
+
+
+def _settled(how: str, value: float = 240.0):
+    """A leader's limit, known ``how`` (found by its search, or stated by its service)."""
+    from batchsum.pacing.search import Settle
+
+    leader = _auto()
+    from batchsum.pacing.limit import stated
+
+    if how == "stated":
+        stated(leader, value)
+    else:
+        leader._settle(*Settle(value, "found"), 0.0)
+    return leader
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_limit_another_runs_search_found_is_followed_never_found_or_stated_by_this_run(resume):
+    from batchsum.pacing.handover import published, taken_on
+
+    follower = _auto()
+    assert taken_on(follower, published(_settled("found")), resume=resume)
+    assert follower.value == 240 and follower.source.kind == "followed"
+    assert follower.source.detail().startswith("found ") and "by a search; followed from another run" in (
+        follower.source.detail()
+    )
+    # Handed on again (the follower leads later): still another run's finding.
+    third = _auto()
+    assert taken_on(third, published(follower), resume=True) and third.source.kind == "followed"
+
+
+def test_a_limit_another_runs_service_stated_is_followed_until_this_runs_own_answers_state_it():
+    """Issue 48 item 5: the published state carried "stated by the service" for 300 s, and a run whose
+    service stated nothing read it as its own."""
+    from batchsum.pacing.handover import published, taken_on
+    from batchsum.pacing.limit import heard
+
+    state = published(_settled("stated", 300.0))
+    silent = _auto()
+    assert taken_on(silent, state, resume=True)
+    assert silent.source.kind == "followed" and silent.source.detail().startswith("stated by the service ")
+    assert silent.describe().startswith("300/min (stated by the service ") and "followed from another run" in (
+        silent.describe()
+    )
+    heard(silent, 600.0)  # its own service states another limit: not what it follows
+    assert silent.source.kind == "followed"
+    heard(silent, 300.0)  # ... and now the same one: stated to this run too
+    assert silent.source.kind == "stated"
+    heard_first = _auto()
+    heard_first.heard = 300.0
+    assert taken_on(heard_first, state) and heard_first.source.kind == "stated"
+
+
+def test_a_remembered_limit_stays_remembered_and_a_lower_cap_is_capped_when_taken_on():
+    from batchsum.pacing.handover import published, taken_on
+    from batchsum.pacing.limit import Found
+
+    leader = _auto(remembered=Found(240.0, "found", 1_780_000_000.0))
+    assert leader.source.kind == "remembered"
+    follower, capped = _auto(), _auto(cap=120.0)
+    assert taken_on(follower, published(leader)) and follower.source == leader.source
+    assert taken_on(capped, published(leader)) and capped.value == 120 and capped.source.kind == "capped"
+    assert capped.source.detail().startswith("the cap (auto:120); the key's record: found ")
+
+
+def test_a_state_an_older_version_published_is_read_as_followed():
+    import json
+
+    from batchsum.pacing.handover import published, taken_on
+
+    data = json.loads(published(_settled("found")))
+    data["source"] = "stated by the service"  # the text an older version published
+    follower = _auto()
+    assert taken_on(follower, json.dumps(data)) and follower.source.kind == "followed"
+
+
+def test_every_source_reads_one_vocabulary_and_survives_its_json():
+    from batchsum.pacing.sources import KINDS, Source
+
+    for kind in KINDS:
+        source = Source(kind, "found", 1_790_000_000.0, 120.0 if kind == "capped" else None)
+        assert Source.from_data(json.loads(json.dumps(source.data()))) == source
+        assert source.detail() and "\n" not in source.detail()
+    assert Source.configured().detail().startswith("configured")
+
+
+def test_what_the_runs_on_a_key_may_send_together_is_their_shares_summed_at_most_one():
+    from types import SimpleNamespace
+
+    from batchsum.pacing.budget import ProcessBudget
+    from batchsum.pacing.lead import key_share
+
+    class Registry(ProcessBudget):
+        def __init__(self, shares):
+            super().__init__()
+            self.shares = shares
+
+        async def runs(self):
+            return [SimpleNamespace(share=share) for share in self.shares]
+
+    assert run(key_share(ProcessBudget(), 0.5)) == 0.5  # no registry: this run alone
+    assert run(key_share(Registry([0.3, 0.3]), 0.3)) == pytest.approx(0.6)
+    assert run(key_share(Registry([0.3, None]), 0.3)) == 1.0  # a run without a share: the whole key
+    assert run(key_share(Registry([0.7, 0.6]), 0.7)) == 1.0  # at most the key's pace
+    assert run(key_share(Registry([]), 0.4)) == 0.4  # this run's entry not published yet
+
+    class Plain(Registry):  # entries as plain JSON
+        async def runs(self):
+            return [{"share": share} for share in self.shares]
+
+    assert run(key_share(Plain([0.25, 0.25]), 0.25)) == 0.5 and run(key_share(Plain([0.25, None]), 0.25)) == 1.0

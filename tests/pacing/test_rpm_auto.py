@@ -121,7 +121,8 @@ def test_a_limit_found_is_remembered_and_the_next_run_starts_at_it_with_no_429()
     assert second.arrivals[1] < 1.0  # proven: no lone first request
     per_minute = 299 / (second.arrivals[-1] - second.arrivals[0]) * MINUTE
     assert per_minute >= 0.95 * 240, per_minute
-    assert pacer.auto.source.startswith("remembered")
+    assert pacer.auto.source.kind == "remembered"
+    assert pacer.auto.source.detail().endswith("by a search, remembered for the key")
 
 
 def test_a_limit_the_service_states_is_used_from_the_first_answer():
@@ -129,7 +130,7 @@ def test_a_limit_the_service_states_is_used_from_the_first_answer():
     service.limit = SlidingWindow(300, MINUTE)
     rows, pacer, wall, limit = run_auto(service, 600)
     assert service.refused == 0 and limit == 300
-    assert pacer.auto.source == "stated by the service"
+    assert pacer.auto.source.kind == "stated" and pacer.auto.describe() == "300/min (stated by the service)"
 
 
 # -- spellings --------------------------------------------------------------------------------------
@@ -178,6 +179,7 @@ def test_the_cli_runs_auto_against_the_local_service_and_reports_where_the_limit
     assert (pd.read_parquet(out)["summary_status"] == "ok").all()
     pace = json.loads(report.read_text())["pace"]
     assert pace["limit_source"] == "searching" and pace["probe_rate_limited"] == 0, pace
+    assert pace["limit_detail"].startswith("searching: trying "), pace
 
 
 def _remember(key: str, service: str, rpm: float) -> None:
@@ -302,7 +304,7 @@ def test_cli_processes_started_together_under_auto_share_one_lead(budget, tmp_pa
         identity = __import__("batchsum").AsyncClient(key, service.url).identity
     assert stats["by_status"] == {"200": 90}, stats
     sources = {json.loads((tmp_path / f"{n}.json").read_text())["pace"]["limit_source"] for n in range(3)}
-    assert sources == {"stated by the service"}, sources
+    assert sources == {"stated"}, sources  # each heard it from its own answers, the followers too
 
     async def lead():
         on = open_budget(flag[1] if flag else "machine", identity)
@@ -313,4 +315,4 @@ def test_cli_processes_started_together_under_auto_share_one_lead(budget, tmp_pa
 
     monkeypatch.setenv("XDG_CACHE_HOME", env["XDG_CACHE_HOME"])  # the machine the processes shared
     after = asyncio.run(lead())
-    assert after.holder == "a test" and after.state is not None and '"stated by the service"' in after.state
+    assert after.holder == "a test" and after.state is not None and '"kind": "stated"' in after.state
