@@ -151,9 +151,12 @@ class Entry(Presence):
             if wait > 0:
                 await asyncio.sleep(min(wait, KEEP_ALIVE_SECONDS))
                 continue
+            report = self.stamp(NO_REPORT)
+            if report.entry is None:  # published less than PUBLISH_SECONDS ago, after all
+                await asyncio.sleep(KEEP_ALIVE_SECONDS)
+                continue
             try:
-                slot = await self.budget.reserve(0.0, self.stamp(NO_REPORT), start=False)
-                self.heard(slot)
+                self.heard(await self.budget.reserve(0.0, report, start=False))
             except BudgetError:  # the pacer finds out for itself; the entry lapses meanwhile
                 self.last = self._clock()
             except Exception:  # a fault of ours never stops the run: it goes on unlisted
