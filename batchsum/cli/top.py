@@ -99,11 +99,13 @@ def _limit_words(key: KeyView) -> str:
 
 
 def _pace_words(key: KeyView) -> str:
-    share = ""
+    """``started 98 in the last 10 s (of 100 allowed), 590 in the last 60 s (of 600: 98%) · 0 429s``."""
     if key.limit:
-        share = f" ({100 * key.rate_1m / key.limit:.0f}% of {key.limit:g})"
-    in_10s = f"{key.starts_10s} in 10 s" + (f" of {key.limit / 6:.0f}" if key.limit else "")
-    return f"started {in_10s}, {key.rate_1m} in 60 s{share} · {key.rate_limited_1m} 429s in 60 s"
+        in_10s = f"{key.starts_10s} in the last 10 s (of {key.limit / 6:.0f} allowed)"
+        in_60s = f"{key.rate_1m} in the last 60 s (of {key.limit:g}: {100 * key.rate_1m / key.limit:.0f}%)"
+    else:
+        in_10s, in_60s = f"{key.starts_10s} in the last 10 s", f"{key.rate_1m} in the last 60 s"
+    return f"started {in_10s}, {in_60s} · {key.rate_limited_1m} 429s"
 
 
 def _key_lines(key: KeyView, width: int) -> list[str]:
@@ -174,12 +176,19 @@ def _table(runs: Sequence[RunView], width: int) -> list[str]:
             break
         shown.remove(min(droppable, key=lambda i: _COLUMNS[i][2]))
     last = shown[-1]
+    dropped = [i for i in range(len(names)) if i not in shown]
 
     def line(cells: list[str]) -> str:
         parts = [_cut(cells[i], widths[i]).ljust(widths[i]) if i != last else _cut(cells[i], widths[i]) for i in shown]
         return "  " + "  ".join(parts)
 
-    return [line(names)] + [line(row) for row in rows]
+    lines = [line(names)]
+    for row in rows:
+        lines.append(line(row))
+        if dropped:  # what does not fit in a row: under it, in words
+            rest = " · ".join(f"{names[i].lower()} {row[i]}" for i in dropped)
+            lines += textwrap.wrap(rest, width, initial_indent="      ", subsequent_indent="      ")
+    return lines
 
 
 def render(view: BudgetView, width: int, now: float | None = None) -> str:

@@ -154,7 +154,13 @@ def test_a_pause_a_configured_quota_and_a_search_under_way_are_shown(place):
     assert key.paused_until is not None and key.paused_until > key.now + 20
     assert key.pause_reason == "the service answered 429"
     [quota] = key.quotas
-    assert (quota.name, quota.source, quota.limit, quota.used, quota.left) == ("daily quota of 100", "configured", 100, 7, 93)
+    assert (quota.name, quota.source, quota.limit, quota.used, quota.left) == (
+        "daily quota of 100",
+        "configured",
+        100,
+        7,
+        93,
+    )
     assert key.counted["day"] == 7
     assert key.search == {"phase": "climb", "level": 240.0, "cap": 1000.0}
 
@@ -167,7 +173,9 @@ def test_a_stated_quota_and_a_remembered_limit_are_shown_when_no_run_is_on_the_k
     async def main():
         await activity(budget, 1)
         stated = {"limit": 300, "window": 86400, "remaining": 45, "reset_at": time.time() + 3600}
-        await budget.remember(HASH, SERVICE, {"quota": json.dumps(stated), "limit": json.dumps({"rpm": 240, "how": "found"})})
+        await budget.remember(
+            HASH, SERVICE, {"quota": json.dumps(stated), "limit": json.dumps({"rpm": 240, "how": "found"})}
+        )
         view = await read_view(where, "here")
         await budget.aclose()
         return view
@@ -307,7 +315,9 @@ def test_the_redis_view_script_is_refused_any_write(redis_url):
     from batchsum.pacing.readonly import VIEW_SCRIPT
 
     client = redis.Redis.from_url(redis_url)
-    writing = VIEW_SCRIPT.replace("local t = redis.call('TIME')", "redis.call('SET', KEYS[1], 'x')\nlocal t = redis.call('TIME')")
+    writing = VIEW_SCRIPT.replace(
+        "local t = redis.call('TIME')", "redis.call('SET', KEYS[1], 'x')\nlocal t = redis.call('TIME')"
+    )
     keys = [f"batchsum:budget:{{x}}{suffix}" for suffix in ("", ":counts", ":runs", ":runs:seen", ":lead")]
     with pytest.raises(redis.ResponseError, match="[Ww]rite"):
         client.eval(writing, len(keys), *keys, "15", "70")

@@ -90,7 +90,9 @@ def test_a_run_publishes_its_whole_entry_while_it_runs_and_removes_it_when_it_en
 def test_an_output_is_shown_as_every_message_shows_a_location():
     signed = "s3://AKIDEXAMPLE:wJalrXUtnFEMI@bucket/out.parquet?X-Amz-Signature=abcdef0123&x=1"
     shown = _shown(signed)
-    assert "wJalrXUtnFEMI" not in shown and "abcdef0123" not in shown and shown.startswith("s3://***@bucket/out.parquet")
+    assert (
+        "wJalrXUtnFEMI" not in shown and "abcdef0123" not in shown and shown.startswith("s3://***@bucket/out.parquet")
+    )
     long = _shown("/data/" + "x" * 1000 + "/out.parquet")
     assert len(long) == entry_module.OUTPUT_CHARS - 1 and long.endswith("/out.parquet") and "…" in long
 
