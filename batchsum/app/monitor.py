@@ -96,7 +96,8 @@ class KeyHistory:
             stacks[run_id] = [float(self.by_run.get(start, {}).get(run_id, 0)) for start in starts]
         known = [sum(stack[i] for stack in stacks.values()) for i in range(len(starts))]
         stacks["earlier"] = [float(max(0, total[i] - known[i])) for i in range(len(starts))]
-        limit, last = [], math.nan
+        known_limits = [self.limits[start] for start in starts if start in self.limits]
+        limit, last = [], known_limits[0] if known_limits else math.nan  # before the first look: the first known
         for start in starts:
             last = self.limits.get(start, last)
             limit.append(last * BUCKET / 60.0)
@@ -135,6 +136,20 @@ class _Chart:
             layout=w.Layout(width="100%", max_width="1000px", height="280px"),
         )
         self.figure.add_class("batchsum-monitor-chart")
+        key = " &nbsp; ".join(
+            f"<span style='color:{color}'>{symbol}</span> {words}"
+            for color, symbol, words in [
+                (PALETTE[0], "■", "each run's starts (its colour in the table)"),
+                (EARLIER, "■", "starts of runs not seen (before the monitor opened, or gone)"),
+                (LIMIT, "╌", "what the limit allows in 10 s"),
+                (REFUSED, "✚", "429s"),
+                (PAUSE, "▬", "paused"),
+            ]
+        )
+        self.widget = w.VBox(
+            [self.figure, w.HTML(f"<div class='batchsum-chart-key' style='font-size:85%'>{key}</div>")],
+            layout=w.Layout(width="100%", max_width="1000px"),
+        )
 
     def update(self, history: KeyHistory, colors: Mapping[str, str]) -> None:
         data = history.series()
@@ -208,13 +223,25 @@ def runs_table(runs: Sequence[RunView], colors: Mapping[str, str]) -> str:
             eta,
         ]
         swatch = f"<span style='color:{colors.get(run.run_id, EARLIER)}'>■</span>"
-        return [swatch] + [html.escape(v) for v in values]
+        cells = [swatch] + [html.escape(v) for v in values]
+        if run.output:  # the path's end in the table, the whole of it on hover
+            cells[4] = f"<span title='{html.escape(run.output)}'>{html.escape(_tail(run.output))}</span>"
+        return cells
 
     head = "".join(f"<th>{html.escape(name)}</th>" for name in _HEAD)
+    style = (
+        "<style>.batchsum-runs { table-layout: auto; } .batchsum-runs td, .batchsum-runs th"
+        " { white-space: nowrap; overflow-wrap: normal; }</style>"
+    )
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in cells(run)) + "</tr>" for run in runs)
     if not runs:
         body = f"<tr><td colspan='{len(_HEAD)}'>no run on this key now</td></tr>"
-    return f"<table class='batchsum-table batchsum-runs'><tr>{head}</tr>{body}</table>"
+    return f"{style}<table class='batchsum-table batchsum-runs'><tr>{head}</tr>{body}</table>"
+
+
+def _tail(location: str, chars: int = 32) -> str:
+    """The end of a location (its file's name, and as much of its folder as fits)."""
+    return location if len(location) <= chars else "…" + location[-(chars - 1) :]
 
 
 class KeyMonitor:
@@ -246,13 +273,14 @@ class KeyMonitor:
                 w.HTML(STYLE),
                 w.HBox([self.title, self.key, self.close_button]),
                 self.state,
-                self.chart.figure,
+                self.chart.widget,
                 self.table,
             ],
             layout=w.Layout(width="100%", max_width="1000px"),
         )
         self.box.add_class("batchsum-app")
         self.box.add_class("batchsum-monitor")
+        self.state.add_class("batchsum-monitor-state")
         self.close_button.on_click(lambda _: self.close())
         self.key.observe(lambda _: self._draw(), names="value")
         self._colors: dict[str, str] = {}
