@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -431,3 +432,8 @@ def test_the_metrics_a_prometheus_scrapes_are_the_figures_of_the_json(machine, t
 
     assert agrees(first) or agrees(second), metrics
     assert no_piece_of_the_key(text) and "warehouse" not in text and "s3://" not in text
+    # The example dashboard asks for these metrics by name: each is one top serves.
+    dashboard = (ROOT / "examples" / "grafana-dashboard.json").read_text()
+    asked = set(re.findall(r"batchsum_(?:key|run)_\w+", dashboard)) - {"batchsum_key", "batchsum_run"}
+    served = {name for name, _ in metrics}
+    assert asked and asked <= served, asked - served
