@@ -437,3 +437,16 @@ def test_the_metrics_a_prometheus_scrapes_are_the_figures_of_the_json(machine, t
     asked = set(re.findall(r"batchsum_(?:key|run)_\w+", dashboard)) - {"batchsum_key", "batchsum_run"}
     served = {name for name, _ in metrics}
     assert asked and asked <= served, asked - served
+
+
+def test_limits_forget_clears_the_keys_runs_from_the_view(machine, capsys):
+    import asyncio
+
+    asyncio.run(machine.remember(key_hash(KEY), SERVICE, {"limit": json.dumps({"rpm": 600, "how": "found"})}))
+    assert main(["top", "--once", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["keys"][0]["runs"]) == 3
+    assert main(["limits", "--forget"]) == 0
+    capsys.readouterr()
+    assert main(["top", "--once", "--json"]) == 0
+    keys = json.loads(capsys.readouterr().out)["keys"]
+    assert [key["runs"] for key in keys] in ([], [[]])  # the runs and the search gone with the rest
