@@ -32,17 +32,17 @@ def serve(notebook: Path, theme: str, tmp_path: Path):
     command = [sys.executable, "-m", "voila", str(notebook), "--no-browser", f"--port={port}", f"--theme={theme}"]
     command += ["--Voila.ip=127.0.0.1", "--VoilaConfiguration.file_allowlist=[]"]
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=notebook.parent)
-    deadline = time.monotonic() + 120  # a guard against a hang, not a timing assertion
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "voila.log").read_text()
-            time.sleep(0.2)
     try:
+        deadline = time.monotonic() + 120  # a guard against a hang, not a timing assertion
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "voila.log").read_text()
+                time.sleep(0.2)
         yield f"http://127.0.0.1:{port}/"
-    finally:
+    finally:  # voila and its kernels go, whatever happened (a kernel outlives a voila killed outright)
         process.terminate()
         process.wait(20)
 
