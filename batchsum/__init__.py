@@ -77,6 +77,7 @@ __all__ = [
     "result_dtypes",
     "widget",
     "plot_run",
+    "monitor",
     "Mode",
     "SummaryType",
     "BatchsumError",
@@ -117,3 +118,15 @@ def widget(data: object = None, **options: object) -> object:
     from .app.widgets import make_widget
 
     return make_widget(data, **options)
+
+
+def monitor(
+    budget: str | None = None, *, service: str | None = None, this_key: bool = False, keys: str | None = None
+) -> object:
+    """The keys on a budget, live in a notebook (the options of ``batchsum top``): each key's starts per
+    10 s against its limit over the last 15 minutes, each run's part stacked, 429s and pauses marked,
+    and its runs in a table; it reads the budget every second (never writing it) until closed. Needs
+    the ``notebook`` extra."""
+    from .app.monitor import KeyMonitor
+
+    return KeyMonitor(budget, service=service, this_key=this_key, keys=keys)

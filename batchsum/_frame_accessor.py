@@ -26,6 +26,8 @@ FrameT = TypeVar("FrameT")
 class ColumnSummarize(Generic[FrameT]):
     """``frame.batchsum.summarize("text", ...)``."""
 
+    door = "python"  # the front-end, as the runs' registry shows it (each accessor names its own)
+
     def _summarize(self, column: Hashable, spec: RunSpec) -> FrameT:
         raise NotImplementedError
 
@@ -67,11 +69,13 @@ class ColumnSummarize(Generic[FrameT]):
         own. Raises, before anything is sent: ``InputError`` (the column), ``InvalidParameterError``,
         ``ConfigurationError`` (key, URL), ``BudgetError``; and ``AuthenticationError`` /
         ``NotPremiumError`` when the service refuses the key or the plan."""
-        return self._summarize(column, RunSpec.from_options(locals()))
+        return self._summarize(column, RunSpec.from_options(locals()).replace(door=self.door))
 
 
 class ColumnSummarizeAsync(Generic[FrameT]):
     """``await frame.batchsum.asummarize("text", ...)``, in the running event loop."""
+
+    door = "python"  # the front-end, as the runs' registry shows it (each accessor names its own)
 
     async def _asummarize(self, column: Hashable, spec: RunSpec) -> FrameT:
         raise NotImplementedError
@@ -109,11 +113,13 @@ class ColumnSummarizeAsync(Generic[FrameT]):
         quota: str | None = None,
     ) -> FrameT:
         """``summarize``, awaited in the running event loop."""
-        return await self._asummarize(column, RunSpec.from_options(locals()))
+        return await self._asummarize(column, RunSpec.from_options(locals()).replace(door=self.door))
 
 
 class ValuesSummarize(Generic[FrameT]):
     """``series.batchsum.summarize(...)``: the result columns on the Series' index."""
+
+    door = "python"  # the front-end, as the runs' registry shows it (each accessor names its own)
 
     def _summarize(self, column: Hashable, spec: RunSpec) -> FrameT:
         raise NotImplementedError
@@ -151,11 +157,13 @@ class ValuesSummarize(Generic[FrameT]):
     ) -> FrameT:
         """The result columns for every value, one row each, in order (see ``summarize`` of the
         DataFrame accessor for what they are and what is raised)."""
-        return self._summarize(None, RunSpec.from_options(locals()))
+        return self._summarize(None, RunSpec.from_options(locals()).replace(door=self.door))
 
 
 class ValuesSummarizeAsync(Generic[FrameT]):
     """``await series.batchsum.asummarize(...)``, in the running event loop."""
+
+    door = "python"  # the front-end, as the runs' registry shows it (each accessor names its own)
 
     async def _asummarize(self, column: Hashable, spec: RunSpec) -> FrameT:
         raise NotImplementedError
@@ -192,4 +200,4 @@ class ValuesSummarizeAsync(Generic[FrameT]):
         quota: str | None = None,
     ) -> FrameT:
         """``summarize``, awaited in the running event loop."""
-        return await self._asummarize(None, RunSpec.from_options(locals()))
+        return await self._asummarize(None, RunSpec.from_options(locals()).replace(door=self.door))

@@ -85,6 +85,8 @@ class _Accessor:
     budget, Redis, memory) unless ``journal`` names one. ``progress``: a bar per partition, where the
     worker runs it. ``limiter`` is refused: an object in this process cannot travel to a worker."""
 
+    door = "dask"
+
     def __init__(self, data: dd.DataFrame | dd.Series) -> None:
         self._data = data
 

@@ -226,7 +226,7 @@ def register(
     time, so it cannot hold a query's cap or spread a sample. Registering a name again replaces its
     functions (and ends the earlier run). Returns the ``Registration`` (its run: ``close()`` ends it
     before the connection does)."""
-    spec = RunSpec.from_options(locals())
+    spec = RunSpec.from_options(locals()).replace(door="duckdb")
     check_name("name", name)
     for option, value in (("max_requests", spec.max_requests), ("sample", spec.sample)):
         if value is not None:

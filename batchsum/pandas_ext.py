@@ -35,6 +35,8 @@ class _Accessor:
     run's account and timeline (requests per minute, 429s, pauses, pace), which
     ``batchsum.plot_run(out)`` draws."""
 
+    door = "pandas"
+
     def __init__(self, data: pd.DataFrame | pd.Series) -> None:
         self._data = data
 

@@ -146,6 +146,8 @@ class _Frames:
 class _Namespace:
     """A Polars DataFrame's or Series' texts in (through Arrow), the result columns out."""
 
+    door = "polars"
+
     def __init__(self, data: pl.DataFrame | pl.Series) -> None:
         self._data = data
 
@@ -208,6 +210,8 @@ class LazyFrameNamespace(ColumnSummarize[pl.LazyFrame]):
     machine's answer store on disk (with ``store="none"``, a store on disk for this process, removed at
     exit), not to memory, and collecting again (or another lazy frame at once) pays for nothing. A ``head(n)`` after it reads (and pays for) only
     ``n`` rows; a filter after it is applied to the results."""
+
+    door = "polars"
 
     def __init__(self, data: pl.LazyFrame) -> None:
         self._data = data

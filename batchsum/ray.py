@@ -179,7 +179,7 @@ def summarize(
     with the CLI or pandas. ``progress``: a bar per batch, in the worker's log."""
     spec = RunSpec.from_options(
         {name: value for name, value in locals().items() if name not in ("workers", "batch_rows")}
-    )
+    ).replace(door="ray")
     for option, value in (("limiter", spec.limiter), ("max_requests", spec.max_requests), ("sample", spec.sample)):
         if value is not None:
             why = (

@@ -193,7 +193,7 @@ def summarize(
     (the column), ``InvalidParameterError``, ``ConfigurationError``, ``BudgetError``. ``progress``:
     a bar per partition, where the executor runs it; ``limiter`` is refused (it cannot travel); a
     request cap and a sample are divided among the partitions (the parts add up to the job's)."""
-    spec = RunSpec.from_options(locals())
+    spec = RunSpec.from_options(locals()).replace(door="spark")
     if column not in sdf.columns:
         raise InputError(f"no column {column!r} in the DataFrame; its columns are: {', '.join(sdf.columns)}")
     if not isinstance(sdf.schema[column].dataType, T.StringType):
@@ -243,7 +243,7 @@ def register(
     the DataFrame API too (``df.select(f("text"))``). ``max_requests`` and ``sample`` are refused
     here: the function sees the rows a batch at a time and cannot divide them; cap or sample with
     ``summarize``."""
-    spec = _worker_spec(RunSpec.from_options(locals()), spark)
+    spec = _worker_spec(RunSpec.from_options(locals()).replace(door="spark"), spark)
     for option, value in (("max_requests", spec.max_requests), ("sample", spec.sample)):
         if value is not None:
             raise InvalidParameterError(

@@ -110,7 +110,7 @@ class App:
         kind = None if self.format.value == "default" else self.format.value
         return RunSpec.from_kwargs(
             self.mode.value, self.length.value, kind, **self._connection, **self._client_options, **options
-        )
+        ).replace(door="notebook")
 
     def _request_fields(self) -> list[list[w.Widget]]:
         return [

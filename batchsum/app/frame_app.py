@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import itertools
 import os
 from typing import Any
 
@@ -16,6 +17,7 @@ from ..engine.tally import BatchStats
 from ..run.background import BackgroundRun
 from ..run.run import Run
 from ..run.spec import RunSpec, document_options
+from ..run.top import key_company
 from ..service import contract
 from ..service.errors import BatchsumError
 from ..service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
@@ -118,6 +120,7 @@ class FrameApp(App):
         self.chart, self.table = self.view.chart, self.view.table
         self.result: pd.DataFrame | None = None
         self.error: BaseException | None = None
+        self._current: Run | None = None  # the run under way
         self.run_button.on_click(lambda _: self.run())
         self.cancel_button.on_click(lambda _: self.cancel())
         self.box = w.VBox(
@@ -136,6 +139,7 @@ class FrameApp(App):
                 ),
                 self.status,
                 self.chart.widget,
+                self.view.others,
                 self.table.box,
             ],
             layout=w.Layout(width="100%", max_width="1000px"),
@@ -171,6 +175,7 @@ class FrameApp(App):
         ticker = asyncio.ensure_future(self._tick(stats))
         try:
             async with Run(spec, stats=stats, on_result=self.view.draw) as run:
+                self._current = run
                 async for result in run.stream(texts):
                     self.view.rows.append(result)
         except asyncio.CancelledError:  # Cancel: the engine has kept what finished
@@ -179,16 +184,20 @@ class FrameApp(App):
             self.error = exc
         finally:
             ticker.cancel()
+            self._current = None
         self.result = join_results(self.frame.iloc[: len(self.view.rows)], self.view.rows, self._output_column)
         self.result.attrs["batchsum"] = stats.record()
         self.view.finish(stats, self.result, self.error, cancelled, len(self.frame))
         self.run_button.disabled, self.cancel_button.disabled = False, True
 
     async def _tick(self, stats: BatchStats) -> None:
-        """Redraw while no row finishes (a pause after a 429, slow answers): the state, not a frozen bar."""
-        while True:
+        """Redraw while no row finishes (a pause after a 429, slow answers): the state, not a frozen bar;
+        and every other second, how much of the key the other runs on it use."""
+        for second in itertools.count():
             await asyncio.sleep(1.0)
             self.view.draw(stats, force=True)
+            if second % 2 == 0 and self._current is not None:
+                self.view.company(await key_company(self._current))
 
 
 def _text_columns(frame: pd.DataFrame) -> list[Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import time
+from typing import Any
 
 import ipywidgets as w
 import pandas as pd
@@ -27,6 +28,7 @@ class RunView:
         self.progress = w.IntProgress(value=0, min=0, max=max(1, len(frame)), layout=w.Layout(width="100%"))
         self.status = w.HTML(layout=FULL)
         self.chart = RunChart()
+        self.others = w.HTML(layout=FULL)  # beside the chart: what the other runs on the key use of it
         self.table = ResultTable(frame)
         self.rows: list[RowResult] = []
         self.kind: str | None = None
@@ -46,6 +48,20 @@ class RunView:
             self._last_chart = now
             self.chart.update(stats.timeline.to_dict(), stats.total)
             self.table.show(self.rows, self.kind)
+
+    def company(self, company: dict[str, Any] | None) -> None:
+        """Beside the chart: the other runs on the run's key and how much of it they use."""
+        if company is None:
+            return
+        limit = f" of its {company['limit']:g}/min" if company["limit"] else ""
+        if not company["runs"]:
+            self.others.value = "<span class='batchsum-help batchsum-company'>No other run on this key now.</span>"
+            return
+        runs = f"{company['runs']} other run{'s' if company['runs'] > 1 else ''}"
+        self.others.value = (
+            f"<span class='batchsum-help batchsum-company'>The key is shared: {runs} started "
+            f"{company['others_1m']} requests in the last minute, this run {company['own_1m']}{limit}.</span>"
+        )
 
     def finish(
         self, stats: BatchStats, result: pd.DataFrame, error: BaseException | None, cancelled: bool, of: int

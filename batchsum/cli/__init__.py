@@ -7,8 +7,9 @@ unreachable for a single text), 2 bad usage or input (nothing sent), 130 interru
 terminated (SIGTERM; after two signals, the last one's code). Every stop says how to resume.
 
 The command lives by idea: ``parser`` (the commands and their flags), ``summarize`` (a dataset, one
-text), ``show`` (report, journal, limits, store), ``serve`` (the local service), ``signals`` (how a signal
-stops a run) and ``console`` (what the command says, its exit codes); this module runs the command.
+text), ``show`` (report, journal, limits, store), ``top`` (the keys on a budget, live), ``serve`` (the
+local service), ``signals`` (how a signal stops a run) and ``console`` (what the command says, its exit
+codes); this module runs the command.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .serve import serve_command
 from .show import journal_command, limits_command, report_command, store_command
 from .signals import CommandSignals
 from .summarize import summarize_command, text_command
+from .top import top_command
 
 __all__ = ["main"]
 
@@ -53,6 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "report": report_command,
         "limits": limits_command,
         "store": store_command,
+        "top": top_command,
     }
     args.argv = list(argv) if argv is not None else sys.argv[1:]
     args.own_process = argv is None

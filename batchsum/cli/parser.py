@@ -291,6 +291,51 @@ def build_parser() -> argparse.ArgumentParser:
         f"${ENV_API_KEYS}, if set)",
     )
 
+    top = commands.add_parser(
+        "top",
+        help="watch the keys on a budget live: each key's pace against its limit, quotas, and every run on it",
+        description="Watch the keys on a rate budget, refreshed every second until Ctrl-C: per key (its short "
+        "hash and label, never a piece of it) the limit in force and where it came from (each, when its runs "
+        "disagree), its starts in the last 10 s and minute against it, 429s, a pause and its end, its quotas "
+        "(what is left, the reset) and a search under way; per run on it, its host and pid, door, output, "
+        "limit, share, sent, reused, rows left, its own rate and ETA. Reading never writes the budget.",
+    )
+    top.add_argument(
+        "--budget",
+        default=None,
+        metavar="WHERE",
+        help="the budget to watch: machine (default, or $BATCHSUM_BUDGET), sqlite:///PATH or redis://HOST:PORT/DB "
+        "(every machine on it)",
+    )
+    top.add_argument("--service", default=None, metavar="URL", help="only the keys at this service (base URL)")
+    top.add_argument("--this-key", action="store_true", help=f"only the key in ${ENV_API_KEY}")
+    top.add_argument(
+        "--keys",
+        default=None,
+        metavar="FILE",
+        help=f"a key file (as summarize takes): each of its keys is labelled with its line (default: the keys of "
+        f"${ENV_API_KEYS}, if set)",
+    )
+    top.add_argument("--once", action="store_true", help="print one view and leave")
+    top.add_argument(
+        "--json",
+        action="store_true",
+        help="print each view as one JSON object on a line (docs/top.schema.json); with --once, one",
+    )
+    top.add_argument(
+        "--metrics-port",
+        type=_number(0, whole=True),
+        default=None,
+        metavar="PORT",
+        help="also serve the figures as Prometheus metrics on this port (extra 'prometheus'; 9464 is usual)",
+    )
+    top.add_argument(
+        "--metrics-address",
+        default="127.0.0.1",
+        metavar="ADDRESS",
+        help="the address the metrics are served on (default 127.0.0.1; 0.0.0.0 for every interface)",
+    )
+
     store = commands.add_parser(
         "store",
         help="show the answer store (entries by service and age), remove entries, set its retention and size",

@@ -76,7 +76,7 @@ def summarize_command(args: argparse.Namespace) -> int:
     from ..run.run import Run, dry_run
 
     # Everything that can be refused is checked before any file is created or anything is sent.
-    spec = RunSpec.from_args(args, key_required=not args.dry_run)
+    spec = RunSpec.from_args(args, key_required=not args.dry_run).replace(door="cli")
     if args.log_format == "json":
         spec = spec.replace(progress=False)
     source = DatasetInput(args.inputs, args.column, format=args.format)

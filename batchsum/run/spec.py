@@ -323,6 +323,7 @@ class RunSpec:
     # When the job started (``time.time()``): under refresh, answers written before it are asked again
     # and those written since are used. None: each run's own start; prepare_shared sets the job's.
     started: float | None = None
+    door: str = "python"  # the front-end that made it (not an option: each door sets it; ``batchsum top`` shows it)
 
     @classmethod
     def from_kwargs(

@@ -252,3 +252,38 @@ def test_executors_whose_python_lacks_batchsum_are_refused_in_one_line(tmp_path)
     refused = lines[0]
     assert "cannot import batchsum" in refused and "PYSPARK_PYTHON" in refused and str(bare) in refused
     assert "No module named" in refused
+
+
+def test_a_spark_jobs_executors_are_one_run_on_the_key_with_unknown_rows_left(spark, redis_url):
+    """``batchsum top`` while the job runs: its tasks (each a run of the job's id, in Spark's Python
+    workers) are one run, from the spark door, whose rows left no worker knows."""
+    import asyncio
+    import threading
+    import time
+
+    import redis
+
+    import batchsum.spark
+    from batchsum.pacing.view import UNKNOWN, read_view
+
+    redis.Redis.from_url(redis_url).flushdb()
+    with LocalService([KEY], rpm=600) as service:
+        data = pd.DataFrame({"id": list(range(240)), "text": [article(25, seed=9100 + i) for i in range(240)]})
+        sdf = spark.createDataFrame(data).repartition(4, "id")
+        out = batchsum.spark.summarize(sdf, "text", rpm=600, api_key=KEY, base_url=service.url, budget=redis_url)
+        done: list = []
+        job = threading.Thread(target=lambda: done.append(out.collect()), daemon=True)
+        job.start()
+        seen = []
+        deadline = time.monotonic() + 300  # a guard against a hang, not a timing assertion
+        while job.is_alive() and time.monotonic() < deadline:
+            view = asyncio.run(read_view(redis_url, "here"))
+            seen += [key.runs for key in view.keys if key.runs]
+            time.sleep(0.3)
+        job.join(60)
+    assert len(done[0]) == 240 and all(row.summary_status == "ok" for row in done[0])
+    assert seen, "the job was never seen on its key"
+    assert all(len(runs) == 1 for runs in seen)  # one run, however many tasks ran it
+    runs = [runs[0] for runs in seen]
+    assert {run.door for run in runs} == {"spark"} and {run.rows_left for run in runs} == {UNKNOWN}
+    assert len({run.run_id for run in runs}) == 1 and max(run.processes for run in runs) >= 2
