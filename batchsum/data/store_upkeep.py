@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .journal_file import problem
-from .machine_store import connect_store, where_file
+from .store_file import connect_store, where_file
 from .stores import REFUSAL_SECONDS, StoreError
 
 __all__ = [
@@ -195,7 +195,11 @@ def _take_in(db: sqlite3.Connection, old: Path) -> int:
             entries = [(s, key.removeprefix(f"{s} "), summary, a, w) for s, key, summary, a, w in chunk]
             db.execute("BEGIN IMMEDIATE")
             try:
-                taken += db.executemany("INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?, ?)", entries).rowcount
+                taken += db.executemany(
+                    "INSERT OR IGNORE INTO answers (service, scope, fingerprint, summary, attempts, written) "
+                    "VALUES (?, '', ?, ?, ?, ?)",
+                    entries,
+                ).rowcount
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
