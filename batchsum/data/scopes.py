@@ -270,12 +270,11 @@ class AsyncScopes:
 
     def put(self, key: str, answer: Answer) -> None:
         """As ``Scopes.put``: its own scope at once (``JournalError`` when it cannot), the store queued."""
-        scopes = self.scopes
-        kept = self.link is not None and self.link.attached and scopes.to_store(answer)
-        if kept:
-            assert self.link is not None
-            self.link.put(key, answer)
-        if scopes.own is not None and (scopes.keeps_all or not kept):
+        scopes, link = self.scopes, self.link
+        kept = link is not None and scopes.to_store(answer)
+        if link is not None and kept:
+            link.put(key, answer)  # a store that is out keeps it for when it answers again
+        if scopes.own is not None and (scopes.keeps_all or not kept or not (link and link.attached)):
             scopes.own.put(key, answer)
 
     def _lost(self, answers: list[tuple[str, Answer]]) -> None:
