@@ -82,7 +82,8 @@ class Answers:
         """The store's answer for ``key`` (asked with the other requests of the moment), when trusted."""
         if not self.trusted or self.scopes.link is None:
             return None
-        return (await self.scopes.link.get_many([key])).get(key)
+        found, stored = await self.scopes.lookup([key])  # copied into a journal, as a block's are
+        return found.get(key) if key in stored else None
 
     def put(self, key: str, answer: Answer) -> None:
         if not self.refusing:

@@ -3,7 +3,9 @@ record and a pacer (``lanes``); the run's locks and output, the answer store and
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import functools
 import hashlib
 import os
 import random
@@ -114,7 +116,7 @@ class Pieces:
                 stack.push(self._abort_output)
             records = [await KeyRecord.recall(budget, key, spec.client.service) for _, budget, key, _ in opened]
             self.record = records[0]
-            self.store = self._open_store(spec, run_id, shared, store_scope(spec, [key for _, _, key, _ in opened]))
+            self.store = await self._open_store(spec, run_id, shared, store_scope(spec, [k for _, _, k, _ in opened]))
             self._kept = _size(self.store)
             self.bar = stack.enter_context(ProgressBar(stats.total, enabled=spec.progress))
             if self._adopted is not None:  # said once per journal (on stderr when the bar is off)
@@ -161,7 +163,7 @@ class Pieces:
             return self._final - self._kept
         return _size(self.store) - self._kept if hasattr(self, "store") else 0
 
-    def _open_store(self, spec: RunSpec, run_id: str, shared: bool, scope: str) -> Scopes:
+    async def _open_store(self, spec: RunSpec, run_id: str, shared: bool, scope: str) -> Scopes:
         """The run's answers (``Scopes``): its own scope (the journal; else this process's memory, or
         for shared runs nothing: the store keeps their job's refusals) and the store ``spec.store``
         names, in ``scope`` (``store_scope``); one that cannot be opened is one line, and the run goes
@@ -169,8 +171,9 @@ class Pieces:
         own, keeps_all = self._own_scope(spec, run_id, shared)
         job = run_id if own is None else None  # the store is its only scope: it keeps the job's refusals too
         alone = "its journal" if spec.journal is not None else "this process's answers"
+        opening = functools.partial(open_store, spec.store, spec.client.service, self.client.identity, job, scope)
         try:
-            store = open_store(spec.store, spec.client.service, self.client.identity, job, scope)
+            store = await asyncio.get_running_loop().run_in_executor(None, opening)  # off the loop: Redis may be far
         except StoreError as exc:
             log.warning("batchsum: %s; this run goes on with %s alone", exc, alone, extra={"event": "store"})
             store = None

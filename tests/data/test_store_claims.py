@@ -26,7 +26,7 @@ from batchsum.data.machine_store import MachineStore, default_store_path
 from batchsum.data.redis_store import RedisStore, RedisUpkeep
 from batchsum.data.results import OK, Answer
 from batchsum.data.scopes import Scopes, look_at_store
-from batchsum.data.stores import MemoryStore
+from batchsum.data.stores import MemoryStore, clear_process_caches
 from batchsum.engine import summarize_stream
 from batchsum.engine.fingerprints import text_fingerprint
 from batchsum.engine.tally import BatchStats
@@ -204,7 +204,7 @@ def test_a_redis_store_restarted_mid_run_is_used_again(svc, tmp_path, caplog, mo
     redis = OwnRedis(tmp_path)
     redis.start()
     svc.faults = Faults(latency=0.1, latency_spread=0.1)
-    rows = texts(0, 80)
+    rows = texts(5000, 5080)
     spec = RunSpec.from_kwargs(api_key=KEY, base_url=svc.url, progress=False, rpm=1200, budget="none", store=redis.url)
     outcome: list[list[Any]] = []
     try:
@@ -231,6 +231,7 @@ def test_a_redis_store_restarted_mid_run_is_used_again(svc, tmp_path, caplog, mo
         assert svc.stats()["requests"] == 2 * len(rows) - len(kept)  # only what was lost with the restart
     finally:
         redis.stop()
+        clear_process_caches()  # what this process kept while the store was out is this test's alone
 
 
 def test_a_claim_lost_with_a_restarted_redis_is_made_again_by_its_holders_renewal(redis_url):

@@ -11,12 +11,15 @@ import asyncio
 import httpx
 
 import batchsum
+from batchsum.data.results import Answer
 from batchsum.data.stores import MemoryClaims
 from batchsum.engine import summarize_stream
+from batchsum.engine.fingerprints import text_fingerprint
 from batchsum.engine.keys import KeyLane
 from batchsum.engine.tally import BatchStats
 from batchsum.pacing import Pacer
 from batchsum.pacing.budget import ProcessBudget
+from batchsum.service import contract
 from batchsum.service.settings import key_hash
 from tests import virtual_clock
 from tests.engine.test_keys import KeyedService, keys, texts
@@ -97,8 +100,6 @@ def test_a_text_claimed_by_a_run_that_lets_it_go_unanswered_is_sent_by_the_one_w
     set the text aside takes a turn for it and sends it."""
     store = MemoryClaims()
     key = texts(3)[1]
-    from batchsum.engine.fingerprints import text_fingerprint
-    from batchsum.service import contract
 
     fingerprint = text_fingerprint(contract.parse_params(1, contract.PERCENTAGE_DEFAULT, None))(key)
     assert store.claim(fingerprint)  # another run holds it
@@ -123,3 +124,41 @@ def test_a_text_claimed_by_a_run_that_lets_it_go_unanswered_is_sent_by_the_one_w
     rows, stats, ended = virtual_clock.run(main())
     assert [r.status for r in rows] == ["ok"] * 3 and stats.sent == 3 and paid(service) == 3
     assert ended >= 30  # it waited for the other run's claim, not for a lease to lapse
+
+
+def test_a_turn_given_away_gives_back_the_request_cap_and_the_slot_in_flight():
+    """Every text held by another run at first: each turn goes on to the next text, and what each
+    attempt took (a count on ``max_requests``, a slot in flight) is given back. The other run answers
+    half of them and lets the rest go: the run sends those, within a cap of exactly that many."""
+    store = MemoryClaims()
+    rows = texts(40)
+
+    identify = text_fingerprint(contract.parse_params(1, contract.PERCENTAGE_DEFAULT, None))
+    keys = [identify(text) for text in rows]
+    assert all(store.claim(key) for key in keys)  # another run has every text on the wire
+
+    async def the_other_run() -> None:
+        await asyncio.sleep(20)
+        for i, key in enumerate(keys):
+            if i % 2 == 0:
+                store.put(key, Answer("Theirs.", "ok", None, None, 200, 1))
+            store.release(key)
+
+    service = KeyedService({SLOW: 600})
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        other = asyncio.ensure_future(the_other_run())
+        client = batchsum.AsyncClient(SLOW, "http://127.0.0.1:9", transport=httpx.MockTransport(service))
+        lane = KeyLane(client, Pacer(600, budget=ProcessBudget(loop.time, shared=True)))
+        stats = BatchStats()
+        stream = summarize_stream(rows, client, stats=stats, lanes=[lane], store=store, max_requests=20)
+        found = [row async for row in stream]
+        await client.aclose()
+        await other
+        return found, stats
+
+    found, stats = virtual_clock.run(main())
+    assert [r.status for r in found] == ["ok"] * 40
+    assert stats.sent == 20 and paid(service) == 20 and stats.reused == 20
+    assert [r.summary for r in found[::2]] == ["Theirs."] * 20
