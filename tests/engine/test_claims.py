@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 
 import batchsum
 from batchsum.data.results import Answer
@@ -20,6 +21,7 @@ from batchsum.engine.tally import BatchStats
 from batchsum.pacing import Pacer
 from batchsum.pacing.budget import ProcessBudget
 from batchsum.service import contract
+from batchsum.service.keys import parse_quota
 from batchsum.service.settings import key_hash
 from tests import virtual_clock
 from tests.engine.test_keys import KeyedService, keys, texts
@@ -126,10 +128,12 @@ def test_a_text_claimed_by_a_run_that_lets_it_go_unanswered_is_sent_by_the_one_w
     assert ended >= 30  # it waited for the other run's claim, not for a lease to lapse
 
 
-def test_a_turn_given_away_gives_back_the_request_cap_and_the_slot_in_flight():
+@pytest.mark.parametrize("limit", ["max_requests", "quota"])
+def test_a_turn_given_away_gives_back_the_request_cap_the_quota_and_the_slot_in_flight(limit):
     """Every text held by another run at first: each turn goes on to the next text, and what each
-    attempt took (a count on ``max_requests``, a slot in flight) is given back. The other run answers
-    half of them and lets the rest go: the run sends those, within a cap of exactly that many."""
+    attempt took (a count on ``max_requests`` or on a configured quota, a slot in flight) is given
+    back. The other run answers half of them and lets the rest go: the run sends those, within a cap
+    (or a quota) of exactly that many."""
     store = MemoryClaims()
     rows = texts(40)
 
@@ -150,9 +154,12 @@ def test_a_turn_given_away_gives_back_the_request_cap_and_the_slot_in_flight():
         loop = asyncio.get_running_loop()
         other = asyncio.ensure_future(the_other_run())
         client = batchsum.AsyncClient(SLOW, "http://127.0.0.1:9", transport=httpx.MockTransport(service))
-        lane = KeyLane(client, Pacer(600, budget=ProcessBudget(loop.time, shared=True)))
+        budget = ProcessBudget(loop.time, shared=True)
+        quota = parse_quota("20/day") if limit == "quota" else None
+        lane = KeyLane(client, Pacer(600, budget=budget), quota=quota, budget=budget)
         stats = BatchStats()
-        stream = summarize_stream(rows, client, stats=stats, lanes=[lane], store=store, max_requests=20)
+        cap = 20 if limit == "max_requests" else None
+        stream = summarize_stream(rows, client, stats=stats, lanes=[lane], store=store, max_requests=cap)
         found = [row async for row in stream]
         await client.aclose()
         await other
