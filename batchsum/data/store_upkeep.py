@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .journal_file import problem
-from .store_file import connect_store, where_file
+from .store_file import connect_store, where_file, writable
 from .stores import REFUSAL_SECONDS, StoreError
 
 __all__ = [
@@ -50,6 +50,7 @@ class MachineUpkeep:
         self.path = Path(path)
         self.where = where_file(self.path)
         self._borrowed = db is not None
+        readonly = readonly or not writable(self.path)  # a store this user cannot write: shown, never changed
         self._db = db if db is not None else connect_store(self.path, readonly=readonly)
 
     @contextlib.contextmanager
