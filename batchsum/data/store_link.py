@@ -225,15 +225,18 @@ class Outage:
         while True:
             await asyncio.sleep(delay)
             delay = min(2 * delay, RETRY_MOST)
-            backlog, self._backlog = self._backlog, []
             try:
                 await loop.run_in_executor(self._thread, self.store.ping)
-                if backlog:
-                    await loop.run_in_executor(self._thread, self.store.put_many, backlog)
+                while self._backlog:  # what was kept meanwhile, and what comes while it is put
+                    backlog, self._backlog = self._backlog, []
+                    try:
+                        await loop.run_in_executor(self._thread, self.store.put_many, backlog)
+                    except BaseException:
+                        self._backlog = backlog + self._backlog
+                        raise
             except Exception:  # noqa: BLE001 - still out
-                self._backlog = backlog + self._backlog
                 continue
-            self.attached = True
+            self.attached = True  # nothing kept is left behind: no await since the backlog emptied
             log.warning(
                 "batchsum: the answer store %s answers again: this run uses it again",
                 self.store.where,
