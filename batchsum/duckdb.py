@@ -204,6 +204,7 @@ def register(
     journal: str | os.PathLike[str] | None = None,
     store: str | None = None,
     refresh: bool = False,
+    store_scope: str = "service",
     progress: bool = True,
     long_texts: str = "skip",
     max_wait: float = DEFAULT_MAX_WAIT,

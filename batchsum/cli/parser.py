@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from ..run.spec import OPTIONS
+from ..run.spec import OPTIONS, STORE_SCOPES
 from ..service import contract
 from ..service.errors import InvalidParameterError
 from ..service.keys import ENV_API_KEYS, parse_quota
@@ -134,6 +134,7 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "refresh": {"action": "store_true"},
     "max_wait": {"type": _number(0), "metavar": "SECONDS"},
     "long_texts": {"choices": LONG_TEXT_POLICIES, "type": str.lower},
+    "store_scope": {"choices": STORE_SCOPES, "type": str.lower},
     "max_requests": {"type": _number(1, whole=True), "metavar": "N"},
     "sample": {"type": _number(1, whole=True), "metavar": "N"},
     "share": {"type": _share, "metavar": "F"},

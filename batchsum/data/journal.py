@@ -243,3 +243,10 @@ class SharedJournal(Journal):
             self._claims.renew()
         except sqlite3.Error as exc:
             raise JournalError(f"the journal {self.path}: {exc}") from None
+
+    def held_elsewhere(self, keys: Collection[str]) -> set[str]:
+        """Which of ``keys`` another run holds now (a read: texts set aside, looked at together)."""
+        try:
+            return self._claims.held_elsewhere(keys)
+        except sqlite3.Error as exc:
+            raise JournalError(f"the journal {self.path}: {exc}") from None

@@ -72,10 +72,11 @@ def problem(path: Path) -> str | None:
 
 
 def create(path: Path) -> None:
-    """A new journal at ``path``, created exclusively (never through a link planted at its name)."""
+    """A new journal at ``path``, created exclusively (never through a link planted at its name), mode
+    0600 like the answer store: it holds the output's summaries (its -wal and -shm take its mode)."""
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(path, flags, 0o644)
+        fd = os.open(path, flags, 0o600)
     except FileExistsError:
         raise InputError(f"the journal {path} appeared while it was being created; run again") from None
     except OSError as exc:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -31,7 +32,8 @@ from typing import Any, Protocol
 __all__ = [
     "CLAIM_SECONDS",
     "CLAIM_RENEW_SECONDS",
-    "CLAIM_POLL_SECONDS",
+    "CLAIM_LOOK_FIRST",
+    "CLAIM_LOOK_MOST",
     "Holder",
     "Leases",
     "SQLiteClaims",
@@ -45,7 +47,10 @@ log = logging.getLogger("batchsum")
 
 CLAIM_SECONDS = 20.0  # a lease: renewed while its holder lives, lapsed within this long of its death
 CLAIM_RENEW_SECONDS = 5.0  # four renewals per lease: a stalled loop or a slow store does not lose it
-CLAIM_POLL_SECONDS = 0.5
+# A text another run has on the wire is looked at again (with every text waiting: one look) when the
+# store says an answer landed, else after a backoff from the first to the most, well within a lease.
+CLAIM_LOOK_FIRST = 0.25
+CLAIM_LOOK_MOST = 5.0
 
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 _MACHINE_IDS = ("/etc/machine-id", "/var/lib/dbus/machine-id")
@@ -246,31 +251,71 @@ class SQLiteClaims:
         holder is surely gone (one taker wins), or the row is this holder's own from a claim it let go
         of without removing the row (a release that failed: taken back, never waited on). False when
         it is held, by another or by this holder already."""
-        mono, wall = at = now()
-        claim = (key, self._text, mono, wall + CLAIM_SECONDS)
+        mono, wall = now()
         with self._lock:
-            db = self._db
-            if db.execute("INSERT OR IGNORE INTO claims VALUES (?, ?, ?, ?)", claim).rowcount == 1:
+            row = (key, self._text, mono, wall + CLAIM_SECONDS)
+            if self._db.execute("INSERT OR IGNORE INTO claims VALUES (?, ?, ?, ?)", row).rowcount == 1:
                 self.held.add(key)
                 return True
-            db.execute("BEGIN IMMEDIATE")
+        return self.claim_many([key])[key]
+
+    def claim_many(self, keys: Collection[str]) -> dict[str, bool]:
+        """``claim`` for each of ``keys``, in one write transaction."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
             try:
-                row = db.execute("SELECT holder, mono, expires FROM claims WHERE fingerprint=?", (key,)).fetchone()
-                if row is None:
-                    won = True
-                elif row[0] == self._text:
-                    won = key not in self.held
-                else:
-                    won = lapsed(row[0], row[1], row[2], at) or holder_is_gone(row[0])
-                if won:
-                    db.execute("INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?)", claim)
-                db.execute("COMMIT")
+                won = self.claim_here(keys)
+                self._db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                self._db.execute("ROLLBACK")
                 raise
-            if won:
-                self.held.add(key)
+            self.taken(won)
         return won
+
+    def claim_here(self, keys: Collection[str]) -> dict[str, bool]:
+        """``claim`` for each of ``keys`` in the caller's write transaction (an answer store looks for
+        each key's answer in the same one); the caller passes the outcome to ``taken`` once it commits."""
+        mono, wall = at = now()
+        db, won = self._db, {}
+        for key in keys:
+            row = (key, self._text, mono, wall + CLAIM_SECONDS)
+            if db.execute("INSERT OR IGNORE INTO claims VALUES (?, ?, ?, ?)", row).rowcount == 1:
+                won[key] = True
+                continue
+            found = db.execute("SELECT holder, mono, expires FROM claims WHERE fingerprint=?", (key,)).fetchone()
+            if found is None:
+                take = True
+            elif found[0] == self._text:
+                take = key not in self.held
+            else:
+                take = lapsed(found[0], found[1], found[2], at) or holder_is_gone(found[0])
+            if take:
+                db.execute("INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?)", row)
+            won[key] = take
+        return won
+
+    def taken(self, won: dict[str, bool]) -> None:
+        """The claims ``claim_here`` won, now committed: held."""
+        self.held.update(key for key, claimed in won.items() if claimed)
+
+    def held_elsewhere(self, keys: Collection[str]) -> set[str]:
+        """Which of ``keys`` another holder holds now (a live lease): a read, no write lock taken."""
+        at = now()
+        keys = list(keys)
+        busy: set[str] = set()
+        with self._lock:
+            for start in range(0, len(keys), 500):
+                chunk = keys[start : start + 500]
+                rows = self._db.execute(
+                    f"SELECT fingerprint, holder, mono, expires FROM claims WHERE fingerprint IN ({','.join('?' * len(chunk))})",
+                    chunk,
+                ).fetchall()
+                for key, holder, mono, expires in rows:
+                    if holder == self._text and key in self.held:
+                        continue
+                    if not lapsed(holder, mono, expires, at) and not holder_is_gone(holder):
+                        busy.add(key)
+        return busy
 
     def release(self, key: str) -> None:
         """``key``'s claim let go, when this holder still holds it (released already: nothing to do)."""
@@ -278,6 +323,22 @@ class SQLiteClaims:
             if key in self.held:
                 self.release_here(key)
                 self.held.discard(key)
+
+    def release_many(self, keys: Collection[str]) -> None:
+        """The claims on ``keys`` this holder still holds, let go in one transaction."""
+        with self._lock:
+            mine = [key for key in keys if key in self.held]
+            if not mine:
+                return
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for key in mine:
+                    self.release_here(key)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self.held.difference_update(mine)
 
     def release_here(self, key: str) -> None:
         """``key``'s row deleted in the caller's transaction (an answer kept and its claim let go in
@@ -303,12 +364,12 @@ class SQLiteClaims:
 
 
 class Renewing(Protocol):
-    def renew(self, keys: Collection[str]) -> None: ...
+    def renew(self, keys: Collection[str]) -> Any: ...  # None, or an awaitable (a store's own thread)
 
 
 class Leases:
     """The claims one run holds, renewed every ``CLAIM_RENEW_SECONDS`` while any is held (one
-    renewal call for all of them). ``hold`` after a claim is won, ``drop`` after its release,
+    renewal call for all of them, awaited when the store runs it on its own thread). ``hold`` after a claim is won, ``drop`` after its release,
     ``close`` at the run's end."""
 
     def __init__(self, store: Renewing) -> None:
@@ -330,7 +391,9 @@ class Leases:
             if not self.held:
                 return
             try:
-                self._store.renew(list(self.held))
+                renewed = self._store.renew(list(self.held))  # one call for all of them
+                if inspect.isawaitable(renewed):
+                    await renewed
             except Exception:  # noqa: BLE001 - a lease not renewed lapses: at worst paid twice
                 log.warning("could not renew claims in the shared answer store", exc_info=True)
 

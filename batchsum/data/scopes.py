@@ -1,40 +1,45 @@
 """A run's answers in their two scopes (``Scopes``): its own (the output's journal, or this process's
 memory when it has none) and the answer store shared beyond it (the machine's, the cluster's), which
-``open_store`` opens from what ``store=`` names."""
+``open_store`` opens from what ``store=`` names; ``AsyncScopes``, the same as the engine uses them from
+its event loop (the store through ``store_link.StoreLink``, claims taken at a request's turn)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
 from ..service.settings import store_kind
 from .results import OK, Answer
+from .store_link import RETRY_FIRST, RETRY_MOST, StoreLink
 from .stores import AnswerStore, StoreError
 
-__all__ = ["Scopes", "open_store", "look_at_store", "store_path"]
+__all__ = ["Scopes", "AsyncScopes", "open_store", "look_at_store", "store_path"]
 
 log = logging.getLogger("batchsum")
 
 
-def open_store(where: str, service: str, identity: str | None = None, job: str | None = None) -> Any:
-    """The answer store ``where`` names (``service.settings.store_spec``) for ``service``'s answers:
-    ``machine`` (the user's cache folder), ``sqlite:///PATH``, a Redis URL (the cluster's; the old
-    answers of the key ``identity`` are taken in the first time), or None for ``none``. ``job``: a
-    job whose only scope the store is (a shared run with no journal): its refusals are kept there
-    too, for itself and for a day. ``StoreError`` when it cannot be opened."""
+def open_store(where: str, service: str, identity: str | None = None, job: str | None = None, scope: str = "") -> Any:
+    """The answer store ``where`` names (``service.settings.store_spec``) for ``service``'s answers in
+    ``scope`` (``""``: every key's; a key's hash: that key's alone): ``machine`` (the user's cache
+    folder), ``sqlite:///PATH``, a Redis URL (the cluster's; ``?prefix=NAME`` puts its keys under
+    ``NAME:``; the old answers of the key ``identity`` are taken in the first time), or None for
+    ``none``. ``job``: a job whose only scope the store is (a shared run with no journal): its
+    refusals are kept there too, for itself and for a day. A machine's store this user cannot write
+    is opened to read (``writable`` False). ``StoreError`` when it cannot be opened."""
     kind = store_kind(where)
     if kind == "none":
         return None
     if kind == "redis":
-        from .redis_store import RedisStore
+        from .redis_store import RedisStore, take_in_old
 
-        cluster = RedisStore(where, service, job=job)
+        cluster = RedisStore(where, service, job=job, scope=scope)
         try:
             if identity is not None:
-                cluster.take_in_old(identity)
+                take_in_old(cluster, identity)
         except StoreError:
             cluster.close()
             raise
@@ -43,7 +48,9 @@ def open_store(where: str, service: str, identity: str | None = None, job: str |
     from .store_upkeep import keep_up
 
     path = store_path(where)
-    store = MachineStore(path, service, job=job)
+    store = MachineStore(path, service, job=job, scope=scope)
+    if not store.writable:
+        return store
     try:
         keep_up(path, store.connection)  # the old stores taken in before anything is looked up; pruning when due
     except BaseException:
@@ -59,7 +66,7 @@ def store_path(where: str) -> Path:
     return default_store_path() if where == "machine" else Path(where[len("sqlite://") :])
 
 
-def look_at_store(where: str, service: str) -> Any:
+def look_at_store(where: str, service: str, scope: str = "") -> Any:
     """The answer store ``where`` names, to look only (a dry run): nothing is made or written; None
     when it is ``none`` or not made yet. ``StoreError`` when it cannot be read."""
     kind = store_kind(where)
@@ -68,11 +75,15 @@ def look_at_store(where: str, service: str) -> Any:
     if kind == "redis":
         from .redis_store import RedisStore
 
-        return RedisStore(where, service)
+        return RedisStore(where, service, scope=scope)
     from .machine_store import MachineStore
 
     path = store_path(where)
-    return MachineStore(path, service, readonly=True) if path.exists() else None
+    return MachineStore(path, service, readonly=True, scope=scope) if path.exists() else None
+
+
+def _claimer(scope: Any) -> bool:
+    return scope is not None and bool(getattr(scope, "claims", callable(getattr(scope, "claim", None))))
 
 
 class Scopes:
@@ -81,13 +92,14 @@ class Scopes:
     the store shared beyond it (``store``: None for none). Looked up in that order, the store's
     answers copied into a journal; a summary goes to both, a refusal to its own scope only (with no
     own scope, a shared run's, to the store, which keeps it for the job alone and a day). Claims
-    are the store's when it has some, else its own's (a shared journal). ``refresh``: nothing written
+    (``AsyncScopes``) are the store's when it has some, else its own's (a shared journal). ``refresh``: nothing written
     before ``started`` (the run's start, or its job's; default: now) is looked up, so every request
     is sent again and its answer replaces the stored one; what was written since (this run's own
     answers, another's while it ran) answers as always, so a text is paid for once in the run.
 
-    A store that fails (a full disk, Redis gone) is said once and left: the run goes on with its own
-    scope. Its own scope's failures are the run's (``JournalError``: the run stops)."""
+    A store that fails (a full disk, Redis gone) is said once and left, and tried again after a
+    backoff: the run goes on with its own scope meanwhile. Its own scope's failures are the run's
+    (``JournalError``: the run stops). The engine uses them through ``AsyncScopes``."""
 
     def __init__(
         self,
@@ -105,65 +117,80 @@ class Scopes:
         # Under refresh, answers written before this (``time.time()``) are not looked up.
         self.since = (time.time() if started is None else started) if refresh else None
         self.where = getattr(store, "where", None)
+        self._out_until = 0.0  # a store that failed is left until then (``time.monotonic()``)
+        self._backoff = RETRY_FIRST
 
     @property
-    def claims(self) -> bool:
-        return self._claimer is not None
+    def writable(self) -> bool:
+        """Whether the store takes answers and claims (one this user cannot write is only read)."""
+        return self.store is not None and bool(getattr(self.store, "writable", True))
 
-    @property
-    def _claimer(self) -> Any:
-        for scope in (self.store, self.own):
-            if scope is not None and getattr(scope, "claims", callable(getattr(scope, "claim", None))):
-                return scope
-        return None
+    def _store_now(self) -> Any:
+        """The store, unless it failed and is not due to be tried again."""
+        return self.store if time.monotonic() >= self._out_until else None
 
     def _failed(self, exc: BaseException) -> None:
-        """The store is left for the rest of the run, said once."""
+        """The store is left until its next try (a backoff), said once until it answers again."""
         if self.store is None:
             return
-        log.warning(
-            "batchsum: the answer store %s failed (%s): this run goes on with its own answers alone",
-            self.where,
-            exc,
-            extra={"event": "store", "fields": {"where": self.where}},
-        )
-        store, self.store = self.store, None
-        try:
-            store.close()
-        except Exception:  # noqa: BLE001 - it failed already
-            pass
+        if not self._out_until:
+            log.warning(
+                "batchsum: the answer store %s failed (%s): this run goes on with its own answers alone until it "
+                "answers again",
+                self.where,
+                exc,
+                extra={"event": "store", "fields": {"where": self.where}},
+            )
+        self._out_until = time.monotonic() + self._backoff
+        self._backoff = min(2 * self._backoff, RETRY_MOST)
+
+    def _answered(self) -> None:
+        if self._out_until:
+            self._out_until, self._backoff = 0.0, RETRY_FIRST
+
+    def lookup_own(self, keys: list[str]) -> dict[str, Answer]:
+        """The answers its own scope knows for ``keys`` (under refresh, those kept since it started)."""
+        own, since = self.own, self.since
+        if own is None:
+            return {}
+        many = getattr(own, "get_many", None)
+        if many is not None:
+            found: dict[str, Answer] = many(keys) if since is None else many(keys, since)
+            return found
+        if since is None:  # a store that cannot say when it kept an answer: nothing of it under refresh
+            return {k: a for k in keys if (a := own.get(k)) is not None}
+        return {}
 
     def lookup(self, keys: list[str]) -> tuple[dict[str, Answer], set[str]]:
         """The answers known for ``keys``, and which of them the store gave (not its own scope)."""
-        since = self.since
-        found: dict[str, Answer] = {}
-        if self.own is not None:
-            many = getattr(self.own, "get_many", None)
-            if many is not None:
-                found = many(keys) if since is None else many(keys, since)
-            elif since is None:  # a store that cannot say when it kept an answer: nothing of it under refresh
-                found = {k: a for k in keys if (a := self.own.get(k)) is not None}
+        found = self.lookup_own(keys)
         missing = [key for key in keys if key not in found] if found else keys
-        if self.store is None or not missing:
+        store = self._store_now()
+        if store is None or not missing:
             return found, set()
         try:
-            stored: dict[str, Answer] = self.store.get_many(missing, since)
+            stored: dict[str, Answer] = store.get_many(missing, self.since)
         except Exception as exc:  # noqa: BLE001 - a store is a help, never a stop
             self._failed(exc)
             return found, set()
-        if stored and self.keeps_all and self.own is not None:
-            self._copy(stored.items())
+        self._answered()
+        self.copy(stored.items())
         found.update(stored)
         return found, set(stored)
 
-    def _copy(self, answers: Iterable[tuple[str, Answer]]) -> None:
+    def copy(self, answers: Iterable[tuple[str, Answer]]) -> None:
         """The store's answers into the journal, which then holds every answer of its output."""
+        if not self.keeps_all or self.own is None:
+            return
+        answers = list(answers)
+        if not answers:
+            return
         put_many = getattr(self.own, "put_many", None)
         if put_many is not None:
-            put_many(list(answers))
+            put_many(answers)
         else:
             for key, answer in answers:
-                self.own.put(key, answer)  # type: ignore[union-attr]
+                self.own.put(key, answer)
 
     def get_many(self, keys: list[str]) -> dict[str, Answer]:
         return self.lookup(keys)[0]
@@ -171,44 +198,24 @@ class Scopes:
     def get(self, key: str) -> Answer | None:
         return self.lookup([key])[0].get(key)
 
+    def to_store(self, answer: Answer) -> bool:
+        """Whether ``answer`` goes to the store: a summary, or anything when the run has no own scope."""
+        return self.writable and (answer.status == OK or self.own is None)
+
     def put(self, key: str, answer: Answer) -> None:
         """``answer`` kept: in the run's own scope (memory: only when no store keeps it) and, a
         summary, in the store; a refusal goes to the store only when the run has no own scope."""
         kept = False
-        if self.store is not None and (answer.status == OK or self.own is None):
+        store = self._store_now()
+        if store is not None and self.to_store(answer):
             try:
-                self.store.put(key, answer)
+                store.put(key, answer)
                 kept = True
+                self._answered()
             except Exception as exc:  # noqa: BLE001 - a store is a help, never a stop
                 self._failed(exc)
         if self.own is not None and (self.keeps_all or not kept):
             self.own.put(key, answer)
-
-    def claim(self, key: str) -> bool:
-        """Claimed by this run in the store's claims, else its own scope's; no claims: True (it sends)."""
-        won = self._on_claimer(lambda claimer: claimer.claim(key), again=True)
-        return True if won is None else bool(won)
-
-    def release(self, key: str) -> None:
-        self._on_claimer(lambda claimer: claimer.release(key))
-
-    def renew(self, keys: Collection[str]) -> None:
-        self._on_claimer(lambda claimer: claimer.renew(keys))
-
-    def _on_claimer(self, call: Callable[[Any], Any], *, again: bool = False) -> Any:
-        """``call`` on who holds the claims, and what it gave (None: no one does); a store that fails
-        is left (``again``: ``call`` then goes to its own scope's claims, if any). Its own scope's
-        failures are the run's."""
-        while (claimer := self._claimer) is not None:
-            try:
-                return call(claimer)
-            except Exception as exc:
-                if claimer is not self.store:
-                    raise
-                self._failed(exc)
-                if not again:
-                    return None
-        return None
 
     def spill(self, answers: list[tuple[str, Answer]]) -> str | None:
         """The answers its own scope refused, to the journal's side file (``Journal.spill``)."""
@@ -223,3 +230,117 @@ class Scopes:
     def close(self) -> None:
         if self.store is not None:
             self.store.close()
+
+
+class AsyncScopes:
+    """``Scopes`` as the engine uses them from its event loop: its own scope at once (a journal, memory:
+    the run's own file), the store through a ``StoreLink`` (never on the loop; calls gathered), claims
+    taken at a request's turn (``take``), and texts another run has on the wire looked at together
+    (``look``, ``wait_changed``). ``aclose`` sends what is queued."""
+
+    def __init__(self, scopes: Scopes) -> None:
+        self.scopes = scopes
+        store = scopes.store
+        self.link = StoreLink(store, scopes.since, self._lost) if store is not None else None
+
+    @property
+    def stored_claims(self) -> bool:
+        """Whether claims are taken in the store (else in its own scope, or none)."""
+        return self.link is not None and self.link.claims and self.scopes.writable
+
+    @property
+    def claims(self) -> bool:
+        """Whether this run claims what it sends (in the store, else in its own scope)."""
+        return self.stored_claims or _claimer(self.scopes.own)
+
+    def known(self, keys: list[str]) -> dict[str, Answer]:
+        """What its own scope knows (at once: the run's own file or memory)."""
+        return self.scopes.lookup_own(keys)
+
+    async def lookup(self, keys: list[str], *, store: bool = True) -> tuple[dict[str, Answer], set[str]]:
+        """The answers known for ``keys``, and which of them the store gave; ``store``: ask it too."""
+        found = self.known(keys)
+        missing = [key for key in keys if key not in found] if found else keys
+        if self.link is None or not missing or not store:
+            return found, set()
+        stored = await self.link.get_many(missing)
+        self.scopes.copy(stored.items())
+        found.update(stored)
+        return found, set(stored)
+
+    def put(self, key: str, answer: Answer) -> None:
+        """As ``Scopes.put``: its own scope at once (``JournalError`` when it cannot), the store queued."""
+        scopes, link = self.scopes, self.link
+        kept = link is not None and scopes.to_store(answer)
+        if link is not None and kept:
+            link.put(key, answer)  # a store that is out keeps it for when it answers again
+        if scopes.own is not None and (scopes.keeps_all or not kept or not (link and link.attached)):
+            scopes.own.put(key, answer)
+
+    def _lost(self, answers: list[tuple[str, Answer]]) -> None:
+        """Answers the store failed to keep: memory keeps them (a journal has them already)."""
+        own = self.scopes.own
+        if own is not None and not self.scopes.keeps_all:
+            for key, answer in answers:
+                own.put(key, answer)
+
+    async def take(self, key: str, look: bool) -> Answer | bool:
+        """At ``key``'s turn: its answer when kept (``look``), True when this run now holds its claim
+        (or no claims are kept), False when another run holds it."""
+        if self.stored_claims:
+            assert self.link is not None
+            got = await self.link.take(key, look)
+            if got is not None:
+                if isinstance(got, Answer):
+                    self.scopes.copy([(key, got)])
+                return got
+        own = self.scopes.own
+        if not _claimer(own):
+            return True  # no claims (none kept, or the store is out): it sends
+        won = bool(own.claim(key))  # type: ignore[union-attr]
+        if won and look and (known := self.known([key]).get(key)) is not None:
+            own.release(key)  # type: ignore[union-attr]
+            return known
+        return won
+
+    async def look(self, keys: list[str]) -> tuple[dict[str, Answer], set[str]]:
+        """For texts set aside, one read: the answers kept now, and which others another run holds."""
+        if self.stored_claims:
+            assert self.link is not None
+            got = await self.link.look(keys)
+            if got is not None:
+                self.scopes.copy(got[0].items())
+                return got
+        found = self.known(keys)
+        own = self.scopes.own
+        if not _claimer(own):
+            return found, set()
+        held: set[str] = own.held_elsewhere([k for k in keys if k not in found])  # type: ignore[union-attr]
+        return found, held
+
+    def release(self, key: str) -> None:
+        if self.stored_claims:
+            assert self.link is not None
+            self.link.release(key)
+        own = self.scopes.own
+        if _claimer(own):
+            own.release(key)  # type: ignore[union-attr]
+
+    async def renew(self, keys: Collection[str]) -> None:
+        """This run's claims renewed: one call of the store, one of its own scope's claims."""
+        if self.stored_claims and self.link is not None and self.link.attached:
+            await self.link.renew(keys)
+        own = self.scopes.own
+        if _claimer(own):
+            own.renew(keys)  # type: ignore[union-attr]
+
+    async def wait_changed(self, timeout: float, wanted: Collection[str]) -> bool:
+        """Until the store says something changed for ``wanted``, or ``timeout`` seconds (True: look)."""
+        if self.stored_claims and self.link is not None and self.link.attached:
+            return await self.link.wait_changed(timeout, wanted)
+        await asyncio.sleep(timeout)
+        return True
+
+    async def aclose(self) -> None:
+        if self.link is not None:
+            await self.link.aclose()

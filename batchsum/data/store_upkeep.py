@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .journal_file import problem
-from .machine_store import connect_store, where_file
+from .store_file import connect_store, where_file, writable
 from .stores import REFUSAL_SECONDS, StoreError
 
 __all__ = [
@@ -50,6 +50,7 @@ class MachineUpkeep:
         self.path = Path(path)
         self.where = where_file(self.path)
         self._borrowed = db is not None
+        readonly = readonly or not writable(self.path)  # a store this user cannot write: shown, never changed
         self._db = db if db is not None else connect_store(self.path, readonly=readonly)
 
     @contextlib.contextmanager
@@ -195,7 +196,11 @@ def _take_in(db: sqlite3.Connection, old: Path) -> int:
             entries = [(s, key.removeprefix(f"{s} "), summary, a, w) for s, key, summary, a, w in chunk]
             db.execute("BEGIN IMMEDIATE")
             try:
-                taken += db.executemany("INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?, ?)", entries).rowcount
+                taken += db.executemany(
+                    "INSERT OR IGNORE INTO answers (service, scope, fingerprint, summary, attempts, written) "
+                    "VALUES (?, '', ?, ?, ?, ?)",
+                    entries,
+                ).rowcount
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")

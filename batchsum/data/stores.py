@@ -3,11 +3,11 @@ this process's memory (``MemoryStore``; ``process_cache``, what a run without a 
 store on disk keeps; ``shared_memory``, with claims, for the partitions of one process's job with
 ``store="none"``), and the scratch store of a streamed frame.
 
-A ``SharedAnswerStore`` is used by several runs at once: before sending, a run claims the request;
-the others wait for its answer instead of paying for it again. A claim is a lease (``leases``): it
-lasts ``CLAIM_SECONDS`` and the run holding it renews it every ``CLAIM_RENEW_SECONDS`` while it waits
-for the answer, so a run that died holds nothing for long. An answer that arrives after its claim
-lapsed is still kept. The answer store every job shares is ``machine_store`` (SQLite, this machine)
+A ``SharedAnswerStore`` is used by several runs at once: at a request's turn on the pace, a run claims
+it; another run that reaches it then sets it aside and waits for its answer instead of paying for it
+again. A claim is a lease (``leases``): it lasts ``CLAIM_SECONDS`` and the run holding it renews it
+every ``CLAIM_RENEW_SECONDS`` while it waits for the answer, so a run that died holds nothing for long.
+An answer that arrives after its claim lapsed is still kept. The answer store every job shares is ``machine_store`` (SQLite, this machine)
 or ``redis_store`` (the cluster); a run's scopes are ``scopes``; the output's journal is ``journal``.
 """
 
@@ -24,7 +24,8 @@ from collections.abc import Collection
 from typing import Protocol
 
 from ..service.errors import BatchsumError
-from .leases import CLAIM_POLL_SECONDS as CLAIM_POLL_SECONDS
+from .leases import CLAIM_LOOK_FIRST as CLAIM_LOOK_FIRST
+from .leases import CLAIM_LOOK_MOST as CLAIM_LOOK_MOST
 from .leases import CLAIM_RENEW_SECONDS as CLAIM_RENEW_SECONDS
 from .leases import CLAIM_SECONDS as CLAIM_SECONDS
 from .leases import Leases as Leases
@@ -46,7 +47,8 @@ __all__ = [
     "holder_is_gone",
     "CLAIM_SECONDS",
     "CLAIM_RENEW_SECONDS",
-    "CLAIM_POLL_SECONDS",
+    "CLAIM_LOOK_FIRST",
+    "CLAIM_LOOK_MOST",
     "LOOKUP_CHUNK",
     "REFUSAL_SECONDS",
     "StoreError",
@@ -81,8 +83,10 @@ class SharedAnswerStore(AnswerStore, Protocol):
     def release(self, key: str) -> None: ...
 
     def renew(self, keys: Collection[str]) -> None:
-        """Extend this run's claims on ``keys`` by ``CLAIM_SECONDS`` (claims it no longer holds stay
-        lapsed)."""
+        """Extend this run's claims on ``keys`` by ``CLAIM_SECONDS``."""
+
+    def held_elsewhere(self, keys: Collection[str]) -> set[str]:
+        """Which of ``keys`` another run holds now (a read)."""
 
 
 class MemoryStore:
@@ -152,6 +156,11 @@ class MemoryClaims(MemoryStore):
 
     def renew(self, keys: Collection[str]) -> None:
         """Nothing to renew: claims in memory die with their process."""
+
+    def held_elsewhere(self, keys: Collection[str]) -> set[str]:
+        """Which of ``keys`` a run holds (a run asks for texts it does not hold itself)."""
+        with self._lock:
+            return {key for key in keys if key in self._claims}
 
 
 _lock = threading.Lock()

@@ -41,8 +41,13 @@ class Batch:
         stats: BatchStats,
     ) -> None:
         self.options = options
-        self.answers = Answers(store, self.stop)
         mode = params.mode
+        # An answer of mode 2 is served from the store only to a run with a key proven in mode 2 (by
+        # its record, or by this run's first answer): never to a key whose plan would refuse it.
+        trusted = mode == contract.Mode.STANDARD or any(
+            lane.record is not None and lane.record.proven(mode) is not None for lane in lanes
+        )
+        self.answers = Answers(store, self.stop, trusted=trusted)
         firsts = [
             FirstRequest(lane.record, mode, alone=lane.record is None or lane.record.proven(mode) is None)
             for lane in lanes
@@ -78,7 +83,7 @@ class Batch:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.gate.quotas.close()  # counts given back on a configured quota (the budget closes next)
-        spilled = self.answers.close()
+        spilled = await self.answers.close()
         if spilled is not None and isinstance(self.halt.fatal, JournalError):
             count = len(self.answers.unsaved)
             self.halt.fatal.args = (

@@ -10,6 +10,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
+from ..pacing.pacer import AtTurn
 from ..pacing.quota import LONG_RETRY_AFTER
 from ..service.errors import APIError, APIResponseValidationError, APIStatusError, RateLimitError, RequestCapReached
 from ..service.rate_headers import MINUTE_BOUND, RateStatement
@@ -57,12 +58,16 @@ class Gate:
         self.cap = RequestCap(cap, on_cap, self) if cap is not None else None
         self.quotas = Quotas(keys)  # the batch's keys, and their quotas
 
-    def hooks(self, state: LaneState, first_429: float | None = None) -> LaneHooks:
+    def hooks(self, state: LaneState, first_429: float | None = None, at_turn: AtTurn | None = None) -> LaneHooks:
         """The client's attempt hooks for one key of the batch (the gate's, with that key's pacer);
-        ``first_429``: when the request met its first 429, on a key it was sent on before."""
-        return LaneHooks(self, state, first_429)
+        ``first_429``: when the request met its first 429, on a key it was sent on before;
+        ``at_turn``: asked at each attempt's turn whether it still goes (the pacer's ``TurnGiven``
+        when it does not: what it took here is given back, as for any attempt that does not start)."""
+        return LaneHooks(self, state, first_429, at_turn)
 
-    async def _before(self, state: LaneState) -> tuple[int, float, asyncio.Task[Any] | None, Any]:
+    async def _before(
+        self, state: LaneState, at_turn: AtTurn | None = None
+    ) -> tuple[int, float, asyncio.Task[Any] | None, Any]:
         if self.closing:
             raise asyncio.CancelledError
         if self.cap is not None:
@@ -76,7 +81,7 @@ class Gate:
             in_flight = pacer.in_flight
             await state.guard(in_flight.acquire())
             try:
-                started = await state.guard(pacer.before_attempt())
+                started = await state.guard(pacer.before_attempt(at_turn))
                 if self.closing:
                     raise asyncio.CancelledError
                 # The key left the run while this waited, or an answer since says its quota has no room.
@@ -190,16 +195,19 @@ class LaneHooks:
     """The client's attempt hooks for one key: the batch's gate with that key's pacer and quotas;
     ``first_429``, the request's patience, carried over from a key it was sent on before."""
 
-    __slots__ = ("gate", "state", "max_wait", "first_429")
+    __slots__ = ("gate", "state", "max_wait", "first_429", "at_turn")
 
-    def __init__(self, gate: Gate, state: LaneState, first_429: float | None = None) -> None:
+    def __init__(
+        self, gate: Gate, state: LaneState, first_429: float | None = None, at_turn: AtTurn | None = None
+    ) -> None:
         self.gate = gate
         self.state = state
         self.max_wait = gate.max_wait
         self.first_429 = first_429
+        self.at_turn = at_turn
 
     async def before_attempt(self) -> tuple[int, float, asyncio.Task[Any] | None, Any]:
-        return await self.gate._before(self.state)
+        return await self.gate._before(self.state, self.at_turn)
 
     def after_attempt(
         self, ticket: tuple[int, float, asyncio.Task[Any] | None, Any], error: BaseException | None, limits: Any

@@ -60,21 +60,23 @@ class Intake:
             self.stats.long_skipped(contract.count_words(text))
         return RowResult(None, SKIPPED, reason.value, message, None, 0, 0)
 
-    def send_row(self, text: Any, long: bool) -> Pending:
+    def send_row(self, text: Any, long: bool, looked: bool = False) -> Pending:
         """The row's answer: known, under way, or a new request (a long text's as ``long_texts``
-        says); ``not_sent`` when a stop forbids new ones."""
+        says); ``not_sent`` when a stop forbids new ones. ``looked``: the block's look-up asked the
+        store for it already."""
         if long:
             if self.halt.stopped.is_set():
                 return self.halt.not_sent()
             rows = self.long_rows
             return asyncio.ensure_future(rows.split(text) if self.options.long_texts == SPLIT else rows.truncated(text))
-        item = self.requests.request(text, self.params, new=not self.halt.stopped.is_set())
+        item = self.requests.request(text, self.params, new=not self.halt.stopped.is_set(), looked=looked)
         return item if item is not None else self.halt.not_sent()
 
-    def submit_block(self, texts: list[Any]) -> list[Pending | Known]:
+    async def submit_block(self, texts: list[Any]) -> list[Pending | Known]:
         """``submit`` for rows read together, in order, with the work done once per distinct text: the
         rows that need no request (skipped, or answered by the store: looked up in bulk, one query
-        for the block) come back in runs (``Known``), the others one by one as ``submit`` gives them."""
+        for the block, off the event loop) come back in runs (``Known``), the others one by one as
+        ``submit`` gives them."""
         if self.options.sample_rows is not None:  # the sample goes by position: row by row
             return [self.submit(text) for text in texts]
         self.read += len(texts)
@@ -89,7 +91,7 @@ class Intake:
                 1 for text, row in zip(texts, rows) if row is not None and text in known.stored
             )
         if None in rows:
-            skips += self._resolve(texts, rows)
+            skips += await self._resolve(texts, rows)
         resolved = [row for row in rows if row is not None]
         reused = sum(1 for row in resolved if row.status != SKIPPED) if skips else len(resolved)
         self.stats.reused += reused
@@ -105,12 +107,12 @@ class Intake:
                 items.append(run)
                 run = []
             problem = contract.text_problem(text)
-            items.append(self.send_row(text, problem is not None))  # a new request, or a long text's
+            items.append(self.send_row(text, problem is not None, looked=True))  # a new request, or a long text's
         if run:
             items.append(run)
         return items
 
-    def _resolve(self, texts: list[Any], rows: list[RowResult | None]) -> int:
+    async def _resolve(self, texts: list[Any], rows: list[RowResult | None]) -> int:
         """Fill in ``rows`` (None: not known yet) what needs no request: skipped texts, and answers
         the store has (one look-up for the block). Rows still None need a request (or are long
         texts that ``long_texts`` sends). Returns how many skipped rows there may be."""
@@ -132,7 +134,7 @@ class Intake:
                 continue
             missing.setdefault(identify(text), []).append(i)
         wanted = [key for key in missing if key not in self.requests.under_way]
-        found, stored = self.requests.answers.lookup(wanted) if wanted else ({}, set())
+        found, stored = await self.requests.answers.lookup(wanted) if wanted else ({}, set())
         for key, answer in found.items():
             result = answer.row()
             self.known.put(texts[missing[key][0]], result, stored=key in stored)

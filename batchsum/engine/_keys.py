@@ -34,9 +34,10 @@ HORIZON = 1.0  # seconds: a key is given a request only when it would start it a
 class FirstRequest:
     """The first request goes alone: a wrong key or an expired plan costs one request, not dozens;
     unless the key's record proves it answered by this service in this mode within a day. What the
-    run sees of the key goes to that record (an answer is told once)."""
+    run sees of the key goes to that record (an answer is told once). A first request whose turn
+    went to another text (its text claimed by another run) is given back: the next one is the first."""
 
-    __slots__ = ("answered", "sent", "record", "mode", "proven")
+    __slots__ = ("answered", "sent", "record", "mode", "proven", "_moved")
 
     def __init__(self, record: KeyRecord | None, mode: int, *, alone: bool) -> None:
         self.answered = asyncio.Event()
@@ -44,15 +45,34 @@ class FirstRequest:
         self.record = record
         self.mode = mode
         self.proven = False  # this run saw the key answered (the record is told once)
+        self._moved: asyncio.Future[None] | None = None  # resolved when the first is answered or given back
         if not alone:
             self.answered.set()
 
     async def turn(self) -> bool:
         """Wait until a request may start; True for the first (the others wait for its answer)."""
-        is_first, self.sent = not self.sent, True
-        if not is_first:
-            await self.answered.wait()
-        return is_first
+        while not self.answered.is_set():
+            if not self.sent:
+                self.sent = True
+                return True
+            if self._moved is None or self._moved.done():
+                self._moved = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._moved)
+        return False
+
+    def done(self) -> None:
+        """The first request ended (answered, or refused): the others go."""
+        self.answered.set()
+        self._move()
+
+    def given_back(self) -> None:
+        """The first request did not go (its turn went to another text): one waiting goes first."""
+        self.sent = False
+        self._move()
+
+    def _move(self) -> None:
+        if self._moved is not None and not self._moved.done():
+            self._moved.set_result(None)
 
     def key_answered(self) -> None:
         if self.record is not None and not self.proven:

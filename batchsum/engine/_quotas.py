@@ -61,6 +61,9 @@ class Quotas:
                 state.reserved += 1
                 return period
             if not state.reserved and not lane.pacer.in_flight.on_wire:  # nothing of ours may give one back
+                if self._giving:  # but counts given back are under way (turns given away): look again after
+                    await asyncio.gather(*self._giving, return_exceptions=True)
+                    continue
                 spent = lane.counted.spent()
                 until = lane.pacer.now() + max(1.0, spent.until - wall_of(lane))
                 keys.take_out(state, until, spent, remember=False)  # the budget's count says it to every run

@@ -1,5 +1,6 @@
 """A batch's requests (``Requests``): known (the store), under way (joined), or sent on a key through
-the gate (the key chosen by ``_keys.Keys``, its first request alone); and which of them a stop cancels."""
+the gate (the key chosen by ``_keys.Keys``, its first request alone), claimed at its turn when several
+runs share the store; and which of them a stop cancels."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 from collections.abc import Callable
 
 from ..data.results import FAILED, OK, Answer
+from ..pacing.pacer import AtTurn, TurnGiven
 from ..service import contract
 from ..service.client import PreparedRequest
 from ..service.errors import (
@@ -19,7 +21,7 @@ from ..service.errors import (
     NotPremiumError,
     UnprocessableEntityError,
 )
-from ._answers import Answers
+from ._answers import Answers, Claim
 from ._gate import Gate, LaneHooks
 from ._keys import KeyOut, Keys, LaneState
 from .fingerprints import text_fingerprint
@@ -44,9 +46,11 @@ def _is_permanent(error: APIError) -> bool:
 
 class Requests:
     """The requests of one run: each answered once, known (the store, this run), joined while under
-    way, or sent (claimed first in a store several runs share) on the key ``keys`` chooses; a key
-    refused (401) leaves the run and its requests go to the others; the refusal of the last key, and a
-    budget gone, stop the batch (``stop``). A stop cancels what is not on the wire yet."""
+    way, or sent on the key ``keys`` chooses; a key refused (401) leaves the run and its requests go to
+    the others; the refusal of the last key, and a budget gone, stop the batch (``stop``). A stop
+    cancels what is not on the wire yet. With a store several runs share, a request is claimed at its
+    turn (``Claim``): a text another run has on the wire gives the turn to the next and waits for that
+    run's answer (``Answers.waiting``), awaited when it reaches the head of the output."""
 
     __slots__ = ("keys", "stats", "answers", "gate", "stopped", "stop", "under_way")
 
@@ -68,25 +72,24 @@ class Requests:
         self.under_way: dict[str, asyncio.Task[Answer]] = {}
 
     def request(
-        self, text: str, params: contract.Params, kind: str = ROW, *, new: bool = True
+        self, text: str, params: contract.Params, kind: str = ROW, *, new: bool = True, looked: bool = False
     ) -> Answer | asyncio.Task[Answer] | None:
-        """The answer to one request: known (the store, this run), under way (an identical request
-        of this run, joined), or a new task that claims and sends it (None when ``new`` is False).
-        ``kind`` counts it: a row's request, a long text's part, or a reduce."""
+        """The answer to one request: known (its own scope, this run), under way (an identical request
+        of this run, joined), or a new task that asks the store (unless ``looked``: a block's look-up
+        did), then claims and sends it (None when ``new`` is False). ``kind`` counts it: a row's
+        request, a long text's part, or a reduce."""
         request = PreparedRequest(text, params)
         key = text_fingerprint(params)(text)
         task = self.under_way.get(key)
         if task is not None:
             self.stats.reused += 1
             return task
-        known, stored = self.answers.known(key)
-        if known is not None:
+        if not looked and (known := self.answers.known(key)) is not None:
             self.stats.reused += 1
-            self.stats.from_store += stored
             return known
         if not new:
             return None
-        task = asyncio.ensure_future(self.fetch(key, request, kind))
+        task = asyncio.ensure_future(self.fetch(key, request, kind, looked=looked))
         self.under_way[key] = task
         task.add_done_callback(lambda _: self.under_way.pop(key, None))
         return task
@@ -96,27 +99,43 @@ class Requests:
         assert item is not None  # a new request is allowed here
         return await item if isinstance(item, asyncio.Task) else item
 
-    async def fetch(self, key: str, request: PreparedRequest, kind: str = ROW) -> Answer:
-        if not self.answers.shared:
-            return await self.send(key, request, kind)
-        known, stored = await self.answers.claim(key, self.stopped)
-        if known is not None:  # another run answered it while this one waited
-            self.stats.reused += 1
-            self.stats.from_store += stored
-            return known
-        try:
-            return await self.send(key, request, kind)
-        finally:
-            self.answers.release(key)
+    def _reused(self, answer: Answer, stored: bool) -> Answer:
+        self.stats.reused += 1
+        self.stats.from_store += stored
+        return answer
 
-    async def send(self, key: str, request: PreparedRequest, kind: str = ROW) -> Answer:
+    async def fetch(self, key: str, request: PreparedRequest, kind: str = ROW, *, looked: bool = True) -> Answer:
+        """The store's answer (asked now unless ``looked``), another run's (at its turn, or set aside), or sent."""
+        answers = self.answers
+        if not looked and (stored := await answers.stored(key)) is not None:
+            return self._reused(stored, True)
+        if not answers.shared:
+            return await self.send(key, request, kind)
+        claim = Claim(answers, key)
+        try:
+            while True:
+                try:
+                    return await self.send(key, request, kind, claim.at_turn)
+                except TurnGiven:
+                    pass
+                if claim.answer is not None:  # another run answered it since it was looked up
+                    return self._reused(claim.answer, answers.from_store)
+                theirs = await answers.waiting.answer(key)  # on another run's wire: set aside
+                if theirs is not None:
+                    return self._reused(theirs, answers.from_store)
+                # that run let it go unanswered (or died): this run takes a turn for it
+        finally:
+            claim.release()
+
+    async def send(self, key: str, request: PreparedRequest, kind: str = ROW, at_turn: AtTurn | None = None) -> Answer:
         """Send ``request`` on the key ``keys`` gives it; again on another when that key leaves the run
         (or on the same key once it is back), with the patience it had: ``max_wait`` counts from its
-        first 429 on any key, so 429s that take a key out for a while still end it."""
+        first 429 on any key, so 429s that take a key out for a while still end it. ``at_turn``: asked
+        at each attempt's turn whether it still goes (``TurnGiven`` when it does not)."""
         first_429: float | None = None
         while True:
             state = await self.keys.choose()
-            hooks = self.gate.hooks(state, first_429)
+            hooks = self.gate.hooks(state, first_429, at_turn)
             try:
                 return await self._send_on(state, hooks, key, request, kind)
             except KeyOut:
@@ -138,6 +157,13 @@ class Requests:
                 summary, attempts = await state.lane.client.send(request, hooks=hooks)
                 answer, permanent = Answer(summary, OK, None, None, 200, attempts), True
                 first.key_answered()
+                self.answers.trust()  # answered in the run's mode: the store may answer the rest
+            except TurnGiven:
+                if is_first:  # the key's first request did not go: the next one is the first
+                    is_first = False
+                    first.given_back()
+                    self.keys.changed()
+                raise
             except (AuthenticationError, NotPremiumError) as exc:
                 first.key_refused(exc)
                 if self.keys.refuse(state, exc):  # another key is left: this request goes there
@@ -155,7 +181,7 @@ class Requests:
             self.stats.attempts += answer.attempts
         finally:
             if is_first:
-                first.answered.set()
+                first.done()
                 self.keys.changed()
         if permanent:
             self.answers.put(key, answer)

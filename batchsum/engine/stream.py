@@ -214,7 +214,7 @@ async def stream_results(
                     exhausted = True
                     break
                 if isinstance(read, RowBlock):
-                    items = batch.intake.submit_block(read.texts)
+                    items = await batch.intake.submit_block(read.texts)
                     each = read.nbytes // max(1, len(read.texts))
                     for item in items:
                         count = len(item) if isinstance(item, list) else 1

@@ -3,7 +3,10 @@ record and a pacer (``lanes``); the run's locks and output, the answer store and
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import functools
+import hashlib
 import os
 import random
 import time
@@ -114,7 +117,7 @@ class Pieces:
                 stack.push(self._abort_output)
             records = [await KeyRecord.recall(budget, key, spec.client.service) for _, budget, key, _ in opened]
             self.record = records[0]
-            self.store = self._open_store(spec, run_id, shared)
+            self.store = await self._open_store(spec, run_id, shared, store_scope(spec, [k for _, _, k, _ in opened]))
             self._kept = _size(self.store)
             self.bar = stack.enter_context(ProgressBar(stats.total, enabled=spec.progress))
             if self._adopted is not None:  # said once per journal (on stderr when the bar is off)
@@ -163,22 +166,24 @@ class Pieces:
             return self._final - self._kept
         return _size(self.store) - self._kept if hasattr(self, "store") else 0
 
-    def _open_store(self, spec: RunSpec, run_id: str, shared: bool) -> Scopes:
-        """The run's answers (``Scopes``): its own scope (the journal when the spec names one; else
-        this process's memory, or for shared runs nothing: their store is what they share, and keeps
-        their job's refusals) and the answer store ``spec.store`` names, opened here; one that cannot
-        be is said in one line, and the run goes on with its own scope alone (a shared run's: this
-        process's memory)."""
+    async def _open_store(self, spec: RunSpec, run_id: str, shared: bool, scope: str) -> Scopes:
+        """The run's answers (``Scopes``): its own scope (the journal; else this process's memory, or
+        for shared runs nothing: the store keeps their job's refusals) and the store ``spec.store``
+        names, in ``scope`` (``store_scope``); one that cannot be opened is one line, and the run goes
+        on with its own scope alone (a shared run's: this process's memory), as with one only read."""
         own, keeps_all = self._own_scope(spec, run_id, shared)
         job = run_id if own is None else None  # the store is its only scope: it keeps the job's refusals too
+        alone = "its journal" if spec.journal is not None else "this process's answers"
+        opening = functools.partial(open_store, spec.store, spec.client.service, self.client.identity, job, scope)
         try:
-            store = open_store(spec.store, spec.client.service, self.client.identity, job)
+            store = await asyncio.get_running_loop().run_in_executor(None, opening)  # off the loop: Redis may be far
         except StoreError as exc:
-            alone = "its journal" if spec.journal is not None else "this process's answers"
             log.warning("batchsum: %s; this run goes on with %s alone", exc, alone, extra={"event": "store"})
             store = None
-            if own is None:
-                own = shared_memory(self.client.identity)
+        if store is not None and not store.writable:
+            _say_read_only(store, spec)
+        if own is None and (store is None or not store.writable):
+            own = shared_memory(self.client.identity)
         if store is not None:
             self._stack.callback(store.close)
         return Scopes(own, store, keeps_all=keeps_all, refresh=spec.refresh, started=spec.started)
@@ -199,6 +204,27 @@ class Pieces:
         if shared:  # the workers of one job share the store; with none, this process's memory (one process)
             return (shared_memory(self.client.identity) if spec.store == "none" else None), True
         return process_cache(spec.client.service), False
+
+
+def _say_read_only(store: Any, spec: RunSpec) -> None:
+    """The one line for a store this user cannot write: read, and new answers kept by the run alone."""
+    where = "the journal" if spec.journal is not None else "this process's memory"
+    log.warning(
+        "batchsum: the answer store %s cannot be written here: its answers are used, and new answers go to %s alone",
+        store.where,
+        where,
+        extra={"event": "store"},
+    )
+
+
+def store_scope(spec: RunSpec, key_hashes: Sequence[str]) -> str:
+    """Whose answers the run's store keeps and serves (``store_scope``): ``""``, every key's of the
+    service; with ``key``, the key that paid for them (its hash; a run with several keys: their set's)."""
+    if spec.store_scope != "key":
+        return ""
+    if len(key_hashes) == 1:
+        return key_hashes[0]
+    return hashlib.sha256("\n".join(sorted(key_hashes)).encode()).hexdigest()[:32]
 
 
 def _run_options(spec: RunSpec, budget: Budget, record: KeyRecord, sample: Any) -> RunOptions:

@@ -29,6 +29,7 @@ from ..service.errors import BudgetError, ConfigurationError
 from ..service.keys import KeyPlan
 from ..service.settings import AUTO_MAX_RPM, describe_rate
 from .binding import spec_key_hash
+from .pieces import store_scope
 from .spec import RunSpec
 
 __all__ = ["dry_run", "estimate", "forecast", "look_at_key", "sends", "summed_rate", "KeyLook", "Forecast"]
@@ -242,8 +243,10 @@ def _stores(spec: RunSpec, stack: ExitStack) -> tuple[Journal | None, _Looked]:
         journal.serve(spec.client.service)
     if spec.store == "none":
         return journal, _Looked(None, "store:            none (the journal alone)")
+    hashes = [plan.hash for plan in spec.keys] or [h for h in (spec.client.key_hash,) if h is not None]
+    scope = store_scope(spec, hashes) if hashes else ("-" if spec.store_scope == "key" else "")  # "-": no key's
     try:
-        store = look_at_store(spec.store, spec.client.service)
+        store = look_at_store(spec.store, spec.client.service, scope)
     except StoreError as exc:
         return journal, _Looked(None, f"store:            not usable ({exc}); a run goes on with its journal alone")
     if store is None:

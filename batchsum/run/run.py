@@ -250,6 +250,7 @@ async def summarize_texts(
     journal: str | os.PathLike[str] | None = None,
     store: str | None = None,
     refresh: bool = False,
+    store_scope: str = "service",
     progress: bool = True,
     long_texts: str = "skip",
     max_wait: float = DEFAULT_MAX_WAIT,

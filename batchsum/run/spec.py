@@ -62,6 +62,8 @@ from ..service.settings import (
     store_spec,
 )
 
+STORE_SCOPES = ("service", "key")  # whose answers a store serves: every key's of the service, or the payer's
+
 __all__ = [
     "RunSpec",
     "ClientSettings",
@@ -161,14 +163,20 @@ OPTIONS: tuple[Option, ...] = (
         None,
         f"where answers are shared beyond this run's output, so that no job pays twice for a text: machine "
         f"(every run of yours on this machine, in your cache folder; the default, or ${ENV_STORE}), "
-        "redis://HOST:PORT/DB (every machine; the default with a redis:// budget), sqlite:///PATH (a store "
-        "of your own), or none (the output's journal alone)",
+        "redis://HOST:PORT/DB (every machine; the default with a redis:// budget; ?prefix=NAME keeps a team's "
+        "keys apart in a shared database), sqlite:///PATH (a store of your own), or none (the output's journal alone)",
     ),
     Option(
         "refresh",
         False,
         "ask the service again for every request this run sends, even when the store or the journal holds its "
         "answer; the new answer replaces the stored one",
+    ),
+    Option(
+        "store_scope",
+        "service",
+        "whose answers the store serves: service (an answer is the service's, reused for every key; the "
+        "default) or key (kept to the key that paid for it, served to that key alone)",
     ),
     Option("progress", True, "show a progress bar (tqdm: a widget in Jupyter, a line on a terminal)"),
     Option(
@@ -288,11 +296,9 @@ def document_options(function: Any) -> Any:
 @dataclass(frozen=True)
 class RunSpec:
     """One run, resolved and validated: what to ask (``params``), where (``client``), and how to run.
-
     Build it with ``RunSpec.from_kwargs(...)`` (or ``from_args`` from the CLI's namespace); it is
     plain data, picklable (``limiter`` and a ``Budget`` object excepted: they live in one process),
-    and its repr shows no secret (``describe``: the key never, locations without credentials).
-    """
+    and its repr shows no secret (``describe``: the key never, locations without credentials)."""
 
     params: contract.Params
     client: ClientSettings
@@ -304,6 +310,7 @@ class RunSpec:
     journal: str | None = None
     store: str = DEFAULT_BUDGET  # the answer store: machine, none, sqlite:///PATH or a Redis URL (store_spec)
     refresh: bool = False
+    store_scope: str = "service"
     progress: bool = True
     output_column: str = "summary"
     max_wait: float = DEFAULT_MAX_WAIT
@@ -346,6 +353,7 @@ class RunSpec:
         journal: str | os.PathLike[str] | None = None,
         store: str | None = None,
         refresh: bool = False,
+        store_scope: str = "service",
         progress: bool = True,
         long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
@@ -386,6 +394,7 @@ class RunSpec:
             journal=None if journal is None else check_path("journal", journal),
             store=store_spec(store, budget_spec(budget, env), env),
             refresh=check_flag("refresh", refresh),
+            store_scope=check_choice("store_scope", store_scope, STORE_SCOPES),
             progress=progress,
             output_column=output_column,
             max_wait=check_seconds("max_wait", max_wait, zero=True),
@@ -452,6 +461,7 @@ def describe_spec(spec: RunSpec) -> dict[str, Any]:
         "journal": spec.journal,
         "store": redact_location(spec.store),
         "refresh": spec.refresh,
+        "store_scope": spec.store_scope,
         "max_wait": spec.max_wait,
         "long_texts": spec.long_texts,
         "max_requests": spec.max_requests,

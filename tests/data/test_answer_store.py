@@ -162,7 +162,7 @@ def test_a_damaged_store_says_in_its_one_error_how_to_start_a_new_one(tmp_path):
 def _aged(path: Path, service: str, count: int, written: float, size: int = 50) -> None:
     db = sqlite3.connect(path)
     db.executemany(
-        "INSERT INTO answers VALUES (?, ?, ?, 1, ?)",
+        "INSERT INTO answers (service, fingerprint, summary, attempts, written) VALUES (?, ?, ?, 1, ?)",
         [(service, f"{service}-{written}-{i}", "x" * size, written) for i in range(count)],
     )
     db.commit()
@@ -316,18 +316,60 @@ def test_memory_keeps_only_what_no_store_on_disk_keeps(tmp_path):
     assert scopes.get("ok") == SUMMARY and scopes.get("refused") == REFUSAL
 
 
-def test_a_store_that_fails_mid_run_is_said_once_and_left(tmp_path, caplog):
+def test_a_store_that_fails_mid_run_is_said_once_left_and_used_again_once_it_answers(tmp_path, caplog, monkeypatch):
+    """A store whose writes fail (a full disk): said once, left (no claims: the run sends; its answers
+    in memory), tried again with a backoff; once it answers it is used again and takes the answers
+    kept meanwhile."""
+    import asyncio
+
+    from batchsum.data import store_link
+    from batchsum.data.scopes import AsyncScopes
+
+    monkeypatch.setattr(store_link, "RETRY_FIRST", 0.05)
     memory = MemoryStore()
     store = MachineStore(tmp_path / "store.sqlite", SERVICE)
-    scopes = Scopes(memory, store, keeps_all=False)
-    store.close()  # as good as a disk gone
-    with caplog.at_level(logging.WARNING, logger="batchsum"):
+    full = {"disk": True}
+    real_put, real_ping = store.put_many, store.ping
+
+    def put_many(answers):
+        if full["disk"]:
+            raise StoreError("database or disk is full")
+        real_put(answers)
+
+    def ping():
+        if full["disk"]:
+            raise StoreError("database or disk is full")
+        real_ping()
+
+    store.put_many, store.ping = put_many, ping
+
+    async def until(condition):
+        for _ in range(2000):
+            if condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("never came")  # a hang guard, not a pace
+
+    async def main():
+        scopes = AsyncScopes(Scopes(memory, store, keeps_all=False))
         scopes.put("ok", SUMMARY)
-        assert scopes.get("ok") == SUMMARY  # kept in memory instead
-        assert scopes.claim("k")  # no store, no claims: the run sends
+        await until(lambda: not scopes.link.attached)
+        assert memory.get("ok") == SUMMARY  # what the store did not take, kept in memory
+        assert await scopes.take("k", True) is True  # no claims while it is out: the run sends
+        assert (await scopes.lookup(["ok"]))[0] == {"ok": SUMMARY}
         scopes.put("other", SUMMARY)
-    said = [r for r in caplog.records if "failed" in r.getMessage()]
-    assert len(said) == 1 and "goes on with its own answers alone" in said[0].getMessage()
+        assert memory.get("other") == SUMMARY
+        full["disk"] = False
+        await until(lambda: scopes.link.attached)
+        assert store.get("ok") == SUMMARY  # the answers kept meanwhile, put when it answered again
+        assert await scopes.take("k", True) is True and await scopes.take("k2", True) is True
+        await scopes.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="batchsum"):
+        asyncio.run(main())
+    said = [r.getMessage() for r in caplog.records]
+    assert len([m for m in said if "failed" in m]) == 1 and "goes on with its own answers alone" in said[0]
+    assert len([m for m in said if "uses it again" in m]) == 1
 
 
 def test_a_dry_run_looks_at_the_store_without_making_or_writing_it(tmp_path):
@@ -348,7 +390,7 @@ def _connections_to(path: Path) -> int:
 def test_opening_the_store_takes_one_connection_and_sets_up_only_a_new_file(monkeypatch):
     import threading
 
-    from batchsum.data import machine_store
+    from batchsum.data import store_file
 
     open_store("machine", SERVICE).close()  # made, set up, and pruned (due the first time) on a thread
     for thread in threading.enumerate():
@@ -356,9 +398,9 @@ def test_opening_the_store_takes_one_connection_and_sets_up_only_a_new_file(monk
             thread.join()
     connects: list[object] = []
     set_ups: list[object] = []
-    real_connect, real_set_up = sqlite3.connect, machine_store._set_up
+    real_connect, real_set_up = sqlite3.connect, store_file._set_up
     monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: connects.append(a) or real_connect(*a, **k))
-    monkeypatch.setattr(machine_store, "_set_up", lambda db: set_ups.append(db) or real_set_up(db))
+    monkeypatch.setattr(store_file, "_set_up", lambda db: set_ups.append(db) or real_set_up(db))
     store = open_store("machine", SERVICE)
     try:
         assert len(connects) == 1 and set_ups == []  # the upkeep on the store's connection; the file as it was

@@ -309,10 +309,10 @@ def test_a_killed_process_leaves_no_claim_that_holds_anyone_up(env, tmp_path):
     source = parquet(tmp_path / "in.parquet", texts(0, 8))
     run = _cli(tmp_path, source, str(tmp_path / "a.parquet"), "--rpm", "0")
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline:  # a text is claimed at its turn: the claims are those on the wire
         try:
             with sqlite3.connect(f"file:{default_store_path()}?mode=ro", uri=True) as db:  # made by the run
-                if db.execute("SELECT COUNT(*) FROM claims").fetchone()[0] >= 8:
+                if db.execute("SELECT COUNT(*) FROM claims").fetchone()[0] >= 4 and env.state.in_progress >= 4:
                     break
         except sqlite3.Error:  # not made yet
             pass
@@ -322,7 +322,7 @@ def test_a_killed_process_leaves_no_claim_that_holds_anyone_up(env, tmp_path):
     env.faults = Faults()
     with sqlite3.connect(default_store_path()) as db:
         held = [key.split(" ")[1] for (key,) in db.execute("SELECT fingerprint FROM claims")]
-    assert len(held) == 8
+    assert len(held) >= 4
     store = stored(contract.service_identity(env.url))
     assert all(store.claim(key) for key in held)  # its holder is surely gone: taken over at once
     for key in held:
