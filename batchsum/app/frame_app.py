@@ -193,8 +193,7 @@ class FrameApp(App):
         self.run_button.disabled, self.cancel_button.disabled = False, True
 
     async def _tick(self, stats: BatchStats) -> None:
-        """Redraw while no row finishes (a pause after a 429, slow answers): the state, not a frozen bar;
-        and every other second, how much of the key the other runs on it use."""
+        """Redraw while no row finishes (the state, not a frozen bar), and how much of the key others use."""
         for second in itertools.count():
             await asyncio.sleep(1.0)
             self.view.draw(stats, force=True)

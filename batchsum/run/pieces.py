@@ -3,10 +3,7 @@ record and a pacer (``lanes``); the run's locks and output, the answer store and
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import functools
-import hashlib
 import os
 import random
 import time
@@ -14,9 +11,9 @@ from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
-from ..data.journal import Journal, RunLock, SharedJournal
-from ..data.scopes import Scopes, open_store
-from ..data.stores import AnswerStore, StoreError, process_cache, shared_memory
+from ..data.journal import RunLock
+from ..data.scopes import Scopes
+from ..data.stores import AnswerStore
 from ..engine.keys import KeyLane, Pacers
 from ..engine.options import RunOptions
 from ..engine.tally import BatchStats
@@ -26,9 +23,10 @@ from ..pacing.budget import Budget, Share, open_budget
 from ..service.client import AsyncClient
 from ..service.errors import InvalidParameterError, JournalError
 from ..service.keys import KeyPlan
+from .answers import open_scopes, store_scope
 from .binding import spec_key_hash
 from .entry import open_entry
-from .logs import event, log
+from .logs import event
 from .progress import ProgressBar
 from .spec import RunSpec
 
@@ -117,7 +115,10 @@ class Pieces:
                 stack.push(self._abort_output)
             records = [await KeyRecord.recall(budget, key, spec.client.service) for _, budget, key, _ in opened]
             self.record = records[0]
-            self.store = await self._open_store(spec, run_id, shared, store_scope(spec, [k for _, _, k, _ in opened]))
+            scope = store_scope(spec, [key for _, _, key, _ in opened])
+            self.store, self._adopted = await open_scopes(
+                stack, spec, run_id, self.client.identity, self.output, shared, scope
+            )
             self._kept = _size(self.store)
             self.bar = stack.enter_context(ProgressBar(stats.total, enabled=spec.progress))
             if self._adopted is not None:  # said once per journal (on stderr when the bar is off)
@@ -165,66 +166,6 @@ class Pieces:
         if self._final is not None:
             return self._final - self._kept
         return _size(self.store) - self._kept if hasattr(self, "store") else 0
-
-    async def _open_store(self, spec: RunSpec, run_id: str, shared: bool, scope: str) -> Scopes:
-        """The run's answers (``Scopes``): its own scope (the journal; else this process's memory, or
-        for shared runs nothing: the store keeps their job's refusals) and the store ``spec.store``
-        names, in ``scope`` (``store_scope``); one that cannot be opened is one line, and the run goes
-        on with its own scope alone (a shared run's: this process's memory), as with one only read."""
-        own, keeps_all = self._own_scope(spec, run_id, shared)
-        job = run_id if own is None else None  # the store is its only scope: it keeps the job's refusals too
-        alone = "its journal" if spec.journal is not None else "this process's answers"
-        opening = functools.partial(open_store, spec.store, spec.client.service, self.client.identity, job, scope)
-        try:
-            store = await asyncio.get_running_loop().run_in_executor(None, opening)  # off the loop: Redis may be far
-        except StoreError as exc:
-            log.warning("batchsum: %s; this run goes on with %s alone", exc, alone, extra={"event": "store"})
-            store = None
-        if store is not None and not store.writable:
-            _say_read_only(store, spec)
-        if own is None and (store is None or not store.writable):
-            own = shared_memory(self.client.identity)
-        if store is not None:
-            self._stack.callback(store.close)
-        return Scopes(own, store, keeps_all=keeps_all, refresh=spec.refresh, started=spec.started)
-
-    def _own_scope(self, spec: RunSpec, run_id: str, shared: bool) -> tuple[AnswerStore | None, bool]:
-        """The run's own answers, and whether they keep every answer (a journal) or only what no
-        store on disk keeps (this process's memory)."""
-        if spec.journal is not None:
-            journal = SharedJournal(spec.journal) if shared else Journal(spec.journal)
-            self._stack.callback(journal.close)
-            adopted = journal.serve(spec.client.service)
-            if adopted is not None:  # said once: the journal is stamped now
-                event("journal", adopted, run_id=run_id)
-                self._adopted = adopted
-            if self.output is not None:
-                journal.note_output(self.output.path)
-            return journal, True
-        if shared:  # the workers of one job share the store; with none, this process's memory (one process)
-            return (shared_memory(self.client.identity) if spec.store == "none" else None), True
-        return process_cache(spec.client.service), False
-
-
-def _say_read_only(store: Any, spec: RunSpec) -> None:
-    """The one line for a store this user cannot write: read, and new answers kept by the run alone."""
-    where = "the journal" if spec.journal is not None else "this process's memory"
-    log.warning(
-        "batchsum: the answer store %s cannot be written here: its answers are used, and new answers go to %s alone",
-        store.where,
-        where,
-        extra={"event": "store"},
-    )
-
-
-def store_scope(spec: RunSpec, key_hashes: Sequence[str]) -> str:
-    """Whose answers the run's store keeps and serves (``store_scope``): ``""``, every key's of the
-    service; with ``key``, the key that paid for them (its hash; a run with several keys: their set's)."""
-    if spec.store_scope != "key":
-        return ""
-    if len(key_hashes) == 1:
-        return key_hashes[0]
-    return hashlib.sha256("\n".join(sorted(key_hashes)).encode()).hexdigest()[:32]
 
 
 def _run_options(spec: RunSpec, budget: Budget, record: KeyRecord, sample: Any) -> RunOptions:

@@ -28,8 +28,8 @@ from ..service.client import AsyncClient
 from ..service.errors import BudgetError, ConfigurationError
 from ..service.keys import KeyPlan
 from ..service.settings import AUTO_MAX_RPM, describe_rate
+from .answers import store_scope
 from .binding import spec_key_hash
-from .pieces import store_scope
 from .spec import RunSpec
 
 __all__ = ["dry_run", "estimate", "forecast", "look_at_key", "sends", "summed_rate", "KeyLook", "Forecast"]
