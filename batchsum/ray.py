@@ -52,7 +52,7 @@ from .run.batches import OpenRun
 from .run.run import Workers, prepare_shared
 from .run.spec import RunSpec, document_options
 from .service import contract
-from .service.errors import BudgetError, InputError, InvalidParameterError
+from .service.errors import BudgetError, InputError, InvalidParameterError, JobStopped
 from .service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .service.settings import DEFAULT_MAX_WAIT
 
@@ -87,7 +87,7 @@ class _Summarize:
         with self._lock:
             if self._run is None or self._run.ending:
                 self._run = OpenRun(self.spec)
-            results = self._run.summarize(texts)
+            results = self._run.summarize(texts, stop_when=_cancelled)
         return with_results(batch, results, self.spec.output_column)
 
     def close(self) -> None:
@@ -98,6 +98,22 @@ class _Summarize:
 
     def __del__(self) -> None:  # Ray Data deletes the UDF when it shuts the actor down gracefully
         self.close()
+
+
+def _cancelled() -> JobStopped | None:
+    """A stop when Ray cancelled the task this call runs in (``ray.cancel``; Ray Data cancels the
+    tasks in flight when the dataset's consumption is interrupted or ends early): Ray cannot
+    interrupt a threaded actor's task, it marks it cancelled, and the actor's run stops on it."""
+    try:
+        cancelled = ray.get_runtime_context().is_canceled()
+    except RuntimeError:  # not in a task (a test calling the UDF itself)
+        return None
+    if not cancelled:
+        return None
+    return JobStopped(
+        "the Ray task was cancelled (its job stopped: the dataset's consumption interrupted or cancelled); "
+        "nothing new was sent, the answers on the wire were awaited and kept; the same job again sends only the rest"
+    )
 
 
 def _restarts() -> dict[str, Any]:

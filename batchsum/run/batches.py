@@ -18,10 +18,10 @@ import queue
 import threading
 import warnings
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from ..data.results import RowResult, with_results
+from ..data.results import RowBlocks, RowResult, with_results
 from ..service.errors import RequestCapReached, RunCancelled, RunInterrupted
 from .background import BackgroundRun
 from .interrupts import on_interrupt
@@ -31,12 +31,14 @@ from .spec import RunSpec
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["BatchStream", "Frames", "ArrowFrames", "OpenRun", "AHEAD"]
+__all__ = ["BatchStream", "Frames", "ArrowFrames", "OpenRun", "RunEnded", "StopWhen", "AHEAD", "STOP_WAIT"]
 
 AHEAD = 2  # finished batches that may wait for the caller
+POLL_SECONDS = 0.1  # how often a call asks its ``stop_when`` while it waits
 STOP_WAIT = 60.0  # at most this long for a stopped run's answers on the wire (the drain takes up to 15 s) and its close
 _END = object()
 B = TypeVar("B")
+StopWhen = Callable[[], "RunCancelled | None"]  # a stop to make now (a task cancelled by its engine), or None
 
 
 class Frames(Protocol[B]):
@@ -285,7 +287,7 @@ class OpenRun:
         """Closed, or stopped and closing once its last call returns: the next call opens a new run."""
         return self.closed or self.stopped is not None
 
-    async def _stream(self, texts: list[Any]) -> tuple[list[RowResult], RequestCapReached | None]:
+    async def _stream(self, texts: list[Any] | RowBlocks) -> tuple[list[RowResult], RequestCapReached | None]:
         if self.stopped is not None:  # stopped before this call reached the loop: it sends nothing
             raise asyncio.CancelledError
         task = asyncio.current_task()
@@ -303,20 +305,24 @@ class OpenRun:
             self._streams.discard(task)
         return results, None
 
-    def summarize(self, texts: list[Any]) -> list[RowResult]:
+    def summarize(self, texts: list[Any] | RowBlocks, *, stop_when: StopWhen | None = None) -> list[RowResult]:
         """One result per text, in order. What stops the run (a refused key, a full disk, ``stop``)
         ends it (its report written, its bar closed) and is raised; a quota spent (or the request cap)
         ends it too, and the rows come back, the unsent ones ``not_sent``, with a ``RuntimeWarning``,
         as from every frame front-end (the next call opens the next run, which sends only if a quota
-        reset since). ``RunEnded`` when the run had ended before the call."""
+        reset since). ``stop_when``: asked before the call starts and every ``POLL_SECONDS`` while it
+        waits; a stop it returns (the engine cancelled the task this call runs in) stops the run as
+        ``stop`` does. ``RunEnded`` when the run had ended before the call."""
         with self._guard:
             if self.ending:
                 raise RunEnded("the run has ended: open the next")
             self._calls += 1
         try:
+            if stop_when is not None and (early := stop_when()) is not None:
+                self.stop(early)  # this call starts nothing
             results: list[RowResult]
             stop: RequestCapReached | None
-            results, stop = self._result(self._loop.submit(self._stream(texts)))
+            results, stop = self._result(self._loop.submit(self._stream(texts)), stop_when)
         except BaseException as exc:
             self._leave(exc)
             raise
@@ -325,12 +331,19 @@ class OpenRun:
             warnings.warn(f"{stop}; call it again to continue (answers are kept)", RuntimeWarning, stacklevel=2)
         return results
 
-    def _result(self, future: concurrent.futures.Future[Any]) -> Any:
+    def _result(self, future: concurrent.futures.Future[Any], stop_when: StopWhen | None) -> Any:
         """A call's outcome: a stop's cancel raised as the stop; an interrupt in this thread stops
         the whole run, waits for its answers on the wire (a second interrupt leaves at once), and
         is raised again."""
         try:
-            return future.result()
+            while True:
+                try:
+                    return future.result(timeout=None if stop_when is None else POLL_SECONDS)
+                except concurrent.futures.TimeoutError:
+                    assert stop_when is not None
+                    if (error := stop_when()) is not None:
+                        self.stop(error)
+                        stop_when = None  # from now on, wait for the stop's end
         except (concurrent.futures.CancelledError, asyncio.CancelledError):
             if isinstance(self.stopped, RunCancelled):
                 raise self.stopped.again() from None
