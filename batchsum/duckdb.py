@@ -31,6 +31,7 @@ connection; with ``SET threads = 1`` DuckDB runs the function on the main thread
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import threading
 import time
@@ -174,7 +175,8 @@ def _stop(registrations: list[Registration], error: RunCancelled, *, busy: bool 
     runs = [registration.stop(error, busy=busy) for registration in registrations]
     try:
         for connection in {id(c): c for c in (r.connection for r in registrations) if c is not None}.values():
-            connection.interrupt()
+            with contextlib.suppress(duckdb.Error):  # closed already: no query to interrupt
+                connection.interrupt()
         for run in runs:
             if run is not None:
                 run.wait(STOP_WAIT)
