@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ..pacing import KeyRecord, Limiter, PaceChange, PaceLog, Pacer
 from ..pacing.budget import Budget, Share
+from ..pacing.presence import Presence
 from ..service.errors import InvalidParameterError
 from ..service.settings import (
     DEFAULT_DRAIN_SECONDS,
@@ -88,10 +89,11 @@ class RunOptions:
         *,
         alone: bool = True,
         log: PaceLog | None = None,
+        presence: Presence | None = None,
     ) -> Pacer:
         """The pacer these options describe; ``share``: this run's share of the key's rate;
         ``alone``: False for one of several runs of one job at once; ``log``: told what it does
-        (``engine.timeline.Timeline``); see ``Pacer``."""
+        (``engine.timeline.Timeline``); ``presence``: the run on the key's budget; see ``Pacer``."""
         return Pacer(
             self.rpm,
             limiter=self.limiter,
@@ -103,6 +105,7 @@ class RunOptions:
             log=log,
             record=self.record,
             auto=self.auto,
+            presence=presence,
         )
 
     def first_alone(self, mode: int) -> bool:

@@ -43,7 +43,9 @@ F x window / interval + 1 starts, and the others the rest, in the order they ask
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -53,18 +55,22 @@ from ..service.errors import BudgetError, redact_location
 from ..service.settings import DEFAULT_BUDGET, ENV_BUDGET, budget_spec
 from .exchange import (
     COMMIT,
+    ENTRY_CHARS,
     LEASE_SECONDS,
     LOOK,
     NO_REPORT,
     RECORD_SECONDS,
     RESERVE,
     RESERVE_ONLY,
+    RUN_LEASE_SECONDS,
     SETTING,
     SHARED_SECONDS,
     Budget,
     Lead,
+    Member,
     Remembered,
     Report,
+    RunEntry,
     Share,
     Slot,
 )
@@ -82,6 +88,8 @@ __all__ = [
     "Slot",
     "Share",
     "Remembered",
+    "Member",
+    "RunEntry",
     "open_budget",
     "check_budget",
     "default_budget_path",
@@ -182,6 +190,9 @@ class ProcessBudget(Budget):
         self._tallies = _Tallies()
         self._shares: dict[str, float] = {}  # holder -> its own tat
         self._lead: tuple[str | None, float, str | None, float] = (None, -math.inf, None, -math.inf)
+        self.epoch = os.urandom(8).hex()
+        self._runs: dict[str, tuple[str, str, float]] = {}  # member -> (run id, entry, seen)
+        self._stops: dict[str, tuple[str, float]] = {}  # run id -> (cause, when)
 
     @classmethod
     def for_key(cls, key_id: str) -> ProcessBudget:
@@ -202,7 +213,36 @@ class ProcessBudget(Budget):
             if committed:
                 self._tallies.add(tick_of(now), starts=1)
             self._tallies.ended(now, report)
-            return deferred(self._state.slot(now, at, *self._tallies.last_minute(now), committed), turn)
+            slot = deferred(self._state.slot(now, at, *self._tallies.last_minute(now), committed), turn)
+            return dataclasses.replace(slot, epoch=self.epoch, stop=self._registry_step(now, report))
+
+    def _registry_step(self, now: float, report: Report) -> str | None:
+        """The report's entry kept (lapsed ones dropped); the calling run's job's stop, if any."""
+        if report.run is None:
+            return None
+        if report.entry is not None and len(report.entry) <= ENTRY_CHARS:
+            self._runs[report.run.member] = (report.run.run_id, report.entry, now)
+            self._runs = {m: e for m, e in self._runs.items() if e[2] >= now - RUN_LEASE_SECONDS}
+        stop = self._stops.get(report.run.run_id)
+        return stop[0] if stop is not None else None
+
+    async def runs(self) -> list[RunEntry]:
+        with self._lock:
+            now = self._clock()
+            found = (
+                RunEntry.read(run_id, member, entry, seen, now)
+                for member, (run_id, entry, seen) in self._runs.items()
+                if seen >= now - RUN_LEASE_SECONDS
+            )
+            return [entry for entry in found if entry is not None]
+
+    async def leave(self, member: Member) -> None:
+        with self._lock:
+            self._runs.pop(member.member, None)
+
+    async def post_stop(self, run_id: str, cause: str) -> None:
+        with self._lock:
+            self._stops[run_id] = (cause, self._clock())
 
     async def ledger(self, seconds: float = LEDGER_SECONDS) -> Ledger:
         with self._lock:
@@ -221,13 +261,19 @@ class ProcessBudget(Budget):
             fresh = published if now - at <= SHARED_SECONDS else None
             return Lead(held, fresh, at, now)
 
-    async def quota_claim(self, periods: Sequence[tuple[str, float]], limit: int | None) -> int | None:
+    async def quota_claim(
+        self, periods: Sequence[tuple[str, float]], limit: int | None, epoch: str | None = None
+    ) -> int | None:
         with self._lock:  # shared by threads and event loops: one count at a time
-            return await super().quota_claim(periods, limit)
+            return await super().quota_claim(periods, limit, epoch)
 
     async def quota_give_back(self, periods: Sequence[str]) -> None:
         with self._lock:
             await super().quota_give_back(periods)
+
+    async def quota_restore(self, period: str, at_least: int, keep: float) -> None:
+        with self._lock:
+            await super().quota_restore(period, at_least, keep)
 
 
 async def check_budget(budget: Budget) -> None:

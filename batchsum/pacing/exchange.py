@@ -1,13 +1,16 @@
 """What a pacer and its key's budget exchange: the ``Budget`` protocol, the report a pacer pushes,
-the slot it gets back, a run's share of the key, the lead of the key's search (``Lead``), and the
-entries remembered of a key at a service.
+the slot it gets back, a run's share of the key, the lead of the key's search (``Lead``), the
+entries remembered of a key at a service, and the runs' registry (``Member``, ``RunEntry``): who is
+on the key, their job's stop, and the budget's epoch (a new one: it came back empty).
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .ledger import LEDGER_SECONDS, Ledger
 
@@ -19,7 +22,13 @@ __all__ = [
     "Share",
     "Remembered",
     "Lead",
+    "Member",
+    "RunEntry",
+    "BudgetReset",
     "LEASE_SECONDS",
+    "RUN_LEASE_SECONDS",
+    "STOP_SECONDS",
+    "ENTRY_CHARS",
     "SHARED_SECONDS",
     "LOOK",
     "RESERVE",
@@ -33,6 +42,58 @@ RECORD_SECONDS = 7 * 86400  # remembered entries older than this are dropped (re
 LEASE_SECONDS = 15.0  # a lead not renewed for this long has lapsed (its holder renews it every second)
 SHARED_SECONDS = 300.0  # a shared pace or a search's state not written for this long is not adopted
 SETTING = "--budget (or $BATCHSUM_BUDGET)"
+RUN_LEASE_SECONDS = 15.0  # a run's entry not published again for this long has lapsed (it publishes every second)
+STOP_SECONDS = 86400  # a job's stop is kept this long on the budget
+ENTRY_CHARS = 4096  # a run's entry longer than this is not kept (it is plain, short JSON)
+
+
+@dataclass(frozen=True)
+class Member:
+    """A run's presence on a key's budget: ``run_id`` (every process of a Dask, Spark or Ray job shares
+    its job's) and ``member``, this process's part of it (one entry each in the runs' registry)."""
+
+    run_id: str
+    member: str
+
+
+@dataclass(frozen=True)
+class RunEntry:
+    """One process of a run on the key, as it last published itself: its ``run_id`` and ``member``,
+    what it said (``data``: plain JSON, never a secret: host, pid, door, output, rpm, share, sent ...),
+    and when, on the budget's clock (``seen``; ``now``: the budget's clock when read)."""
+
+    run_id: str
+    member: str
+    data: Mapping[str, Any]
+    seen: float
+    now: float
+
+    @property
+    def share(self) -> float:
+        """The share of the key this run may use (1 without one)."""
+        try:
+            value = float(self.data.get("share") or 1.0)
+        except (TypeError, ValueError):
+            return 1.0
+        return value if 0 < value <= 1 else 1.0
+
+    @classmethod
+    def read(cls, run_id: str, member: str, text: str, seen: float, now: float) -> RunEntry | None:
+        """The entry stored as ``text``; None when it does not read as one (damaged, or a later version's)."""
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return None
+        return cls(run_id, member, data, seen, now) if isinstance(data, dict) else None
+
+
+class BudgetReset(Exception):
+    """The budget's epoch is not the one the caller knows: it came back empty (a Redis restarted
+    without its data). Nothing was counted; ``epoch`` is the budget's new one."""
+
+    def __init__(self, epoch: str) -> None:
+        super().__init__(f"the rate budget came back empty (epoch {epoch})")
+        self.epoch = epoch
 
 
 @dataclass(frozen=True)
@@ -50,6 +111,8 @@ class Report:
     pace_base: int | None = None
     answered: tuple[float, ...] = ()
     refused: tuple[float, ...] = ()
+    run: Member | None = None  # the run calling: its job's stop is looked up (``Slot.stop``)
+    entry: str | None = None  # the run's entry to publish (plain JSON), at most once a second
 
     def ended(self) -> bool:
         """Whether it tells of attempts that ended."""
@@ -88,6 +151,8 @@ class Slot:
     answered: int = 0  # of those, answered clean (as reported so far)
     deferred: bool = False  # a shared run's own turn has not come: nothing reserved; ask again after ``wait``
     committed: bool = False  # the start is recorded as the key's last: it goes now (``wait`` is 0)
+    epoch: str = ""  # the budget's epoch: another than the one first seen means it came back empty
+    stop: str | None = None  # the calling run's job was stopped (``post_stop``): its cause
 
 
 @dataclass(frozen=True)
@@ -124,6 +189,7 @@ class Budget(abc.ABC):
 
     shared = True
     where = ""  # for messages: "this process", "this machine (PATH)", "redis://host:port/db"
+    epoch = ""  # the epoch the budget last answered with (a budget in memory: its own, made with it)
 
     async def reserve(
         self,
@@ -189,10 +255,16 @@ class Budget(abc.ABC):
     # quota is held to. This default keeps it in the budget object (this process); the shared budgets
     # keep it where they live.
 
-    async def quota_claim(self, periods: Sequence[tuple[str, float]], limit: int | None) -> int | None:
+    async def quota_claim(
+        self, periods: Sequence[tuple[str, float]], limit: int | None, epoch: str | None = None
+    ) -> int | None:
         """Count one paid request in each of ``periods`` (a name and the seconds the count must
         outlive: its period's end), unless the first holds ``limit`` already: the first's count after
-        it, or None (its quota is spent; nothing counted). ``limit`` None: count, never refuse."""
+        it, or None (its quota is spent; nothing counted). ``limit`` None: count, never refuse.
+        ``epoch``: the budget's epoch as the caller knows it; on another, nothing is counted and
+        ``BudgetReset`` is raised (the counts are to be restored first: ``quota_restore``)."""
+        if epoch is not None and epoch != self.epoch:
+            raise BudgetReset(self.epoch)
         counts: dict[str, int] = self.__dict__.setdefault("_quota_counts", {})
         if limit is not None and counts.get(periods[0][0], 0) >= limit:
             return None
@@ -209,6 +281,25 @@ class Budget(abc.ABC):
     async def quota_used(self, period: str) -> int:
         """Requests counted in ``period`` so far (``--dry-run``, ``batchsum limits``)."""
         return int(self.__dict__.get("_quota_counts", {}).get(period, 0))
+
+    async def quota_restore(self, period: str, at_least: int, keep: float) -> None:
+        """``period``'s count raised to ``at_least`` (never lowered), kept ``keep`` seconds: what a run
+        saw counted there, written again into a budget that came back empty."""
+        counts: dict[str, int] = self.__dict__.setdefault("_quota_counts", {})
+        counts[period] = max(counts.get(period, 0), at_least)
+
+    # The runs' registry: who is on the key (published with the calls a run makes anyway: ``Report.entry``),
+    # and a job's stop (``Slot.stop``, for the run named by ``Report.run``).
+
+    async def runs(self) -> list[RunEntry]:
+        """The runs on the key whose entries have not lapsed (``RUN_LEASE_SECONDS``), every process's."""
+        return []
+
+    async def leave(self, member: Member) -> None:  # noqa: B027 - a budget with no registry has nothing to remove
+        """``member``'s entry removed (its run ended)."""
+
+    async def post_stop(self, run_id: str, cause: str) -> None:  # noqa: B027
+        """Stop the job ``run_id``: each of its runs on the key hears ``cause`` on its next call."""
 
     async def aclose(self) -> None:  # noqa: B027 - most budgets hold nothing to let go of
         """Let go of connections (the budget's state stays for the others)."""

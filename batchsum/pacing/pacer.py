@@ -29,6 +29,7 @@ from .limit import AutoLimit
 from .owed import Owed
 from .paces import PaceChange, PaceLog, Paces
 from .pause import Alarm, Pause
+from .presence import Presence
 from .record import KeyRecord
 from .room import Company, StatedRoom, Statement
 from .sharing import Sharing
@@ -77,19 +78,9 @@ class Pacer:
     ``log``: told of starts, 429s, pauses and pace changes (``engine.timeline.Timeline``). ``record``: the
     key's record at its service (room it stated and a 429 contradicted is not trusted again; the limit
     last found). ``auto``: ``rpm`` is only a cap; the limit (``limit.AutoLimit``) stands for the plan.
-    """
+    ``presence``: the run on the key's budget (its entry in the runs' registry, its job's stop)."""
 
-    __slots__ = (
-        "rpm",
-        "auto",
-        "in_flight",
-        "_clock",
-        "_paces",
-        "_pause",
-        "_sharing",
-        "_turn",
-        "_answers",
-    )
+    __slots__ = ("rpm", "auto", "in_flight", "_clock", "_paces", "_pause", "_sharing", "_turn", "_answers")
 
     def __init__(
         self,
@@ -105,6 +96,7 @@ class Pacer:
         log: PaceLog | None = None,
         record: KeyRecord | None = None,
         auto: bool = False,
+        presence: Presence | None = None,
     ) -> None:
         self.rpm = check_rpm(rpm)
         self.auto = AutoLimit(self.rpm, record.limit() if record is not None else None) if auto and rpm else None
@@ -118,7 +110,7 @@ class Pacer:
         self._pause = pause = Pause()
         evidence, company = Evidence(budget.shared), Company(budget.shared)
         room = StatedRoom(trusted=record is None or not record.room_distrusted)
-        self._sharing = Sharing(clock, budget, share, paces, pause, evidence, company, alarm, record, owed)
+        self._sharing = Sharing(clock, budget, share, paces, pause, evidence, company, alarm, record, owed, presence)
         self._turn = Turn(
             clock, paces, pause, room, company, evidence, self._sharing, alarm, self.auto, limiter, share, alone
         )
@@ -166,8 +158,7 @@ class Pacer:
 
     async def before_attempt(self, at_turn: AtTurn | None = None) -> float:
         """Wait for this attempt's turn; returns the time it starts (pass it to ``after_attempt``).
-        ``at_turn``: asked once the turn has come, before the start is committed; when it says no,
-        ``TurnGiven`` is raised and the reserved start goes to the next attempt."""
+        ``at_turn``: asked before the start is committed; a no raises ``TurnGiven`` (``turn.py``)."""
         if self._answers.lead is not None:
             await self._answers.lead.start()  # under auto: the key's level before the first start
         return await self._turn.take(at_turn)

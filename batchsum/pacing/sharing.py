@@ -12,6 +12,7 @@ from .exchange import COMMIT, LOOK, RESERVE, Budget, Report, Share, Slot
 from .owed import Owed
 from .paces import Paces
 from .pause import Alarm, Pause
+from .presence import Presence
 from .record import KeyRecord
 from .room import Company
 from .spacing import MIN_RPM
@@ -35,6 +36,7 @@ class Sharing:
     alarm: Alarm
     record: KeyRecord | None
     owed: Owed
+    presence: Presence | None = None  # the run on the key's budget: its entry published, its job's stop heard
 
     async def exchange(self, what: int, interval: float, last_start: float, *, commit: bool = True) -> Slot:
         """One call to the budget (``LOOK``, ``RESERVE`` or ``COMMIT``), telling it what it must share
@@ -43,6 +45,8 @@ class Sharing:
         before = self.clock()
         pace = self.paces.pace if self.paces.rpm else None
         report = self.owed.take(before, self.pause.left(before), self.pause.reason, pace)
+        if self.presence is not None:
+            report = self.presence.stamp(report)
         if what == RESERVE:
             slot = await self.budget.reserve(interval, report, share=self.share, commit=commit)
         elif what == COMMIT:
@@ -53,6 +57,8 @@ class Sharing:
         self.company.look(slot, before, self.evidence.starts, interval if what == RESERVE else None, floor)
         self.evidence.seen = slot
         self.adopt(slot, report)
+        if self.presence is not None:
+            self.presence.heard(slot)
         if self.record is not None and self.record.pending:
             await self.record.flush()
         return slot

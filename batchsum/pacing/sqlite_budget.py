@@ -1,10 +1,11 @@
 """``SQLiteBudget``: a key's budget shared by every process on this machine, one row per budget in a
-SQLite file (the default, ``"machine"``), with the key's counts per tick, the lead of its search, and
-the entries remembered of each key.
+SQLite file (the default, ``"machine"``), with the key's counts per tick, the lead of its search, the
+entries remembered of each key, and the runs' registry (who is on each key, a job's stop).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import math
 import os
@@ -17,18 +18,24 @@ from typing import TypeVar
 
 from ..service.errors import BudgetError
 from .exchange import (
+    ENTRY_CHARS,
     LEASE_SECONDS,
     LOOK,
     NO_REPORT,
     RECORD_SECONDS,
     RESERVE,
     RESERVE_ONLY,
+    RUN_LEASE_SECONDS,
     SETTING,
     SHARED_SECONDS,
+    STOP_SECONDS,
     Budget,
+    BudgetReset,
     Lead,
+    Member,
     Remembered,
     Report,
+    RunEntry,
     Share,
     Slot,
 )
@@ -65,7 +72,16 @@ CREATE TABLE IF NOT EXISTS leads (
 CREATE TABLE IF NOT EXISTS names (
     id TEXT PRIMARY KEY, key_hash TEXT NOT NULL, service TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT NOT NULL, member TEXT NOT NULL, run_id TEXT NOT NULL, entry TEXT NOT NULL, seen REAL NOT NULL,
+    PRIMARY KEY (id, member)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS stops (
+    id TEXT NOT NULL, run_id TEXT NOT NULL, cause TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (id, run_id)
+) WITHOUT ROWID;
 """
+SCHEMA_VERSION = "3"  # 3: the epoch, the runs' registry and a job's stops (tables made in older files as they open)
 _COLUMNS = {"last": "REAL NOT NULL DEFAULT 0", "pace_at": "REAL NOT NULL DEFAULT 0"}  # added to old files
 _TALLY = (
     "INSERT INTO tallies VALUES (?, ?, ?, ?, ?) ON CONFLICT (id, tick) DO UPDATE SET "
@@ -118,6 +134,7 @@ class _SQLiteFile(Budget):
                 db.close()
                 raise self._fail(exc) from None
         self._db = db
+        self.epoch = _epoch(db)
         return db
 
     def _transaction(self, step: Callable[[sqlite3.Connection], T]) -> T:
@@ -172,7 +189,7 @@ class _SQLiteFile(Budget):
             if name is None:  # the keys' shared pace, counts and search go with what is remembered
                 ids = f"SELECT id FROM names WHERE {where}"
                 db.execute(f"UPDATE budgets SET pace = NULL, pace_at = 0 WHERE id IN ({ids})", args)
-                for table in ("tallies", "leads", "shares"):
+                for table in ("tallies", "leads", "shares", "runs", "stops"):
                     db.execute(f"DELETE FROM {table} WHERE id IN ({ids})", args)
             return int(db.execute(f"DELETE FROM remembered WHERE {where}", args).rowcount)
 
@@ -226,6 +243,7 @@ class SQLiteBudget(_SQLiteFile):
                     state.pace_at,
                 ),
             )
+        stop = self._registry_step(db, now, report)
         tallies = [(self.id, tick_of(now), 1, 0, 0)] if committed else []
         tallies += [(self.id, tick_of(now - age), 0, 1, 0) for age in report.answered]
         tallies += [(self.id, tick_of(now - age), 0, 0, 1) for age in report.refused]
@@ -238,7 +256,47 @@ class SQLiteBudget(_SQLiteFile):
             "WHERE id=? AND tick >= ?",
             (self.id, tick_of(now - MINUTE)),
         ).fetchone()
-        return deferred(state.slot(now, at, int(starts), int(refused), int(answered), committed), turn)
+        slot = deferred(state.slot(now, at, int(starts), int(refused), int(answered), committed), turn)
+        return dataclasses.replace(slot, epoch=self.epoch, stop=stop)
+
+    def _registry_step(self, db: sqlite3.Connection, now: float, report: Report) -> str | None:
+        """The report's entry kept (lapsed ones dropped); the calling run's job's stop, if any."""
+        if report.run is None:
+            return None
+        if report.entry is not None and len(report.entry) <= ENTRY_CHARS:
+            db.execute(
+                "INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?)",
+                (self.id, report.run.member, report.run.run_id, report.entry, now),
+            )
+            db.execute("DELETE FROM runs WHERE id=? AND seen < ?", (self.id, now - RUN_LEASE_SECONDS))
+        row = db.execute("SELECT cause FROM stops WHERE id=? AND run_id=?", (self.id, report.run.run_id)).fetchone()
+        return str(row[0]) if row else None
+
+    async def runs(self) -> list[RunEntry]:
+        if not self.path.exists():
+            return []
+
+        def read(db: sqlite3.Connection) -> list[RunEntry]:
+            now = time.time()
+            rows = db.execute(
+                "SELECT run_id, member, entry, seen FROM runs WHERE id=? AND seen >= ? ORDER BY run_id, member",
+                (self.id, now - RUN_LEASE_SECONDS),
+            ).fetchall()
+            found = (RunEntry.read(run_id, member, entry, seen, now) for run_id, member, entry, seen in rows)
+            return [entry for entry in found if entry is not None]
+
+        return self._transaction(read)
+
+    async def leave(self, member: Member) -> None:
+        self._transaction(lambda db: db.execute("DELETE FROM runs WHERE id=? AND member=?", (self.id, member.member)))
+
+    async def post_stop(self, run_id: str, cause: str) -> None:
+        def write(db: sqlite3.Connection) -> None:
+            now = time.time()
+            db.execute("INSERT OR REPLACE INTO stops VALUES (?, ?, ?, ?)", (self.id, run_id, cause, now))
+            db.execute("DELETE FROM stops WHERE at < ?", (now - STOP_SECONDS,))
+
+        self._transaction(write)
 
     async def ledger(self, seconds: float = LEDGER_SECONDS) -> Ledger:
         def read(db: sqlite3.Connection) -> Ledger:
@@ -265,8 +323,24 @@ class SQLiteBudget(_SQLiteFile):
 
         return self._transaction(step)
 
-    async def quota_claim(self, periods: Sequence[tuple[str, float]], limit: int | None) -> int | None:
-        return self._transaction(lambda db: _quota_claim(db, self.id, periods, limit))
+    async def quota_claim(
+        self, periods: Sequence[tuple[str, float]], limit: int | None, epoch: str | None = None
+    ) -> int | None:
+        def claim(db: sqlite3.Connection) -> int | None:
+            if epoch is not None and epoch != self.epoch:
+                raise BudgetReset(self.epoch)
+            return _quota_claim(db, self.id, periods, limit)
+
+        return self._transaction(claim)
+
+    async def quota_restore(self, period: str, at_least: int, keep: float) -> None:
+        self._transaction(
+            lambda db: db.execute(
+                "INSERT INTO quota_counts VALUES (?, ?, ?, ?) ON CONFLICT (id, period) DO UPDATE SET "
+                "used = MAX(used, excluded.used)",
+                (self.id, period, at_least, time.time() + keep),
+            )
+        )
 
     async def quota_give_back(self, periods: Sequence[str]) -> None:
         self._transaction(lambda db: db.executemany(_GIVE_BACK, [(self.id, name) for name in periods]))
@@ -300,10 +374,17 @@ def _set_up(db: sqlite3.Connection) -> None:
         for column, kind in _COLUMNS.items():
             if column not in columns:
                 db.execute(f"ALTER TABLE budgets ADD COLUMN {column} {kind}")
+        db.execute("INSERT OR IGNORE INTO meta VALUES ('epoch', ?)", (os.urandom(8).hex(),))
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")
         raise
+
+
+def _epoch(db: sqlite3.Connection) -> str:
+    row = db.execute("SELECT value FROM meta WHERE name='epoch'").fetchone()
+    return str(row[0]) if row else ""
 
 
 def _entries(db: sqlite3.Connection, where: str, args: tuple[str, ...]) -> list[Remembered]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import socket
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
@@ -20,8 +21,9 @@ from ..engine.tally import BatchStats
 from ..engine.timeline import Timeline
 from ..pacing import KeyRecord, PaceChange, Pacer
 from ..pacing.budget import Budget, Share, open_budget
+from ..pacing.presence import Presence, member_of
 from ..service.client import AsyncClient
-from ..service.errors import InvalidParameterError, JournalError
+from ..service.errors import BudgetError, InvalidParameterError, JournalError
 from ..service.keys import KeyPlan
 from .binding import spec_key_hash
 from .logs import event, log
@@ -128,7 +130,8 @@ class Pieces:
         for (client, budget, key, plan), record in zip(opened, records):
             rpm, auto = plan.limit(spec.rpm, spec.auto) if plan is not None else (spec.rpm, spec.auto)
             options = dataclasses.replace(self.options, rpm=rpm, auto=auto, budget=budget, record=record)
-            pacer = options.pacer(on_pace_change, share=share, alone=not shared, log=stats.timeline)
+            presence = _presence(self._stack, run_id, budget, spec, rpm)
+            pacer = options.pacer(on_pace_change, share=share, alone=not shared, log=stats.timeline, presence=presence)
             quota = plan.quota if plan is not None and plan.quota is not None else spec.quota
             source = plan.source if plan is not None else ""
             self.lanes.append(KeyLane(client, pacer, record, key, source, quota, budget, tell=self._tell))
@@ -233,6 +236,30 @@ def _watch_keys(lanes: list[KeyLane], records: list[KeyRecord], stats: BatchStat
         if spent is not None:
             lane.spent = spent
             lane.out_until = lane.pacer.now() + (spent.until - time.time())
+
+
+def _presence(stack: AsyncExitStack, run_id: str, budget: Budget, spec: RunSpec, rpm: float) -> Presence:
+    """The run on a key's budget: its entry in the runs' registry, removed when the run closes."""
+    member = member_of(run_id)
+    started = time.time()
+
+    def describe() -> dict[str, Any]:
+        return {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "rpm": rpm,
+            "share": spec.share,
+            "started_at": started,
+        }
+
+    async def leave() -> None:
+        try:
+            await budget.leave(member)
+        except BudgetError:  # the budget is gone: the entry lapses on its own
+            pass
+
+    stack.push_async_callback(leave)
+    return Presence(member, describe)
 
 
 async def _open_key(

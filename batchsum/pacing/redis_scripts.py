@@ -1,0 +1,226 @@
+"""The Redis budget's scripts (Lua), each one atomic step on Redis' own clock: the GCRA step with the
+key's counts, the runs' registry and a job's stop (``STEP``), the ledger, the lead, the quotas' counts
+and the runs on the key; each does what its twin in ``gcra.py`` / ``sqlite_budget.py`` does.
+"""
+
+__all__ = ["STEP", "RUNS", "LEDGER", "LEAD", "QUOTA", "RESTORE", "GIVE_BACK"]
+
+# GCRA on Redis' own clock: the same steps as gcra.State.advance, in one atomic script. Numbers go back
+# as strings (Redis turns Lua numbers into integers). ARGV[2]: LOOK, RESERVE, COMMIT or RESERVE_ONLY.
+# The key's counts: a hash per second (KEYS[2]:SECOND) of the second's totals (s, a, r) and its ticks'
+# (s3, a3, r3: the fourth tenth); ARGV[6] and ARGV[11]: the ages of the starts answered 429 and clean.
+# The trailing minute is summed from the tick ARGV[10] seconds back, as the SQLite budget sums it: the
+# ticks of its first second, then whole seconds. KEYS[3]: the shared run's own schedule (used only with
+# ARGV[13]). The budget's epoch is a field of KEYS[1] (ARGV[17] when it is made). The runs' registry:
+# KEYS[4] (member -> "SEEN RUN_ID ENTRY") and KEYS[5] (member -> seen, to prune the lapsed); ARGV[18]
+# the calling member ('' none), ARGV[19] its run, ARGV[20] its entry ('' none this time), ARGV[21] the
+# lease; KEYS[6]: the calling run's stop.
+STEP = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local interval, what = math.max(0, tonumber(ARGV[1])), tonumber(ARGV[2])
+local pause_for, reason, pace = tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local max_ahead, max_pause, keep, minute = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local base = ARGV[12]
+local share_interval = tonumber(ARGV[13])
+local on_time, shared_seconds, tick = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16])
+local deferred = ''
+if (what == 1 or what == 3) and share_interval ~= nil then
+  local own = tonumber(redis.call('GET', KEYS[3])) or 0
+  if own > now + share_interval + max_ahead then own = 0 end
+  if own > now + on_time then
+    deferred = string.format('%.6f', own - now)
+    what = 0
+  end
+end
+local s = redis.call('HMGET', KEYS[1], 'tat', 'paused_until', 'reason', 'pace', 'pace_version', 'last', 'pace_at',
+  'updated', 'epoch')
+local epoch = s[9] or ARGV[17]
+local tat, paused_until = tonumber(s[1]) or 0, tonumber(s[2]) or 0
+local old_reason, old_pace, version = s[3] or '', s[4] or '', tonumber(s[5]) or 0
+local last, pace_at, updated = tonumber(s[6]) or 0, tonumber(s[7]) or 0, tonumber(s[8]) or 0
+if now < updated then
+  local back = now - updated
+  tat, last, paused_until, pace_at = tat + back, last + back, paused_until + back, pace_at + back
+end
+if tat > now + interval + max_ahead then tat = now end
+if last > now + max_ahead then last = now - interval end
+if paused_until > now + max_pause then paused_until = now end
+if pause_for > 0 and now + pause_for > paused_until then
+  paused_until = now + math.min(pause_for, max_pause)
+  old_reason = reason
+end
+if pace ~= '' and (base == '' or tonumber(base) == version) then
+  old_pace = pace; version = version + 1; pace_at = now
+end
+local at = nil
+local committed = '0'
+if what ~= 0 then
+  local due = math.max(last + interval, paused_until)
+  if what == 2 then
+    if due > now + on_time then at = due else at = now; last = now; committed = '1' end
+  else
+    at = math.max(tat, due, now)
+    tat = at + interval
+    if at <= now + on_time and what == 1 then at = now; last = now; committed = '1' end
+    if share_interval ~= nil then
+      redis.call('SET', KEYS[3], string.format('%.6f', at + share_interval), 'EX', keep)
+    end
+  end
+end
+redis.call('HSET', KEYS[1], 'tat', string.format('%.6f', tat), 'paused_until', string.format('%.6f', paused_until),
+  'reason', old_reason, 'pace', old_pace, 'pace_version', version, 'last', string.format('%.6f', last),
+  'pace_at', string.format('%.6f', pace_at), 'updated', string.format('%.6f', now), 'epoch', epoch)
+redis.call('EXPIRE', KEYS[1], 86400)
+local stop = ''
+if ARGV[18] ~= '' then
+  if ARGV[20] ~= '' then
+    local lease = tonumber(ARGV[21])
+    redis.call('HSET', KEYS[4], ARGV[18], string.format('%.6f', now) .. ' ' .. ARGV[19] .. ' ' .. ARGV[20])
+    redis.call('ZADD', KEYS[5], now, ARGV[18])
+    local gone = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now - lease)
+    if #gone > 0 then
+      redis.call('HDEL', KEYS[4], unpack(gone))
+      redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - lease)
+    end
+    redis.call('EXPIRE', KEYS[4], 86400)
+    redis.call('EXPIRE', KEYS[5], 86400)
+  end
+  stop = redis.call('GET', KEYS[6]) or ''
+end
+local function count(when, field)
+  local ticks = math.floor(when / tick + 1e-9)
+  local d = ticks % 10
+  local k = KEYS[2] .. ':' .. ((ticks - d) / 10)
+  redis.call('HINCRBY', k, field, 1)
+  redis.call('HINCRBY', k, field .. d, 1)
+  redis.call('EXPIRE', k, keep)
+end
+if committed == '1' then count(now, 's') end
+for age in string.gmatch(ARGV[11], '%S+') do count(now - tonumber(age), 'a') end
+for age in string.gmatch(ARGV[6], '%S+') do count(now - tonumber(age), 'r') end
+local starts, refusals, answers = 0, 0, 0
+local from = math.floor((now - minute) / tick + 1e-9)
+local d0 = from % 10
+local first = (from - d0) / 10
+local fields = {}
+for d = d0, 9 do
+  table.insert(fields, 's' .. d); table.insert(fields, 'r' .. d); table.insert(fields, 'a' .. d)
+end
+local c = redis.call('HMGET', KEYS[2] .. ':' .. first, unpack(fields))
+for i = 1, #c, 3 do
+  starts = starts + (tonumber(c[i]) or 0)
+  refusals = refusals + (tonumber(c[i + 1]) or 0)
+  answers = answers + (tonumber(c[i + 2]) or 0)
+end
+for second = first + 1, math.floor(math.floor(now / tick + 1e-9) / 10) do
+  c = redis.call('HMGET', KEYS[2] .. ':' .. second, 's', 'r', 'a')
+  starts = starts + (tonumber(c[1]) or 0)
+  refusals = refusals + (tonumber(c[2]) or 0)
+  answers = answers + (tonumber(c[3]) or 0)
+end
+local wait = 0
+if at ~= nil and committed == '0' then wait = math.max(0, at - now) end
+local at_text = ''
+if at ~= nil then at_text = string.format('%.6f', at) end
+if now - pace_at > shared_seconds then old_pace = '' end
+return {string.format('%.6f', wait), at_text, string.format('%.6f', paused_until - now), string.format('%.6f', paused_until),
+  old_reason, old_pace, tostring(version), tostring(starts), tostring(refusals), deferred, committed, tostring(answers),
+  epoch, stop}
+"""
+
+# The runs on the key: members seen within ARGV[1] seconds, with their entries. Returns now, then
+# (member, "SEEN RUN_ID ENTRY") pairs.
+RUNS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local members = redis.call('ZRANGEBYSCORE', KEYS[2], now - tonumber(ARGV[1]), '+inf')
+local out = {string.format('%.6f', now)}
+if #members > 0 then
+  local entries = redis.call('HMGET', KEYS[1], unpack(members))
+  for i = 1, #members do
+    if entries[i] then
+      table.insert(out, members[i])
+      table.insert(out, entries[i])
+    end
+  end
+end
+return out
+"""
+
+# The key's counts of the last ARGV[1] seconds: each second's ticks as (tick, starts, answered, refused).
+LEDGER = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local out = {string.format('%.6f', now)}
+for second = math.floor(now - tonumber(ARGV[1])), math.floor(now) do
+  local c = redis.call('HGETALL', KEYS[1] .. ':' .. second)
+  if #c > 0 then
+    local f = {}
+    for i = 1, #c, 2 do f[c[i]] = c[i + 1] end
+    for d = 0, 9 do
+      local s, a, r = f['s' .. d], f['a' .. d], f['r' .. d]
+      if s or a or r then
+        table.insert(out, tostring(second * 10 + d))
+        table.insert(out, s or '0')
+        table.insert(out, a or '0')
+        table.insert(out, r or '0')
+      end
+    end
+  end
+end
+return out
+"""
+
+# The lead of the key's search: granted to ARGV[1] when free, lapsed or its own; ARGV[2] its state
+# to publish ('' none); ARGV[3] '1' to let it go. Returns holder, state, state_at, now.
+LEAD = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local holder, state, release, lease = ARGV[1], ARGV[2], ARGV[3] == '1', tonumber(ARGV[4])
+local l = redis.call('HMGET', KEYS[1], 'holder', 'until', 'state', 'state_at')
+local held, lapses, published, at = l[1] or '', tonumber(l[2]) or 0, l[3] or '', tonumber(l[4]) or 0
+if held == '' or held == holder or lapses < now or lapses > now + 2 * lease then
+  if state ~= '' then published = state; at = now end
+  if release then held = ''; lapses = 0 else held = holder; lapses = now + lease end
+  redis.call('HSET', KEYS[1], 'holder', held, 'until', string.format('%.6f', lapses), 'state', published,
+    'state_at', string.format('%.6f', at))
+  redis.call('EXPIRE', KEYS[1], 86400)
+end
+return {held, published, string.format('%.6f', at), string.format('%.6f', now)}
+"""
+
+# The key's paid requests per period: one more in each period KEYS[i + 1] (kept ARGV[i + 3] seconds)
+# unless the first holds the limit ARGV[1] already ('' none): -1; or unless the budget's epoch (a field of
+# KEYS[1], made ARGV[3] when missing) is not ARGV[2], the one the caller knows ('' any): -2. Returns the
+# first's count and the epoch.
+QUOTA = """
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if not epoch then
+  epoch = ARGV[3]
+  redis.call('HSET', KEYS[1], 'epoch', epoch)
+  redis.call('EXPIRE', KEYS[1], 86400)
+end
+if ARGV[2] ~= '' and ARGV[2] ~= epoch then return {-2, epoch} end
+local used = tonumber(redis.call('GET', KEYS[2]) or '0')
+if ARGV[1] ~= '' and used >= tonumber(ARGV[1]) then return {-1, epoch} end
+for i = 2, #KEYS do
+  local n = redis.call('INCR', KEYS[i])
+  if i == 2 then used = n end
+  redis.call('EXPIRE', KEYS[i], math.ceil(tonumber(ARGV[i + 2])))
+end
+return {used, epoch}
+"""
+
+# A period's count raised to ARGV[1] (never lowered), kept ARGV[2] seconds.
+RESTORE = """
+if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', math.ceil(tonumber(ARGV[2])))
+end
+"""
+
+GIVE_BACK = """
+for i = 1, #KEYS do
+  if tonumber(redis.call('GET', KEYS[i]) or '0') > 0 then redis.call('DECR', KEYS[i]) end
+end
+"""
