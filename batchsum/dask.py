@@ -31,8 +31,9 @@ import pandas as pd
 
 from ._frame_accessor import ColumnSummarize, ValuesSummarize
 from .data.results import check_columns, column_blocks, join_results, results_frame
+from .run import job_stop
 from .run.batches import OpenRun, StopWhen
-from .run.interrupts import listen, on_interrupt
+from .run.interrupts import on_interrupt
 from .run.run import Workers, prepare_shared
 from .run.spec import RunSpec
 from .service.errors import BudgetError, InvalidParameterError, JobStopped
@@ -136,7 +137,9 @@ class _Accessor:
                 f"invalid budget {spec.budget!r}: on Dask, pass a string: 'machine', 'redis://HOST:PORT/DB'"
             )
         spec = prepare_shared(spec, _workers)
-        listen()  # SIGINT heard while the local scheduler's threads run the partitions
+        job_stop.remember(
+            spec
+        )  # SIGINT on this client posts the job's stop (and listens: the local scheduler's threads)
         if column is None:
             meta = results_frame([], data._meta.index, spec.output_column)
         else:
