@@ -54,7 +54,7 @@ def _partition(
     output does, and its run report says the run stopped."""
     texts = column_blocks(part if isinstance(part, pd.Series) else part[column])
     number = partition_info["number"] if partition_info else 0
-    run = OpenRun(spec.portion(partitions, number))
+    run = OpenRun(spec.portion(partitions, number), total=len(texts))
     stop_when = _cancelled()
     try:
         # On the local scheduler the partition runs in a thread of the driver, which an interrupt

@@ -258,18 +258,17 @@ class RunEnded(RuntimeError):
 class OpenRun:
     """One run kept open on its own event loop thread across calls: ``summarize(texts)`` streams a
     batch through it and returns its results, in order, from any number of threads at once;
-    ``close()`` ends the run (its report, its claims, its connections). The pace, the client's
-    connections, the budget and the key's record stay with the run from one batch to the next, as
-    they would in one long run. What stops the run (``stopped``) ends it once the last call in it
-    returns: a call on another thread is never left waiting on a closed loop. ``stop(error)``, from
-    any thread, stops every call in it at once (each raises ``error`` once its answers on the wire are
-    in); an interrupt in a calling thread (DuckDB calls its function on the main thread too) stops it
-    the same way. A run that cannot be opened (a budget out of reach) raises here, leaving no thread
-    or event loop behind."""
+    ``close()`` ends it (its report, claims, connections). The pace, the connections, the budget and
+    the key's record stay with the run from one batch to the next. What stops the run (``stopped``)
+    ends it once the last call in it returns: no call is left waiting on a closed loop. ``stop(error)``
+    stops every call in it at once (each raises ``error`` once its answers on the wire are in), as an
+    interrupt in a calling thread does. A run that cannot be opened (a budget out of reach) raises
+    here, leaving no thread or event loop behind."""
 
-    def __init__(self, spec: RunSpec, *, shared: bool = True) -> None:
+    def __init__(self, spec: RunSpec, *, shared: bool = True, total: int | None = None) -> None:
         self._loop = _LoopThread()
-        self._run = Run(spec, shared=shared)
+        self._run = Run(spec, shared=shared, total=total)  # ``total``: all the rows it will get (a sample needs it)
+        self._growing = total is None  # the total grows with each call's rows
         try:
             self._loop.call(self._run.__aenter__())  # a run that fails to open has closed what it opened
         except BaseException:
@@ -294,7 +293,8 @@ class OpenRun:
         assert task is not None
         self._streams.add(task)
         stats = self._run.stats
-        stats.total = (stats.total or 0) + len(texts)  # the rows handed over so far (the bar's length)
+        if self._growing:
+            stats.total = (stats.total or 0) + len(texts)  # the rows handed over so far (the bar's length)
         results: list[RowResult] = []
         try:
             async for result in self._run.stream(texts):
