@@ -16,6 +16,7 @@ parameters, the column, the budget (reachable, usable by every worker), the key.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Hashable
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,10 +31,12 @@ import pandas as pd
 
 from ._frame_accessor import ColumnSummarize, ValuesSummarize
 from .data.results import check_columns, column_blocks, join_results, results_frame
-from .run.background import run_in_worker
-from .run.run import Workers, prepare_shared, run_texts
+from .run import job_stop
+from .run.batches import OpenRun, StopWhen
+from .run.interrupts import on_interrupt
+from .run.run import Workers, prepare_shared
 from .run.spec import RunSpec
-from .service.errors import BudgetError, InvalidParameterError
+from .service.errors import BudgetError, InvalidParameterError, JobStopped
 
 __all__ = ["DaskDataFrameAccessor", "DaskSeriesAccessor"]
 
@@ -51,11 +54,43 @@ def _partition(
     output does, and its run report says the run stopped."""
     texts = column_blocks(part if isinstance(part, pd.Series) else part[column])
     number = partition_info["number"] if partition_info else 0
-    spec = spec.portion(partitions, number)
-    results = run_in_worker(lambda: run_texts(spec, texts, shared=True, warn_at_cap=True))
+    run = OpenRun(spec.portion(partitions, number), total=len(texts))
+    stop_when = _cancelled()
+    try:
+        # On the local scheduler the partition runs in a thread of the driver, which an interrupt
+        # leaves running: SIGINT heard there stops it. On a worker, the scheduler's cancel does.
+        with on_interrupt(run.stop) if stop_when is None else contextlib.nullcontext():
+            results = run.summarize(texts, stop_when=stop_when)
+    finally:
+        run.close()  # its report written (a stopped run is closed already)
     if isinstance(part, pd.Series):
         return results_frame(results, part.index, spec.output_column)
     return join_results(part, results, spec.output_column)
+
+
+def _cancelled() -> StopWhen | None:
+    """On a Dask worker, what tells the partition's run that the scheduler cancelled its task (its
+    future cancelled or released: the compute interrupted, the client gone): the task goes on
+    running (Dask cannot interrupt it), marked ``cancelled``. None elsewhere (the local scheduler)."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except (ImportError, ValueError):  # not on a worker
+        return None
+    key = worker.get_current_task()
+
+    def stop_when() -> JobStopped | None:
+        task = worker.state.tasks.get(key)
+        if task is not None and task.state not in ("cancelled", "released", "forgotten"):
+            return None
+        return JobStopped(
+            "the Dask task was cancelled (its job stopped: the compute interrupted or cancelled, its client "
+            "gone); nothing new was sent, the answers on the wire were awaited and kept; the same job again "
+            "sends only the rest"
+        )
+
+    return stop_when
 
 
 def _workers() -> Workers | None:
@@ -104,6 +139,9 @@ class _Accessor:
                 f"invalid budget {spec.budget!r}: on Dask, pass a string: 'machine', 'redis://HOST:PORT/DB'"
             )
         spec = prepare_shared(spec, _workers)
+        job_stop.remember(
+            spec
+        )  # SIGINT on this client posts the job's stop (and listens: the local scheduler's threads)
         if column is None:
             meta = results_frame([], data._meta.index, spec.output_column)
         else:

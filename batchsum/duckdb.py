@@ -21,11 +21,20 @@ by the store, the duplicates, the rows it would skip, the least seconds it takes
 do now (a key whose quota is spent adds nothing until its reset; a wait for a reset within
 ``max_wait`` included), and the requests it sends before a quota stops it (NULL: none does), as a
 dry run says them (``run.preview.forecast``).
+
+A cancel stops the spending. DuckDB gives the function no way to learn that its query was
+interrupted, and a chunk handed to it (2048 rows) runs to its end: so ``interrupt(con)`` stops the
+runs on the connection first (nothing new starts, the answers on the wire are awaited and kept),
+then calls ``con.interrupt()``. SIGINT (Ctrl-C, a notebook's stop) is heard while the main thread is
+inside the query (``run.interrupts``: the process's wakeup fd, chained) and does the same for every
+connection; with ``SET threads = 1`` DuckDB runs the function on the main thread, which gets the
+``KeyboardInterrupt`` itself and stops the run the same way.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import threading
 import time
@@ -41,30 +50,35 @@ import pyarrow as pa
 
 from .data.results import RowResult
 from .data.stores import scratch_store
-from .run.batches import OpenRun, RunEnded
+from .run.batches import STOP_WAIT, OpenRun, RunEnded
+from .run.interrupts import Hearing, listen, on_interrupt
 from .run.preview import estimate, forecast
 from .run.spec import RunSpec, document_options
 from .service import contract
-from .service.errors import InvalidParameterError
+from .service.errors import InvalidParameterError, RunCancelled, RunInterrupted
 from .service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .service.settings import DEFAULT_MAX_WAIT, check_name
 
-__all__ = ["register", "Registration", "IDLE_SECONDS", "ESTIMATE_FIELDS"]
+__all__ = ["register", "interrupt", "Registration", "IDLE_SECONDS", "ESTIMATE_FIELDS"]
 
 IDLE_SECONDS = 60.0  # a registration's run is closed after this long without a call
 ESTIMATE_FIELDS = (
     "rows", "would_send", "already_answered", "from_store", "duplicates", "skipped", "least_seconds", "quota_stops_after",
 )  # fmt: skip
 _RUN_THREAD = "batchsum-run"  # the name of ``OpenRun``'s thread: a close asked there goes to another
+_KEPT = "nothing new was sent, the answers on the wire were awaited and kept; the same query again sends only the rest"
 _open: weakref.WeakSet[Registration] = weakref.WeakSet()
+_hearing: list[Hearing] = []  # SIGINT heard stops the runs in a query (set up at the first registration)
+_hearing_lock = threading.Lock()
 
 
 class Registration:
     """One registration's run on one connection: opened at the first call, closed by ``close()``
     (the connection closed, ``IDLE_SECONDS`` without a call, Python exiting). Safe to call from
-    DuckDB's threads at once; ``summarize`` is what the SQL function calls."""
+    DuckDB's threads at once; ``summarize`` is what the SQL function calls. ``stop(error)``: the
+    run stopped now, every call in it raising ``error``, and no run opened until ``release()``."""
 
-    def __init__(self, spec: RunSpec, name: str) -> None:
+    def __init__(self, spec: RunSpec, name: str, connection: duckdb.DuckDBPyConnection | None = None) -> None:
         self.spec = spec
         self.name = name
         self.runs = 0  # runs opened so far (one per connection while calls keep coming)
@@ -73,13 +87,25 @@ class Registration:
         self._calls = 0
         self._last = time.monotonic()
         self._idle = threading.Event()
+        self._holds: list[RunCancelled] = []  # stops under way: a call now raises the first
+        self._connection = weakref.ref(connection) if connection is not None else None
         _open.add(self)
+
+    @property
+    def connection(self) -> duckdb.DuckDBPyConnection | None:
+        """The connection it is registered on, while it lives (the registration never keeps it)."""
+        return self._connection() if self._connection is not None else None
 
     def summarize(self, texts: list[Any]) -> list[RowResult]:
         """One result per text, in order, through the registration's run (opened here if none is, or
-        if the one there is ending: a quota spent, a stop)."""
+        if the one there is ending: a quota spent, a stop). While a stop is under way, a call sends
+        nothing and raises it."""
+        if threading.current_thread() is threading.main_thread():
+            listen()  # DuckDB calls the function on the main thread too: SIGINT heard from here on
         while True:
             with self._lock:
+                if self._holds:
+                    raise self._holds[0].again()
                 if self._run is None or self._run.ending:
                     self._run = OpenRun(self.spec, shared=False)
                     self.runs += 1
@@ -89,12 +115,30 @@ class Registration:
                 self._calls += 1
             try:
                 return run.summarize(texts)
-            except RunEnded:  # it ended between the look and the call: the next run
+            except RunEnded:  # it ended between the look and the call: the next run (unless stopped)
                 continue
             finally:
                 with self._lock:
                     self._calls -= 1
                     self._last = time.monotonic()
+
+    def stop(self, error: RunCancelled, *, busy: bool = False) -> OpenRun | None:
+        """Stop the run now: nothing new starts in it, each call in it raises ``error`` once its
+        answers on the wire are in (``OpenRun.stop``), and a call meanwhile raises it too, without
+        opening a run, until ``release()``. ``busy``: only a run with a call in it (a run between
+        queries stays open). The run stopped (``wait()`` for its end), if any."""
+        with self._lock:
+            self._holds.append(error)
+            run = self._run if self._calls or not busy else None
+        if run is not None:
+            run.stop(error)
+        return run
+
+    def release(self) -> None:
+        """A ``stop`` is over: the next call opens a new run."""
+        with self._lock:
+            if self._holds:
+                self._holds.pop(0)
 
     def _close_when_idle(self, run: OpenRun, stop: threading.Event) -> None:
         while not stop.wait(min(1.0, IDLE_SECONDS / 4)):
@@ -119,13 +163,63 @@ class Registration:
             run.close()
 
     def __repr__(self) -> str:
-        return f"Registration({self.name}, {'open' if self._run is not None else 'closed'})"
+        run = self._run
+        return f"Registration({self.name}, {'open' if run is not None and not run.closed else 'closed'})"
 
 
 @atexit.register
 def _close_all() -> None:
     for registration in list(_open):
         registration.close()
+
+
+def _stop(registrations: list[Registration], error: RunCancelled, *, busy: bool = False) -> int:
+    """Stop the runs of ``registrations`` (``busy``: those with a call in them), then interrupt their
+    connections' queries (DuckDB starts no other chunk), and wait for the runs' ends (their answers
+    on the wire in); calls during all that raise ``error``. How many runs were stopped."""
+    runs = [registration.stop(error, busy=busy) for registration in registrations]
+    try:
+        for connection in {id(c): c for c in (r.connection for r in registrations) if c is not None}.values():
+            with contextlib.suppress(duckdb.Error):  # closed already: no query to interrupt
+                connection.interrupt()
+        for run in runs:
+            if run is not None:
+                run.wait(STOP_WAIT)
+    finally:
+        for registration in registrations:
+            registration.release()
+    return sum(run is not None for run in runs)
+
+
+def interrupt(con: duckdb.DuckDBPyConnection) -> int:
+    """Stop the batchsum runs on ``con`` now, then interrupt its query (``con.interrupt()``): nothing
+    new is sent from here on; the answers on the wire are awaited and kept (in the answer store and
+    the journal), so the same query again sends only the rest; the query fails with
+    ``RunCancelled`` (or DuckDB's "Interrupted!"). Returns once the runs have ended (their reports
+    written), with how many there were. A bare ``con.interrupt()`` cannot reach the function:
+    the chunks already handed to it (2048 rows each, one per DuckDB thread) run to their end. Safe
+    from any thread (a notebook's stop button, a timer)."""
+    registrations = [registration for registration in list(_open) if registration.connection is con]
+    if not registrations:
+        con.interrupt()
+        return 0
+    return _stop(registrations, RunCancelled("the query was cancelled (batchsum.duckdb.interrupt); " + _KEPT))
+
+
+def _interrupted(error: RunInterrupted) -> None:
+    """SIGINT heard while the main thread may be inside a query (``run.interrupts``): the runs with a
+    call in them stop, and every registration's connection is interrupted (a query between two
+    calls starts no other; a connection with none is left as it was)."""
+    _stop(list(_open), error, busy=True)
+
+
+def _hear_interrupts() -> None:
+    """From the first registration on: SIGINT heard on the main thread's behalf (``listen``, when
+    registered there) stops the runs in a query."""
+    with _hearing_lock:
+        if not _hearing:
+            _hearing.append(on_interrupt(_interrupted))
+    listen()
 
 
 def _struct(results: list[RowResult], summary: str) -> pa.StructArray:
@@ -237,7 +331,8 @@ def register(
             )
     if spec.store == "none":  # DuckDB's threads share the run: its answers need claims, on disk as Polars'
         spec = spec.replace(store=scratch_store())
-    registration = Registration(spec, name)
+    registration = Registration(spec, name, con)
+    _hear_interrupts()
     token = _Token()
     summarize, estimated = _functions(registration, token)
     weakref.finalize(token, registration.close)

@@ -14,7 +14,10 @@ A ``LazyFrame`` (``pl.scan_parquet(...)``) has the namespace too: ``lf.batchsum.
 a LazyFrame whose collecting or sinking streams the input's batches through one run
 (``batches.BatchStream``) in bounded memory, with the eager frame's answers, with neither pyarrow nor
 pandas loaded. Its plan holds no secret: the key stays in this process (``_keep``), and a plan run
-in another process reads the key from that process's environment.
+in another process reads the key from that process's environment. SIGINT while it is collected
+(Ctrl-C, a notebook's stop) stops the run: Polars runs the source on threads of its own while the
+main thread waits in Polars' code, so the signal is heard on its behalf (``run.interrupts``); the
+answers on the wire are awaited and kept, and the collect raises.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from .data.stores import scratch_store
 from .engine.tally import BatchStats
 from .run.background import run_in_worker
 from .run.batches import BatchStream
+from .run.interrupts import listen
 from .run.run import run_texts
 from .run.spec import RunSpec
 from .service.errors import ConfigurationError, InputError, redact_location
@@ -228,6 +232,7 @@ class LazyFrameNamespace(ColumnSummarize[pl.LazyFrame]):
         out_schema: dict[str, Any] = {**dict(schema), **dict(zip(result_columns(spec.output_column), _RESULT_TYPES))}
         frames = _Frames(text_column, spec.output_column)
         bare, token = _keep(spec)  # what the plan holds: the spec without its secrets
+        listen()  # SIGINT heard while a collect runs in Polars' threads (on the main thread's behalf)
 
         def source(
             with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None, batch_size: int | None
@@ -241,7 +246,11 @@ class LazyFrameNamespace(ColumnSummarize[pl.LazyFrame]):
                 for chunk in frame.collect_batches(chunk_size=rows)
                 for start in range(0, chunk.height, rows)
             )
-            for out in BatchStream(_kept_spec(bare, token), batches, text_column, shared=False, frames=frames):
+            listen()  # when Polars calls this on the main thread; else what the plan's making set up holds
+            stream = BatchStream(
+                _kept_spec(bare, token), batches, text_column, shared=False, frames=frames, interruptible=True
+            )
+            for out in stream:
                 if predicate is not None:
                     out = out.filter(predicate)
                 yield out.select(with_columns) if with_columns is not None else out

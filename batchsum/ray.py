@@ -48,11 +48,12 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 import pyarrow as pa
 
 from .data.results import check_output_columns, with_results
+from .run import job_stop
 from .run.batches import OpenRun
 from .run.run import Workers, prepare_shared
 from .run.spec import RunSpec, document_options
 from .service import contract
-from .service.errors import BudgetError, InputError, InvalidParameterError
+from .service.errors import BudgetError, InputError, InvalidParameterError, JobStopped
 from .service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .service.settings import DEFAULT_MAX_WAIT
 
@@ -78,6 +79,7 @@ class _Summarize:
         self.column = column
         self._run: OpenRun | None = None
         self._lock = threading.Lock()
+        self._stopped: JobStopped | None = None  # the job's stop, once a run here heard it
 
     def __repr__(self) -> str:
         return self.__name__
@@ -85,9 +87,15 @@ class _Summarize:
     def __call__(self, batch: pa.Table) -> pa.Table:
         texts = batch.column(self.column).to_pylist()
         with self._lock:
+            if self._stopped is not None:  # a batch that waited its turn here: an actor lives for one computation
+                raise self._stopped.again()
             if self._run is None or self._run.ending:
                 self._run = OpenRun(self.spec)
-            results = self._run.summarize(texts)
+            try:
+                results = self._run.summarize(texts, stop_when=_cancelled)
+            except JobStopped as exc:
+                self._stopped = exc
+                raise
         return with_results(batch, results, self.spec.output_column)
 
     def close(self) -> None:
@@ -98,6 +106,22 @@ class _Summarize:
 
     def __del__(self) -> None:  # Ray Data deletes the UDF when it shuts the actor down gracefully
         self.close()
+
+
+def _cancelled() -> JobStopped | None:
+    """A stop when Ray cancelled the task this call runs in (``ray.cancel``; Ray Data cancels the
+    tasks in flight when the dataset's consumption is interrupted or ends early): Ray cannot
+    interrupt a threaded actor's task, it marks it cancelled, and the actor's run stops on it."""
+    try:
+        cancelled = ray.get_runtime_context().is_canceled()
+    except RuntimeError:  # not in a task (a test calling the UDF itself)
+        return None
+    if not cancelled:
+        return None
+    return JobStopped(
+        "the Ray task was cancelled (its job stopped: the dataset's consumption interrupted or cancelled); "
+        "nothing new was sent, the answers on the wire were awaited and kept; the same job again sends only the rest"
+    )
 
 
 def _restarts() -> dict[str, Any]:
@@ -197,6 +221,7 @@ def summarize(
             raise InvalidParameterError(f"invalid {name} {value!r}: a whole number of at least 1")
     _text_column(ds, column, spec.output_column)
     spec = prepare_shared(spec, _workers(workers))
+    job_stop.remember(spec)  # SIGINT on this driver posts the job's stop: every actor's run hears it
     out = ds.map_batches(
         _Summarize,
         fn_constructor_args=(spec, column),

@@ -22,6 +22,8 @@ interpreter: set it to the one batchsum is installed in (its pyarrow is needed t
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,6 +40,7 @@ import pandas as pd
 import pyarrow as pa
 
 from .data.results import RowResult, check_output_columns, result_columns, results_frame
+from .run import job_stop
 from .run.background import run_in_worker
 from .run.batches import BatchStream
 from .run.run import Workers, prepare_shared, run_texts
@@ -50,6 +53,7 @@ from .service.settings import DEFAULT_MAX_WAIT
 __all__ = ["summarize", "register", "result_schema"]
 
 _TYPES = [T.StringType()] * 4 + [T.IntegerType()] * 3
+WATCH_SECONDS = 0.5  # how often the driver asks Spark which jobs run (a cancelled one posts its stop)
 
 
 def result_schema(output_column: str = "summary") -> T.StructType:
@@ -59,7 +63,7 @@ def result_schema(output_column: str = "summary") -> T.StructType:
 
 def _worker_spec(spec: RunSpec, spark: SparkSession) -> RunSpec:
     """The spec every task opens, checked and prepared once, on the driver (the executors' Python
-    too: it must import batchsum)."""
+    too: it must import batchsum); the job remembered, for its stop (``_Watch``, ``job_stop``)."""
     if spec.limiter is not None:
         raise InvalidParameterError(
             "invalid limiter on Spark: an object in this process cannot travel to the executors; "
@@ -68,7 +72,50 @@ def _worker_spec(spec: RunSpec, spark: SparkSession) -> RunSpec:
     if not isinstance(spec.budget, str):
         raise BudgetError(f"invalid budget {spec.budget!r}: on Spark, pass a string: 'machine', 'redis://HOST:PORT/DB'")
     _check_executors(spark)
-    return prepare_shared(spec, _workers(spark))
+    spec = prepare_shared(spec, _workers(spark))
+    job_stop.remember(spec)
+    _Watch.of(spark.sparkContext).jobs.add(spec.run_id or "")
+    return spec
+
+
+class _Watch:
+    """The driver's side of a job's stop on Spark, one per application: a thread asks the status
+    tracker every ``WATCH_SECONDS`` which Spark jobs run. When one ends failed (cancelled:
+    ``sc.cancelAllJobs()``, a job group cancelled, Ctrl-C, whose handler PySpark installs to cancel
+    every job, the UI's kill; or failed) and no other runs, it posts the stop of the batchsum jobs
+    prepared on this context (``job_stop.post_all``): their tasks' runs stop on their next budget
+    call, before Spark kills their Python workers (2-4 s after the cancel), and keep what is on the
+    wire. With another Spark job running it cannot tell whose tasks were cancelled, and posts nothing:
+    Spark's kill stops the spending then, losing what the killed workers had on the wire."""
+
+    _watches: dict[str, _Watch] = {}
+    _made = threading.Lock()
+
+    def __init__(self, context: Any) -> None:
+        self.jobs: set[str] = set()  # run ids of the batchsum jobs prepared on this context
+        self._tracker = context.statusTracker()
+        threading.Thread(target=self._watch, name="batchsum-spark-watch", daemon=True).start()
+
+    @classmethod
+    def of(cls, context: Any) -> _Watch:
+        with cls._made:
+            watch = cls._watches.get(context.applicationId)
+            if watch is None:
+                watch = cls._watches[context.applicationId] = cls(context)
+            return watch
+
+    def _watch(self) -> None:
+        running: set[int] = set()
+        while True:
+            time.sleep(WATCH_SECONDS)
+            try:
+                now = set(self._tracker.getActiveJobsIds())
+                ended = [self._tracker.getJobInfo(job) for job in running - now]
+            except Exception:  # noqa: BLE001 - the context stopped: nothing left to watch
+                return
+            if not now and any(info is not None and info.status == "FAILED" for info in ended):
+                job_stop.post_all(job_stop.cause("the Spark job was cancelled or failed"), set(self.jobs))
+            running = now
 
 
 def _results(spec: RunSpec, texts: list[Any]) -> list[RowResult]:

@@ -10,9 +10,17 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
+from ..pacing import Pacer
 from ..pacing.pacer import AtTurn
 from ..pacing.quota import LONG_RETRY_AFTER
-from ..service.errors import APIError, APIResponseValidationError, APIStatusError, RateLimitError, RequestCapReached
+from ..service.errors import (
+    APIError,
+    APIResponseValidationError,
+    APIStatusError,
+    JobStopped,
+    RateLimitError,
+    RequestCapReached,
+)
 from ..service.rate_headers import MINUTE_BOUND, RateStatement
 from ..service.settings import DEFAULT_MAX_WAIT
 from ._keys import KeyOut, Keys, LaneState
@@ -70,9 +78,10 @@ class Gate:
     ) -> tuple[int, float, asyncio.Task[Any] | None, Any]:
         if self.closing:
             raise asyncio.CancelledError
+        pacer = state.lane.pacer
+        _job_stopped(pacer)
         if self.cap is not None:
             await self.cap.claim()
-        pacer = state.lane.pacer
         period: tuple[str, ...] | None = None
         admitted = False
         try:
@@ -84,6 +93,7 @@ class Gate:
                 started = await state.guard(pacer.before_attempt(at_turn))
                 if self.closing:
                     raise asyncio.CancelledError
+                _job_stopped(pacer)  # heard during the turn: its start goes nowhere
                 # The key left the run while this waited, or an answer since says its quota has no room.
                 if state.out(started) or not state.lane.stated.allows(started):
                     raise KeyOut
@@ -213,6 +223,16 @@ class LaneHooks:
         self, ticket: tuple[int, float, asyncio.Task[Any] | None, Any], error: BaseException | None, limits: Any
     ) -> None:
         self.gate._after(self.state, ticket, error, limits)
+
+
+def _job_stopped(pacer: Pacer) -> None:
+    """Its run's job was stopped (a driver posted it on the key's budget, and the pacer heard it):
+    ``JobStopped``, which stops the batch as any stop does (``_requests``)."""
+    if pacer.job_stop is not None:
+        raise JobStopped(
+            f"the job was stopped by its driver ({pacer.job_stop}): nothing new was sent, the answers on the wire "
+            "were awaited and kept; the same job again sends only the rest"
+        )
 
 
 def _stops(retry_after: float | None, max_wait: float) -> bool:

@@ -19,6 +19,7 @@ from ..service.errors import (
     BatchsumError,
     BudgetError,
     NotPremiumError,
+    RunCancelled,
     UnprocessableEntityError,
 )
 from ._answers import Answers, Claim
@@ -171,7 +172,10 @@ class Requests:
                 self.stats.sent += 1
                 self.stop(exc)
                 raise
-            except BudgetError as exc:  # the shared budget is gone: nothing more may start
+            except (
+                BudgetError,
+                RunCancelled,
+            ) as exc:  # the shared budget is gone, or the job stopped: nothing more starts
                 self.stop(exc)
                 raise
             except APIError as exc:

@@ -156,6 +156,12 @@ class Pacer:
     def now(self) -> float:
         return self._clock()
 
+    @property
+    def job_stop(self) -> str | None:
+        """The cause of the stop its run's job was given (``Budget.post_stop``), once heard: no attempt starts."""
+        presence = self._sharing.presence
+        return presence.stop if presence is not None else None
+
     async def before_attempt(self, at_turn: AtTurn | None = None) -> float:
         """Wait for this attempt's turn; returns the time it starts (pass it to ``after_attempt``).
         ``at_turn``: asked before the start is committed; a no raises ``TurnGiven`` (``turn.py``)."""

@@ -29,9 +29,14 @@ def member_of(run_id: str) -> Member:
 class Presence:
     """A run on one key's budget. ``describe``: what it says of itself (plain data, never a secret),
     asked when its entry is due; ``on_stop``: told the cause of its job's stop once, when a call of
-    its pacer first hears it. ``clock``: the monotonic clock publication is timed by."""
+    its pacer first hears it. ``clock``: the monotonic clock publication is timed by.
 
-    __slots__ = ("member", "describe", "on_stop", "stop", "_clock", "_due")
+    A stop already posted when the run first called is not this run's: a lazy plan's run id is the
+    same each time it is computed, and the stop of an earlier computation (kept a day) must not stop
+    the next one. A driver makes each stop's cause its own (``run.job_stop``), so a stop posted later,
+    even for the same reason, is heard."""
+
+    __slots__ = ("member", "describe", "on_stop", "stop", "_clock", "_due", "_answered", "_stale")
 
     def __init__(
         self,
@@ -47,6 +52,8 @@ class Presence:
         self.stop: str | None = None  # the job's stop, once heard
         self._clock = clock
         self._due = -float("inf")
+        self._answered = False  # the budget has answered a call of this run
+        self._stale: str | None = None  # the stop already posted at its first call: an earlier computation's
 
     def stamp(self, report: Report) -> Report:
         """``report`` naming the run, with its entry when one is due."""
@@ -62,8 +69,14 @@ class Presence:
         self._due = -float("inf")
 
     def heard(self, slot: Slot) -> None:
-        """What the budget answered: the job's stop, told once."""
-        if slot.stop is not None and self.stop is None:
-            self.stop = slot.stop
-            if self.on_stop is not None:
-                self.on_stop(slot.stop)
+        """What the budget answered: the job's stop, told once (not one it answered the run's first
+        call with: that one was posted before the run, for an earlier computation of its job)."""
+        first, self._answered = not self._answered, True
+        if slot.stop is None or slot.stop == self._stale or self.stop is not None:
+            return
+        if first:
+            self._stale = slot.stop
+            return
+        self.stop = slot.stop
+        if self.on_stop is not None:
+            self.on_stop(slot.stop)

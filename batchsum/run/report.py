@@ -24,11 +24,14 @@ from ..service.errors import (
     AuthenticationError,
     BudgetError,
     InputError,
+    JobStopped,
     JournalError,
     NotPremiumError,
     OutputError,
     QuotaSpent,
     RequestCapReached,
+    RunCancelled,
+    RunInterrupted,
 )
 
 __all__ = [
@@ -55,6 +58,9 @@ REPORT_SCHEMA = "batchsum-run-report/3"
 STOP_CAUSES: dict[type[BaseException], str] = {
     KeyboardInterrupt: "signal",
     asyncio.CancelledError: "cancel",
+    RunCancelled: "cancel",
+    RunInterrupted: "signal",
+    JobStopped: "job_stop",
     RequestCapReached: "request_cap",
     QuotaSpent: "quota",
     AuthenticationError: "key_refused",

@@ -9,6 +9,9 @@ means to a person (``explain``, ``one_line``).
     ├── JournalError                   the journal cannot be written or read: the run stops
     ├── RequestCapReached              the request cap (max_requests) was reached: the run stops
     │   └── QuotaSpent                 every key's quota longer than a minute is spent: the run stops
+    ├── RunCancelled                   the run was cancelled (``batchsum.duckdb.interrupt``): the run stops
+    │   ├── RunInterrupted             a signal (SIGINT) heard while a query or a collect ran: the run stops
+    │   └── JobStopped                 the job's driver posted its stop on the key's budget: the run stops
     ├── BudgetError                    the shared rate budget cannot be used (unreachable, bad URL)
     ├── InvalidParameterError          (also a ValueError) refused locally, nothing was sent
     │   └── InvalidTextError           the text is outside the word limits; .reason: empty|too_short|too_long
@@ -59,6 +62,9 @@ __all__ = [
     "BudgetError",
     "RequestCapReached",
     "QuotaSpent",
+    "RunCancelled",
+    "RunInterrupted",
+    "JobStopped",
     "InvalidParameterError",
     "InvalidTextError",
     "APIError",
@@ -159,6 +165,47 @@ class QuotaSpent(RequestCapReached):
         keys = "; ".join(f"key {key}: its {name} is spent until {utc(until)}" for key, name, until in self.spent)
         left = f"; {self.remaining} rows remain" if self.remaining is not None else ""
         return f"every key's quota is spent ({keys}){left}"
+
+
+class RunCancelled(BatchsumError):
+    """The run was cancelled (``batchsum.duckdb.interrupt(con)``): it stops as any stop does (nothing
+    new starts, answers on the wire are awaited and kept in the journal and the answer store), so the
+    same query or call again sends only the rest. A run report's cause: ``cancel``."""
+
+    default = (
+        "the run was cancelled: nothing new was sent, the answers on the wire were awaited and kept; "
+        "the same call again sends only the rest"
+    )
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or self.default)
+
+    def again(self) -> RunCancelled:
+        """The same stop as a new exception, for each caller it ends (one object raised in several
+        threads at once would share its traceback)."""
+        return type(self)(str(self))
+
+
+class RunInterrupted(RunCancelled):
+    """A signal (SIGINT: Ctrl-C, a notebook's stop) was heard while the run's caller waited inside
+    native code (a DuckDB query, a Polars collect), and the run stopped as ``RunCancelled`` says.
+    A run report's cause: ``signal``."""
+
+    default = (
+        "interrupted (SIGINT): nothing new was sent, the answers on the wire were awaited and kept; "
+        "the same call again sends only the rest"
+    )
+
+
+class JobStopped(RunCancelled):
+    """The job this run is a part of (a Dask, Spark or Ray job: one run id) was stopped by its driver
+    (interrupted, or the job cancelled), which posted the stop on the key's budget; the run saw it on
+    its next budget call and stopped as ``RunCancelled`` says. A run report's cause: ``job_stop``."""
+
+    default = (
+        "the job was stopped by its driver: nothing new was sent, the answers on the wire were awaited "
+        "and kept; the same job again sends only the rest"
+    )
 
 
 class BudgetError(BatchsumError):

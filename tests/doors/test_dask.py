@@ -63,6 +63,43 @@ def test_a_series_on_the_local_scheduler_in_one_process(limited):
     assert limited.state.stats()["by_status"] == {"200": 6}
 
 
+def test_sigint_on_the_local_scheduler_stops_the_partitions_running_in_this_process(tmp_path):
+    """Without a distributed client (this test runs before the cluster's) the partitions run in this
+    process's threads, which the interrupt of ``compute`` leaves running: SIGINT is heard (the wakeup
+    fd) and their runs stop."""
+    import glob
+    import json
+    import signal
+    import threading
+    import time
+
+    data = frame(160, 160)
+    report = tmp_path / "run.json"
+    with LocalService([KEY]) as service:
+        out = dd.from_pandas(data, npartitions=4).batchsum.summarize(
+            "text", rpm=600, api_key=KEY, base_url=service.url, progress=False, budget="none", report=str(report)
+        )
+        counted: dict = {}
+
+        def interrupt() -> None:
+            deadline = time.monotonic() + 120  # guards against a hang, not timings
+            while service.state.stats()["requests"] < 20 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            counted["at"] = service.state.stats()["requests"]
+            signal.raise_signal(signal.SIGINT)  # as Ctrl-C: Python's handler raises in compute
+
+        threading.Thread(target=interrupt, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            out.compute(scheduler="threads", num_workers=4)
+        deadline = time.monotonic() + 120
+        while len(glob.glob(str(tmp_path / "run.part-*.json"))) < 4:  # each partition's run wrote its report
+            assert time.monotonic() < deadline, "the partitions' runs went on"
+            time.sleep(0.05)
+        assert service.state.stats()["requests"] - counted["at"] <= 25
+        stopped = json.loads(report.read_text())
+        assert stopped["outcome"] == "stopped" and stopped["error"]["type"] == "RunInterrupted"
+
+
 def test_two_workers_share_one_budget_and_pay_once_per_text(cluster, limited, redis_url):
     data = frame(80, 50)
     ddf = dd.from_pandas(data, npartitions=4)
@@ -150,3 +187,37 @@ def test_a_killed_worker_costs_seconds_and_pays_only_what_was_on_the_wire(cluste
     assert stats["answered_unique"] == 150
     assert stats["answered_twice"] <= 10, stats  # at most the texts on the wire at the kill
     print(f"killed a worker at {killer.at} requests; {seconds:.1f} s; {stats}")
+
+
+def test_a_cancelled_compute_stops_every_partitions_run_and_the_next_pays_for_none_of_it(cluster, tmp_path):
+    """Dask cannot interrupt a running task: the scheduler marks it cancelled on its worker, and the
+    partition's run stops on that (nothing new starts; the answers on the wire are awaited and kept).
+    The same frame computed again pays only for the rest."""
+    import glob
+    import json
+    import time
+
+    data = frame(160, 160)
+    report = tmp_path / "run.json"
+    with LocalService([KEY]) as service:
+        out = dd.from_pandas(data, npartitions=4).batchsum.summarize(
+            "text", rpm=600, api_key=KEY, base_url=service.url, progress=False, report=str(report)
+        )
+        future = cluster.compute(out)
+        deadline = time.monotonic() + 120  # guards against a hang, not timings
+        while service.state.stats()["requests"] < 20:
+            assert time.monotonic() < deadline, "the requests never came"
+            time.sleep(0.02)
+        at = service.state.stats()["requests"]
+        cluster.cancel(future)
+        while len(glob.glob(str(tmp_path / "run.part-*.json"))) < 4:  # each partition's run wrote its report
+            assert time.monotonic() < deadline, "the partitions' runs went on"
+            time.sleep(0.05)
+        assert service.state.stats()["requests"] - at <= 25
+        stopped = json.loads(report.read_text())
+        assert stopped["outcome"] == "stopped" and stopped["error"]["type"] == "JobStopped"
+        assert stopped["requests"]["texts_sent"] == service.state.stats()["answered"]
+        again = out.compute()
+        stats = service.state.stats()
+    assert (again["summary_status"] == "ok").all() and len(again) == 160
+    assert stats["answered_unique"] == 160 and stats["answered_twice"] == 0

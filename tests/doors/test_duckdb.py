@@ -306,3 +306,132 @@ def test_a_cap_and_a_sample_are_refused(con, svc):
         with pytest.raises(InvalidParameterError, match="a chunk at a time"):
             register(con, svc, **option)
     assert svc.stats()["requests"] == 0
+
+
+# A cancel stops the spending. The service counts what reaches it: "after the stop" is what it
+# admitted from the moment the stop was asked, answers on the wire at that moment included.
+AFTER_STOP = 25  # at most this many requests admitted after a stop (at 600/min: the turns already due, the wire)
+
+
+def wait_for_requests(service, count: int, process=None) -> int:
+    """Wait until ``count`` requests reached the service (a guard against a hang, not a timing)."""
+    deadline = time.monotonic() + 120
+    while service.stats()["requests"] < count:
+        assert time.monotonic() < deadline, "the requests never came"
+        assert process is None or process.poll() is None, process.communicate()
+        time.sleep(0.02)
+    return service.stats()["requests"]
+
+
+def texts_file(tmp_path, rows: int, seed: int) -> str:
+    """Distinct texts in row groups of 100, so that each of DuckDB's threads has chunks of its own."""
+    path = tmp_path / "texts.parquet"
+    pq.write_table(pa.table({"text": [article(20, seed=seed + i) for i in range(rows)]}), path, row_group_size=100)
+    return str(path)
+
+
+def query_again_pays_none_twice(svc, path: str, rows: int) -> None:
+    """The same query on a connection of this process, unpaced: every row ok, and no text the
+    stopped query was answered is paid again."""
+    connection = duckdb.connect()
+    register(connection, svc)
+    statuses = connection.execute(
+        f"SELECT s.status FROM (SELECT batchsum_summarize(text) AS s FROM '{path}')"
+    ).fetchall()
+    connection.close()
+    assert statuses == [("ok",)] * rows
+    assert svc.stats()["answered_unique"] == rows and svc.stats()["answered_twice"] == 0
+
+
+def test_interrupt_stops_the_runs_on_the_connection_then_its_query_and_keeps_every_answer(svc, tmp_path):
+    path = texts_file(tmp_path, 800, seed=31000)
+    connection = duckdb.connect()
+    connection.execute("SET threads = 4")
+    registration = batchsum.duckdb.register(
+        connection, api_key=KEY, base_url=svc.url, rpm=600, progress=False, report=str(tmp_path / "run.json")
+    )
+    ended: dict = {}
+
+    def query() -> None:
+        try:
+            connection.execute(f"SELECT s.status FROM (SELECT batchsum_summarize(text) AS s FROM '{path}')").fetchall()
+        except duckdb.Error as exc:
+            ended["error"] = str(exc)
+
+    worker = threading.Thread(target=query, daemon=True)
+    worker.start()
+    at = wait_for_requests(svc, 30)
+    assert batchsum.duckdb.interrupt(connection) == 1  # returns once the answers on the wire are in
+    worker.join(120)  # a guard against a hang, not a timing
+    assert not worker.is_alive(), "the query went on"
+    assert "RunCancelled" in ended["error"] or "Interrupted" in ended["error"]
+    assert svc.stats()["requests"] - at <= AFTER_STOP
+    # The run is closed (nothing more can be sent: the chunks DuckDB had handed over are not run out),
+    # and its report says why.
+    assert repr(registration).endswith("closed)")
+    report = json.loads((tmp_path / "run.json").read_text())
+    assert report["outcome"] == "stopped" and report["error"]["type"] == "RunCancelled"
+    assert report["requests"]["texts_sent"] == svc.stats()["answered"]  # every answer paid is the run's, kept
+    connection.close()
+    query_again_pays_none_twice(svc, path, 800)
+
+
+CHILD_QUERY = """
+import os, sys
+import duckdb
+import batchsum.duckdb
+path, settings, report = sys.argv[1], sys.argv[2], sys.argv[3]
+con = duckdb.connect()
+con.execute(settings)
+con.execute("SET enable_progress_bar = false")
+batchsum.duckdb.register(con, base_url=os.environ["BATCHSUM_BASE_URL"], rpm=600, progress=False, report=report)
+try:
+    try:
+        con.execute(f"SELECT s.status FROM (SELECT batchsum_summarize(text) AS s FROM '{path}')").fetchall()
+        print("finished")
+    except KeyboardInterrupt:
+        print("interrupted")
+    except Exception as exc:  # the function's error, or DuckDB's own "Query interrupted"
+        print("error:", type(exc).__name__, exc)
+except KeyboardInterrupt:  # the interrupt raised again on the main thread, once the query returned
+    print("interrupted")
+"""
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        "SET threads = 4; SET external_threads = 0",  # the function runs only on DuckDB's own threads
+        "SET threads = 1",  # the function runs on the main thread
+    ],
+)
+def test_sigint_stops_a_query_in_another_process_and_keeps_every_answer(svc, tmp_path, settings):
+    """SIGINT while the main thread is inside DuckDB: with the function on DuckDB's own threads
+    only, no Python handler runs until the query returns, and the signal is heard on the main
+    thread's behalf (the wakeup fd); with ``threads = 1`` the function, on the main thread, gets the
+    ``KeyboardInterrupt`` itself. Either way the run stops and the process ends."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    path = texts_file(tmp_path, 800, seed=32000 + len(settings) * 100)
+    env = dict(os.environ, BATCHSUM_API_KEY=KEY, BATCHSUM_BASE_URL=svc.url, PYTHONPATH=os.getcwd())
+    report = tmp_path / "run.json"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD_QUERY, path, settings, str(report)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    at = wait_for_requests(svc, 30, child)
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=120)  # a guard against a hang, not a timing
+    assert child.returncode == 0, err
+    assert out.startswith(("interrupted", "error:")) and "finished" not in out, out
+    assert svc.stats()["requests"] - at <= AFTER_STOP
+    stopped = json.loads(report.read_text())
+    assert stopped["outcome"] == "stopped" and stopped["error"]["type"] == "RunInterrupted"
+    assert stopped["requests"]["texts_sent"] == svc.stats()["answered"]
+    query_again_pays_none_twice(svc, path, 800)

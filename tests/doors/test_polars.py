@@ -289,3 +289,70 @@ def test_a_lazy_plan_with_several_keys_holds_no_piece_of_any(svc, opts):
     for secret in (LONG_KEY, other):
         held = [name for name, blob in _blobs(lazy).items() for piece in _pieces(secret) if piece in blob]
         assert not held, f"a piece of a key in {sorted(set(held))}"
+
+
+AFTER_STOP = 25  # at most this many requests admitted after SIGINT (at 600/min: the turns already due, the wire)
+
+CHILD_COLLECT = """
+import os, sys
+import polars as pl
+import batchsum.polars
+path, how, report = sys.argv[1], sys.argv[2], sys.argv[3]
+options = dict(base_url=os.environ["BATCHSUM_BASE_URL"], rpm=600, progress=False, report=report)
+try:
+    try:
+        if how == "lazy":
+            pl.scan_parquet(path).batchsum.summarize("text", **options).collect()
+        else:
+            pl.read_parquet(path).batchsum.summarize("text", **options)
+        print("finished")
+    except KeyboardInterrupt:
+        print("interrupted")
+    except Exception as exc:
+        print("error:", type(exc).__name__, exc)
+except KeyboardInterrupt:  # Polars raises the interrupt, and Python raises it once more
+    print("interrupted")
+"""
+
+
+@pytest.mark.parametrize("how", ["lazy", "eager"])
+def test_sigint_while_collecting_stops_the_run_and_keeps_every_answer(svc, opts, tmp_path, how):
+    """A lazy collect runs the source on Polars' threads while the main thread waits in Polars' code:
+    SIGINT is heard on its behalf (the wakeup fd) and the run stops; the eager call waits in Python
+    and stops on the ``KeyboardInterrupt`` itself. The next collect pays for none of it again."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    rows = 800
+    path = tmp_path / "in.parquet"
+    pl.DataFrame({"text": [article(20, seed=41000 + i) for i in range(rows)]}).write_parquet(path, row_group_size=100)
+    env = dict(os.environ, BATCHSUM_API_KEY=KEY, BATCHSUM_BASE_URL=svc.url, PYTHONPATH=os.getcwd())
+    report = tmp_path / "run.json"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD_COLLECT, str(path), how, str(report)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120  # a guard against a hang, not a timing
+    while svc.stats()["requests"] < 30:
+        assert time.monotonic() < deadline and child.poll() is None, child.communicate()
+        time.sleep(0.02)
+    at = svc.stats()["requests"]
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    assert out.startswith(("interrupted", "error:")) and "finished" not in out, out
+    assert svc.stats()["requests"] - at <= AFTER_STOP
+    stopped = json.loads(report.read_text())
+    assert stopped["outcome"] == "stopped" and stopped["requests"]["texts_sent"] == svc.stats()["answered"]
+    if how == "lazy":
+        assert stopped["error"]["type"] == "RunInterrupted"
+    again = pl.scan_parquet(path).batchsum.summarize("text", **{**opts, "budget": "machine"}).collect()
+    assert again["summary_status"].to_list() == ["ok"] * rows
+    assert svc.stats()["answered_unique"] == rows and svc.stats()["answered_twice"] == 0

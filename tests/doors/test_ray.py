@@ -289,3 +289,67 @@ def test_what_cannot_work_is_refused_before_anything_is_sent(local_ray):
         one = batchsum.ray.summarize(ds, "text", budget="none", workers=1, progress=False, **common)
         assert service.state.stats()["requests"] == 0
         assert all(row["summary_status"] == "ok" for row in one.take_all())
+
+
+def runs_on_the_key(service: LocalService) -> int:
+    """How many runs are on the key's machine budget (each actor's run, until it ends)."""
+    import asyncio
+
+    from batchsum.pacing.budget import open_budget
+    from batchsum.service.client import Client
+
+    with Client(api_key=KEY, base_url=service.url) as client:
+        identity = client.identity
+
+    async def count() -> int:
+        budget = open_budget("machine", identity)
+        try:
+            return len(await budget.runs())
+        finally:
+            await budget.aclose()
+
+    return asyncio.run(count())
+
+
+def test_an_interrupted_driver_stops_every_actors_run_and_the_next_consumption_pays_none_again(local_ray, tmp_path):
+    """Ctrl-C in the driver (a notebook's stop) ends ``take_all`` but not the batches the actors
+    hold, which Ray cannot interrupt: the driver posts the job's stop on the key's budget, and each
+    actor's run stops on its next budget call, keeping what is on the wire."""
+    import signal
+
+    frame = texts(240, seed=9100)
+    report = tmp_path / "run.json"
+    with LocalService([KEY]) as service:
+        out = batchsum.ray.summarize(
+            dataset(frame, 4),
+            "text",
+            api_key=KEY,
+            base_url=service.url,
+            rpm=1200,
+            progress=False,
+            batch_rows=40,
+            report=str(report),
+        )
+        counted: dict = {}
+
+        def interrupt() -> None:
+            deadline = time.monotonic() + 300  # guards against a hang, not timings
+            while service.state.stats()["requests"] < 20 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            counted["at"] = service.state.stats()["requests"]
+            signal.raise_signal(signal.SIGINT)  # as Ctrl-C: Python's handler raises in take_all
+
+        threading.Thread(target=interrupt, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            out.take_all()
+        deadline = time.monotonic() + 120
+        while runs_on_the_key(service):  # each actor's run ended (and left the key's registry)
+            assert time.monotonic() < deadline, "the actors' runs went on"
+            time.sleep(0.1)
+        assert service.state.stats()["requests"] - counted["at"] <= 25
+        stopped = report_when(report, lambda r: r.get("outcome") == "stopped")
+        assert stopped["outcome"] == "stopped" and stopped["error"]["type"] == "JobStopped"
+        again = consume(out)  # a new computation of the same plan: the earlier stop is not its own
+        stats = service.state.stats()
+    assert len(again) == 240 and {row["summary_status"] for row in again} == {"ok"}
+    assert stats["answered_unique"] == 240 and stats["answered_twice"] == 0

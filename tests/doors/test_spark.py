@@ -287,3 +287,52 @@ def test_a_spark_jobs_executors_are_one_run_on_the_key_with_unknown_rows_left(sp
     runs = [runs[0] for runs in seen]
     assert {run.door for run in runs} == {"spark"} and {run.rows_left for run in runs} == {UNKNOWN}
     assert len({run.run_id for run in runs}) == 1 and max(run.processes for run in runs) >= 2
+
+
+def test_cancelled_jobs_stop_every_tasks_run_before_spark_kills_it_and_the_next_action_pays_none_again(spark, tmp_path):
+    """``sc.cancelAllJobs()`` (what PySpark's Ctrl-C handler calls): Spark kills the tasks' Python
+    workers seconds later, losing what they had on the wire; the driver sees the job fail and posts
+    its stop on the key's budget, and each task's run stops on its next budget call, keeping it."""
+    import glob
+    import json
+    import threading
+    import time
+
+    import batchsum.spark
+
+    data = pd.DataFrame({"id": range(120), "text": [article(25, seed=9400 + i) for i in range(120)]})
+    sdf = spark.createDataFrame(data).repartition(2, "id")
+    report = tmp_path / "run.json"
+    with LocalService([KEY]) as service:
+        out = batchsum.spark.summarize(
+            sdf, "text", rpm=600, api_key=KEY, base_url=service.url, progress=False, report=str(report)
+        )
+        failed: list[BaseException] = []
+
+        def action() -> None:
+            try:
+                out.collect()
+            except Exception as exc:  # noqa: BLE001 - the cancelled job's error, handed to the test
+                failed.append(exc)
+
+        worker = threading.Thread(target=action, daemon=True)
+        worker.start()
+        deadline = time.monotonic() + 300  # guards against a hang, not timings
+        while service.state.stats()["requests"] < 20:
+            assert time.monotonic() < deadline, "the requests never came"
+            time.sleep(0.02)
+        at = service.state.stats()["requests"]
+        spark.sparkContext.cancelAllJobs()
+        worker.join(120)
+        assert not worker.is_alive() and failed, "the job was not cancelled"
+        while len(glob.glob(str(tmp_path / "run.part-*.json"))) < 2:  # each task's run ended, its report written
+            assert time.monotonic() < deadline, "the tasks' runs went on (or their workers were killed first)"
+            time.sleep(0.05)
+        assert service.state.stats()["requests"] - at <= 25
+        stopped = json.loads(report.read_text())
+        assert stopped["outcome"] == "stopped" and stopped["error"]["type"] == "JobStopped"
+        assert stopped["requests"]["texts_sent"] == service.state.stats()["answered"]  # every answer paid, kept
+        rows = out.collect()  # the same plan again: the earlier stop is not this action's
+        stats = service.state.stats()
+    assert len(rows) == 120 and all(row.summary_status == "ok" for row in rows)
+    assert stats["answered_unique"] == 120 and stats["answered_twice"] == 0
