@@ -172,11 +172,8 @@ class Requests:
                 self.stats.sent += 1
                 self.stop(exc)
                 raise
-            except (
-                BudgetError,
-                RunCancelled,
-            ) as exc:  # the shared budget is gone, or the job stopped: nothing more starts
-                self.stop(exc)
+            except (BudgetError, RunCancelled) as exc:  # the budget is gone, or the job stopped
+                self.stop(exc)  # nothing more starts
                 raise
             except APIError as exc:
                 answer, permanent = _failure(exc), _is_permanent(exc)
