@@ -33,6 +33,7 @@ from batchsum.service.settings import key_hash
 from tests.conftest import KEY, article
 
 ROOT = Path(__file__).resolve().parents[2]
+LATE = 3.0  # how much later than its commit on the budget a start may reach the service on a loaded machine
 SCHEMA = json.loads((ROOT / "docs" / "top.schema.json").read_text())
 SERVICE = "http://127.0.0.1:9"
 
@@ -133,6 +134,7 @@ def test_two_runs_on_one_key_are_seen_40_s_in_as_the_service_counted_them(where,
         time.sleep(max(0.0, began + 40 - time.monotonic()))
         calls = [top_json(env) for _ in range(20)]
         assert all(process.poll() is None for process in processes), "a run ended before the last look"
+        wait_for(lambda: time.monotonic() > calls[0][2] + LATE, what="the starts committed by the first look")
     finally:
         stop_runs(*processes)
 
@@ -140,9 +142,13 @@ def test_two_runs_on_one_key_are_seen_40_s_in_as_the_service_counted_them(where,
     jsonschema.validate(view, SCHEMA)
     [key] = view["keys"]
     assert (key["key"], key["limit"], key["limit_source"]) == (key_hash(KEY), 600, "configured")
-    # rate_1m: the key's starts in the trailing minute, against what the service admitted in it.
-    trailing = admitted(svc, answered - 60, answered)
-    assert abs(key["rate_1m"] - trailing) <= 0.15 * trailing, (key["rate_1m"], trailing)
+    # rate_1m: the key's starts in the trailing minute at the moment top read the budget (somewhere
+    # between asked and answered), against what the service admitted in it. A start reaches the service
+    # a little after it is committed on the budget, later on a loaded machine (the process that
+    # committed it waits for a core): so the service's count is taken from the minute before the look
+    # was asked (the fewest it can hold) to a few seconds after it answered (the most), within 15%.
+    fewest, most = admitted(svc, answered - 60, asked), admitted(svc, asked - 60, answered + LATE)
+    assert 0.85 * fewest <= key["rate_1m"] <= 1.15 * most, (key["rate_1m"], fewest, most)
     shown = sorted(key["runs"], key=lambda r: r["share"])
     assert [r["pid"] for r in shown] == [processes[1].pid, processes[0].pid]
     assert [r["output"] for r in shown] == [str(runs[1][1]), str(runs[0][1])]
@@ -150,8 +156,14 @@ def test_two_runs_on_one_key_are_seen_40_s_in_as_the_service_counted_them(where,
     assert all(isinstance(r["rows_left"], int) and 0 < r["rows_left"] < 3000 and r["sent"] > 0 for r in shown)
     if where == "redis":
         assert [r["host"] for r in shown] == ["host-b", "host-a"]
-    everything = admitted(svc, began, answered)
-    assert abs(sum(r["sent"] for r in shown) - everything) <= 0.10 * everything, (shown, everything)
+    # Each run's entry is at most a publication old (a second; five when its pacer is quiet) when top
+    # reads it, and its starts reach the service a little later: within 10% of what the service admitted.
+    sent, fewest, most = (
+        sum(r["sent"] for r in shown),
+        admitted(svc, began, asked - 5),
+        admitted(svc, began, answered + LATE),
+    )
+    assert 0.90 * fewest <= sent <= 1.10 * most, (shown, fewest, most)
     # Twenty looks in a row: every one the same shape, none writing, and the runs never refused.
     for later, *_ in calls:
         jsonschema.validate(later, SCHEMA)
