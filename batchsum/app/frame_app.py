@@ -19,7 +19,7 @@ from ..run.spec import RunSpec, document_options
 from ..service import contract
 from ..service.errors import BatchsumError
 from ..service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from ..service.settings import DEFAULT_MAX_WAIT, check_rate, describe_rate
+from ..service.settings import DEFAULT_BUDGET_WAIT, DEFAULT_MAX_WAIT, check_rate, describe_rate
 from .controls import STYLE, App, field, grid
 from .run_view import RunView
 
@@ -36,6 +36,7 @@ _RUN_OPTIONS = (
     "refresh",
     "progress",
     "max_wait",
+    "budget_wait",
     "long_texts",
     "max_requests",
     "sample",
@@ -76,6 +77,7 @@ class FrameApp(App):
         progress: bool = False,
         long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
+        budget_wait: float = DEFAULT_BUDGET_WAIT,
         max_requests: int | None = None,
         sample: int | None = None,
         share: float = 1.0,

@@ -145,7 +145,7 @@ class Requests:
                 self.stats.sent += 1
                 self.stop(exc)
                 raise
-            except BudgetError as exc:  # the shared budget is gone: nothing more may start
+            except BudgetError as exc:  # the budget unreachable past budget_wait: nothing more may start
                 self.stop(exc)
                 raise
             except APIError as exc:

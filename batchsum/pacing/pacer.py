@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..service.settings import check_rpm
+from .ahead import FarTurn
 from .answers import Answers
 from .budget import ProcessBudget
 from .evidence import Evidence
@@ -26,6 +27,7 @@ from .exchange import Budget, Share
 from .in_flight import InFlight
 from .lead import Lead
 from .limit import AutoLimit
+from .outage import hurried
 from .owed import Owed
 from .paces import PaceChange, PaceLog, Paces
 from .pause import Alarm, Pause
@@ -50,9 +52,10 @@ class PacerState:
     in_flight_limit: int
     rate_limited: int
     limit: str | None = None  # under ``rpm="auto"``: the limit in force and where it came from
+    budget: str | None = None  # the key's budget cannot be reached: the wait for it, in words
 
     def describe(self) -> str:
-        parts = []
+        parts = [] if self.budget is None else [self.budget]
         if self.paused_for > 0:
             parts.append(f"waiting {math.ceil(self.paused_for)} s: {self.pause_reason}")
         if self.limit is not None:
@@ -111,7 +114,8 @@ class Pacer:
         evidence, company = Evidence(budget.shared), Company(budget.shared)
         room = StatedRoom(trusted=record is None or not record.room_distrusted)
         self._sharing = Sharing(clock, budget, share, paces, pause, evidence, company, alarm, record, owed, presence)
-        self._turn = Turn(
+        turn = FarTurn if budget.far else Turn  # a far budget: starts reserved ahead, a few at a time
+        self._turn = turn(
             clock, paces, pause, room, company, evidence, self._sharing, alarm, self.auto, limiter, share, alone
         )
         self.in_flight = InFlight(self, max_in_flight)
@@ -170,10 +174,13 @@ class Pacer:
     async def flush(self) -> None:
         """Tell the budget what it has not heard yet (the last starts, a pause, a pace) and write the
         key's record: at the end of a batch, so that others' counts are whole. Under auto, the lead
-        of the key's search, if this batch held it, goes to another run."""
-        if self._answers.lead is not None:
-            await self._answers.lead.close()
-        await self._sharing.flush(self._turn.last_start)
+        of the key's search, if this batch held it, goes to another run. A budget out now is not
+        waited for: these are a run's last words."""
+        with hurried():
+            await self._turn.close()
+            if self._answers.lead is not None:
+                await self._answers.lead.close()
+            await self._sharing.flush(self._turn.last_start)
 
     def after_attempt(
         self,
@@ -207,4 +214,5 @@ class Pacer:
             in_flight_limit=self.in_flight.limit(now),
             rate_limited=self.rate_limited,
             limit=self.auto.describe() if self.auto is not None else None,
+            budget=self._sharing.budget.outage.describe(),
         )

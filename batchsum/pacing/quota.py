@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from ..service.keys import ADJECTIVES, PERIODS, Quota, period_window
 from ..service.retry import MAX_RETRY_AFTER
-from .exchange import Budget
+from .exchange import Budget, BudgetReset
 
 __all__ = ["Spent", "StatedQuota", "CountedQuota", "LONG_RETRY_AFTER", "utc", "window_name"]
 
@@ -155,14 +155,18 @@ class CountedQuota:
     month), by every run on the key, whether it configured a quota or not, so that the count a
     configured ``quota`` (``Quota``) is held to is everything the key's runs paid: ``claim`` counts one
     paid request before it starts (None: the quota is spent), ``give_back`` uncounts one the service
-    did not charge for (a 429). With no ``quota``, it counts and never refuses."""
+    did not charge for (a 429). With no ``quota``, it counts and never refuses. Each claim carries the
+    budget's epoch as this run knows it: a budget that came back empty refuses it (``BudgetReset``),
+    and the quota's count is restored to at least what this run last saw counted before it counts again."""
 
-    __slots__ = ("quota", "budget", "used", "_wall", "_one")
+    __slots__ = ("quota", "budget", "used", "epoch", "_seen", "_wall", "_one")
 
     def __init__(self, quota: Quota | None, budget: Budget, wall: Callable[[], float] = time.time) -> None:
         self.quota = quota
         self.budget = budget
         self.used: int | None = None  # the count of the quota's period after our last claim (every run's)
+        self.epoch: str | None = None  # the budget's epoch at our first claim
+        self._seen: tuple[str, int] | None = None  # the first period's name and its count after our last claim
         self._wall = wall
         # A few counts at a time: a batch's attempts all claim at once, and each call is a command on
         # the budget (a Redis connection each, of a pool of 100); a few keep a far budget's round
@@ -185,7 +189,15 @@ class CountedQuota:
         periods = self._periods()
         limit = self.quota.limit if self.quota is not None else None
         async with self._one:
-            used = await self.budget.quota_claim(periods, limit)
+            try:
+                used = await self.budget.quota_claim(periods, limit, self.epoch)
+            except BudgetReset as reset:  # it came back empty: what we saw counted goes back first
+                if self._seen is not None and self._seen[0] == periods[0][0]:
+                    await self.budget.quota_restore(periods[0][0], self._seen[1], periods[0][1])
+                self.epoch = reset.epoch
+                used = await self.budget.quota_claim(periods, limit, self.epoch)
+            self.epoch = self.epoch or self.budget.epoch or None
+            self._seen = (periods[0][0], limit if used is None and limit is not None else used or 0)
         if used is None:
             self.used = limit
             return None

@@ -1,0 +1,191 @@
+"""Starts reserved ahead on a far budget (``Budget.far``: Redis, a network away): a pacer reserves its
+next few starts in one call (``AHEAD``), each an interval after the key's previous one, takes them
+one by one at their time, and tells the budget afterwards which went out. No round trip stands
+between a start's time and its going out, and the next reservation is made while these are spent.
+
+Invariant: a start reserved ahead goes out at its time, at most ``LATE`` of its interval after it,
+or not at all (its slot is lost, never told as a start); never while a pause holds, after the budget
+came back empty, or once the interval in force is wider than the one it was reserved at. So the
+starts of every process on the budget keep the spacing of their reservations, less half an interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+from .exchange import AHEAD, LOOK, Slot
+from .pause import ON_TIME
+from .turn import MINUTE_LOOK, AtTurn, Turn, TurnGiven
+
+__all__ = ["FarTurn", "Held", "LATE", "COVER", "MAX_BATCH"]
+
+LATE = 0.5  # a start reserved ahead goes at most this share of its interval after its time, else not at all
+COVER = 2.0  # a pacer holds enough starts to cover this many of the budget's round trips at its own pace
+MAX_BATCH = 32  # starts reserved in one call, at most
+SAMPLES = 16  # round trips (and at_turn's times) remembered
+RETURN_MARGIN = 1.2  # a reservation's first start is asked this much later than its answer's way back
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A start reserved ahead: its time on our clock, the interval it was reserved at, whether on
+    stated room, and the budget's epoch it was reserved on."""
+
+    at: float
+    interval: float
+    on_room: bool
+    epoch: str | None
+
+
+@dataclass(eq=False, slots=True)
+class FarTurn(Turn):
+    """The schedule of starts on a far budget: starts held (``held``), the next reservation made in
+    the background when they run low (``coming``), each start taken at its time. ``lost``: starts
+    reserved and never sent (late, a pause, a wider interval, the budget emptied)."""
+
+    held: deque[Held] = field(default_factory=deque, init=False)
+    coming: asyncio.Task[None] | None = field(default=None, init=False)
+    failed: BaseException | None = field(default=None, init=False)
+    rtts: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES), init=False)
+    turn_took: deque[float] = field(default_factory=lambda: deque([0.0], maxlen=SAMPLES), init=False)
+    offsets: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=SAMPLES), init=False)
+    own_gap: float | None = field(default=None, init=False)
+    lost: int = field(default=0, init=False)
+    _granted: tuple[float, int] | None = field(default=None, init=False)  # the last grant's first start, count
+
+    async def _take_turn(self, at_turn: AtTurn | None) -> tuple[float, bool]:
+        asked = False  # at_turn is asked once, ahead of the start by the time it takes
+        while True:
+            held = await self._next()
+            if at_turn is not None and not asked:
+                await self._until(held.at - max(self.turn_took))
+                if self._stale(held):
+                    continue
+                started = self.clock()
+                go = await at_turn()
+                self.turn_took.append(self.clock() - started)
+                if not go:  # its start stays at the head, for the next attempt
+                    raise TurnGiven
+                asked = True
+            await self._until(max(held.at, self.last_start + held.interval))  # our own last start too
+            if self._stale(held):
+                continue
+            if self.limiter is not None:
+                await self.limiter.acquire()
+            self.held.popleft()
+            if self.clock() > held.at + LATE * held.interval + ON_TIME:
+                self.lost += 1  # too late to keep the spacing: never sent, never told
+                continue
+            return held.interval, held.on_room
+
+    def _started(self, now: float, interval: float, on_room: bool) -> None:
+        self.sharing.owed.started.append(now)  # told to the budget with the next call
+        Turn._started(self, now, interval, on_room)
+        if self.coming is None and self._low(now):
+            self.coming = asyncio.ensure_future(self._reserve_ahead())
+
+    async def _next(self) -> Held:
+        """The next start held, reserving when none is (the reservation goes on if this is cancelled)."""
+        while not self.held:
+            if self.failed is not None:
+                failed, self.failed = self.failed, None
+                raise failed
+            if self.coming is None:
+                self.coming = asyncio.ensure_future(self._reserve_ahead())
+            await asyncio.shield(self.coming)
+        return self.held[0]
+
+    async def _until(self, at: float) -> None:
+        """Until ``at`` on our clock, or a pause of ours (the alarm)."""
+        while (wait := at - self.clock()) > ON_TIME and not self.pause.paused(self.clock()):
+            await self.alarm.nap(wait)
+
+    def _stale(self, held: Held) -> bool:
+        """Whether the starts held can no longer go (then they are dropped): a pause holds, the
+        budget came back empty since, or the interval in force is wider than theirs."""
+        now = self.clock()
+        if not (self.pause.paused(now) or held.epoch != self.sharing.epoch or self._spacing(now)[0] > held.interval):
+            return False
+        self.lost += len(self.held)
+        self.held.clear()
+        return True
+
+    def _low(self, now: float) -> bool:
+        """What is held ends within ``COVER`` round trips: time to reserve more."""
+        return not self.held or self.held[-1].at - now < COVER * self._rtt()
+
+    def _rtt(self) -> float:
+        return statistics.median(self.rtts) if self.rtts else 0.0
+
+    def _batch(self, interval: float) -> int:
+        """Starts to reserve in one call: enough to cover ``COVER`` round trips at this pacer's own
+        pace (its share of the key's starts: ``own_gap`` apart), one when a round trip is shorter."""
+        if not self.rtts or interval <= 0:
+            return 1
+        gap = max(interval, self.own_gap or interval)
+        return max(1, min(MAX_BATCH, math.ceil(COVER * self._rtt() / gap)))
+
+    async def _reserve_ahead(self) -> None:
+        """The next starts reserved on the budget and held; a failure kept for the next taker."""
+        try:
+            while True:
+                while (wait := self.room.reset_wait(self.clock())) > ON_TIME:
+                    await self.alarm.nap(min(wait, 1.0))
+                while self._minute_full():
+                    await self.alarm.nap(MINUTE_LOOK)
+                    await self.sharing.exchange(LOOK, 0.0, self.last_start)
+                if not self.rtts:  # the first: a look tells how far the budget is, so its starts are reachable
+                    await self.sharing.exchange(LOOK, 0.0, self.last_start)
+                    self.rtts.append(self.sharing.call[1] - self.sharing.call[0])
+                interval, on_room = self._spacing(self.clock())
+                count = 1 if on_room or self.share is not None else self._batch(interval)
+                way_back = min(self.rtts, default=0.0) / 2 * RETURN_MARGIN
+                slot = await self.sharing.exchange(AHEAD, interval, self.last_start, ahead=count, lead=way_back)
+                if slot.deferred:  # this run's share: its own turn has not come
+                    await self.alarm.nap(slot.wait)
+                    continue
+                self._hold(slot, interval, on_room, count)
+                return
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the next taker raises it
+            self.failed = exc
+        finally:
+            self.coming = None
+
+    def _hold(self, slot: Slot, interval: float, on_room: bool, count: int) -> None:
+        """Hold the ``count`` starts ``slot`` reserved, on our clock (``_offset``)."""
+        called, answered = self.sharing.call
+        self.rtts.append(answered - called)
+        first = slot.at - self._offset(slot, called, answered) if slot.at is not None else called + slot.wait
+        if self._granted is not None:
+            gap = (first - self._granted[0]) / self._granted[1]
+            self.own_gap = gap if self.own_gap is None else 0.7 * self.own_gap + 0.3 * gap
+        self._granted = (first, count)
+        epoch = self.sharing.epoch
+        self.held.extend(Held(first + i * interval, interval, on_room, epoch) for i in range(count))
+
+    def _offset(self, slot: Slot, called: float, answered: float) -> float:
+        """The budget's clock less ours, as the least disturbed of the recent calls shows it (the
+        shortest round trip: the budget ran the call halfway through it), unless this call disagrees
+        with it by more than its own round trip allows (the budget's clock was stepped): then this
+        call's. One offset for every start held, so this pacer's own starts keep their spacing."""
+        rtt = answered - called
+        offset = (slot.at or 0.0) - slot.wait - (called + rtt / 2)
+        if self.offsets:
+            best_rtt, best = min(self.offsets)
+            if abs(offset - best) > (rtt + best_rtt) / 2 + ON_TIME:
+                self.offsets.clear()
+        self.offsets.append((rtt, offset))
+        return min(self.offsets)[1]
+
+    async def close(self) -> None:
+        """The reservation under way, if any, is cancelled (the run ends)."""
+        coming, self.coming = self.coming, None
+        if coming is not None:
+            coming.cancel()
+            await asyncio.gather(coming, return_exceptions=True)
