@@ -3,8 +3,8 @@ next few starts in one call (``AHEAD``), each an interval after the key's previo
 one by one at their time, and tells the budget afterwards which went out. No round trip stands
 between a start's time and its going out, and the next reservation is made while these are spent.
 
-Invariant: a start reserved ahead goes out at its time, at most ``LATE`` of its interval after it,
-or not at all (its slot is lost, never told as a start); never while a pause holds, after the budget
+Invariant: a start reserved ahead goes out at its time, at most ``LATE`` of its interval after it
+(any time after it without pacing), or not at all (its slot is lost, never told as a start); never while a pause holds, after the budget
 came back empty, or once the interval in force is wider than the one it was reserved at. So the
 starts of every process on the budget keep the spacing of their reservations, less half an interval.
 """
@@ -77,7 +77,7 @@ class FarTurn(Turn):
             if self.limiter is not None:
                 await self.limiter.acquire()
             self.held.popleft()
-            if self.clock() > held.at + LATE * held.interval + ON_TIME:
+            if held.interval > 0 and self.clock() > held.at + LATE * held.interval + ON_TIME:
                 self.lost += 1  # too late to keep the spacing: never sent, never told
                 continue
             return held.interval, held.on_room
@@ -115,8 +115,12 @@ class FarTurn(Turn):
         return True
 
     def _low(self, now: float) -> bool:
-        """What is held ends within ``COVER`` round trips: time to reserve more."""
-        return not self.held or self.held[-1].at - now < COVER * self._rtt()
+        """What is held ends within ``COVER`` round trips, and is less than a call reserves: time to
+        reserve more."""
+        if not self.held:
+            return True
+        interval = self.held[-1].interval
+        return self.held[-1].at - now < COVER * self._rtt() and len(self.held) < self._batch(interval)
 
     def _rtt(self) -> float:
         return statistics.median(self.rtts) if self.rtts else 0.0
@@ -124,7 +128,9 @@ class FarTurn(Turn):
     def _batch(self, interval: float) -> int:
         """Starts to reserve in one call: enough to cover ``COVER`` round trips at this pacer's own
         pace (its share of the key's starts: ``own_gap`` apart), one when a round trip is shorter."""
-        if not self.rtts or interval <= 0:
+        if interval <= 0:
+            return MAX_BATCH  # no pacing: nothing to space, only a shared pause to hear
+        if not self.rtts:
             return 1
         gap = max(interval, self.own_gap or interval)
         return max(1, min(MAX_BATCH, math.ceil(COVER * self._rtt() / gap)))

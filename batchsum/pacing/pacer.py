@@ -14,10 +14,12 @@ every process sharing the budget.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..service.errors import BudgetError
 from ..service.settings import check_rpm
 from .ahead import FarTurn
 from .answers import Answers
@@ -38,6 +40,8 @@ from .sharing import Sharing
 from .turn import AtTurn, Limiter, Turn, TurnGiven
 
 __all__ = ["Pacer", "PaceChange", "PacerState", "Limiter", "PaceLog", "AtTurn", "TurnGiven"]
+
+log = logging.getLogger("batchsum")
 
 
 @dataclass(frozen=True)
@@ -180,7 +184,12 @@ class Pacer:
             await self._turn.close()
             if self._answers.lead is not None:
                 await self._answers.lead.close()
-            await self._sharing.flush(self._turn.last_start)
+            try:
+                await self._sharing.flush(self._turn.last_start)
+            except BudgetError as exc:
+                if self._sharing.budget.outage.since is None:
+                    raise
+                log.debug("the rate budget is out: the run's last counts are not told (%s)", exc)  # said already
 
     def after_attempt(
         self,

@@ -17,16 +17,20 @@ import asyncio
 import bisect
 import datetime as _dt
 import json
+import logging
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..service.errors import BudgetError
 from ..service.keys import ADJECTIVES, PERIODS, Quota, period_window
 from ..service.retry import MAX_RETRY_AFTER
 from .exchange import Budget, BudgetReset
 
 __all__ = ["Spent", "StatedQuota", "CountedQuota", "LONG_RETRY_AFTER", "utc", "window_name"]
+
+log = logging.getLogger("batchsum")
 
 # The one threshold between a pause and a quota spent: a wait the service asks for (a 429's
 # Retry-After) or states (a quota's reset) at most this long is a per-minute limit's "later", even
@@ -205,8 +209,12 @@ class CountedQuota:
         return tuple(name for name, _ in periods)
 
     async def give_back(self, periods: tuple[str, ...]) -> None:
+        """Uncount one request; a budget out of reach keeps it counted (one too many: never one too few)."""
         async with self._one:
-            await self.budget.quota_give_back(periods)
+            try:
+                await self.budget.quota_give_back(periods)
+            except BudgetError as exc:
+                log.debug("a count could not be given back to the budget: %s", exc)
 
     def spent(self) -> Spent:
         assert self.quota is not None

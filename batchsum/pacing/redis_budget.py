@@ -108,14 +108,17 @@ class _RedisConnection(Budget):
 
         import redis.exceptions
 
-        for attempt in range(_REDIS_ATTEMPTS):
+        attempts = 1 if self.outage.since is not None else _REDIS_ATTEMPTS  # out: the outage's backoff tries again
+        for attempt in range(attempts):
             try:
                 return await command()
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
-                if attempt == _REDIS_ATTEMPTS - 1:
+                if attempt == attempts - 1:
+                    said, advice = _said(exc, self._secrets), f"start it, or set {SETTING} to machine or none"
                     raise BudgetUnreachable(
-                        f"cannot reach the rate budget at {self.where} ({_said(exc, self._secrets)}) after "
-                        f"{_REDIS_ATTEMPTS} tries; start it, or set {SETTING} to machine or none"
+                        f"cannot reach the rate budget at {self.where} ({said}) after {attempts} tries; {advice}",
+                        cause=said,
+                        advice=advice,
                     ) from None
                 await asyncio.sleep(0.2 * 2**attempt)
             except redis.exceptions.RedisError as exc:

@@ -135,11 +135,11 @@ class SQLiteFile(Budget):
                 # at once, without the busy timeout. Another moment, and it is done.
                 if "locked" not in str(exc) or attempt == _SET_UP_ATTEMPTS - 1:
                     db.close()
-                    raise self._fail(exc) from None
+                    raise self._error(exc) from None
                 time.sleep(0.02 * (attempt + 1))
             except sqlite3.Error as exc:
                 db.close()
-                raise self._fail(exc) from None
+                raise self._error(exc) from None
         self._db = db
         self.epoch = _epoch(db)
         return db
@@ -168,10 +168,15 @@ class SQLiteFile(Budget):
                         db.execute("ROLLBACK")
                     raise
             except sqlite3.Error as exc:
-                state = _waitable(exc)
-                if state is not None:
-                    raise BudgetUnreachable(str(self._fail(exc)), state) from None
-                raise self._fail(exc) from None
+                raise self._error(exc) from None
+
+    def _error(self, exc: sqlite3.Error) -> BudgetError:
+        """What ``exc`` means: an outage to wait for (locked, a full disk), or an error naming the file."""
+        state = _waitable(exc)
+        if state is None:
+            return self._fail(exc)
+        advice = f"free the disk or the file's lock, or set {SETTING} to another file or none"
+        return BudgetUnreachable(str(self._fail(exc)), state, str(exc), advice)
 
     async def recall(self, key_hash: str, service: str) -> list[Remembered]:
         if not self.path.exists():  # a dry run creates nothing
