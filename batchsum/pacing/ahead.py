@@ -21,7 +21,7 @@ from .exchange import AHEAD, LOOK, Slot
 from .pause import ON_TIME
 from .turn import MINUTE_LOOK, AtTurn, Turn, TurnGiven
 
-__all__ = ["FarTurn", "Held", "LATE", "COVER", "MAX_BATCH"]
+__all__ = ["FarTurn", "Held", "offset", "LATE", "COVER", "MAX_BATCH"]
 
 LATE = 0.5  # a start reserved ahead goes at most this share of its interval after its time, else not at all
 COVER = 2.0  # a pacer holds enough starts to cover this many of the budget's round trips at its own pace
@@ -167,7 +167,7 @@ class FarTurn(Turn):
         """Hold the ``count`` starts ``slot`` reserved, on our clock (``_offset``)."""
         called, answered = self.sharing.call
         self.rtts.append(answered - called)
-        first = slot.at - self._offset(slot, called, answered) if slot.at is not None else called + slot.wait
+        first = slot.at - offset(self.offsets, slot, called, answered) if slot.at is not None else called + slot.wait
         if self._granted is not None:
             gap = (first - self._granted[0]) / self._granted[1]
             self.own_gap = gap if self.own_gap is None else 0.7 * self.own_gap + 0.3 * gap
@@ -175,23 +175,25 @@ class FarTurn(Turn):
         epoch = self.sharing.epoch
         self.held.extend(Held(first + i * interval, interval, on_room, epoch) for i in range(count))
 
-    def _offset(self, slot: Slot, called: float, answered: float) -> float:
-        """The budget's clock less ours, as the least disturbed of the recent calls shows it (the
-        shortest round trip: the budget ran the call halfway through it), unless this call disagrees
-        with it by more than its own round trip allows (the budget's clock was stepped): then this
-        call's. One offset for every start held, so this pacer's own starts keep their spacing."""
-        rtt = answered - called
-        offset = (slot.at or 0.0) - slot.wait - (called + rtt / 2)
-        if self.offsets:
-            best_rtt, best = min(self.offsets)
-            if abs(offset - best) > (rtt + best_rtt) / 2 + ON_TIME:
-                self.offsets.clear()
-        self.offsets.append((rtt, offset))
-        return min(self.offsets)[1]
-
     async def close(self) -> None:
         """The reservation under way, if any, is cancelled (the run ends)."""
         coming, self.coming = self.coming, None
         if coming is not None:
             coming.cancel()
             await asyncio.gather(coming, return_exceptions=True)
+
+
+def offset(offsets: deque[tuple[float, float]], slot: Slot, called: float, answered: float) -> float:
+    """The budget's clock less ours, as the least disturbed of the recent calls (``offsets``: each one's
+    round trip and offset) shows it: the shortest round trip, the budget having run the call halfway
+    through it; unless this call disagrees with it by more than their round trips allow (the budget's
+    clock was stepped): then this call's. One offset for every start held, so a pacer's own starts keep
+    their spacing."""
+    rtt = answered - called
+    seen = (slot.at or 0.0) - slot.wait - (called + rtt / 2)
+    if offsets:
+        best_rtt, best = min(offsets)
+        if abs(seen - best) > (rtt + best_rtt) / 2 + ON_TIME:
+            offsets.clear()
+    offsets.append((rtt, seen))
+    return min(offsets)[1]

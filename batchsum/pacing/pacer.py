@@ -14,12 +14,10 @@ every process sharing the budget.
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..service.errors import BudgetError
 from ..service.settings import check_rpm
 from .ahead import FarTurn
 from .answers import Answers
@@ -40,8 +38,6 @@ from .sharing import Sharing
 from .turn import AtTurn, Limiter, Turn, TurnGiven
 
 __all__ = ["Pacer", "PaceChange", "PacerState", "Limiter", "PaceLog", "AtTurn", "TurnGiven"]
-
-log = logging.getLogger("batchsum")
 
 
 @dataclass(frozen=True)
@@ -184,12 +180,7 @@ class Pacer:
             await self._turn.close()
             if self._answers.lead is not None:
                 await self._answers.lead.close()
-            try:
-                await self._sharing.flush(self._turn.last_start)
-            except BudgetError as exc:
-                if self._sharing.budget.outage.since is None:
-                    raise
-                log.debug("the rate budget is out: the run's last counts are not told (%s)", exc)  # said already
+            await self._sharing.flush(self._turn.last_start)
 
     def after_attempt(
         self,

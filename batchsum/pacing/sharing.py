@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..service.errors import BudgetError
 from .evidence import Evidence
 from .exchange import AHEAD, COMMIT, LOOK, RESERVE, Budget, Report, Share, Slot
 from .owed import Owed
@@ -85,9 +86,15 @@ class Sharing:
 
     async def flush(self, last_start: float) -> None:
         """Tell the budget what it has not heard yet (the last starts, a pause, a pace) and write the
-        key's record: at the end of a batch, so that others' counts are whole."""
+        key's record: at the end of a batch, so that others' counts are whole. A budget out now is
+        left untold (the outage was said already)."""
         if self.owed:
-            await self.exchange(LOOK, 0.0, last_start)
+            try:
+                await self.exchange(LOOK, 0.0, last_start)
+            except BudgetError as exc:
+                if self.budget.outage.since is None:
+                    raise
+                log.debug("the rate budget is out: the run's last counts are not told (%s)", exc)
         if self.record is not None:
             await self.record.flush()
 
