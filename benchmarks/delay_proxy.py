@@ -4,7 +4,8 @@ trip, in order, as a server a zone away would. Used by ``benchmarks/far_budget.p
 
     python benchmarks/delay_proxy.py --to 127.0.0.1:6379 --delay 0.02 --port 16379
 
-It prints its port on the first line of stdout once it listens, and runs until killed.
+It prints its port on the first line of stdout once it listens, runs until SIGTERM, and then prints
+how many Redis commands its clients sent (RESP arrays, counted as they pass).
 """
 
 from __future__ import annotations
@@ -12,12 +13,54 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import signal
 from collections import deque
 
 CHUNK = 1 << 16
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
+class Commands:
+    """Counts the Redis commands in a client's byte stream (RESP: ``*N`` then N bulk strings)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._buffer = b""
+        self._left = 0  # bulk strings still to skip in the current command
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+        while True:
+            if self._left == 0:
+                if not self._buffer.startswith(b"*"):
+                    end = self._buffer.find(b"\r\n")  # an inline command
+                    if end < 0:
+                        return
+                    self.count += 1 if end > 0 else 0
+                    self._buffer = self._buffer[end + 2 :]
+                    continue
+                end = self._buffer.find(b"\r\n")
+                if end < 0:
+                    return
+                self._left = int(self._buffer[1:end])
+                self._buffer = self._buffer[end + 2 :]
+                self.count += 1
+                continue
+            end = self._buffer.find(b"\r\n")
+            if end < 0:
+                return
+            size = int(self._buffer[1:end])
+            if len(self._buffer) < end + 2 + size + 2:
+                return
+            self._buffer = self._buffer[end + 2 + size + 2 :]
+            self._left -= 1
+
+
+COMMANDS = Commands()
+
+
+async def _pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float, count: Commands | None = None
+) -> None:
     """Bytes from ``reader`` to ``writer``, each chunk written ``delay`` after it was read (in order:
     a chunk read later is never written earlier)."""
     loop = asyncio.get_running_loop()
@@ -29,6 +72,8 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
         nonlocal done
         try:
             while chunk := await reader.read(CHUNK):
+                if count is not None:
+                    count.feed(chunk)
                 due.append((loop.time() + delay, chunk))
                 arrived.set()
         finally:
@@ -62,7 +107,7 @@ def _handler(host: str, port: int, delay: float):  # type: ignore[no-untyped-def
             client_writer.close()
             return
         await asyncio.gather(
-            _pipe(client_reader, server_writer, delay / 2),
+            _pipe(client_reader, server_writer, delay / 2, COMMANDS),
             _pipe(server_reader, client_writer, delay / 2),
             return_exceptions=True,
         )
@@ -74,8 +119,11 @@ async def serve(to: str, delay: float, port: int = 0) -> None:
     host, _, target = to.rpartition(":")
     server = await asyncio.start_server(_handler(host or "127.0.0.1", int(target), delay), "127.0.0.1", port)
     print(server.sockets[0].getsockname()[1], flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     async with server:
-        await server.serve_forever()
+        await stop.wait()
+    print(COMMANDS.count, flush=True)
 
 
 def main() -> None:
