@@ -183,26 +183,62 @@ def grid(args: argparse.Namespace) -> None:
                             out.write(json.dumps(r) + "\n")
 
 
+def step_cost(count: int = 2000) -> float:
+    """Seconds of Redis CPU one reservation ahead takes (``STEP``, the key's last minute full of
+    starts at 1000 a second), measured on a redis-server of its own."""
+    import asyncio
+
+    from batchsum.pacing.budget import RedisBudget, Report
+    from batchsum.pacing.exchange import Member
+
+    with tempfile.TemporaryDirectory() as folder:
+        redis = Redis(folder, 0.0)
+
+        async def measure() -> float:
+            budget = RedisBudget(f"redis://127.0.0.1:{redis.port}/0", "cost")
+            for second in range(60):  # the key's last minute: 1000 starts a second, told by age
+                ages = tuple(60 - second - i / 1000 for i in range(0, 1000, 10))
+                await budget.reserve(0.0, Report(started=ages), start=False)
+            before = redis.cpu()
+            run = Member("run", "host/1/abc")
+            for _ in range(count):
+                await budget.reserve(0.001, Report(started=(0.01,), answered=(0.3,), run=run), ahead=1, lead=0.01)
+            await budget.aclose()
+            return (redis.cpu() - before) / count
+
+        try:
+            return asyncio.run(measure())
+        finally:
+            redis.close()
+
+
 def simulate(args: argparse.Namespace) -> None:
-    """The budget logic on the virtual clock, past what this machine can run for real."""
+    """The budget logic on the virtual clock, past what this machine can run for real; each case's
+    calls a second priced at the Redis CPU one call takes here (``step_cost``)."""
     sys.path.insert(0, str(ROOT))
     from tests.pacing import far_sim
 
+    cost = step_cost()
+    print(f"One reservation ahead: {cost * 1e6:.0f} µs of Redis CPU (the key's last minute full)\n")
     print(
-        "| workers | rpm | round trip | requests | budget calls / s | calls / start | most in 1 s (plan) | lost | ratio |"
+        "| workers | rpm | round trip | wake-up lag | requests | budget calls / s | calls / start "
+        "| Redis CPU (of one core) | most in 1 s (plan) | lost | ratio |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    cases = [(64, 60_000, 0.02), (64, 60_000, 0.05), (64, 60_000, 0.1), (256, 60_000, 0.02), (64, 120_000, 0.02)]
-    cases += [(8, 3000, 0.02), (16, 6000, 0.02)]
-    for workers, rpm, rtt in cases:
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    cases = [(64, 60_000, 0.02, 0.0), (64, 60_000, 0.05, 0.0), (64, 60_000, 0.1, 0.0), (256, 60_000, 0.02, 0.0)]
+    cases += [(64, 120_000, 0.02, 0.0), (64, 60_000, 0.02, 0.0002), (64, 60_000, 0.02, 0.002)]
+    cases += [(8, 3000, 0.02, 0.0), (8, 3000, 0.02, 0.005), (8, 3000, 0.02, 0.03), (16, 6000, 0.02, 0.0)]
+    for workers, rpm, rtt, lag in cases:
         each = max(1, int(rpm * args.sim_seconds / 60 / workers))
-        outcome = far_sim.simulate(workers, each, rpm, rtt=rtt, jitter=rtt / 10, latency=0.3)
+        late = (lambda rng, lag=lag: rng.uniform(0.0, lag)) if lag else None
+        outcome = far_sim.simulate(workers, each, rpm, rtt=rtt, jitter=rtt / 10, latency=0.3, lag=late)
         ideal = (workers * each - 1) * 60 / rpm
         span = outcome.span()
+        per_second = outcome.calls / span
         print(
-            f"| {workers} | {rpm:,} | {rtt * 1000:g} ms | {workers * each} | {outcome.calls / span:,.0f} "
-            f"| {outcome.calls / (workers * each):.2f} | {busiest(outcome.arrivals, 1)} ({math.ceil(rpm / 60)}) "
-            f"| {outcome.lost} | {span / ideal:.3f} |",
+            f"| {workers} | {rpm:,} | {rtt * 1000:g} ms | {f'0-{lag * 1000:g} ms' if lag else 'none'} "
+            f"| {workers * each} | {per_second:,.0f} | {outcome.calls / (workers * each):.2f} | {per_second * cost:.0%} "
+            f"| {busiest(outcome.arrivals, 1)} ({math.ceil(rpm / 60)}) | {outcome.lost} | {span / ideal:.3f} |",
             flush=True,
         )
 

@@ -3,10 +3,11 @@ next few starts in one call (``AHEAD``), each an interval after the key's previo
 one by one at their time, and tells the budget afterwards which went out. No round trip stands
 between a start's time and its going out, and the next reservation is made while these are spent.
 
-Invariant: a start reserved ahead goes out at its time, at most ``LATE`` of its interval after it
-(any time after it without pacing), or not at all (its slot is lost, never told as a start); never while a pause holds, after the budget
-came back empty, or once the interval in force is wider than the one it was reserved at. So the
-starts of every process on the budget keep the spacing of their reservations, less half an interval.
+Invariant: a start reserved ahead goes out at its time, at most ``late(interval)`` after it (half
+an interval, or ``LATE_SECONDS`` when that is longer; any time without pacing), or not at all (its
+slot is lost, never told as a start); never while a pause holds, after the budget came back empty, or
+once the interval in force is wider than the one it was reserved at. So the starts of every process
+on the budget keep the spacing of their reservations, each late by at most that.
 """
 
 from __future__ import annotations
@@ -21,13 +22,18 @@ from .exchange import AHEAD, LOOK, Slot
 from .pause import ON_TIME
 from .turn import MINUTE_LOOK, AtTurn, Turn, TurnGiven
 
-__all__ = ["FarTurn", "Held", "offset", "LATE", "COVER", "MAX_BATCH"]
+__all__ = ["FarTurn", "Held", "offset", "late", "LATE_SHARE", "LATE_SECONDS", "COVER", "MAX_BATCH"]
 
-LATE = 0.5  # a start reserved ahead goes at most this share of its interval after its time, else not at all
+# A start reserved ahead goes at most this late, else not at all: half an interval (the spacing at the
+# service within one interval), or 50 ms when that is longer, so that a busy machine's wake-ups (a few
+# ms to tens of them) cost no starts at high rates; 50 ms is under 1% of a 10 s window (docs/pacing.md).
+LATE_SHARE = 0.5
+LATE_SECONDS = 0.05
 COVER = 2.0  # a pacer holds enough starts to cover this many of the budget's round trips at its own pace
 MAX_BATCH = 32  # starts reserved in one call, at most
 SAMPLES = 16  # round trips (and at_turn's times) remembered
-RETURN_MARGIN = 1.2  # a reservation's first start is asked this much later than its answer's way back
+CLOSE_SECONDS = 2.0  # a reservation under way when the run ends is let finish this long
+RETURN_MARGIN = 1.1  # a reservation's first start is asked this much later than its answer's way back
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +61,6 @@ class FarTurn(Turn):
     offsets: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=SAMPLES), init=False)
     own_gap: float | None = field(default=None, init=False)
     lost: int = field(default=0, init=False)
-    _granted: tuple[float, int] | None = field(default=None, init=False)  # the last grant's first start, count
 
     async def _take_turn(self, at_turn: AtTurn | None) -> tuple[float, bool]:
         asked = False  # at_turn is asked once, ahead of the start by the time it takes
@@ -77,13 +82,16 @@ class FarTurn(Turn):
             if self.limiter is not None:
                 await self.limiter.acquire()
             self.held.popleft()
-            if held.interval > 0 and self.clock() > held.at + LATE * held.interval + ON_TIME:
+            if held.interval > 0 and self.clock() > held.at + late(held.interval) + ON_TIME:
                 self.lost += 1  # too late to keep the spacing: never sent, never told
                 continue
             return held.interval, held.on_room
 
     def _started(self, now: float, interval: float, on_room: bool) -> None:
         self.sharing.owed.started.append(now)  # told to the budget with the next call
+        if self.last_start > -math.inf:  # this pacer's own pace: its share of the key's, as its starts show it
+            gap = now - self.last_start
+            self.own_gap = gap if self.own_gap is None else 0.8 * self.own_gap + 0.2 * gap
         Turn._started(self, now, interval, on_room)
         if self.coming is None and self._low(now):
             self.coming = asyncio.ensure_future(self._reserve_ahead())
@@ -130,10 +138,9 @@ class FarTurn(Turn):
         pace (its share of the key's starts: ``own_gap`` apart), one when a round trip is shorter."""
         if interval <= 0:
             return MAX_BATCH  # no pacing: nothing to space, only a shared pause to hear
-        if not self.rtts:
-            return 1
-        gap = max(interval, self.own_gap or interval)
-        return max(1, min(MAX_BATCH, math.ceil(COVER * self._rtt() / gap)))
+        if not self.rtts or self.own_gap is None:
+            return 1  # its own pace not known yet: one at a time
+        return max(1, min(MAX_BATCH, math.ceil(COVER * self._rtt() / max(interval, self.own_gap))))
 
     async def _reserve_ahead(self) -> None:
         """The next starts reserved on the budget and held; a failure kept for the next taker."""
@@ -149,7 +156,9 @@ class FarTurn(Turn):
                     self.rtts.append(self.sharing.call[1] - self.sharing.call[0])
                 interval, on_room = self._spacing(self.clock())
                 count = 1 if on_room or self.share is not None else self._batch(interval)
-                way_back = min(self.rtts, default=0.0) / 2 * RETURN_MARGIN
+                # The first start no sooner than the answer can reach us: the longest round trip seen,
+                # less the shortest way there.
+                way_back = (max(self.rtts, default=0.0) - min(self.rtts, default=0.0) / 2) * RETURN_MARGIN
                 slot = await self.sharing.exchange(AHEAD, interval, self.last_start, ahead=count, lead=way_back)
                 if slot.deferred:  # this run's share: its own turn has not come
                     await self.alarm.nap(slot.wait)
@@ -168,19 +177,22 @@ class FarTurn(Turn):
         called, answered = self.sharing.call
         self.rtts.append(answered - called)
         first = slot.at - offset(self.offsets, slot, called, answered) if slot.at is not None else called + slot.wait
-        if self._granted is not None:
-            gap = (first - self._granted[0]) / self._granted[1]
-            self.own_gap = gap if self.own_gap is None else 0.7 * self.own_gap + 0.3 * gap
-        self._granted = (first, count)
         epoch = self.sharing.epoch
         self.held.extend(Held(first + i * interval, interval, on_room, epoch) for i in range(count))
 
     async def close(self) -> None:
-        """The reservation under way, if any, is cancelled (the run ends)."""
+        """The reservation under way, if any, is let finish (a round trip: its report told) or, if it
+        waits longer (a pause, an outage), cancelled: the run ends."""
         coming, self.coming = self.coming, None
         if coming is not None:
+            await asyncio.wait({coming}, timeout=CLOSE_SECONDS)
             coming.cancel()
             await asyncio.gather(coming, return_exceptions=True)
+
+
+def late(interval: float) -> float:
+    """How late a start reserved ahead at ``interval`` may still go."""
+    return max(LATE_SHARE * interval, LATE_SECONDS)
 
 
 def offset(offsets: deque[tuple[float, float]], slot: Slot, called: float, answered: float) -> float:

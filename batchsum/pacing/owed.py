@@ -45,3 +45,13 @@ class Owed:
         self.pause, self.pace = False, None
         self.answered, self.refused, self.started = [], [], []
         return report
+
+    def untold(self, report: Report, at: float) -> None:
+        """``report``, taken at ``at``, never reached the budget (the call failed or was cancelled):
+        owed again."""
+        self.pause = self.pause or bool(report.pause_for)
+        if report.pace is not None and self.pace is None:
+            self.pace = "climbed" if report.pace_base is not None else "lowered"
+        self.answered[:0] = [at - age for age in report.answered]
+        self.refused[:0] = [at - age for age in report.refused]
+        self.started[:0] = [at - age for age in report.started]

@@ -60,21 +60,25 @@ class Sharing:
         report = self.owed.take(before, self.pause.left(before), self.pause.reason, pace)
         if self.presence is not None:
             report = self.presence.stamp(report)
-        if what == RESERVE:
-            slot = await self.budget.reserve(interval, report, share=self.share, commit=commit)
-        elif what == AHEAD:
-            slot = await self.budget.reserve(interval, report, share=self.share, ahead=max(1, ahead), lead=lead)
-        elif what == COMMIT:
-            slot = await self.budget.commit(interval, report)
-        else:
-            slot = await self.budget.reserve(0.0, report, start=False)
+        try:
+            if what == RESERVE:
+                slot = await self.budget.reserve(interval, report, share=self.share, commit=commit)
+            elif what == AHEAD:
+                slot = await self.budget.reserve(interval, report, share=self.share, ahead=max(1, ahead), lead=lead)
+            elif what == COMMIT:
+                slot = await self.budget.commit(interval, report)
+            else:
+                slot = await self.budget.reserve(0.0, report, start=False)
+        except BaseException:
+            self.owed.untold(report, before)  # told with a later call
+            raise
         self.call = (before, self.clock())
         if slot.epoch and slot.epoch != self.epoch:
             previous, self.epoch = self.epoch, slot.epoch
             if previous is not None:
                 await self._came_back_empty(slot)
         floor = max(self.pause.until, last_start + interval)
-        reserved = interval if what in (RESERVE, AHEAD) else None
+        reserved = interval * (max(1, ahead) if what == AHEAD else 1) if what in (RESERVE, AHEAD) else None
         self.company.look(slot, before, self.evidence.starts, reserved, floor)
         self.evidence.seen = slot
         self.adopt(slot, report)

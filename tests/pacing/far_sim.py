@@ -54,6 +54,16 @@ class Far(Budget):
         return found
 
 
+class Lag:
+    """A process woken late for each start: ``lag(rng)`` seconds (a limiter asked right before it goes)."""
+
+    def __init__(self, rng: random.Random, lag: Callable[[random.Random], float]) -> None:
+        self.rng, self.lag = rng, lag
+
+    async def acquire(self) -> None:
+        await asyncio.sleep(self.lag(self.rng))
+
+
 @dataclass
 class Outcome:
     """What a simulation showed: the pacers' starts (when each went, on the virtual clock), their
@@ -103,20 +113,23 @@ def simulate(
     limit: tuple[int, float] | None = None,
     latency: float = 0.3,
     delay: Callable[[random.Random], float] = lambda rng: 0.0,
+    lag: Callable[[random.Random], float] | None = None,
     seed: int = 0,
 ) -> Outcome:
     """``runs`` processes, ``each`` requests each, at ``rpm`` on one key, through one budget ``rtt``
     away (``far``: as a Redis budget is used; else as a local one, with a commit per start); the
     service admits ``limit`` (a count in any window of so many seconds; None: everything) and answers
     after ``latency``;
-    ``delay(rng)``: each start's send delay."""
+    ``delay(rng)``: each start's send delay; ``lag(rng)``: how late a process wakes for each start
+    (a loaded machine's scheduling: a limiter asked right before the start goes)."""
     inner = ProcessBudget(_loop_time, shared=True)
     budgets = [Far(inner, rtt, jitter, seed + n, far=far) for n in range(runs)]
-    pacers = [Pacer(rpm, budget=budget) for budget in budgets]
+    rng = random.Random(seed)
+    limiter = None if lag is None else Lag(rng, lag)
+    pacers = [Pacer(rpm, budget=budget, limiter=limiter) for budget in budgets]
     sim = Sim(latency=lambda t: latency)
     if limit is not None:
         sim.window = SlidingWindow(*limit)
-    rng = random.Random(seed)
     outcome = Outcome()
     began = time.perf_counter()
 

@@ -571,6 +571,40 @@ def test_the_pace_at_the_service_is_the_budgets_spacing_widened_by_the_send_dela
         assert outcome.refused == 0
 
 
+def test_on_a_far_budget_an_attempt_that_does_not_go_at_its_turn_gives_its_start_to_the_next():
+    """The turn's contract (``at_turn``) on a far budget: asked ahead of the start by the time it
+    takes (a claim in a store a network away), a no raises ``TurnGiven`` and the next attempt goes in
+    that start; the budget counts only the starts that went out, and they keep the spacing."""
+    from batchsum.pacing.pacer import TurnGiven
+
+    inner = ProcessBudget(_loop_time, shared=True)
+    budget = far_sim.Far(inner, rtt=0.02)
+    pacer = Pacer(600, budget=budget)
+    given, starts = [], []
+
+    async def attempt(i):
+        async def at_turn():
+            await asyncio.sleep(0.02)  # a claim a round trip away
+            return i % 3 != 1
+
+        try:
+            starts.append(await pacer.before_attempt(at_turn))
+        except TurnGiven:
+            given.append(i)
+
+    async def main():
+        await asyncio.gather(*(attempt(i) for i in range(30)))
+        await pacer.flush()
+        return (await inner.look()).starts
+
+    counted = virtual_clock.run(main())
+    assert given == [i for i in range(30) if i % 3 == 1]
+    assert len(starts) == 20 and counted == 20
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert min(gaps) >= pacer.interval - 1e-9
+    assert max(gaps) <= 2 * pacer.interval  # a start given on is taken, not lost
+
+
 # -- a budget out mid-run, or back empty, on virtual time ---------------------------------------------
 
 
