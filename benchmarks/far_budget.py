@@ -131,6 +131,12 @@ def cell(processes: int, delay_ms: float, rpm: float, store: bool, texts: int) -
         operations, redis_cpu = redis.operations() - operations_before, redis.cpu() - cpu_before
         arrivals = sorted(service.state.admitted)
         stats = service.state.stats()
+        if os.environ.get("BENCH_ARRIVALS"):  # each second's arrivals, to see where a cell's time went
+            first = arrivals[0] if arrivals else 0.0
+            per_second = [0] * (int(arrivals[-1] - first) + 1 if arrivals else 0)
+            for at in arrivals:
+                per_second[int(at - first)] += 1
+            print(per_second, file=sys.stderr)
         service.stop()
         calls = redis.close()
     total = processes * texts

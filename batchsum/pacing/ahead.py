@@ -13,13 +13,16 @@ on the budget keep the spacing of their reservations, each late by at most that.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from .exchange import AHEAD, LOOK, Slot
 from .pause import ON_TIME
+from .spacing import WINDOW
 from .turn import MINUTE_LOOK, AtTurn, Turn, TurnGiven
 
 __all__ = ["FarTurn", "Held", "offset", "late", "LATE_SHARE", "LATE_SECONDS", "COVER", "MAX_BATCH"]
@@ -34,6 +37,15 @@ MAX_BATCH = 32  # starts reserved in one call, at most
 SAMPLES = 16  # round trips (and at_turn's times) remembered
 CLOSE_SECONDS = 2.0  # a reservation under way when the run ends is let finish this long
 RETURN_MARGIN = 1.1  # a reservation's first start is asked this much later than its answer's way back
+
+
+class Slotted(Protocol):
+    """How many attempts may be in flight (``in_flight.InFlight``), and how many are."""
+
+    @property
+    def on_wire(self) -> int: ...
+
+    def limit(self, now: float) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +71,9 @@ class FarTurn(Turn):
     rtts: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES), init=False)
     turn_took: deque[float] = field(default_factory=lambda: deque([0.0], maxlen=SAMPLES), init=False)
     offsets: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=SAMPLES), init=False)
-    own_gap: float | None = field(default=None, init=False)
     lost: int = field(default=0, init=False)
+    queued: bool = field(default=True, init=False)  # the last reservation had others' starts ahead of it
+    in_flight: Slotted | None = field(default=None, init=False)  # the pacer's: a batch no bigger than its room
 
     async def _take_turn(self, at_turn: AtTurn | None) -> tuple[float, bool]:
         asked = False  # at_turn is asked once, ahead of the start by the time it takes
@@ -89,9 +102,6 @@ class FarTurn(Turn):
 
     def _started(self, now: float, interval: float, on_room: bool) -> None:
         self.sharing.owed.started.append(now)  # told to the budget with the next call
-        if self.last_start > -math.inf:  # this pacer's own pace: its share of the key's, as its starts show it
-            gap = now - self.last_start
-            self.own_gap = gap if self.own_gap is None else 0.8 * self.own_gap + 0.2 * gap
         Turn._started(self, now, interval, on_room)
         if self.coming is None and self._low(now):
             self.coming = asyncio.ensure_future(self._reserve_ahead())
@@ -134,13 +144,24 @@ class FarTurn(Turn):
         return statistics.median(self.rtts) if self.rtts else 0.0
 
     def _batch(self, interval: float) -> int:
-        """Starts to reserve in one call: enough to cover ``COVER`` round trips at this pacer's own
-        pace (its share of the key's starts: ``own_gap`` apart), one when a round trip is shorter."""
+        """Starts to reserve in one call: enough to cover ``COVER`` round trips, at the key's pace when
+        nothing was queued ahead of this pacer's last reservation (it is alone, or every run's starts
+        are spent), else at its share of the key's starts (``_share``); no more than can be in flight."""
         if interval <= 0:
             return MAX_BATCH  # no pacing: nothing to space, only a shared pause to hear
-        if not self.rtts or self.own_gap is None:
-            return 1  # its own pace not known yet: one at a time
-        return max(1, min(MAX_BATCH, math.ceil(COVER * self._rtt() / max(interval, self.own_gap))))
+        share = 1.0 if not self.queued else self._share()
+        wanted = math.ceil(COVER * self._rtt() * share / interval)
+        if self.in_flight is not None:
+            wanted = min(wanted, self.in_flight.limit(self.clock()) - self.in_flight.on_wire)
+        return max(1, min(MAX_BATCH, wanted))
+
+    def _share(self) -> float:
+        """This pacer's part of the key's starts in the last minute, as the budget last counted them."""
+        seen = self.evidence.seen
+        if seen is None or not seen.starts:
+            return 1.0
+        ours = len(self.evidence.starts) - bisect.bisect_left(self.evidence.starts, self.clock() - WINDOW)
+        return min(1.0, max(1 / MAX_BATCH, ours / seen.starts))
 
     async def _reserve_ahead(self) -> None:
         """The next starts reserved on the budget and held; a failure kept for the next taker."""
@@ -163,7 +184,7 @@ class FarTurn(Turn):
                 if slot.deferred:  # this run's share: its own turn has not come
                     await self.alarm.nap(slot.wait)
                     continue
-                self._hold(slot, interval, on_room, count)
+                self._hold(slot, interval, on_room, count, way_back)
                 return
         except asyncio.CancelledError:
             raise
@@ -172,11 +193,15 @@ class FarTurn(Turn):
         finally:
             self.coming = None
 
-    def _hold(self, slot: Slot, interval: float, on_room: bool, count: int) -> None:
-        """Hold the ``count`` starts ``slot`` reserved, on our clock (``_offset``)."""
+    def _hold(self, slot: Slot, interval: float, on_room: bool, count: int, lead: float) -> None:
+        """Hold the ``count`` starts ``slot`` reserved, on our clock (``offset``); note whether others'
+        starts were reserved ahead of them (``queued``: later than our own held ones and the ``lead``
+        allow)."""
         called, answered = self.sharing.call
         self.rtts.append(answered - called)
         first = slot.at - offset(self.offsets, slot, called, answered) if slot.at is not None else called + slot.wait
+        earliest = max(called + min(self.rtts) / 2 + lead, self.held[-1].at + interval if self.held else -math.inf)
+        self.queued = first > earliest + interval
         epoch = self.sharing.epoch
         self.held.extend(Held(first + i * interval, interval, on_room, epoch) for i in range(count))
 

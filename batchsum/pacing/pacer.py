@@ -119,6 +119,8 @@ class Pacer:
             clock, paces, pause, room, company, evidence, self._sharing, alarm, self.auto, limiter, share, alone
         )
         self.in_flight = InFlight(self, max_in_flight)
+        if isinstance(self._turn, FarTurn):
+            self._turn.in_flight = self.in_flight
         last_start = lambda: self._turn.last_start  # noqa: E731
         lead = None if self.auto is None else Lead(clock, budget, self.auto, paces, self._sharing, record, last_start)
         self._answers = Answers(clock, paces, pause, evidence, room, self._sharing, alarm, self.in_flight, lead, record)
