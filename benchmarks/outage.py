@@ -123,6 +123,10 @@ def one_run(args: argparse.Namespace, *, comes_back: bool) -> dict[str, object]:
         "allowed": [math.ceil(args.rpm * w / 60) + 1 for w in (1, 10)],
         "waiting lines": [line for line in lines if "waiting for the rate budget" in line],
         "seconds from the kill to the exit": round(ended - killed, 1),
+        "first to last arrival (s)": round(arrivals[-1] - arrivals[0], 1) if arrivals else 0.0,
+        "pauses at the service over 1 s (start, seconds)": [
+            (round(a - arrivals[0], 1), round(b - a, 1)) for a, b in zip(arrivals, arrivals[1:]) if b - a > 1.0
+        ],
         "last line": lines[-1] if lines else "",
     }
 

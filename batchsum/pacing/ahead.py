@@ -177,14 +177,17 @@ class FarTurn(Turn):
                     self.rtts.append(self.sharing.call[1] - self.sharing.call[0])
                 interval, on_room = self._spacing(self.clock())
                 count = 1 if on_room or self.share is not None else self._batch(interval)
-                # The first start no sooner than the answer can reach us: the longest round trip seen,
-                # less the shortest way there.
-                way_back = (max(self.rtts, default=0.0) - min(self.rtts, default=0.0) / 2) * RETURN_MARGIN
+                # The first start no sooner than the answer can reach us: the longest round trip seen (a
+                # spike counts up to three typical ones), less the shortest way there.
+                longest = min(max(self.rtts, default=0.0), 3 * self._rtt())
+                way_back = (longest - min(self.rtts, default=0.0) / 2) * RETURN_MARGIN
+                outages = self.sharing.budget.outage.ended
                 slot = await self.sharing.exchange(AHEAD, interval, self.last_start, ahead=count, lead=way_back)
                 if slot.deferred:  # this run's share: its own turn has not come
                     await self.alarm.nap(slot.wait)
                     continue
-                self._hold(slot, interval, on_room, count, way_back)
+                # A call that waited out an outage says nothing of the round trip.
+                self._hold(slot, interval, on_room, count, way_back, timed=outages == self.sharing.budget.outage.ended)
                 return
         except asyncio.CancelledError:
             raise
@@ -193,13 +196,17 @@ class FarTurn(Turn):
         finally:
             self.coming = None
 
-    def _hold(self, slot: Slot, interval: float, on_room: bool, count: int, lead: float) -> None:
-        """Hold the ``count`` starts ``slot`` reserved, on our clock (``offset``); note whether others'
-        starts were reserved ahead of them (``queued``: later than our own held ones and the ``lead``
-        allow)."""
+    def _hold(self, slot: Slot, interval: float, on_room: bool, count: int, lead: float, timed: bool) -> None:
+        """Hold the ``count`` starts ``slot`` reserved, on our clock (``offset``; ``timed``: the call's
+        round trip is one to learn from); note whether others' starts were reserved ahead of them
+        (``queued``: later than our own held ones and the ``lead`` allow)."""
         called, answered = self.sharing.call
-        self.rtts.append(answered - called)
-        first = slot.at - offset(self.offsets, slot, called, answered) if slot.at is not None else called + slot.wait
+        if timed or not self.offsets:
+            self.rtts.append(answered - called)
+            mapped = offset(self.offsets, slot, called, answered)
+        else:
+            mapped = min(self.offsets)[1]
+        first = slot.at - mapped if slot.at is not None else called + slot.wait
         earliest = max(called + min(self.rtts) / 2 + lead, self.held[-1].at + interval if self.held else -math.inf)
         self.queued = first > earliest + interval
         epoch = self.sharing.epoch

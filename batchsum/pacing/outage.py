@@ -24,7 +24,7 @@ __all__ = ["Outage", "BudgetUnreachable", "hurried", "MAX_PROBE_SECONDS", "GIVE_
 
 T = TypeVar("T")
 
-MAX_PROBE_SECONDS = 5.0  # an out budget is tried again at least this often (a backoff from 0.5 s, jittered)
+MAX_PROBE_SECONDS = 2.0  # an out budget is tried again at least this often (a backoff from 0.5 s, jittered)
 GIVE_UP_PROBE = 1.0  # past a run's patience, the budget is tried at most this often; other calls fail at once
 
 _HURRIED: contextvars.ContextVar[bool] = contextvars.ContextVar("batchsum_budget_hurried", default=False)
