@@ -104,8 +104,10 @@ class Redis:
         return int(told[-1]) if told else 0
 
 
-def cell(processes: int, delay_ms: float, rpm: float, store: bool, texts: int) -> dict[str, Any]:
-    """One cell of the grid, measured."""
+def cell(
+    processes: int, delay_ms: float, rpm: float, store: bool, texts: int, per_second_too: bool = False
+) -> dict[str, Any]:
+    """One cell of the grid, measured (``per_second_too``: each second's arrivals on stderr)."""
     from batchsum.local import LocalService
 
     with tempfile.TemporaryDirectory() as folder:
@@ -131,7 +133,7 @@ def cell(processes: int, delay_ms: float, rpm: float, store: bool, texts: int) -
         operations, redis_cpu = redis.operations() - operations_before, redis.cpu() - cpu_before
         arrivals = sorted(service.state.admitted)
         stats = service.state.stats()
-        if os.environ.get("BENCH_ARRIVALS"):  # each second's arrivals, to see where a cell's time went
+        if per_second_too:  # each second's arrivals, to see where a cell's time went
             first = arrivals[0] if arrivals else 0.0
             per_second = [0] * (int(arrivals[-1] - first) + 1 if arrivals else 0)
             for at in arrivals:
@@ -175,7 +177,7 @@ def grid(args: argparse.Namespace) -> None:
             for rpm in args.rpm:
                 for store in args.store:
                     texts = args.texts or max(1, round(rpm * args.seconds / 60 / processes))
-                    r = cell(processes, delay, rpm, store == "on", texts)
+                    r = cell(processes, delay, rpm, store == "on", texts, args.per_second)
                     most = "/".join(map(str, r["most"])) + " (" + "/".join(map(str, r["allowed"])) + ")"
                     print(
                         f"| {processes} | {delay:g} ms | {rpm:g} | {r['store']} | {r['429s']} | {most} | {r['span']} s "
@@ -258,6 +260,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="each cell's length at the plan")
     parser.add_argument("--texts", type=int, default=None, help="texts per process (instead of --seconds)")
     parser.add_argument("--json", help="append each cell's figures to this file, one JSON a line")
+    parser.add_argument("--per-second", action="store_true", help="each cell's arrivals per second, on stderr")
     parser.add_argument("--simulate", action="store_true", help="the virtual-clock simulation instead of the grid")
     parser.add_argument("--sim-seconds", type=float, default=20.0, help="each simulated case's length at the plan")
     args = parser.parse_args()
