@@ -5,9 +5,11 @@ between a start's time and its going out, and the next reservation is made while
 
 Invariant: a start reserved ahead goes out at its time, at most ``late(interval)`` after it (half
 an interval, or ``LATE_SECONDS`` when that is longer; any time without pacing), or not at all (its
-slot is lost, never told as a start); never while a pause holds, after the budget came back empty, or
-once the interval in force is wider than the one it was reserved at. So the starts of every process
-on the budget keep the spacing of their reservations, each late by at most that.
+slot is lost, never told as a start), unless ``STARVED`` starts in a row were lost so (its event loop
+held: it goes late rather than never); never while a pause holds, after the budget came back empty,
+or once the interval in force is wider than the one it was reserved at. So the starts of every
+process on the budget keep the spacing of their reservations, each late by at most that while its
+process keeps time.
 """
 
 from __future__ import annotations
@@ -20,18 +22,35 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .evidence import Evidence
 from .exchange import AHEAD, LOOK, Slot
 from .pause import ON_TIME
 from .spacing import WINDOW
 from .turn import MINUTE_LOOK, AtTurn, Turn, TurnGiven
 
-__all__ = ["FarTurn", "Held", "offset", "late", "LATE_SHARE", "LATE_SECONDS", "COVER", "MAX_BATCH"]
+__all__ = [
+    "FarTurn",
+    "Held",
+    "offset",
+    "late",
+    "share_of",
+    "answer_way",
+    "LATE_SHARE",
+    "LATE_SECONDS",
+    "STARVED",
+    "COVER",
+    "MAX_BATCH",
+]
 
 # A start reserved ahead goes at most this late, else not at all: half an interval (the spacing at the
 # service within one interval), or 50 ms when that is longer, so that a busy machine's wake-ups (a few
 # ms to tens of them) cost no starts at high rates; 50 ms is under 1% of a 10 s window (docs/pacing.md).
 LATE_SHARE = 0.5
 LATE_SECONDS = 0.05
+# A pacer whose event loop is held longer than that, again and again (a blocking call in the loop, a
+# starved CPU), would lose every start: after this many lost in a row, its next late start goes late
+# (the hold is the machine's send delay, docs/pacing.md), so that it keeps moving.
+STARVED = 3
 COVER = 2.0  # a pacer holds enough starts to cover this many of the budget's round trips at its own pace
 MAX_BATCH = 32  # starts reserved in one call, at most
 SAMPLES = 16  # round trips (and at_turn's times) remembered
@@ -61,9 +80,8 @@ class Held:
 
 @dataclass(eq=False, slots=True)
 class FarTurn(Turn):
-    """The schedule of starts on a far budget: starts held (``held``), the next reservation made in
-    the background when they run low (``coming``), each start taken at its time. ``lost``: starts
-    reserved and never sent (late, a pause, a wider interval, the budget emptied)."""
+    """The schedule of starts on a far budget: starts held, the next reservation made in the background
+    when they run low (``coming``), each taken at its time; ``lost``: reserved and never sent."""
 
     held: deque[Held] = field(default_factory=deque, init=False)
     coming: asyncio.Task[None] | None = field(default=None, init=False)
@@ -72,6 +90,8 @@ class FarTurn(Turn):
     turn_took: deque[float] = field(default_factory=lambda: deque([0.0], maxlen=SAMPLES), init=False)
     offsets: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=SAMPLES), init=False)
     lost: int = field(default=0, init=False)
+    behind: int = field(default=0, init=False)  # starts sent late all the same (``STARVED``)
+    late_in_a_row: int = field(default=0, init=False)
     queued: bool = field(default=True, init=False)  # the last reservation had others' starts ahead of it
     in_flight: Slotted | None = field(default=None, init=False)  # the pacer's: a batch no bigger than its room
 
@@ -96,8 +116,12 @@ class FarTurn(Turn):
                 await self.limiter.acquire()
             self.held.popleft()
             if held.interval > 0 and self.clock() > held.at + late(held.interval) + ON_TIME:
-                self.lost += 1  # too late to keep the spacing: never sent, never told
-                continue
+                if self.late_in_a_row < STARVED:
+                    self.late_in_a_row += 1
+                    self.lost += 1  # too late to keep the spacing: never sent, never told
+                    continue
+                self.behind += 1  # the loop is held for longer than the spacing allows: go late, not never
+            self.late_in_a_row = 0
             return held.interval, held.on_room
 
     def _started(self, now: float, interval: float, on_room: bool) -> None:
@@ -133,8 +157,7 @@ class FarTurn(Turn):
         return True
 
     def _low(self, now: float) -> bool:
-        """What is held ends within ``COVER`` round trips, and is less than a call reserves: time to
-        reserve more."""
+        """What is held ends within ``COVER`` round trips, and is less than a call reserves."""
         if not self.held:
             return True
         interval = self.held[-1].interval
@@ -146,22 +169,14 @@ class FarTurn(Turn):
     def _batch(self, interval: float) -> int:
         """Starts to reserve in one call: enough to cover ``COVER`` round trips, at the key's pace when
         nothing was queued ahead of this pacer's last reservation (it is alone, or every run's starts
-        are spent), else at its share of the key's starts (``_share``); no more than can be in flight."""
+        are spent), else at its share of the key's starts (``share_of``); no more than can be in flight."""
         if interval <= 0:
             return MAX_BATCH  # no pacing: nothing to space, only a shared pause to hear
-        share = 1.0 if not self.queued else self._share()
+        share = 1.0 if not self.queued else share_of(self.evidence, self.clock())
         wanted = math.ceil(COVER * self._rtt() * share / interval)
         if self.in_flight is not None:
             wanted = min(wanted, self.in_flight.limit(self.clock()) - self.in_flight.on_wire)
         return max(1, min(MAX_BATCH, wanted))
-
-    def _share(self) -> float:
-        """This pacer's part of the key's starts in the last minute, as the budget last counted them."""
-        seen = self.evidence.seen
-        if seen is None or not seen.starts:
-            return 1.0
-        ours = len(self.evidence.starts) - bisect.bisect_left(self.evidence.starts, self.clock() - WINDOW)
-        return min(1.0, max(1 / MAX_BATCH, ours / seen.starts))
 
     async def _reserve_ahead(self) -> None:
         """The next starts reserved on the budget and held; a failure kept for the next taker."""
@@ -177,10 +192,7 @@ class FarTurn(Turn):
                     self.rtts.append(self.sharing.call[1] - self.sharing.call[0])
                 interval, on_room = self._spacing(self.clock())
                 count = 1 if on_room or self.share is not None else self._batch(interval)
-                # The first start no sooner than the answer can reach us: the longest round trip seen (a
-                # spike counts up to three typical ones), less the shortest way there.
-                longest = min(max(self.rtts, default=0.0), 3 * self._rtt())
-                way_back = (longest - min(self.rtts, default=0.0) / 2) * RETURN_MARGIN
+                way_back = answer_way(self.rtts)  # the first start no sooner than the answer reaches us
                 outages = self.sharing.budget.outage.ended
                 slot = await self.sharing.exchange(AHEAD, interval, self.last_start, ahead=count, lead=way_back)
                 if slot.deferred:  # this run's share: its own turn has not come
@@ -203,9 +215,7 @@ class FarTurn(Turn):
         called, answered = self.sharing.call
         if timed or not self.offsets:
             self.rtts.append(answered - called)
-            mapped = offset(self.offsets, slot, called, answered)
-        else:
-            mapped = min(self.offsets)[1]
+        mapped = offset(self.offsets, slot, called, answered) if timed or not self.offsets else min(self.offsets)[1]
         first = slot.at - mapped if slot.at is not None else called + slot.wait
         earliest = max(called + min(self.rtts) / 2 + lead, self.held[-1].at + interval if self.held else -math.inf)
         self.queued = first > earliest + interval
@@ -213,8 +223,7 @@ class FarTurn(Turn):
         self.held.extend(Held(first + i * interval, interval, on_room, epoch) for i in range(count))
 
     async def close(self) -> None:
-        """The reservation under way, if any, is let finish (a round trip: its report told) or, if it
-        waits longer (a pause, an outage), cancelled: the run ends."""
+        """The reservation under way is let finish (its report told), or cancelled after ``CLOSE_SECONDS``."""
         coming, self.coming = self.coming, None
         if coming is not None:
             await asyncio.wait({coming}, timeout=CLOSE_SECONDS)
@@ -241,3 +250,21 @@ def offset(offsets: deque[tuple[float, float]], slot: Slot, called: float, answe
             offsets.clear()
     offsets.append((rtt, seen))
     return min(offsets)[1]
+
+
+def share_of(evidence: Evidence, now: float) -> float:
+    """A pacer's part of the key's starts in the last minute, as the budget last counted them."""
+    seen = evidence.seen
+    if seen is None or not seen.starts:
+        return 1.0
+    ours = len(evidence.starts) - bisect.bisect_left(evidence.starts, now - WINDOW)
+    return min(1.0, max(1 / MAX_BATCH, ours / seen.starts))
+
+
+def answer_way(rtts: deque[float]) -> float:
+    """How long an answer may take to come back: the longest round trip seen (a spike counting up to
+    three typical ones) less the shortest way there, with a margin."""
+    if not rtts:
+        return 0.0
+    longest = min(max(rtts), 3 * statistics.median(rtts))
+    return (longest - min(rtts) / 2) * RETURN_MARGIN
