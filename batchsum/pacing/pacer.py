@@ -2,13 +2,14 @@
 composes the pieces of this package: the spacing rule kept with the budget (``spacing.py``), the
 pause and ramp (``pause.py``), the evidence that lowers and raises the pace (``evidence.py``), stated
 room (``room.py``), in-flight sizing (``in_flight.py``) and the key's record (``record.py``); the
-pace in force and its changes (``paces.py``), the schedule of starts (``turn.py``), what is shared
-through the budget (``sharing.py``) and what answers teach (``answers.py``).
+pace in force and its changes (``paces.py``), the schedule of starts (``turn.py``; a far budget's:
+``ahead.py``), what is shared through the budget (``sharing.py``) and what answers teach
+(``answers.py``).
 
-Invariant: every start is committed on the key's budget with the interval of the pace in force (times
-the ramp), or, on room the service stated, with the plan's interval over ``ROOM_SPEEDUP``; so the
-spacing rule of ``spacing.py`` holds for every start not on stated room, in this process and across
-every process sharing the budget.
+Invariant: every start is committed (on a far budget, reserved ahead) on the key's budget with the
+interval of the pace in force (times the ramp), or, on room the service stated, with the plan's
+interval over ``ROOM_SPEEDUP``; so the spacing rule of ``spacing.py`` holds for every start not on
+stated room, in this process and across every process sharing the budget.
 """
 
 from __future__ import annotations
