@@ -677,10 +677,21 @@ async def _every_second(watch, pacer):
 
 @pytest.mark.parametrize("far", [False, True])
 def test_a_budget_out_mid_run_is_a_pause_nothing_starts_until_it_answers_then_the_pace_goes_on(far):
+    from batchsum.app.run_view import describe_progress
+    from batchsum.engine.tally import BatchStats
+    from batchsum.run.progress import ProgressBar
+
     budget = Flaky(out=20.0, back=35.0)
     budget.far = far  # a Redis budget's turns: starts reserved ahead
-    said = []
-    starts, ended, _ = run_through(budget, 120, 100, watch=lambda pacer: said.append(pacer.state().describe()))
+    said, shown = [], []
+
+    def watch(pacer):
+        said.append(pacer.state().describe())
+        stats = BatchStats(total=100)
+        stats.pacer = pacer
+        shown.append((ProgressBar.describe(stats), describe_progress(stats)))  # the bar's line, the app's
+
+    starts, ended, _ = run_through(budget, 120, 100, watch=watch)
     assert ended is None and len(starts) == 100
     # Nothing started on a budget that could not be reached (one start reserved before it was due).
     assert between(starts, 20.0 + 1.1, 35.0) == 0
@@ -691,6 +702,8 @@ def test_a_budget_out_mid_run_is_a_pause_nothing_starts_until_it_answers_then_th
         line for line in said if "waiting for the rate budget at redis://flaky:6379/0, unreachable since" in line
     ]
     assert 5 <= len(waiting) <= 15 + 6  # said while it lasted (and until a probe found it back), no longer
+    both = [bar for bar, app in shown if "waiting for the rate budget" in bar and "waiting for the rate budget" in app]
+    assert len(both) == len(waiting)
     for width in (1, 10, 60):
         assert most_in_any_window(starts, width) <= max_starts(120, width), width
 
