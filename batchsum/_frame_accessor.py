@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 from .run.spec import RunSpec, document_options
 from .service import contract
 from .service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from .service.settings import DEFAULT_MAX_WAIT
+from .service.settings import DEFAULT_BUDGET_WAIT, DEFAULT_MAX_WAIT
 
 __all__ = ["ColumnSummarize", "ColumnSummarizeAsync", "ValuesSummarize", "ValuesSummarizeAsync"]
 
@@ -57,6 +57,7 @@ class ColumnSummarize(Generic[FrameT]):
         progress: bool = True,
         long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
+        budget_wait: float = DEFAULT_BUDGET_WAIT,
         max_requests: int | None = None,
         sample: int | None = None,
         share: float = 1.0,
@@ -107,6 +108,7 @@ class ColumnSummarizeAsync(Generic[FrameT]):
         progress: bool = True,
         long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
+        budget_wait: float = DEFAULT_BUDGET_WAIT,
         max_requests: int | None = None,
         sample: int | None = None,
         share: float = 1.0,
@@ -151,6 +153,7 @@ class ValuesSummarize(Generic[FrameT]):
         progress: bool = True,
         long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
+        budget_wait: float = DEFAULT_BUDGET_WAIT,
         max_requests: int | None = None,
         sample: int | None = None,
         share: float = 1.0,
@@ -196,6 +199,7 @@ class ValuesSummarizeAsync(Generic[FrameT]):
         progress: bool = True,
         long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
+        budget_wait: float = DEFAULT_BUDGET_WAIT,
         max_requests: int | None = None,
         sample: int | None = None,
         share: float = 1.0,

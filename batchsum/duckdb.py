@@ -57,7 +57,7 @@ from .run.spec import RunSpec, document_options
 from .service import contract
 from .service.errors import InvalidParameterError, RunCancelled, RunInterrupted
 from .service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from .service.settings import DEFAULT_MAX_WAIT, check_name
+from .service.settings import DEFAULT_BUDGET_WAIT, DEFAULT_MAX_WAIT, check_name
 
 __all__ = ["register", "interrupt", "Registration", "IDLE_SECONDS", "ESTIMATE_FIELDS"]
 
@@ -302,6 +302,7 @@ def register(
     progress: bool = True,
     long_texts: str = "skip",
     max_wait: float = DEFAULT_MAX_WAIT,
+    budget_wait: float = DEFAULT_BUDGET_WAIT,
     max_requests: int | None = None,
     sample: int | None = None,
     share: float = 1.0,

@@ -48,7 +48,7 @@ from .run.spec import RunSpec, document_options
 from .service import contract
 from .service.errors import BudgetError, ConfigurationError, InputError, InvalidParameterError
 from .service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from .service.settings import DEFAULT_MAX_WAIT
+from .service.settings import DEFAULT_BUDGET_WAIT, DEFAULT_MAX_WAIT
 
 __all__ = ["summarize", "register", "result_schema"]
 
@@ -227,6 +227,7 @@ def summarize(
     progress: bool = True,
     long_texts: str = "skip",
     max_wait: float = DEFAULT_MAX_WAIT,
+    budget_wait: float = DEFAULT_BUDGET_WAIT,
     max_requests: int | None = None,
     sample: int | None = None,
     share: float = 1.0,
@@ -278,6 +279,7 @@ def register(
     progress: bool = True,
     long_texts: str = "skip",
     max_wait: float = DEFAULT_MAX_WAIT,
+    budget_wait: float = DEFAULT_BUDGET_WAIT,
     max_requests: int | None = None,
     sample: int | None = None,
     share: float = 1.0,

@@ -119,7 +119,7 @@ async def cost(budget, count: int) -> float:
     await budget.reserve(0.0, start=False)
     started = time.perf_counter()
     for _ in range(count):
-        await budget.reserve(0.0, Report(started=1))
+        await budget.reserve(0.0, Report())
     elapsed = time.perf_counter() - started
     await budget.aclose()
     return elapsed / count * 1e6

@@ -21,7 +21,7 @@ from ..run.top import key_company
 from ..service import contract
 from ..service.errors import BatchsumError
 from ..service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from ..service.settings import DEFAULT_MAX_WAIT, check_rate, describe_rate
+from ..service.settings import DEFAULT_BUDGET_WAIT, DEFAULT_MAX_WAIT, check_rate, describe_rate
 from .controls import STYLE, App, field, grid
 from .run_view import RunView
 
@@ -39,6 +39,7 @@ _RUN_OPTIONS = (
     "store_scope",
     "progress",
     "max_wait",
+    "budget_wait",
     "long_texts",
     "max_requests",
     "sample",
@@ -80,6 +81,7 @@ class FrameApp(App):
         progress: bool = False,
         long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
+        budget_wait: float = DEFAULT_BUDGET_WAIT,
         max_requests: int | None = None,
         sample: int | None = None,
         share: float = 1.0,

@@ -133,6 +133,7 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "store": {"metavar": "WHERE"},
     "refresh": {"action": "store_true"},
     "max_wait": {"type": _number(0), "metavar": "SECONDS"},
+    "budget_wait": {"type": _number(0), "metavar": "SECONDS"},
     "long_texts": {"choices": LONG_TEXT_POLICIES, "type": str.lower},
     "store_scope": {"choices": STORE_SCOPES, "type": str.lower},
     "max_requests": {"type": _number(1, whole=True), "metavar": "N"},

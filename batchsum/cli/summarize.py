@@ -151,7 +151,11 @@ def summarize_command(args: argparse.Namespace) -> int:
     except BudgetError as exc:
         if not run.opened:
             raise  # refused before anything was sent: a usage error
-        say(f"stopped: {exc}; {stats.done} rows were done; {run.new_answers} new answers kept; {resume}")
+        command = shlex.join(["batchsum", *getattr(args, "argv", [])])
+        say(
+            f"stopped: {exc}; {stats.done} rows were done; {run.new_answers} new answers kept in {journal_path}. "
+            f"Once the budget answers, the same command continues: {command}"
+        )
         return EXIT_FATAL
     except JournalError as exc:
         say(

@@ -172,7 +172,7 @@ class Requests:
                 self.stats.sent += 1
                 self.stop(exc)
                 raise
-            except (BudgetError, RunCancelled) as exc:  # the budget is gone, or the job stopped
+            except (BudgetError, RunCancelled) as exc:  # the budget out past budget_wait, or the job stopped
                 self.stop(exc)  # nothing more starts
                 raise
             except APIError as exc:

@@ -177,6 +177,7 @@ class Pacers:
             in_flight=sum(s.in_flight for s in states),
             in_flight_limit=sum(s.in_flight_limit for s in states),
             rate_limited=self.rate_limited,
+            budget=next((s.budget for s in states if s.budget is not None), None),
             keys=tuple(lane.state() for lane in self.lanes),
         )
 

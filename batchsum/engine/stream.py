@@ -5,8 +5,9 @@ by request fingerprint in the answer store (an earlier run's journal, this run's
 an identical request already under way, or sent through the pacer. At most ``concurrency`` requests
 are in flight and at most ``window`` rows wait between reading and yielding, whatever the input size.
 The first 401 stops the batch: nothing more is sent, and the error is raised after the rows already
-finished are yielded; their answers stay in the store. So does a rate budget that can no longer be
-reached (``BudgetError``): without it, no process could know what the others send.
+finished are yielded; their answers stay in the store. So does a rate budget that cannot be reached
+for longer than ``budget_wait`` (``BudgetError``; a shorter outage is a pause): without it, no process
+could know what the others send.
 """
 
 from __future__ import annotations

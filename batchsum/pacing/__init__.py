@@ -6,7 +6,8 @@ only room the service states (and has not contradicted) may go faster, and at mo
 The pieces, each with its invariant in its docstring:
 
 - ``spacing``: the rule's constants (the jitter margin, the room's speed-up) and ``max_starts``;
-  the budget (``budget.py``) keeps the rule for every process sharing a key (reserve, then commit).
+  the budget (``budget.py``) keeps the rule for every process sharing a key (reserve, then commit;
+  on a far budget, the next starts reserved ahead: ``ahead.py``).
 - ``pause``: the shared 429 pause and the ramp after it (only ever wider spacing).
 - ``evidence``: AIMD, the pace lowered only on evidence of a limit and climbing back while clean.
 - ``room``: room the service states, who may spend it, and its distrust after a contradicting 429.
@@ -14,7 +15,8 @@ The pieces, each with its invariant in its docstring:
 - ``record``: what the key's budget remembers of the key at its service (a proven key skips the lone
   first request; a contradicted statement is not trusted again).
 - ``paces``: the pace in force, its ceiling, and the log of its changes.
-- ``turn``: the schedule of starts (reserve on the budget, wait, commit); ``sharing``: what a pacer
+- ``turn``: the schedule of starts (reserve on the budget, wait, commit; ``ahead``: a far budget's,
+  reserved a few at a time); ``outage``: a budget out mid-run, waited for; ``sharing``: what a pacer
   and the other users of its budget tell each other; ``answers``: what a pacer learns from answers.
 - ``limit``, ``search``, ``lead``: ``--rpm auto``, the key's limit found once for every run on it
   (one leads the search, the others follow), judged by the key's ``ledger``.

@@ -54,6 +54,7 @@ from pathlib import Path
 from ..service.errors import BudgetError, redact_location
 from ..service.settings import DEFAULT_BUDGET, ENV_BUDGET, budget_spec
 from .exchange import (
+    AHEAD,
     COMMIT,
     ENTRY_CHARS,
     LEASE_SECONDS,
@@ -99,6 +100,7 @@ __all__ = [
     "RESERVE",
     "COMMIT",
     "RESERVE_ONLY",
+    "AHEAD",
     "NO_REPORT",
     "RECORD_SECONDS",
     "MAX_AHEAD",
@@ -143,7 +145,10 @@ class _Tallies:
                 self._sums[at] += n
 
     def ended(self, now: float, report: Report) -> None:
-        """The answers ``report`` tells of, each at the tick of its start."""
+        """The answers ``report`` tells of, each at the tick of its start (and the starts reserved
+        ahead that went out)."""
+        for age in report.started:
+            self.add(tick_of(now - age), starts=1)
         for age in report.answered:
             self.add(tick_of(now - age), answered=1)
         for age in report.refused:
@@ -199,14 +204,17 @@ class ProcessBudget(Budget):
         with cls._registry_lock:
             return cls._registry.setdefault(key_id, cls(shared=True))
 
-    async def _call(self, what: int, interval: float, report: Report, share: Share | None) -> Slot:
+    async def _call(
+        self, what: int, interval: float, report: Report, share: Share | None, count: int = 1, lead: float = 0.0
+    ) -> Slot:
         with self._lock:
             now = self._clock()
             turn = None
-            if what in (RESERVE, RESERVE_ONLY) and share is not None:
+            if what in (RESERVE, RESERVE_ONLY, AHEAD) and share is not None:
+                count = 1  # a shared run's own schedule goes one start at a time
                 turn = share_wait(self._shares.get(share.holder, -math.inf), now, share.own_interval(interval))
-            at, committed = self._state.advance(now, interval, report, LOOK if turn is not None else what)
-            if share is not None and what in (RESERVE, RESERVE_ONLY) and at is not None:
+            at, committed = self._state.advance(now, interval, report, LOOK if turn is not None else what, count, lead)
+            if share is not None and what in (RESERVE, RESERVE_ONLY, AHEAD) and at is not None:
                 if len(self._shares) > 1024:  # forget runs long gone
                     self._shares = {h: t for h, t in self._shares.items() if t > now - KEEP_SECONDS}
                 self._shares[share.holder] = at + share.own_interval(interval)

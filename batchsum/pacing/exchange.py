@@ -1,7 +1,8 @@
 """What a pacer and its key's budget exchange: the ``Budget`` protocol, the report a pacer pushes,
 the slot it gets back, a run's share of the key, the lead of the key's search (``Lead``), the
 entries remembered of a key at a service, and the runs' registry (``Member``, ``RunEntry``): who is
-on the key, their job's stop, and the budget's epoch (a new one: it came back empty).
+on the key, their job's stop, and the budget's epoch (a new one: it came back empty). A budget's
+calls go through its ``outage`` (``outage.py``): one that cannot be reached mid-run is waited for.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .ledger import LEDGER_SECONDS, Ledger
+from .outage import BudgetUnreachable, Outage
 
 __all__ = [
     "Budget",
@@ -25,6 +27,7 @@ __all__ = [
     "Member",
     "RunEntry",
     "BudgetReset",
+    "BudgetUnreachable",
     "LEASE_SECONDS",
     "RUN_LEASE_SECONDS",
     "STOP_SECONDS",
@@ -34,6 +37,7 @@ __all__ = [
     "RESERVE",
     "COMMIT",
     "RESERVE_ONLY",
+    "AHEAD",
     "RECORD_SECONDS",
     "SETTING",
 ]
@@ -101,7 +105,8 @@ class Report:
     """What a pacer tells the budget with its next reservation: a pause it must share, a pace it
     set, and how its attempts ended since its last report: the ages (seconds before this report) of
     the starts answered clean (``answered``) and answered 429 (``refused``), which the budget counts
-    at the tick of each start. (The starts themselves are counted by the budget when committed.) A pace
+    at the tick of each start. (The starts themselves are counted by the budget when committed; a
+    start reserved ahead, never committed, is told by its age in ``started``.) A pace
     lowered on evidence always applies; a pace raised while climbing (``pace_base``: the version it
     climbed from) applies only if nobody wrote one since, so a climb never undoes another's lowering."""
 
@@ -111,12 +116,13 @@ class Report:
     pace_base: int | None = None
     answered: tuple[float, ...] = ()
     refused: tuple[float, ...] = ()
+    started: tuple[float, ...] = ()  # starts reserved ahead (``AHEAD``) that went out, by age
     run: Member | None = None  # the run calling: its job's stop is looked up (``Slot.stop``)
     entry: str | None = None  # the run's entry to publish (plain JSON), at most once a second
 
     def ended(self) -> bool:
-        """Whether it tells of attempts that ended."""
-        return bool(self.answered or self.refused)
+        """Whether it tells of attempts that ended (or of starts reserved ahead that went out)."""
+        return bool(self.answered or self.refused or self.started)
 
 
 NO_REPORT = Report()
@@ -180,8 +186,10 @@ class Lead:
 
 
 # What a call to the budget does besides taking the report: look; reserve (committed at once when
-# due now); commit; reserve and never commit at once (the caller asks its own limiter first).
-LOOK, RESERVE, COMMIT, RESERVE_ONLY = 0, 1, 2, 3
+# due now); commit; reserve and never commit at once (the caller asks its own limiter first); reserve
+# the next ``count`` starts ahead, each an interval after the one before and recorded as the key's
+# last at once (a far budget's: ``Budget.far``; the starts that went out are told afterwards, by age).
+LOOK, RESERVE, COMMIT, RESERVE_ONLY, AHEAD = 0, 1, 2, 3, 4
 
 
 class Budget(abc.ABC):
@@ -190,6 +198,17 @@ class Budget(abc.ABC):
     shared = True
     where = ""  # for messages: "this process", "this machine (PATH)", "redis://host:port/db"
     epoch = ""  # the epoch the budget last answered with (a budget in memory: its own, made with it)
+    # Calls cross a network (Redis): a pacer reserves its next starts ahead (``AHEAD``), a few in one
+    # call, and tells afterwards which went out, instead of a round trip to commit each before it goes.
+    far = False
+
+    @property
+    def outage(self) -> Outage:
+        """The budget's outage, if any (``outage.Outage``): waited for up to a run's ``budget_wait``."""
+        outage: Outage | None = self.__dict__.get("_outage")
+        if outage is None:
+            outage = self.__dict__["_outage"] = Outage(self.where)
+        return outage
 
     async def reserve(
         self,
@@ -199,11 +218,18 @@ class Budget(abc.ABC):
         start: bool = True,
         share: Share | None = None,
         commit: bool = True,
+        ahead: int = 0,
+        lead: float = 0.0,
     ) -> Slot:
         """Push ``report``; reserve a start ``interval`` seconds after the key's previous one
         (``start``; else only look). With ``share``, only once the shared run's own turn has come
         (else a ``deferred`` slot). A start due at once comes back ``committed`` (unless not
-        ``commit``); any other must be committed when its wait is over (``commit``)."""
+        ``commit``); any other must be committed when its wait is over (``commit``). ``ahead``: the
+        next ``ahead`` starts instead, at ``at``, ``at + interval`` ..., the first at least ``lead``
+        seconds from now (the time the answer takes to reach the caller): ``AHEAD``, nothing to commit;
+        tell each that went out with a later report's ``started``."""
+        if ahead > 0 and start:
+            return await self._call(AHEAD, interval, report, share, count=ahead, lead=lead)
         what = (RESERVE if commit else RESERVE_ONLY) if start else LOOK
         return await self._call(what, interval, report, share)
 
@@ -213,8 +239,11 @@ class Budget(abc.ABC):
         return await self._call(COMMIT, interval, report, share)
 
     @abc.abstractmethod
-    async def _call(self, what: int, interval: float, report: Report, share: Share | None) -> Slot:
-        """One atomic step on the budget's state: ``LOOK``, ``RESERVE`` or ``COMMIT``."""
+    async def _call(
+        self, what: int, interval: float, report: Report, share: Share | None, count: int = 1, lead: float = 0.0
+    ) -> Slot:
+        """One atomic step on the budget's state: ``LOOK``, ``RESERVE``, ``COMMIT`` or ``AHEAD``
+        (``count`` starts, the first at least ``lead`` from now)."""
 
     async def check(self) -> None:
         """Raise ``BudgetError`` when the budget cannot be used (before anything is sent)."""
@@ -245,6 +274,10 @@ class Budget(abc.ABC):
     async def remembered(self) -> list[Remembered]:
         """Every entry remembered, of every key and service (``batchsum limits``)."""
         return []
+
+    async def rewrite(self, entries: Sequence[Remembered]) -> None:  # noqa: B027 - remembers nothing
+        """Write ``entries`` again with their own stamps, none over a newer one of the same name: what
+        a run knew of the key, into a budget that came back empty."""
 
     async def forget(self, key_hash: str | None = None, service: str | None = None, name: str | None = None) -> int:
         """Forget the entries that match (None matches all), and with no ``name``, the shared pace,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..service.retry import MAX_RETRY_AFTER
-from .exchange import COMMIT, LOOK, RESERVE, SHARED_SECONDS, Report, Slot
+from .exchange import AHEAD, COMMIT, LOOK, RESERVE, SHARED_SECONDS, Report, Slot
 
 __all__ = [
     "State",
@@ -47,11 +47,15 @@ class State:
     pace_at: float = 0.0
     updated: float = 0.0
 
-    def advance(self, now: float, interval: float, report: Report, what: int) -> tuple[float | None, bool]:
+    def advance(
+        self, now: float, interval: float, report: Report, what: int, count: int = 1, lead: float = 0.0
+    ) -> tuple[float | None, bool]:
         """Apply ``report``; then reserve the next start (``RESERVE``: its time, and whether it was
         committed at once), or commit a start now (``COMMIT``: now when the last committed start is
-        an interval back and no pause holds, else the time it may be tried again). A ``LOOK`` does
-        neither: (None, False)."""
+        an interval back and no pause holds, else the time it may be tried again), or reserve the
+        next ``count`` starts ahead (``AHEAD``: the first's time, at least ``lead`` from now; each an
+        interval after the one before, the last recorded as the key's last start at once). A ``LOOK``
+        does neither: (None, False)."""
         interval = max(0.0, interval)
         if now < self.updated:  # the clock was stepped back: so is the schedule
             back = now - self.updated
@@ -79,7 +83,12 @@ class State:
                 return due, False
             self.last = now
             return now, True
-        at = max(self.tat, due, now)
+        at = max(self.tat, due, now + (max(0.0, min(lead, interval + 1.0)) if what == AHEAD else 0.0))
+        if what == AHEAD:
+            count = max(1, count)
+            self.tat = at + count * interval
+            self.last = at + (count - 1) * interval
+            return at, False
         self.tat = at + interval
         if at <= now + ON_TIME and what == RESERVE:
             self.last = now

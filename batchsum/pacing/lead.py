@@ -102,6 +102,8 @@ class Lead:
         if self.leading:
             if took_over and view.state is not None and view.state != self.published:
                 self._follow(view.state, resume=True)  # a search in progress is carried on, not restarted
+            elif took_over and view.state is None and self.published is not None:
+                self._follow(self.published, resume=True)  # the budget came back empty: led on from what we followed
             why = self.auto.step(await self.budget.ledger())
             if why is not None:
                 self.moved(why)

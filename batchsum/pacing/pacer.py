@@ -2,13 +2,14 @@
 composes the pieces of this package: the spacing rule kept with the budget (``spacing.py``), the
 pause and ramp (``pause.py``), the evidence that lowers and raises the pace (``evidence.py``), stated
 room (``room.py``), in-flight sizing (``in_flight.py``) and the key's record (``record.py``); the
-pace in force and its changes (``paces.py``), the schedule of starts (``turn.py``), what is shared
-through the budget (``sharing.py``) and what answers teach (``answers.py``).
+pace in force and its changes (``paces.py``), the schedule of starts (``turn.py``; a far budget's:
+``ahead.py``), what is shared through the budget (``sharing.py``) and what answers teach
+(``answers.py``).
 
-Invariant: every start is committed on the key's budget with the interval of the pace in force (times
-the ramp), or, on room the service stated, with the plan's interval over ``ROOM_SPEEDUP``; so the
-spacing rule of ``spacing.py`` holds for every start not on stated room, in this process and across
-every process sharing the budget.
+Invariant: every start is committed (on a far budget, reserved ahead) on the key's budget with the
+interval of the pace in force (times the ramp), or, on room the service stated, with the plan's
+interval over ``ROOM_SPEEDUP``; so the spacing rule of ``spacing.py`` holds for every start not on
+stated room, in this process and across every process sharing the budget.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..service.settings import check_rpm
+from .ahead import FarTurn
 from .answers import Answers
 from .budget import ProcessBudget
 from .evidence import Evidence
@@ -26,6 +28,7 @@ from .exchange import Budget, Share
 from .in_flight import InFlight
 from .lead import Lead
 from .limit import AutoLimit
+from .outage import hurried
 from .owed import Owed
 from .paces import PaceChange, PaceLog, Paces
 from .pause import Alarm, Pause
@@ -50,9 +53,10 @@ class PacerState:
     in_flight_limit: int
     rate_limited: int
     limit: str | None = None  # under ``rpm="auto"``: the limit in force and where it came from
+    budget: str | None = None  # the key's budget cannot be reached: the wait for it, in words
 
     def describe(self) -> str:
-        parts = []
+        parts = [] if self.budget is None else [self.budget]
         if self.paused_for > 0:
             parts.append(f"waiting {math.ceil(self.paused_for)} s: {self.pause_reason}")
         if self.limit is not None:
@@ -111,10 +115,13 @@ class Pacer:
         evidence, company = Evidence(budget.shared), Company(budget.shared)
         room = StatedRoom(trusted=record is None or not record.room_distrusted)
         self._sharing = Sharing(clock, budget, share, paces, pause, evidence, company, alarm, record, owed, presence)
-        self._turn = Turn(
+        turn = FarTurn if budget.far else Turn  # a far budget: starts reserved ahead, a few at a time
+        self._turn = turn(
             clock, paces, pause, room, company, evidence, self._sharing, alarm, self.auto, limiter, share, alone
         )
         self.in_flight = InFlight(self, max_in_flight)
+        if isinstance(self._turn, FarTurn):
+            self._turn.in_flight = self.in_flight
         last_start = lambda: self._turn.last_start  # noqa: E731
         lead = None if self.auto is None else Lead(clock, budget, self.auto, paces, self._sharing, record, last_start)
         self._answers = Answers(clock, paces, pause, evidence, room, self._sharing, alarm, self.in_flight, lead, record)
@@ -176,10 +183,13 @@ class Pacer:
     async def flush(self) -> None:
         """Tell the budget what it has not heard yet (the last starts, a pause, a pace) and write the
         key's record: at the end of a batch, so that others' counts are whole. Under auto, the lead
-        of the key's search, if this batch held it, goes to another run."""
-        if self._answers.lead is not None:
-            await self._answers.lead.close()
-        await self._sharing.flush(self._turn.last_start)
+        of the key's search, if this batch held it, goes to another run. A budget out now is not
+        waited for: these are a run's last words."""
+        with hurried():
+            await self._turn.close()
+            if self._answers.lead is not None:
+                await self._answers.lead.close()
+            await self._sharing.flush(self._turn.last_start)
 
     def after_attempt(
         self,
@@ -213,4 +223,5 @@ class Pacer:
             in_flight_limit=self.in_flight.limit(now),
             rate_limited=self.rate_limited,
             limit=self.auto.describe() if self.auto is not None else None,
+            budget=self._sharing.budget.outage.describe(),
         )

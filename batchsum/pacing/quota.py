@@ -18,16 +18,20 @@ import asyncio
 import bisect
 import datetime as _dt
 import json
+import logging
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..service.errors import BudgetError
 from ..service.keys import ADJECTIVES, PERIODS, Quota, period_window
 from ..service.retry import MAX_RETRY_AFTER
-from .exchange import Budget
+from .exchange import Budget, BudgetReset
 
 __all__ = ["Spent", "StatedQuota", "CountedQuota", "LONG_RETRY_AFTER", "utc", "window_name"]
+
+log = logging.getLogger("batchsum")
 
 # The one threshold between a pause and a quota spent: a wait the service asks for (a 429's
 # Retry-After) or states (a quota's reset) at most this long is a per-minute limit's "later", even
@@ -157,15 +161,19 @@ class CountedQuota:
     configured ``quota`` (``Quota``) is held to is everything the key's runs paid: ``claim`` counts one
     paid request before it starts (None: the quota is spent), ``give_back`` uncounts one the service
     did not bill (``engine.tally.charge``). With no ``quota``, it counts and never refuses. ``wall``: the
-    Unix time now, the periods' clock."""
+    Unix time now, the periods' clock. Each claim carries the budget's epoch as this run knows it: a
+    budget that came back empty refuses it (``BudgetReset``), and the quota's count is restored to at
+    least what this run last saw counted before it counts again."""
 
-    __slots__ = ("quota", "budget", "used", "wall", "_one")
+    __slots__ = ("quota", "budget", "used", "wall", "epoch", "_seen", "_one")
 
     def __init__(self, quota: Quota | None, budget: Budget, wall: Callable[[], float] = time.time) -> None:
         self.quota = quota
         self.budget = budget
         self.used: int | None = None  # the count of the quota's period after our last claim (every run's)
         self.wall = wall
+        self.epoch: str | None = None  # the budget's epoch at our first claim
+        self._seen: tuple[str, int] | None = None  # the first period's name and its count after our last claim
         # A few counts at a time: a batch's attempts all claim at once, and each call is a command on
         # the budget (a Redis connection each, of a pool of 100); a few keep a far budget's round
         # trips from capping the pace (one at a time, 30 ms apart, is 2000 a minute).
@@ -187,7 +195,15 @@ class CountedQuota:
         periods = self._periods()
         limit = self.quota.limit if self.quota is not None else None
         async with self._one:
-            used = await self.budget.quota_claim(periods, limit)
+            try:
+                used = await self.budget.quota_claim(periods, limit, self.epoch)
+            except BudgetReset as reset:  # it came back empty: what we saw counted goes back first
+                if self._seen is not None and self._seen[0] == periods[0][0]:
+                    await self.budget.quota_restore(periods[0][0], self._seen[1], periods[0][1])
+                self.epoch = reset.epoch
+                used = await self.budget.quota_claim(periods, limit, self.epoch)
+            self.epoch = self.epoch or self.budget.epoch or None
+            self._seen = (periods[0][0], limit if used is None and limit is not None else used or 0)
         if used is None:
             self.used = limit
             return None
@@ -195,8 +211,12 @@ class CountedQuota:
         return tuple(name for name, _ in periods)
 
     async def give_back(self, periods: tuple[str, ...]) -> None:
+        """Uncount one request; a budget out of reach keeps it counted (one too many: never one too few)."""
         async with self._one:
-            await self.budget.quota_give_back(periods)
+            try:
+                await self.budget.quota_give_back(periods)
+            except BudgetError as exc:
+                log.debug("a count could not be given back to the budget: %s", exc)
 
     def spent(self) -> Spent:
         assert self.quota is not None

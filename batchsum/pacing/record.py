@@ -44,7 +44,7 @@ class KeyRecord:
     """One (key, service) pair's remembered entries, as of the start of the run, and what this run
     has to add (``pending``), written by ``flush`` from wherever an event loop is at hand."""
 
-    __slots__ = ("budget", "key_hash", "service", "pending", "_entries", "_clock")
+    __slots__ = ("budget", "key_hash", "service", "pending", "_entries", "_wrote", "_clock")
 
     def __init__(
         self,
@@ -59,6 +59,7 @@ class KeyRecord:
         self.service = service
         self.pending: dict[str, str] = {}
         self._entries = {entry.name: entry for entry in entries}
+        self._wrote: dict[str, Remembered] = {}  # what this run wrote, stamped when written
         self._clock = clock
 
     @classmethod
@@ -163,3 +164,11 @@ class KeyRecord:
             await self.budget.remember(self.key_hash, self.service, pending)
         except BudgetError as exc:
             log.debug("could not remember %s for the key at %s: %s", sorted(pending), self.service, exc)
+            return
+        now = self._clock()
+        self._wrote.update({n: Remembered(self.key_hash, self.service, n, v, now) for n, v in pending.items()})
+
+    def known(self) -> list[Remembered]:
+        """What this run knows of the key: the entries recalled at its start and what it wrote since
+        (written again, with their stamps, into a budget that came back empty)."""
+        return list({**self._entries, **self._wrote}.values())

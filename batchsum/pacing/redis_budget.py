@@ -1,5 +1,7 @@
 """``RedisBudget``: a key's budget shared by every process on every machine, GCRA in one Lua script on
-Redis' own clock, with the entries remembered of each key.
+Redis' own clock, with the entries remembered of each key. A far budget (``Budget.far``): pacers
+reserve their next starts ahead, a few in one call. A Redis that stops answering mid-run is waited
+for (``outage.Outage``), not a stop, until the run's ``budget_wait``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any, TypeVar
 
 from ..service.errors import BudgetError, location_secrets, one_line, redact, redact_location
 from .exchange import (
+    AHEAD,
     ENTRY_CHARS,
     LEASE_SECONDS,
     RECORD_SECONDS,
@@ -22,6 +25,7 @@ from .exchange import (
     STOP_SECONDS,
     Budget,
     BudgetReset,
+    BudgetUnreachable,
     Lead,
     Member,
     Remembered,
@@ -32,7 +36,8 @@ from .exchange import (
 )
 from .gcra import KEEP_SECONDS, MAX_AHEAD, MAX_PAUSE, MINUTE, ON_TIME, REASON_CHARS
 from .ledger import LEDGER_SECONDS, TICK, Ledger, Tally
-from .redis_scripts import GIVE_BACK, LEAD, LEDGER, QUOTA, RESTORE, RUNS, STEP
+from .outage import hurried
+from .redis_scripts import GIVE_BACK, LEAD, LEDGER, QUOTA, RESTORE, REWRITE, RUNS, STEP
 
 __all__ = ["RedisBudget"]
 
@@ -93,24 +98,36 @@ class _RedisConnection(Budget):
         return entry
 
     async def _redis(self, command: Callable[[], Awaitable[T]]) -> T:
-        """``command`` on the budget's Redis, tried up to three times when the connection fails."""
+        """``command`` on the budget's Redis, through its outage: while it cannot be reached, tried
+        again with a backoff up to the run's ``budget_wait`` (``outage.Outage``)."""
+        return await self.outage.through(lambda: self._tries(command))
+
+    async def _tries(self, command: Callable[[], Awaitable[T]]) -> T:
+        """``command``, tried up to three times when the connection fails (``BudgetUnreachable``)."""
         import asyncio
 
         import redis.exceptions
 
-        for attempt in range(_REDIS_ATTEMPTS):
+        attempts = 1 if self.outage.since is not None else _REDIS_ATTEMPTS  # out: the outage's backoff tries again
+        for attempt in range(attempts):
             try:
                 return await command()
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
-                if attempt == _REDIS_ATTEMPTS - 1:
-                    raise BudgetError(
-                        f"cannot reach the rate budget at {self.where} ({_said(exc, self._secrets)}) after "
-                        f"{_REDIS_ATTEMPTS} tries; start it, or set {SETTING} to machine or none"
+                if attempt == attempts - 1:
+                    said, advice = _said(exc, self._secrets), f"start it, or set {SETTING} to machine or none"
+                    raise BudgetUnreachable(
+                        f"cannot reach the rate budget at {self.where} ({said}) after {attempts} tries; {advice}",
+                        cause=said,
+                        advice=advice,
                     ) from None
                 await asyncio.sleep(0.2 * 2**attempt)
             except redis.exceptions.RedisError as exc:
                 raise BudgetError(f"the rate budget at {self.where} refused: {_said(exc, self._secrets)}") from None
         raise AssertionError("unreachable")
+
+    def _eval(self, script: str, keys: Sequence[str], args: Sequence[str]) -> Callable[[], Awaitable[Any]]:
+        """A call of ``script`` on ``keys`` and ``args``, to make (and make again) on the loop's connection."""
+        return lambda: self._client()[1].eval(script, len(keys), *keys, *args)
 
     def _record_key(self, key_hash: str, service: str) -> str:
         return f"{_REMEMBERED}{key_hash}:{service}"
@@ -198,7 +215,11 @@ class _RedisConnection(Budget):
 class RedisBudget(_RedisConnection):
     """Every process on every machine: GCRA in one Lua script on Redis' clock."""
 
-    async def _call(self, what: int, interval: float, report: Report, share: Share | None) -> Slot:
+    far = True
+
+    async def _call(
+        self, what: int, interval: float, report: Report, share: Share | None, count: int = 1, lead: float = 0.0
+    ) -> Slot:
         _, _, script = self._client()
         budget, run = self._keys[0], report.run
         keys = [
@@ -208,29 +229,7 @@ class RedisBudget(_RedisConnection):
             f"{budget}:runs:seen",
             f"{budget}:stop:{run.run_id if run is not None else ''}",
         ]
-        args = [
-            f"{max(0.0, interval):.6f}",
-            str(what),
-            f"{max(0.0, report.pause_for):.6f}",
-            (report.pause_reason or "")[:REASON_CHARS],
-            "" if report.pace is None else f"{report.pace:.6f}",
-            " ".join(f"{age:.4f}" for age in report.refused),
-            str(MAX_AHEAD),
-            str(MAX_PAUSE),
-            str(KEEP_SECONDS),
-            str(MINUTE),
-            " ".join(f"{age:.4f}" for age in report.answered),
-            "" if report.pace_base is None else str(report.pace_base),
-            "" if share is None or what not in (RESERVE, RESERVE_ONLY) else f"{share.own_interval(interval):.6f}",
-            str(ON_TIME),
-            str(SHARED_SECONDS),
-            str(TICK),
-            os.urandom(8).hex(),
-            "" if run is None else run.member,
-            "" if run is None else run.run_id,
-            "" if run is None or report.entry is None or len(report.entry) > ENTRY_CHARS else report.entry,
-            str(RUN_LEASE_SECONDS),
-        ]
+        args = _step_args(what, interval, report, share, count, lead)
         raw = await self._redis(lambda: script(keys=keys, args=args))
         (
             wait,
@@ -265,6 +264,17 @@ class RedisBudget(_RedisConnection):
             epoch=epoch,
             stop=stop or None,
         )
+
+    async def rewrite(self, entries: Sequence[Remembered]) -> None:
+        by_record: dict[tuple[str, str], list[Remembered]] = {}
+        for entry in entries:
+            by_record.setdefault((entry.key_hash, entry.service), []).append(entry)
+        for (key_hash, service), written in by_record.items():
+            keys = [self._record_key(key_hash, service), _NAMES]
+            args = [str(int(RECORD_SECONDS)), self.id, f"{key_hash} {service}"]
+            for entry in written:
+                args += [entry.name, f"{entry.at:.6f} {entry.value}"]
+            await self._redis(self._eval(REWRITE, keys, args))
 
     async def ledger(self, seconds: float = LEDGER_SECONDS) -> Ledger:
         _, client, _ = self._client()
@@ -325,7 +335,8 @@ class RedisBudget(_RedisConnection):
                 pipe.zrem(f"{budget}:runs:seen", member.member)
                 await pipe.execute()
 
-        await self._redis(remove)
+        with hurried():  # a run's entry lapses on its own: not worth waiting for an outage
+            await self._redis(remove)
 
     async def post_stop(self, run_id: str, cause: str) -> None:
         key = f"{self._keys[0]}:stop:{run_id}"
@@ -340,6 +351,37 @@ class RedisBudget(_RedisConnection):
 
     def _quota(self, period: str) -> str:
         return f"{self._keys[0]}:quota:{period}"
+
+
+def _step_args(what: int, interval: float, report: Report, share: Share | None, count: int, lead: float) -> list[str]:
+    """The ``STEP`` script's arguments (``redis_scripts.STEP`` numbers them)."""
+    run = report.run
+    return [
+        f"{max(0.0, interval):.6f}",
+        str(what),
+        f"{max(0.0, report.pause_for):.6f}",
+        (report.pause_reason or "")[:REASON_CHARS],
+        "" if report.pace is None else f"{report.pace:.6f}",
+        " ".join(f"{age:.4f}" for age in report.refused),
+        str(MAX_AHEAD),
+        str(MAX_PAUSE),
+        str(KEEP_SECONDS),
+        str(MINUTE),
+        " ".join(f"{age:.4f}" for age in report.answered),
+        "" if report.pace_base is None else str(report.pace_base),
+        "" if share is None or what not in (RESERVE, RESERVE_ONLY, AHEAD) else f"{share.own_interval(interval):.6f}",
+        str(ON_TIME),
+        str(SHARED_SECONDS),
+        str(TICK),
+        os.urandom(8).hex(),
+        "" if run is None else run.member,
+        "" if run is None else run.run_id,
+        "" if run is None or report.entry is None or len(report.entry) > ENTRY_CHARS else report.entry,
+        str(RUN_LEASE_SECONDS),
+        str(1 if share is not None else max(1, count)),
+        " ".join(f"{age:.4f}" for age in report.started),
+        f"{max(0.0, min(lead, interval + 1.0)):.6f}",
+    ]
 
 
 def _text(value: Any) -> str:

@@ -3,7 +3,7 @@ key's counts, the runs' registry and a job's stop (``STEP``), the ledger, the le
 and the runs on the key; each does what its twin in ``gcra.py`` / ``sqlite_budget.py`` does.
 """
 
-__all__ = ["STEP", "RUNS", "LEDGER", "LEAD", "QUOTA", "RESTORE", "GIVE_BACK"]
+__all__ = ["STEP", "RUNS", "LEDGER", "LEAD", "QUOTA", "RESTORE", "GIVE_BACK", "REWRITE"]
 
 # GCRA on Redis' own clock: the same steps as gcra.State.advance, in one atomic script. Numbers go back
 # as strings (Redis turns Lua numbers into integers). ARGV[2]: LOOK, RESERVE, COMMIT or RESERVE_ONLY.
@@ -14,7 +14,9 @@ __all__ = ["STEP", "RUNS", "LEDGER", "LEAD", "QUOTA", "RESTORE", "GIVE_BACK"]
 # ARGV[13]). The budget's epoch is a field of KEYS[1] (ARGV[17] when it is made). The runs' registry:
 # KEYS[4] (member -> "SEEN RUN_ID ENTRY") and KEYS[5] (member -> seen, to prune the lapsed); ARGV[18]
 # the calling member ('' none), ARGV[19] its run, ARGV[20] its entry ('' none this time), ARGV[21] the
-# lease; KEYS[6]: the calling run's stop.
+# lease; KEYS[6]: the calling run's stop. AHEAD (4): ARGV[22] starts reserved at once, each an interval
+# after the one before (the last recorded as the key's last start), the first at least ARGV[24] seconds
+# from now; ARGV[23]: the ages of the starts reserved ahead that went out, counted now.
 STEP = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -24,8 +26,9 @@ local max_ahead, max_pause, keep, minute = tonumber(ARGV[7]), tonumber(ARGV[8]),
 local base = ARGV[12]
 local share_interval = tonumber(ARGV[13])
 local on_time, shared_seconds, tick = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16])
+local count = math.max(1, tonumber(ARGV[22]) or 1)
 local deferred = ''
-if (what == 1 or what == 3) and share_interval ~= nil then
+if (what == 1 or what == 3 or what == 4) and share_interval ~= nil then
   local own = tonumber(redis.call('GET', KEYS[3])) or 0
   if own > now + share_interval + max_ahead then own = 0 end
   if own > now + on_time then
@@ -59,10 +62,16 @@ if what ~= 0 then
   local due = math.max(last + interval, paused_until)
   if what == 2 then
     if due > now + on_time then at = due else at = now; last = now; committed = '1' end
+  elseif what == 4 then
+    at = math.max(tat, due, now + (tonumber(ARGV[24]) or 0))
+    tat = at + count * interval
+    last = at + (count - 1) * interval
   else
     at = math.max(tat, due, now)
     tat = at + interval
     if at <= now + on_time and what == 1 then at = now; last = now; committed = '1' end
+  end
+  if what ~= 2 then
     if share_interval ~= nil then
       redis.call('SET', KEYS[3], string.format('%.6f', at + share_interval), 'EX', keep)
     end
@@ -88,7 +97,7 @@ if ARGV[18] ~= '' then
   end
   stop = redis.call('GET', KEYS[6]) or ''
 end
-local function count(when, field)
+local function tally(when, field)
   local ticks = math.floor(when / tick + 1e-9)
   local d = ticks % 10
   local k = KEYS[2] .. ':' .. ((ticks - d) / 10)
@@ -96,9 +105,10 @@ local function count(when, field)
   redis.call('HINCRBY', k, field .. d, 1)
   redis.call('EXPIRE', k, keep)
 end
-if committed == '1' then count(now, 's') end
-for age in string.gmatch(ARGV[11], '%S+') do count(now - tonumber(age), 'a') end
-for age in string.gmatch(ARGV[6], '%S+') do count(now - tonumber(age), 'r') end
+if committed == '1' then tally(now, 's') end
+for age in string.gmatch(ARGV[23] or '', '%S+') do tally(now - tonumber(age), 's') end
+for age in string.gmatch(ARGV[11], '%S+') do tally(now - tonumber(age), 'a') end
+for age in string.gmatch(ARGV[6], '%S+') do tally(now - tonumber(age), 'r') end
 local starts, refusals, answers = 0, 0, 0
 local from = math.floor((now - minute) / tick + 1e-9)
 local d0 = from % 10
@@ -223,4 +233,19 @@ GIVE_BACK = """
 for i = 1, #KEYS do
   if tonumber(redis.call('GET', KEYS[i]) or '0') > 0 then redis.call('DECR', KEYS[i]) end
 end
+"""
+
+# Entries remembered of a key written again with their own stamps, none over a newer one: KEYS[1] the
+# record's hash (name -> "AT VALUE"), kept ARGV[1] seconds; KEYS[2] the budgets' names (ARGV[2] -> ARGV[3]);
+# then (name, "AT VALUE") pairs.
+REWRITE = """
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+for i = 4, #ARGV, 2 do
+  local old = redis.call('HGET', KEYS[1], ARGV[i])
+  local old_at = old and tonumber(string.match(old, '^(%S+)')) or nil
+  if old_at == nil or old_at < tonumber(string.match(ARGV[i + 1], '^(%S+)')) then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+end
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
 """

@@ -128,6 +128,9 @@ class Turn:
             await self.limiter.acquire()
         return interval, on_room, False
 
+    async def close(self) -> None:
+        """Let go of what the schedule holds (nothing here; a far budget's reservation under way)."""
+
     def _minute_full(self) -> bool:
         """Under auto, whether the key's starts of the trailing minute (every process's, less those
         refused) already reach the limit in force. After a search's burst, a per-minute window is full

@@ -34,7 +34,7 @@ from ..service import contract
 from ..service.client import AsyncClient
 from ..service.errors import RequestCapReached
 from ..service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from ..service.settings import DEFAULT_MAX_WAIT
+from ..service.settings import DEFAULT_BUDGET_WAIT, DEFAULT_MAX_WAIT
 from .binding import bind as bind
 from .binding import local_service as local_service
 from .dataset import stream_dataset
@@ -254,6 +254,7 @@ async def summarize_texts(
     progress: bool = True,
     long_texts: str = "skip",
     max_wait: float = DEFAULT_MAX_WAIT,
+    budget_wait: float = DEFAULT_BUDGET_WAIT,
     max_requests: int | None = None,
     sample: int | None = None,
     share: float = 1.0,

@@ -26,6 +26,7 @@ from ..service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from ..service.settings import *  # noqa: F403  (every check and setting this module had, as the same objects)
 from ..service.settings import (
     DEFAULT_BUDGET,
+    DEFAULT_BUDGET_WAIT,
     DEFAULT_DRAIN_SECONDS,
     DEFAULT_MAX_WAIT,
     DEFAULT_RPM,
@@ -193,6 +194,13 @@ OPTIONS: tuple[Option, ...] = (
         "such 429s cost no attempt",
     ),
     Option(
+        "budget_wait",
+        DEFAULT_BUDGET_WAIT,
+        "seconds a run waits for its rate budget when it cannot be reached mid-run (a Redis restarting, "
+        "a budget file locked or on a full disk): nothing starts meanwhile; past this, the run stops and "
+        "keeps its answers",
+    ),
+    Option(
         "max_requests",
         None,
         "a cap on paid requests (retries included; a 429 is not paid): once reached nothing new starts, "
@@ -314,6 +322,7 @@ class RunSpec:
     progress: bool = True
     output_column: str = "summary"
     max_wait: float = DEFAULT_MAX_WAIT
+    budget_wait: float = DEFAULT_BUDGET_WAIT
     long_texts: str = "skip"
     window: int = DEFAULT_WINDOW
     window_bytes: int = DEFAULT_WINDOW_BYTES
@@ -357,6 +366,7 @@ class RunSpec:
         progress: bool = True,
         long_texts: str = "skip",
         max_wait: float = DEFAULT_MAX_WAIT,
+        budget_wait: float = DEFAULT_BUDGET_WAIT,
         max_requests: int | None = None,
         sample: int | None = None,
         share: float = 1.0,
@@ -398,6 +408,7 @@ class RunSpec:
             progress=progress,
             output_column=output_column,
             max_wait=check_seconds("max_wait", max_wait, zero=True),
+            budget_wait=check_seconds("budget_wait", budget_wait, zero=True),
             long_texts=check_choice("long_texts", long_texts, LONG_TEXT_POLICIES),
             max_requests=check_whole("max_requests", max_requests, allow_none=True),
             sample=check_whole("sample", sample, allow_none=True),
@@ -463,6 +474,7 @@ def describe_spec(spec: RunSpec) -> dict[str, Any]:
         "refresh": spec.refresh,
         "store_scope": spec.store_scope,
         "max_wait": spec.max_wait,
+        "budget_wait": spec.budget_wait,
         "long_texts": spec.long_texts,
         "max_requests": spec.max_requests,
         "sample": spec.sample,

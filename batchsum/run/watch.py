@@ -113,12 +113,16 @@ class Watch:
             self.pieces.bar.write(f"batchsum: {change}")
 
     async def _watch(self) -> None:
-        """Events a scheduler follows while the run goes: a pause starting and ending, progress."""
+        """Events a scheduler follows while the run goes: a pause starting and ending, a wait for the
+        budget (said in a line too), progress."""
         paused = False
+        budget: tuple[str, float] | None = None  # the wait for the budget said, since when
         last_progress = time.monotonic()
         while True:
             await asyncio.sleep(WATCH_SECONDS)
             state = self.stats.pacer_state()
+            if state is not None and state.budget != (budget[0] if budget else None):
+                budget = self._budget_wait(state.budget, budget)
             if state is not None and (state.paused_for > 0) != paused:
                 paused = not paused
                 if paused:
@@ -134,6 +138,19 @@ class Watch:
             if time.monotonic() - last_progress >= PROGRESS_SECONDS:
                 last_progress = time.monotonic()
                 self._progress()
+
+    def _budget_wait(self, waiting: str | None, before: tuple[str, float] | None) -> tuple[str, float] | None:
+        """The run waits for its budget (``waiting``: the line), or no longer: said once each, above
+        the bar (on stderr without one) and as an event."""
+        if waiting is not None:
+            event("budget", waiting, run_id=self.run_id, waiting=True)
+            self.pieces.bar.write(f"batchsum: {waiting}; nothing starts until it answers")
+            return waiting, before[1] if before is not None else time.monotonic()
+        if before is not None:
+            line = f"the rate budget answers again after {time.monotonic() - before[1]:.0f} s; the run goes on"
+            event("budget", line, run_id=self.run_id, waiting=False)
+            self.pieces.bar.write(f"batchsum: {line}")
+        return None
 
     def _progress(self) -> None:
         stats, pacer = self.stats, self.stats.pacer or self.pieces.pacer

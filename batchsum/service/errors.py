@@ -210,7 +210,8 @@ class JobStopped(RunCancelled):
 
 class BudgetError(BatchsumError):
     """The rate budget cannot be used: an unknown URL scheme, an unreachable Redis, a cache folder
-    that cannot be written. Raised before anything is sent; mid-run it stops the run (answers kept)."""
+    that cannot be written. Raised before anything is sent; mid-run, a budget out of reach is waited
+    for up to ``budget_wait``, then it stops the run (answers kept)."""
 
 
 class InvalidParameterError(BatchsumError, ValueError):

@@ -35,6 +35,7 @@ __all__ = [
     "DEFAULT_BUDGET",
     "STORE_KINDS",
     "DEFAULT_MAX_WAIT",
+    "DEFAULT_BUDGET_WAIT",
     "DEFAULT_WINDOW",
     "DEFAULT_WINDOW_BYTES",
     "DEFAULT_DRAIN_SECONDS",
@@ -79,6 +80,7 @@ DEFAULT_BUDGET = "machine"
 STORE_KINDS = "machine, none, sqlite:///PATH or redis://HOST:PORT/DB"
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # a location with one of these names a Redis
 DEFAULT_MAX_WAIT = 1800.0  # seconds a row may wait out 429s before it fails as rate_limited
+DEFAULT_BUDGET_WAIT = 300.0  # seconds a run waits for a rate budget it cannot reach mid-run before it stops
 ENCODINGS = ("json", "form", "multipart")
 LONG_TEXT_POLICIES = ("skip", "split", "truncate")
 DEFAULT_WINDOW = 1024  # rows held between reading and yielding ...

@@ -140,27 +140,75 @@ def request_cap(service, tmp_path, capsys, monkeypatch):
     return summarize(source(tmp_path), "-o", str(tmp_path / "out.parquet"), "--max-requests", "5", capsys=capsys)
 
 
+class OwnRedis:
+    """A redis-server of the test's own on a free port: stopped and started again (empty) at will."""
+
+    def __init__(self, folder: Path) -> None:
+        self.exe = shutil.which("redis-server")
+        if self.exe is None:
+            need("a real redis-server", "apt-get install redis-server (Debian's package)")
+        self.folder, self.port = folder, free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> str:
+        import redis
+
+        argv = [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.process = subprocess.Popen(
+            [*argv, "--dir", str(self.folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        url = f"redis://127.0.0.1:{self.port}/0"
+        deadline = time.monotonic() + 30  # a guard, not a timing assertion
+        while True:
+            try:
+                redis.Redis.from_url(url).ping()
+                return url
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+
 def budget_lost(service, tmp_path, capsys, monkeypatch):
-    """A Redis budget whose server goes away mid-run."""
-    exe = shutil.which("redis-server")
-    if exe is None:
-        need("a real redis-server", "apt-get install redis-server (Debian's package)")
-    port = free_port()
-    redis = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    """A Redis budget whose server goes away mid-run for longer than --budget-wait."""
+    redis = OwnRedis(tmp_path)
+    url = redis.start()
     try:
-        time.sleep(0.3)
         service.faults = Faults(latency=0.05)
-        when_answered(service, 10, redis.kill)
-        argv = ["-o", str(tmp_path / "out.parquet"), "--budget", f"redis://127.0.0.1:{port}/0", "--concurrency", "2"]
+        when_answered(service, 10, redis.stop)
+        argv = ["-o", str(tmp_path / "out.parquet"), "--budget", url, "--concurrency", "2", "--budget-wait", "2"]
         code, err = summarize(source(tmp_path, 200), *argv, capsys=capsys)
     finally:
-        redis.kill()
-        redis.wait()
-    assert "rate budget" in err
+        redis.stop()
+    assert f"waiting for the rate budget at {url}, unreachable since" in err
+    assert "longer than --budget-wait (2 s" in err and "the same command continues: batchsum summarize" in err
+    return code, err
+
+
+def budget_back(service, tmp_path, capsys, monkeypatch):
+    """A Redis budget whose server goes away mid-run and comes back empty within --budget-wait: a pause."""
+    redis = OwnRedis(tmp_path)
+    url = redis.start()
+
+    def restart() -> None:
+        redis.stop()
+        time.sleep(3.0)  # the outage the run waits out (longer than its starts reserved before it last)
+        redis.start()
+
+    try:
+        service.faults = Faults(latency=0.05)
+        when_answered(service, 10, restart)
+        argv = ["-o", str(tmp_path / "out.parquet"), "--budget", url, "--concurrency", "2"]
+        code, err = summarize(source(tmp_path, 100), *argv, capsys=capsys)
+    finally:
+        redis.stop()
+    assert f"waiting for the rate budget at {url}" in err and "answers again" in err
+    assert (pd.read_parquet(tmp_path / "out.parquet")["summary_status"] == "ok").all()
     return code, err
 
 
@@ -281,7 +329,13 @@ CASES = [
     Case("a journal that cannot be written", journal_not_written, 1, "a journal that cannot be written"),
     Case("an input that breaks midway", input_breaks_midway, 1, "an input that breaks midway"),
     Case("the request cap", request_cap, 1, "the request cap"),
-    Case("a budget lost mid-run", budget_lost, 1, "a rate budget that can no longer be reached"),
+    Case("a budget back mid-run", budget_back, 0, "finished"),
+    Case(
+        "a budget lost mid-run",
+        budget_lost,
+        1,
+        "a rate budget that could not be reached for longer than `--budget-wait`",
+    ),
     Case("an output refused at the end", output_refused_at_the_end, 1, "an output that cannot be written at the end"),
     Case("`batchsum text`, service unreachable", unreachable_for_one_text, 1, "service unreachable"),
     Case("an unknown flag", bad_usage, 2, "bad usage"),

@@ -591,9 +591,9 @@ def test_the_stated_quota_keeps_the_latest_started_attempts_figure_so_others_spe
 class FarBudget(ProcessBudget):
     """A budget whose every count takes 30 ms to answer, as a Redis across regions may."""
 
-    async def quota_claim(self, periods, limit):
+    async def quota_claim(self, periods, limit, epoch=None):
         await asyncio.sleep(0.03)
-        return await super().quota_claim(periods, limit)
+        return await super().quota_claim(periods, limit, epoch)
 
 
 def test_counting_on_a_far_budget_does_not_slow_the_pace():

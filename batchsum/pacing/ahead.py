@@ -1,0 +1,270 @@
+"""Starts reserved ahead on a far budget (``Budget.far``: Redis, a network away): a pacer reserves its
+next few starts in one call (``AHEAD``), each an interval after the key's previous one, takes them
+one by one at their time, and tells the budget afterwards which went out. No round trip stands
+between a start's time and its going out, and the next reservation is made while these are spent.
+
+Invariant: a start reserved ahead goes out at its time, at most ``late(interval)`` after it (half
+an interval, or ``LATE_SECONDS`` when that is longer; any time without pacing), or not at all (its
+slot is lost, never told as a start), unless ``STARVED`` starts in a row were lost so (its event loop
+held: it goes late rather than never); never while a pause holds, after the budget came back empty,
+or once the interval in force is wider than the one it was reserved at. So the starts of every
+process on the budget keep the spacing of their reservations, each late by at most that while its
+process keeps time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .evidence import Evidence
+from .exchange import AHEAD, LOOK, Slot
+from .pause import ON_TIME
+from .spacing import WINDOW
+from .turn import MINUTE_LOOK, AtTurn, Turn, TurnGiven
+
+__all__ = [
+    "FarTurn",
+    "Held",
+    "offset",
+    "late",
+    "share_of",
+    "answer_way",
+    "LATE_SHARE",
+    "LATE_SECONDS",
+    "STARVED",
+    "COVER",
+    "MAX_BATCH",
+]
+
+# A start reserved ahead goes at most this late, else not at all: half an interval (the spacing at the
+# service within one interval), or 50 ms when that is longer, so that a busy machine's wake-ups (a few
+# ms to tens of them) cost no starts at high rates; 50 ms is under 1% of a 10 s window (docs/pacing.md).
+LATE_SHARE = 0.5
+LATE_SECONDS = 0.05
+# A pacer whose event loop is held longer than that, again and again (a blocking call in the loop, a
+# starved CPU), would lose every start: after this many lost in a row, its next late start goes late
+# (the hold is the machine's send delay, docs/pacing.md), so that it keeps moving.
+STARVED = 3
+COVER = 2.0  # a pacer holds enough starts to cover this many of the budget's round trips at its own pace
+MAX_BATCH = 32  # starts reserved in one call, at most
+SAMPLES = 16  # round trips (and at_turn's times) remembered
+CLOSE_SECONDS = 2.0  # a reservation under way when the run ends is let finish this long
+RETURN_MARGIN = 1.1  # a reservation's first start is asked this much later than its answer's way back
+
+
+class Slotted(Protocol):
+    """How many attempts may be in flight (``in_flight.InFlight``), and how many are."""
+
+    @property
+    def on_wire(self) -> int: ...
+
+    def limit(self, now: float) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A start reserved ahead: its time on our clock, the interval it was reserved at, whether on
+    stated room, and the budget's epoch it was reserved on."""
+
+    at: float
+    interval: float
+    on_room: bool
+    epoch: str | None
+
+
+@dataclass(eq=False, slots=True)
+class FarTurn(Turn):
+    """The schedule of starts on a far budget: starts held, the next reservation made in the background
+    when they run low (``coming``), each taken at its time; ``lost``: reserved and never sent."""
+
+    held: deque[Held] = field(default_factory=deque, init=False)
+    coming: asyncio.Task[None] | None = field(default=None, init=False)
+    failed: BaseException | None = field(default=None, init=False)
+    rtts: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES), init=False)
+    turn_took: deque[float] = field(default_factory=lambda: deque([0.0], maxlen=SAMPLES), init=False)
+    offsets: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=SAMPLES), init=False)
+    lost: int = field(default=0, init=False)
+    behind: int = field(default=0, init=False)  # starts sent late all the same (``STARVED``)
+    late_in_a_row: int = field(default=0, init=False)
+    queued: bool = field(default=True, init=False)  # the last reservation had others' starts ahead of it
+    in_flight: Slotted | None = field(default=None, init=False)  # the pacer's: a batch no bigger than its room
+
+    async def _take_turn(self, at_turn: AtTurn | None) -> tuple[float, bool]:
+        asked = False  # at_turn is asked once, ahead of the start by the time it takes
+        while True:
+            held = await self._next()
+            if at_turn is not None and not asked:
+                await self._until(held.at - max(self.turn_took))
+                if self._stale(held):
+                    continue
+                started = self.clock()
+                go = await at_turn()
+                self.turn_took.append(self.clock() - started)
+                if not go:  # its start stays at the head, for the next attempt
+                    raise TurnGiven
+                asked = True
+            await self._until(max(held.at, self.last_start + held.interval))  # our own last start too
+            if self._stale(held):
+                continue
+            if self.limiter is not None:
+                await self.limiter.acquire()
+            self.held.popleft()
+            if held.interval > 0 and self.clock() > held.at + late(held.interval) + ON_TIME:
+                if self.late_in_a_row < STARVED:
+                    self.late_in_a_row += 1
+                    self.lost += 1  # too late to keep the spacing: never sent, never told
+                    continue
+                self.behind += 1  # the loop is held for longer than the spacing allows: go late, not never
+            self.late_in_a_row = 0
+            return held.interval, held.on_room
+
+    def _started(self, now: float, interval: float, on_room: bool) -> None:
+        self.sharing.owed.started.append(now)  # told to the budget with the next call
+        Turn._started(self, now, interval, on_room)
+        if self.coming is None and self._low(now):
+            self.coming = asyncio.ensure_future(self._reserve_ahead())
+
+    async def _next(self) -> Held:
+        """The next start held, reserving when none is (the reservation goes on if this is cancelled)."""
+        while not self.held:
+            if self.failed is not None:
+                failed, self.failed = self.failed, None
+                raise failed
+            if self.coming is None:
+                self.coming = asyncio.ensure_future(self._reserve_ahead())
+            await asyncio.shield(self.coming)
+        return self.held[0]
+
+    async def _until(self, at: float) -> None:
+        """Until ``at`` on our clock, or a pause of ours (the alarm)."""
+        while (wait := at - self.clock()) > ON_TIME and not self.pause.paused(self.clock()):
+            await self.alarm.nap(wait)
+
+    def _stale(self, held: Held) -> bool:
+        """Whether the starts held can no longer go (then they are dropped): a pause holds, the
+        budget came back empty since, or the interval in force is wider than theirs."""
+        now = self.clock()
+        if not (self.pause.paused(now) or held.epoch != self.sharing.epoch or self._spacing(now)[0] > held.interval):
+            return False
+        self.lost += len(self.held)
+        self.held.clear()
+        return True
+
+    def _low(self, now: float) -> bool:
+        """What is held ends within ``COVER`` round trips, and is less than a call reserves."""
+        if not self.held:
+            return True
+        interval = self.held[-1].interval
+        return self.held[-1].at - now < COVER * self._rtt() and len(self.held) < self._batch(interval)
+
+    def _rtt(self) -> float:
+        return statistics.median(self.rtts) if self.rtts else 0.0
+
+    def _batch(self, interval: float) -> int:
+        """Starts to reserve in one call: enough to cover ``COVER`` round trips, at the key's pace when
+        nothing was queued ahead of this pacer's last reservation (it is alone, or every run's starts
+        are spent), else at its share of the key's starts (``share_of``); no more than can be in flight."""
+        if interval <= 0:
+            return MAX_BATCH  # no pacing: nothing to space, only a shared pause to hear
+        share = 1.0 if not self.queued else share_of(self.evidence, self.clock())
+        wanted = math.ceil(COVER * self._rtt() * share / interval)
+        if self.in_flight is not None:
+            wanted = min(wanted, self.in_flight.limit(self.clock()) - self.in_flight.on_wire)
+        return max(1, min(MAX_BATCH, wanted))
+
+    async def _reserve_ahead(self) -> None:
+        """The next starts reserved on the budget and held; a failure kept for the next taker."""
+        try:
+            while True:
+                while (wait := self.room.reset_wait(self.clock())) > ON_TIME:
+                    await self.alarm.nap(min(wait, 1.0))
+                while self._minute_full():
+                    await self.alarm.nap(MINUTE_LOOK)
+                    await self.sharing.exchange(LOOK, 0.0, self.last_start)
+                if not self.rtts:  # the first: a look tells how far the budget is, so its starts are reachable
+                    await self.sharing.exchange(LOOK, 0.0, self.last_start)
+                    self.rtts.append(self.sharing.call[1] - self.sharing.call[0])
+                interval, on_room = self._spacing(self.clock())
+                count = 1 if on_room or self.share is not None else self._batch(interval)
+                way_back = answer_way(self.rtts)  # the first start no sooner than the answer reaches us
+                outages = self.sharing.budget.outage.ended
+                slot = await self.sharing.exchange(AHEAD, interval, self.last_start, ahead=count, lead=way_back)
+                if slot.deferred:  # this run's share: its own turn has not come
+                    await self.alarm.nap(slot.wait)
+                    continue
+                # A call that waited out an outage says nothing of the round trip.
+                self._hold(slot, interval, on_room, count, way_back, timed=outages == self.sharing.budget.outage.ended)
+                return
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the next taker raises it
+            self.failed = exc
+        finally:
+            self.coming = None
+
+    def _hold(self, slot: Slot, interval: float, on_room: bool, count: int, lead: float, timed: bool) -> None:
+        """Hold the ``count`` starts ``slot`` reserved, on our clock (``offset``; ``timed``: the call's
+        round trip is one to learn from); note whether others' starts were reserved ahead of them
+        (``queued``: later than our own held ones and the ``lead`` allow)."""
+        called, answered = self.sharing.call
+        if timed or not self.offsets:
+            self.rtts.append(answered - called)
+        mapped = offset(self.offsets, slot, called, answered) if timed or not self.offsets else min(self.offsets)[1]
+        first = slot.at - mapped if slot.at is not None else called + slot.wait
+        earliest = max(called + min(self.rtts) / 2 + lead, self.held[-1].at + interval if self.held else -math.inf)
+        self.queued = first > earliest + interval
+        epoch = self.sharing.epoch
+        self.held.extend(Held(first + i * interval, interval, on_room, epoch) for i in range(count))
+
+    async def close(self) -> None:
+        """The reservation under way is let finish (its report told), or cancelled after ``CLOSE_SECONDS``."""
+        coming, self.coming = self.coming, None
+        if coming is not None:
+            await asyncio.wait({coming}, timeout=CLOSE_SECONDS)
+            coming.cancel()
+            await asyncio.gather(coming, return_exceptions=True)
+
+
+def late(interval: float) -> float:
+    """How late a start reserved ahead at ``interval`` may still go."""
+    return max(LATE_SHARE * interval, LATE_SECONDS)
+
+
+def offset(offsets: deque[tuple[float, float]], slot: Slot, called: float, answered: float) -> float:
+    """The budget's clock less ours, as the least disturbed of the recent calls (``offsets``: each one's
+    round trip and offset) shows it: the shortest round trip, the budget having run the call halfway
+    through it; unless this call disagrees with it by more than their round trips allow (the budget's
+    clock was stepped): then this call's. One offset for every start held, so a pacer's own starts keep
+    their spacing."""
+    rtt = answered - called
+    seen = (slot.at or 0.0) - slot.wait - (called + rtt / 2)
+    if offsets:
+        best_rtt, best = min(offsets)
+        if abs(seen - best) > (rtt + best_rtt) / 2 + ON_TIME:
+            offsets.clear()
+    offsets.append((rtt, seen))
+    return min(offsets)[1]
+
+
+def share_of(evidence: Evidence, now: float) -> float:
+    """A pacer's part of the key's starts in the last minute, as the budget last counted them."""
+    seen = evidence.seen
+    if seen is None or not seen.starts:
+        return 1.0
+    ours = len(evidence.starts) - bisect.bisect_left(evidence.starts, now - WINDOW)
+    return min(1.0, max(1 / MAX_BATCH, ours / seen.starts))
+
+
+def answer_way(rtts: deque[float]) -> float:
+    """How long an answer may take to come back: the longest round trip seen (a spike counting up to
+    three typical ones) less the shortest way there, with a margin."""
+    if not rtts:
+        return 0.0
+    longest = min(max(rtts), 3 * statistics.median(rtts))
+    return (longest - min(rtts) / 2) * RETURN_MARGIN
