@@ -126,11 +126,22 @@ def arrow_types() -> list[pa.DataType]:
 
 
 def arrow_columns(results: Sequence[RowResult]) -> list[pa.Array]:
-    """The results as one Arrow array per result column."""
+    """The results as one Arrow array per result column. A column holding one value throughout (a
+    rerun's statuses, codes and counts, nearly always) is made from that value, not row by row."""
     import pyarrow as pa
 
-    columns: list[tuple[Any, ...]] = list(zip(*results)) if results else [() for _ in RowResult._fields]
-    return [pa.array(values, type=t) for values, t in zip(columns, arrow_types())]
+    if not results:
+        return [pa.array([], type=t) for t in arrow_types()]
+    arrays = []
+    for values, arrow_type in zip(zip(*results), arrow_types()):
+        first = values[0]
+        if values.count(first) != len(values):  # at C speed: compared by identity first
+            arrays.append(pa.array(values, type=arrow_type))
+        elif first is None:
+            arrays.append(pa.nulls(len(values), arrow_type))
+        else:
+            arrays.append(pa.repeat(pa.scalar(first, arrow_type), len(values)))
+    return arrays
 
 
 def with_results(batch: ArrowT, results: Sequence[RowResult], output_column: str) -> ArrowT:
