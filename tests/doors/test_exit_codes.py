@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -73,13 +73,19 @@ def environment(service: LocalService, key: str = KEY) -> dict[str, str]:
 
 
 def when_answered(service: LocalService, count: int, then: Callable[[], None]) -> threading.Thread:
-    """``then()`` once the service has answered ``count`` requests (or after a minute)."""
+    """``then()`` once the service has answered ``count`` requests. Every request after those is held
+    at the service until ``then()`` has run: the run cannot end first, however late a busy machine
+    lets this thread run (the wait's minute is a guard against a hang, not a timing)."""
+    faults = service.faults = replace(service.faults, hold_after=count)
 
     def watch() -> None:
         deadline = time.monotonic() + 60
         while service.stats()["answered"] < count and time.monotonic() < deadline:
             time.sleep(0.01)
-        then()
+        try:
+            then()
+        finally:
+            faults.release()
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -152,7 +158,7 @@ def budget_lost(service, tmp_path, capsys, monkeypatch):
         stderr=subprocess.DEVNULL,
     )
     try:
-        time.sleep(0.3)
+        wait_for_redis(port, redis)
         service.faults = Faults(latency=0.05)
         when_answered(service, 10, redis.kill)
         argv = ["-o", str(tmp_path / "out.parquet"), "--budget", f"redis://127.0.0.1:{port}/0", "--concurrency", "2"]
@@ -162,6 +168,20 @@ def budget_lost(service, tmp_path, capsys, monkeypatch):
         redis.wait()
     assert "rate budget" in err
     return code, err
+
+
+def wait_for_redis(port: int, process: subprocess.Popen) -> None:
+    """Until the redis-server on ``port`` answers (a guard against a hang, not a timing)."""
+    import redis as redis_client
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            redis_client.Redis(host="127.0.0.1", port=port).ping()
+            return
+        except redis_client.ConnectionError:
+            assert process.poll() is None and time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
 
 
 def output_refused_at_the_end(service, tmp_path, capsys, monkeypatch):
