@@ -37,6 +37,7 @@ class Watch:
         self._metrics: Metrics | None = None
         self._ticker: asyncio.Future[None] | None = None
         self._watcher: asyncio.Future[None] | None = None
+        self._paused = False  # what the last pause event said
 
     def start(self) -> None:
         """The pieces are open: metrics, the bar's refreshes, the watch for pauses, the start event."""
@@ -56,11 +57,14 @@ class Watch:
         )
 
     async def stop(self) -> None:
-        """The bar's refreshes and the watch for pauses end."""
+        """The bar's refreshes and the watch for pauses end; a pause that ended since the watch last
+        looked is said to have ended (every pause event has its resume, unless the run ends paused)."""
         for task in (self._ticker, self._watcher):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        if self._watcher is not None:
+            self._look_for_pause()
 
     def report(self, error: BaseException | None, started_at: float) -> dict[str, Any]:
         """The run has ended, however (``error``: what ended it, if not its end): its metrics stop,
@@ -112,26 +116,30 @@ class Watch:
 
     async def _watch(self) -> None:
         """Events a scheduler follows while the run goes: a pause starting and ending, progress."""
-        paused = False
         last_progress = time.monotonic()
         while True:
             await asyncio.sleep(WATCH_SECONDS)
-            state = self.stats.pacer_state()
-            if state is not None and (state.paused_for > 0) != paused:
-                paused = not paused
-                if paused:
-                    event(
-                        "pause",
-                        f"paused {state.paused_for:.1f} s: {state.pause_reason}",
-                        run_id=self.run_id,
-                        seconds=round(state.paused_for, 3),
-                        reason=state.pause_reason,
-                    )
-                else:
-                    event("resume", "resumed", run_id=self.run_id)
+            self._look_for_pause()
             if time.monotonic() - last_progress >= PROGRESS_SECONDS:
                 last_progress = time.monotonic()
                 self._progress()
+
+    def _look_for_pause(self) -> None:
+        """A pause starting or ending since the last look: its event."""
+        state = self.stats.pacer_state()
+        if state is None or (state.paused_for > 0) == self._paused:
+            return
+        self._paused = not self._paused
+        if self._paused:
+            event(
+                "pause",
+                f"paused {state.paused_for:.1f} s: {state.pause_reason}",
+                run_id=self.run_id,
+                seconds=round(state.paused_for, 3),
+                reason=state.pause_reason,
+            )
+        else:
+            event("resume", "resumed", run_id=self.run_id)
 
     def _progress(self) -> None:
         stats, pacer = self.stats, self.stats.pacer or self.pieces.pacer

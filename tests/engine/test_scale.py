@@ -393,3 +393,19 @@ def test_an_output_whose_writer_fails_on_its_thread_raises_and_leaves_no_partial
     out.abort()
     assert not list(tmp_path.glob(".again.parquet.*")) and not (tmp_path / "again.parquet").exists()
     assert not _threads("batchsum-write")
+
+
+def test_the_commands_own_process_runs_the_collector_on_young_objects_less_often_and_never_on_the_imports():
+    """``own_collector`` (the CLI's own process only): what the imports made is frozen out of the
+    collector's passes, and its youngest pass waits for ``COLLECT_EVERY`` new objects, not 700."""
+    import gc
+
+    from batchsum._imports import COLLECT_EVERY, own_collector
+
+    threshold = gc.get_threshold()
+    try:
+        own_collector()
+        assert gc.get_threshold() == (COLLECT_EVERY, *threshold[1:]) and gc.get_freeze_count() > 0
+    finally:
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
