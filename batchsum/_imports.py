@@ -6,7 +6,6 @@ works whichever of the two a notebook imports first."""
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
 import importlib.machinery
 import logging
 import os
@@ -22,8 +21,9 @@ log = logging.getLogger("batchsum")
 _lock = threading.Lock()
 
 
-class _Watch(importlib.abc.MetaPathFinder):
-    """Finds ``name`` as every other finder would, and wraps its loader to call back after it ran."""
+class _Watch:
+    """Finds ``name`` as every other finder would, and wraps its loader to call back after it ran. (A
+    meta path finder needs only ``find_spec``: ``importlib.abc`` and what it imports are not loaded.)"""
 
     def __init__(self, name: str, callback: Callable[[], None]) -> None:
         self.name = name
@@ -101,7 +101,7 @@ def _hidden(name: str) -> Iterator[None]:
         sys.meta_path.remove(hide)
 
 
-class _Hidden(importlib.abc.MetaPathFinder):
+class _Hidden:
     """Makes an import of ``name`` fail, as if it were not installed."""
 
     def __init__(self, name: str) -> None:

@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 ROW_GROUP_BYTES = 16 << 20  # a Parquet output's row groups: about this many bytes each (held until written)
-WRITE_BUFFER = 8 << 20  # what a Parquet output's writer gathers before it goes to the file
+WRITE_BUFFER = 4 << 20  # what a Parquet output's writer gathers before it goes to the file
 
 # summary, status, error, message, http_status, attempts; pandas reads Parquet outputs back with
 # the accessor's dtypes (engine.RESULT_DTYPES), through the pandas metadata written with them.

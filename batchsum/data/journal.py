@@ -224,9 +224,8 @@ class _Whole:
         if self._count is None:
             (pages,) = query("PRAGMA page_count").fetchone()
             (page,) = query("PRAGMA page_size").fetchone()
-            self._count = (
-                query("SELECT COUNT(*) FROM answers").fetchone()[0] if pages * page <= WHOLE_READ_BYTES else -1
-            )
+            count = query("SELECT COUNT(*) FROM answers").fetchone()[0] if pages * page <= WHOLE_READ_BYTES else 0
+            self._count = count or -1  # an empty journal (a first run) is asked of the file: it only grows
         if self._count < 0:
             return None
         self._asked += asked
@@ -239,9 +238,13 @@ class _Whole:
         return self._answers
 
     def kept(self, answers: list[tuple[str, Answer]]) -> None:
-        """``answers`` were written (by stored key): in memory too, once it is read."""
+        """``answers`` were written (by stored key): in memory too, once it is read, unless it has grown
+        to twice what was read (then it is the file's again, for good: a run that adds more than it
+        reuses does not hold them all)."""
         if self._answers is not None:
             self._answers.update(answers)
+            if len(self._answers) > 2 * max(self._count or 0, 10_000):
+                self._answers, self._count = None, -1
 
 
 def _check_or_create(path: Path, *, create: bool) -> None:

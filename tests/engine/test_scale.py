@@ -255,7 +255,7 @@ def test_counting_words_up_to_what_matters_gives_the_same_answer(words, gap, wor
 
 RESULTS = st.builds(
     RowResult,
-    st.one_of(st.none(), st.sampled_from(["", "A summary.", "Another one, longer.", "é ✓"])),
+    st.one_of(st.none(), st.sampled_from(["", "A summary.", "Another one, longer.", "é ✓", "A long one. " * 20])),
     st.sampled_from(["ok", "skipped", "failed"]),
     st.one_of(st.none(), st.sampled_from(["too_short", "server_error"])),
     st.one_of(st.none(), st.just("the service's words")),
