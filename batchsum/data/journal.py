@@ -46,6 +46,7 @@ __all__ = ["Journal", "SharedJournal", "RunLock", "FORMAT"]
 # A journal of at most this many bytes is read whole, once a run has asked it for a quarter of its
 # answers (a rerun asks for all of them): one scan instead of a query per block of keys.
 WHOLE_READ_BYTES = 16 << 20
+WRITTEN_KEYS = 100_000  # the keys a journal empty when first asked remembers writing (about 15 MB at most)
 
 
 class Journal:
@@ -131,7 +132,7 @@ class Journal:
         whole = self._whole.answers(self._query, len(keys)) if since is None else None
         if whole is not None:
             return {key: whole[name] for name, key in stored.items() if name in whole}
-        names = list(stored)
+        names = self._whole.may_hold(stored)
         recent = "" if since is None else " AND finished_at >= ?"
         for start in range(0, len(names), LOOKUP_CHUNK):
             chunk = names[start : start + LOOKUP_CHUNK]
@@ -203,9 +204,11 @@ class Journal:
 class _Whole:
     """A journal's answers in memory, by stored key: read in one scan once a run has asked for a
     quarter of the answers of a journal of at most ``WHOLE_READ_BYTES`` (a rerun asks for every one),
-    then kept up to date with what the run writes. Until then every look-up asks the file."""
+    then kept up to date with what the run writes. Until then every look-up asks the file. A journal
+    empty when first asked (a first run, a new output the store answers) keeps the keys written since
+    instead (up to ``WRITTEN_KEYS``): a look-up asks the file only for those."""
 
-    __slots__ = ("_enabled", "_answers", "_asked", "_count")
+    __slots__ = ("_enabled", "_answers", "_asked", "_count", "_written")
 
     def __init__(self, enabled: bool) -> None:
         self._enabled = enabled  # never, for a journal other runs write too
@@ -216,6 +219,7 @@ class _Whole:
         self._answers: dict[str, Answer] | None = None
         self._asked = 0  # keys looked up so far
         self._count: int | None = None if self._enabled else -1  # the answers it held when first asked; -1: never
+        self._written: set[str] | None = None  # empty when first asked: every key written since
 
     def answers(self, query: Callable[[str], sqlite3.Cursor], asked: int) -> dict[str, Answer] | None:
         """The answers in memory (read now when ``asked`` more keys make it worth it), or None."""
@@ -224,8 +228,10 @@ class _Whole:
         if self._count is None:
             (pages,) = query("PRAGMA page_count").fetchone()
             (page,) = query("PRAGMA page_size").fetchone()
-            count = query("SELECT COUNT(*) FROM answers").fetchone()[0] if pages * page <= WHOLE_READ_BYTES else 0
-            self._count = count or -1  # an empty journal (a first run) is asked of the file: it only grows
+            small = pages * page <= WHOLE_READ_BYTES
+            self._count = query("SELECT COUNT(*) FROM answers").fetchone()[0] if small else -1
+            if self._count == 0:  # nothing to read: what this run writes is all it will hold
+                self._count, self._written = -1, set()
         if self._count < 0:
             return None
         self._asked += asked
@@ -237,14 +243,24 @@ class _Whole:
         self._answers = {key: Answer(*fields) for key, *fields in rows}
         return self._answers
 
+    def may_hold(self, names: dict[str, str]) -> list[str]:
+        """Of ``names`` (stored keys), those the file may hold: all of them, unless it was empty when
+        first asked (then only those written since)."""
+        written = self._written
+        return list(names) if written is None else [name for name in names if name in written]
+
     def kept(self, answers: list[tuple[str, Answer]]) -> None:
         """``answers`` were written (by stored key): in memory too, once it is read, unless it has grown
         to twice what was read (then it is the file's again, for good: a run that adds more than it
-        reuses does not hold them all)."""
+        reuses does not hold them all); their keys, when it was empty when first asked."""
         if self._answers is not None:
             self._answers.update(answers)
             if len(self._answers) > 2 * max(self._count or 0, 10_000):
                 self._answers, self._count = None, -1
+        if self._written is not None:
+            self._written.update(name for name, _ in answers)
+            if len(self._written) > WRITTEN_KEYS:
+                self._written = None  # the file is asked for every key again
 
 
 def _check_or_create(path: Path, *, create: bool) -> None:

@@ -409,3 +409,21 @@ def test_the_commands_own_process_runs_the_collector_on_young_objects_less_often
     finally:
         gc.set_threshold(*threshold)
         gc.unfreeze()
+
+
+def test_a_journal_empty_when_first_asked_asks_its_file_only_for_what_the_run_wrote(tmp_path):
+    """A first run, or a new output the answer store answers: its journal held nothing when first
+    asked, so a look-up asks the file only for the keys the run has written since."""
+    keys = [f"{i:064x}" for i in range(50)]
+    with Journal(tmp_path / "j.sqlite") as journal:
+        journal.serve("https://svc")
+        asked: list[str] = []
+        journal._db.set_trace_callback(asked.append)
+        assert journal.get_many(keys[:20]) == {}
+        assert not [sql for sql in asked if sql.startswith("SELECT fingerprint")]  # nothing asked of the file
+        journal.put_many([(key, Answer(key[-4:], "ok", None, None, 200, 1)) for key in keys[:5]])
+        asked.clear()
+        found = journal.get_many(keys[:20])
+        assert set(found) == set(keys[:5]) and found[keys[0]].summary == keys[0][-4:]
+        lookups = [sql for sql in asked if sql.startswith("SELECT fingerprint")]
+        assert len(lookups) == 1 and lookups[0].count("'") == 2 * 5  # only the 5 it wrote
