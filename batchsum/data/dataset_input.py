@@ -115,16 +115,10 @@ class _ParquetFiles:
         return float(size) / max(1, self.count_rows())
 
     def batches(self, batch_rows: int) -> Iterator[pa.RecordBatch]:
-        """The rows ``batch_rows`` at a time, decoded ``READ_AHEAD_BATCHES`` batches at a time on the
-        read-ahead thread (fewer hand-overs between it and the rows' thread), cut here without a copy."""
-        ahead = _ReadAhead(self._each_batch(batch_rows * READ_AHEAD_BATCHES))
+        """The rows ``batch_rows`` at a time, decoded ahead on a thread of their own (``_ReadAhead``)."""
+        ahead = _ReadAhead(self._each_batch(batch_rows))
         self._ahead.append(ahead)
-        try:
-            for chunk in ahead:
-                for start in range(0, chunk.num_rows, batch_rows):
-                    yield chunk.slice(start, batch_rows)
-        finally:
-            ahead.close()
+        return iter(ahead)
 
     def _each_batch(self, batch_rows: int) -> Iterator[pa.RecordBatch]:
         for path, file in zip(self.paths, self.files):
@@ -138,18 +132,19 @@ class _ParquetFiles:
             file.close()
 
 
-READ_AHEAD_BATCHES = 4  # batches a local Parquet input's read-ahead decodes at once (one ready, one in use)
+READ_AHEAD_BATCHES = 4  # batches a local Parquet input's read-ahead hands over at once (one lot ready, one in use)
 
 
 class _ReadAhead:
-    """Record batches decoded on a thread of their own, one ahead of the one in use (pyarrow lets the
-    GIL go while it decodes), so that reading the file and working on its rows go on at once. An error
-    is raised where its batch would have come; ``close()`` (and the end of the iteration, however it
-    ends) stops the thread before it returns."""
+    """Record batches decoded on a thread of their own, a lot of ``READ_AHEAD_BATCHES`` ahead of the
+    lot in use (pyarrow lets the GIL go while it decodes), so that reading the file and working on its
+    rows go on at once; handed over by the lot, so that the two threads meet once a lot, not once a
+    batch. An error is raised where its batch would have come, after the batches before it;
+    ``close()`` (and the end of the iteration, however it ends) stops the thread before it returns."""
 
     def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
         self._batches = batches
-        self._ready: queue.Queue[tuple[pa.RecordBatch | None, BaseException | None]] = queue.Queue(1)
+        self._ready: queue.Queue[tuple[list[pa.RecordBatch], BaseException | None, bool]] = queue.Queue(1)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -158,25 +153,29 @@ class _ReadAhead:
         self._thread.start()
         try:
             while True:
-                batch, error = self._ready.get()
+                lot, error, last = self._ready.get()
+                yield from lot
                 if error is not None:
                     raise error
-                if batch is None:
+                if last:
                     return
-                yield batch
         finally:
             self.close()
 
     def _read(self) -> None:
+        lot: list[pa.RecordBatch] = []
         try:
             for batch in self._batches:
-                if not self._put((batch, None)):
-                    return
-            self._put((None, None))
+                lot.append(batch)
+                if len(lot) == READ_AHEAD_BATCHES:
+                    if not self._put((lot, None, False)):
+                        return
+                    lot = []
+            self._put((lot, None, True))
         except BaseException as exc:  # noqa: BLE001 - raised in the thread that reads the batches
-            self._put((None, exc))
+            self._put((lot, exc, True))
 
-    def _put(self, item: tuple[pa.RecordBatch | None, BaseException | None]) -> bool:
+    def _put(self, item: tuple[list[pa.RecordBatch], BaseException | None, bool]) -> bool:
         """Hand ``item`` over, waiting for room; False when the reading stopped first."""
         while not self._stop.is_set():
             try:

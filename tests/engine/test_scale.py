@@ -327,7 +327,7 @@ def test_the_read_ahead_stops_its_thread_when_reading_stops_early_and_when_the_i
     source = DatasetInput([str(path)], "text")
     assert [text for batch in source.batches(700) for text in batch.column(0).to_pylist()] == texts
     batches = source.batches(700)
-    assert next(batches).num_rows == 700  # cut from a chunk decoded ahead, in order
+    assert next(batches).num_rows == 700  # decoded ahead, in order
     assert _threads("batchsum-read")
     batches.close()  # a stop: the reading ends here
     assert not _threads("batchsum-read")
@@ -338,7 +338,6 @@ def test_the_read_ahead_stops_its_thread_when_reading_stops_early_and_when_the_i
 
 
 def test_a_broken_input_raises_where_its_batch_would_come_through_the_read_ahead(tmp_path):
-    from batchsum.data.dataset_input import READ_AHEAD_BATCHES
     from batchsum.errors import InputError
     from batchsum.service.errors import BrokenInputError
 
@@ -354,9 +353,7 @@ def test_a_broken_input_raises_where_its_batch_would_come_through_the_read_ahead
     with pytest.raises((BrokenInputError, InputError)):
         for batch in DatasetInput([str(path)], "text").batches(500):
             read.append(batch.num_rows)
-    # The batches before the damaged row group came, in order; the read-ahead decodes
-    # READ_AHEAD_BATCHES at once, so up to that many good ones just before it may go with it.
-    assert 3000 - READ_AHEAD_BATCHES * 500 <= sum(read) <= 3000 and set(read) == {500}
+    assert sum(read) == 3000 and set(read) == {500}  # every batch before the damaged one came, in order
     assert not _threads("batchsum-read")
 
 
