@@ -64,9 +64,10 @@ def _own_process(args: argparse.Namespace) -> None:
     Python): it may choose for the whole process what a library leaves to its host
     (``_imports.own_arrow``: jemalloc for Arrow's memory, and no pandas)."""
     if args.own_process:
-        from .._imports import own_arrow
+        from .._imports import own_arrow, own_collector
 
         own_arrow()
+        own_collector()
 
 
 def summarize_command(args: argparse.Namespace) -> int:

@@ -4,6 +4,8 @@ order, local Parquet through ``pyarrow.parquet``, the rest through ``pyarrow.dat
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -87,6 +89,7 @@ class _ParquetFiles:
         self.paths = source.files
         self.where = source.spec  # the file being read
         self.files: list[pq.ParquetFile] = []
+        self._ahead: list[_ReadAhead] = []
         for path in source.files:
             try:
                 self.files.append(pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20))
@@ -112,13 +115,80 @@ class _ParquetFiles:
         return float(size) / max(1, self.count_rows())
 
     def batches(self, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        """The rows ``batch_rows`` at a time, decoded ahead on a thread of their own (``_ReadAhead``)."""
+        ahead = _ReadAhead(self._each_batch(batch_rows))
+        self._ahead.append(ahead)
+        return iter(ahead)
+
+    def _each_batch(self, batch_rows: int) -> Iterator[pa.RecordBatch]:
         for path, file in zip(self.paths, self.files):
             self.where = path
             yield from file.iter_batches(batch_size=batch_rows, use_threads=False)
 
     def close(self) -> None:
+        for ahead in self._ahead:  # no thread reads a file as it is closed
+            ahead.close()
         for file in self.files:
             file.close()
+
+
+READ_AHEAD_BATCHES = 4  # batches a local Parquet input's read-ahead hands over at once (one lot ready, one in use)
+
+
+class _ReadAhead:
+    """Record batches decoded on a thread of their own, a lot of ``READ_AHEAD_BATCHES`` ahead of the
+    lot in use (pyarrow lets the GIL go while it decodes), so that reading the file and working on its
+    rows go on at once; handed over by the lot, so that the two threads meet once a lot, not once a
+    batch. An error is raised where its batch would have come, after the batches before it;
+    ``close()`` (and the end of the iteration, however it ends) stops the thread before it returns."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
+        self._batches = batches
+        self._ready: queue.Queue[tuple[list[pa.RecordBatch], BaseException | None, bool]] = queue.Queue(1)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        self._thread = threading.Thread(target=self._read, name="batchsum-read", daemon=True)
+        self._thread.start()
+        try:
+            while True:
+                lot, error, last = self._ready.get()
+                yield from lot
+                if error is not None:
+                    raise error
+                if last:
+                    return
+        finally:
+            self.close()
+
+    def _read(self) -> None:
+        lot: list[pa.RecordBatch] = []
+        try:
+            for batch in self._batches:
+                lot.append(batch)
+                if len(lot) == READ_AHEAD_BATCHES:
+                    if not self._put((lot, None, False)):
+                        return
+                    lot = []
+            self._put((lot, None, True))
+        except BaseException as exc:  # noqa: BLE001 - raised in the thread that reads the batches
+            self._put((lot, exc, True))
+
+    def _put(self, item: tuple[list[pa.RecordBatch], BaseException | None, bool]) -> bool:
+        """Hand ``item`` over, waiting for room; False when the reading stopped first."""
+        while not self._stop.is_set():
+            try:
+                self._ready.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
 
 
 class _Scanned:

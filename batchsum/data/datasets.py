@@ -26,6 +26,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
@@ -42,7 +43,7 @@ from .dataset_input import BATCH_ROWS as BATCH_ROWS
 from .dataset_input import DatasetInput as DatasetInput
 from .locations import INPUT_FORMATS as INPUT_FORMATS
 from .locations import OUTPUT_FORMATS, format_by_extension, input_error, is_uri, locate
-from .results import RESULT_DTYPES, RowResult, arrow_types, result_columns
+from .results import RESULT_DTYPES, RowResult, arrow_columns, arrow_types, result_columns
 
 __all__ = [
     "DatasetInput",
@@ -56,6 +57,7 @@ __all__ = [
 ]
 
 ROW_GROUP_BYTES = 16 << 20  # a Parquet output's row groups: about this many bytes each (held until written)
+WRITE_BUFFER = 4 << 20  # what a Parquet output's writer gathers before it goes to the file
 
 # summary, status, error, message, http_status, attempts; pandas reads Parquet outputs back with
 # the accessor's dtypes (engine.RESULT_DTYPES), through the pandas metadata written with them.
@@ -190,6 +192,73 @@ class _JsonLinesWriter:
         self._file.flush()
 
 
+class _RowGroups:
+    """A Parquet output's row groups: batches gathered until about ``ROW_GROUP_BYTES`` (readers want
+    them large, memory wants them bounded), then encoded and written on a thread of their own (pyarrow
+    lets the GIL go meanwhile) while the next is made. One group at a time: the next waits for the one
+    before, whose error (a full disk) is raised then. Written through a native buffer, so the thread
+    needs the GIL for the file only when a buffer's worth goes to it, not at every page."""
+
+    def __init__(self, file: IO[bytes], schema: pa.Schema) -> None:
+        self._schema = schema
+        self._sink = pa.BufferedOutputStream(pa.PythonFile(file, mode="w"), WRITE_BUFFER)
+        self._writer = pq.ParquetWriter(self._sink, schema)
+        self._group: list[pa.RecordBatch] = []
+        self._bytes = 0
+        self._thread: ThreadPoolExecutor | None = None
+        self._writing: Future[None] | None = None
+
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        self._group.append(batch)
+        self._bytes += batch.nbytes
+        if self._bytes >= ROW_GROUP_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._group:
+            return
+        table = pa.Table.from_batches(self._group, schema=self._schema)
+        self._group, self._bytes = [], 0
+        self._written()
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="batchsum-write")
+        self._writing = self._thread.submit(self._writer.write_table, table)
+
+    def _written(self, *, quietly: bool = False) -> None:
+        """Wait for the group on the writer's thread; its error raised unless ``quietly``."""
+        writing, self._writing = self._writing, None
+        if writing is None:
+            return
+        try:
+            writing.result()
+        except Exception:
+            if not quietly:
+                raise
+
+    def _end(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown()
+            self._thread = None
+        self._writer.close()
+        self._sink.close()  # what is still in the buffer goes to the file
+
+    def close(self) -> None:
+        """Every group written, the file's footer after them."""
+        try:
+            self._flush()
+            self._written()
+        except BaseException:
+            self.abort()
+            raise
+        self._end()
+
+    def abort(self) -> None:
+        """The group not yet handed over dropped; the one being written waited for, its error ignored."""
+        self._group.clear()
+        self._written(quietly=True)
+        self._end()
+
+
 class DatasetOutput:
     """The output, written batch by batch to a temporary file of its own (created exclusively, a
     unique name per run: beside a local output, in the temporary folder for a remote one) and moved
@@ -241,10 +310,8 @@ class DatasetOutput:
         self.partial = Path(partial)
         self._file = os.fdopen(fd, "wb")
         self._writer: Any
-        self._group: list[pa.RecordBatch] = []  # a Parquet output's next row group, until it is large enough
-        self._group_bytes = 0
         if self.target.format == "parquet":
-            self._writer = pq.ParquetWriter(self._file, self.schema)
+            self._writer = _RowGroups(self._file, self.schema)
         elif self.target.format == "csv":
             self._writer = pcsv.CSVWriter(self._file, self.schema)
         else:
@@ -258,54 +325,33 @@ class DatasetOutput:
         try:
             self._write(batch, results)
         except OSError as exc:  # a full disk, a quota, a folder turned read-only
-            raise _output_error(
-                f"cannot write {self.target.spec} ({exc.strerror or one_line(exc)}); every answer is in the "
-                "journal: run the same command again once it can be written, and nothing is paid twice",
-                self.target.spec,
-            ) from None
+            raise self._cannot_write(exc) from None
+
+    def _cannot_write(self, exc: OSError) -> Exception:
+        """A full disk, a quota, a folder turned read-only: the one line, and what to do."""
+        return _output_error(
+            f"cannot write {self.target.spec} ({exc.strerror or one_line(exc)}); every answer is in the "
+            "journal: run the same command again once it can be written, and nothing is paid twice",
+            self.target.spec,
+        )
 
     def _write(self, batch: pa.RecordBatch, results: Sequence[RowResult]) -> None:
-        columns: list[tuple[Any, ...]] = list(zip(*results)) if results else [() for _ in RESULT_TYPES]
-        arrays = batch.columns + [pa.array(values, type=t) for values, t in zip(columns, RESULT_TYPES)]
+        arrays = batch.columns + arrow_columns(results)
         for index in self._neutralized:
             arrays[index] = neutralize(arrays[index])
-        out = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
-        if self.target.format != "parquet":
-            self._writer.write_batch(out)
-            return
-        # Row groups of about ROW_GROUP_BYTES: readers want them large, memory wants them bounded.
-        self._group.append(out)
-        self._group_bytes += out.nbytes
-        if self._group_bytes >= ROW_GROUP_BYTES:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self._group:
-            self._writer.write_table(pa.Table.from_batches(self._group, schema=self.schema))
-            self._group.clear()
-            self._group_bytes = 0
+        self._writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
 
     def commit(self) -> None:
         try:
-            if self.target.format == "parquet":
-                self._flush()
             self._writer.close()
             self._file.close()
         except OSError as exc:  # a full disk, a quota: the last row group, the footer
-            raise _output_error(
-                f"cannot write {self.target.spec} ({exc.strerror or one_line(exc)}); every answer is in the "
-                "journal: run the same command again once it can be written, and nothing is paid twice",
-                self.target.spec,
-            ) from None
+            raise self._cannot_write(exc) from None
         if not self.target.remote:
             try:
                 os.replace(self.partial, self.target.local)
             except OSError as exc:  # the folder turned read-only, a quota, a vanished mount
-                raise _output_error(
-                    f"cannot write {self.target.spec} ({exc.strerror or one_line(exc)}); every answer is in "
-                    "the journal: run the same command again once it can be written, and nothing is paid twice",
-                    self.target.spec,
-                ) from None
+                raise self._cannot_write(exc) from None
             return
         try:
             with (
@@ -322,9 +368,11 @@ class DatasetOutput:
         self.partial.unlink(missing_ok=True)
 
     def abort(self) -> None:
-        self._group.clear()
         if not self._file.closed:
-            self._writer.close()
+            if isinstance(self._writer, _RowGroups):
+                self._writer.abort()
+            else:
+                self._writer.close()
             self._file.close()
         with contextlib.suppress(OSError):  # a folder made read-only keeps it: nothing more to do
             self.partial.unlink(missing_ok=True)

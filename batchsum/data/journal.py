@@ -25,14 +25,14 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 from ..service.errors import InputError, JournalError, redact_location
 from .journal_file import CACHE_KIB as CACHE_KIB
 from .journal_file import FORMAT as FORMAT
-from .journal_file import INSERT, adopt, columns, connect, insert_all, problem
+from .journal_file import adopt, columns, connect, insert_all, problem
 from .journal_file import create as create_journal
 from .leases import SQLiteClaims
 from .results import Answer
@@ -41,6 +41,12 @@ from .side_file import SideFile
 from .stores import LOOKUP_CHUNK as LOOKUP_CHUNK
 
 __all__ = ["Journal", "SharedJournal", "RunLock", "FORMAT"]
+
+
+# A journal of at most this many bytes is read whole, once a run has asked it for a quarter of its
+# answers (a rerun asks for all of them): one scan instead of a query per block of keys.
+WHOLE_READ_BYTES = 16 << 20
+WRITTEN_KEYS = 100_000  # the keys a journal empty when first asked remembers writing (about 15 MB at most)
 
 
 class Journal:
@@ -55,6 +61,7 @@ class Journal:
         self.service: str | None = None  # whose answers are kept and reused (``serve``); None: any
         self._readonly = readonly
         self._unstamped = False
+        self._whole = _Whole(True)  # read whole when small and asked for much of it
         self._side = SideFile(self.path)  # answers it could not take, until the next run
         _check_or_create(self.path, create=create and not readonly)
         self._db = connect(self.path, readonly=readonly)
@@ -84,6 +91,7 @@ class Journal:
         what the adoption means, or None. A read-only journal is not stamped; its unstamped answers
         count as this service's."""
         self.service = service
+        self._whole.forget()  # what it holds is about to be stamped: read again
         if (
             "service" in self._columns()
             and self._query("SELECT 1 FROM answers WHERE service IS NULL LIMIT 1").fetchone() is None
@@ -121,7 +129,10 @@ class Journal:
         stored = {self._key(key): key for key in keys}
         if self._unstamped:
             stored.update({key: key for key in keys})  # a read-only look at a journal not yet adopted
-        names = list(stored)
+        whole = self._whole.answers(self._query, len(keys)) if since is None else None
+        if whole is not None:
+            return {key: whole[name] for name, key in stored.items() if name in whole}
+        names = self._whole.may_hold(stored)
         recent = "" if since is None else " AND finished_at >= ?"
         for start in range(0, len(names), LOOKUP_CHUNK):
             chunk = names[start : start + LOOKUP_CHUNK]
@@ -138,17 +149,19 @@ class Journal:
         return key in self.get_many([key])
 
     def put(self, key: str, answer: Answer) -> None:
-        """Keep ``answer``; committed at once (autocommit). ``JournalError`` when it cannot be written."""
-        self._query(INSERT, (self._key(key), *answer, time.time(), self.service))
+        """Keep ``answer``; committed at once. ``JournalError`` when it cannot be written."""
+        self.put_many([(key, answer)])
 
     def put_many(self, answers: list[tuple[str, Answer]]) -> None:
         """Keep ``answers`` in one transaction (the answer store's, copied into the journal of the
         output they answer). ``JournalError`` when they cannot be written."""
-        now = time.time()
+        now, service = time.time(), self.service
+        named = [(self._key(key), answer) for key, answer in answers]
         try:
-            insert_all(self._db, [(self._key(key), *answer, now, self.service) for key, answer in answers])
+            insert_all(self._db, [(name, *answer, now, service) for name, answer in named])
         except sqlite3.Error as exc:
             raise JournalError(f"the journal {self.path}: {exc}") from None
+        self._whole.kept(named)
 
     def note_output(self, output: str) -> None:
         """Remember which output this journal served (``batchsum journal`` shows it), without the
@@ -188,6 +201,68 @@ class Journal:
         return f"Journal({str(self.path)!r})"
 
 
+class _Whole:
+    """A journal's answers in memory, by stored key: read in one scan once a run has asked for a
+    quarter of the answers of a journal of at most ``WHOLE_READ_BYTES`` (a rerun asks for every one),
+    then kept up to date with what the run writes. Until then every look-up asks the file. A journal
+    empty when first asked (a first run, a new output the store answers) keeps the keys written since
+    instead (up to ``WRITTEN_KEYS``): a look-up asks the file only for those."""
+
+    __slots__ = ("_enabled", "_answers", "_asked", "_count", "_written")
+
+    def __init__(self, enabled: bool) -> None:
+        self._enabled = enabled  # never, for a journal other runs write too
+        self.forget()
+
+    def forget(self) -> None:
+        """Nothing in memory (what it held is out of date): read again when it is worth it."""
+        self._answers: dict[str, Answer] | None = None
+        self._asked = 0  # keys looked up so far
+        self._count: int | None = None if self._enabled else -1  # the answers it held when first asked; -1: never
+        self._written: set[str] | None = None  # empty when first asked: every key written since
+
+    def answers(self, query: Callable[[str], sqlite3.Cursor], asked: int) -> dict[str, Answer] | None:
+        """The answers in memory (read now when ``asked`` more keys make it worth it), or None."""
+        if self._answers is not None:
+            return self._answers
+        if self._count is None:
+            (pages,) = query("PRAGMA page_count").fetchone()
+            (page,) = query("PRAGMA page_size").fetchone()
+            small = pages * page <= WHOLE_READ_BYTES
+            self._count = query("SELECT COUNT(*) FROM answers").fetchone()[0] if small else -1
+            if self._count == 0:  # nothing to read: what this run writes is all it will hold
+                self._count, self._written = -1, set()
+        if self._count < 0:
+            return None
+        self._asked += asked
+        if 4 * self._asked < self._count:
+            return None
+        rows = query(
+            "SELECT fingerprint, summary, status, error, message, http_status, attempts FROM answers"
+        ).fetchall()
+        self._answers = {key: Answer(*fields) for key, *fields in rows}
+        return self._answers
+
+    def may_hold(self, names: dict[str, str]) -> list[str]:
+        """Of ``names`` (stored keys), those the file may hold: all of them, unless it was empty when
+        first asked (then only those written since)."""
+        written = self._written
+        return list(names) if written is None else [name for name in names if name in written]
+
+    def kept(self, answers: list[tuple[str, Answer]]) -> None:
+        """``answers`` were written (by stored key): in memory too, once it is read, unless it has grown
+        to twice what was read (then it is the file's again, for good: a run that adds more than it
+        reuses does not hold them all); their keys, when it was empty when first asked."""
+        if self._answers is not None:
+            self._answers.update(answers)
+            if len(self._answers) > 2 * max(self._count or 0, 10_000):
+                self._answers, self._count = None, -1
+        if self._written is not None:
+            self._written.update(name for name, _ in answers)
+            if len(self._written) > WRITTEN_KEYS:
+                self._written = None  # the file is asked for every key again
+
+
 def _check_or_create(path: Path, *, create: bool) -> None:
     """``path`` is a batchsum journal in good order, or is made one (``create``); else ``InputError``."""
     if not path.parent.is_dir():
@@ -218,6 +293,7 @@ class SharedJournal(Journal):
 
     def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
         super().__init__(path, create=create)
+        self._whole = _Whole(False)  # the other runs write it too: every look-up asks the file
         try:
             SQLiteClaims.set_up(self._db)
         except sqlite3.Error as exc:

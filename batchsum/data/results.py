@@ -126,11 +126,40 @@ def arrow_types() -> list[pa.DataType]:
 
 
 def arrow_columns(results: Sequence[RowResult]) -> list[pa.Array]:
-    """The results as one Arrow array per result column."""
+    """The results as one Arrow array per result column. A column holding one value throughout (a
+    rerun's statuses, codes and counts, nearly always) is a slice of that value repeated, made once."""
     import pyarrow as pa
 
-    columns: list[tuple[Any, ...]] = list(zip(*results)) if results else [() for _ in RowResult._fields]
-    return [pa.array(values, type=t) for values, t in zip(columns, arrow_types())]
+    if not results:
+        return [pa.array([], type=t) for t in arrow_types()]
+    arrays = []
+    for values, arrow_type in zip(zip(*results), arrow_types()):
+        first = values[0]
+        short = first is None or type(first) is int or (type(first) is str and len(first) <= 64)
+        if short and values.count(first) == len(values):  # compared at C speed, by identity first
+            arrays.append(_repeated(first, arrow_type, len(values)))
+        else:
+            arrays.append(pa.array(values, type=arrow_type))
+    return arrays
+
+
+_REPEATED: dict[tuple[object, str], pa.Array] = {}  # (value, type) -> the value repeated, sliced for each use
+
+
+def _repeated(value: object, arrow_type: pa.DataType, count: int) -> pa.Array:
+    """``value`` (a short one) ``count`` times as an Arrow array: a zero-copy slice of one made once
+    (again when a longer one is needed). Such values are few (``ok``, 200, 1, a skip's code, no value)
+    and at most 64 are kept."""
+    import pyarrow as pa
+
+    key = (value, str(arrow_type))
+    made = _REPEATED.get(key)
+    if made is None or len(made) < count:
+        length = max(count, 4096)
+        made = pa.nulls(length, arrow_type) if value is None else pa.repeat(pa.scalar(value, arrow_type), length)
+        if len(_REPEATED) < 64 or key in _REPEATED:
+            _REPEATED[key] = made
+    return made.slice(0, count)
 
 
 def with_results(batch: ArrowT, results: Sequence[RowResult], output_column: str) -> ArrowT:

@@ -4,7 +4,9 @@ sample, known, under way, sent, or a long text's; rows read together are resolve
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from itertools import compress, count, repeat
+from operator import is_
+from typing import Any, cast
 
 from ..data.results import FAILED, SKIPPED, RowResult
 from ..service import contract
@@ -83,16 +85,17 @@ class Intake:
         known = self.known
         try:
             rows: list[RowResult | None] = list(map(known.rows.get, texts))  # at C speed: a rerun's rows
+            if known.stored:  # rows a text seen before answers, which came from the store (a known text's)
+                self.stats.from_store += sum(map(known.stored.__contains__, texts))
         except TypeError:  # a cell that cannot be a key (a list)
             rows = [None] * len(texts)
         skips = known.skips
-        if known.stored:  # rows a text seen before answers, which came from the store
-            self.stats.from_store += sum(
-                1 for text, row in zip(texts, rows) if row is not None and text in known.stored
-            )
+        resolved: list[RowResult]
         if None in rows:
             skips += await self._resolve(texts, rows)
-        resolved = [row for row in rows if row is not None]
+            resolved = [row for row in rows if row is not None]
+        else:
+            resolved = cast("list[RowResult]", rows)  # every row known: the list itself
         reused = sum(1 for row in resolved if row.status != SKIPPED) if skips else len(resolved)
         self.stats.reused += reused
         if len(resolved) == len(rows):
@@ -119,9 +122,7 @@ class Intake:
         missing: dict[str, list[int]] = {}  # fingerprint -> positions
         identify = text_fingerprint(self.params)
         skips = 0
-        for i, row in enumerate(rows):
-            if row is not None:
-                continue
+        for i in compress(count(), map(is_, rows, repeat(None))):  # the unknown rows alone, found at C speed
             text = texts[i]
             problem = contract.text_problem(text)
             if problem is not None:

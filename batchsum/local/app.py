@@ -149,24 +149,27 @@ def create_app(state: ServiceState) -> Starlette:
         return None
 
     async def summarize_route(request: Request) -> Response:
-        state.begin()
+        generation = state.begin()
         try:
             response, fields = await _answer(request)
         finally:
             state.end()
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        state.record(response.status_code, fields, key.strip())
+        state.record(response.status_code, fields, key.strip(), generation)
         return response
 
     async def _answer(request: Request) -> tuple[Response, dict[str, Any] | None]:
         faults = state.faults
+        number = faults.arrive()
         fault = faults.next()
         # The key, the plan and the limit decide at arrival (the answer then takes its latency).
         admission = _admission(request) if fault is None else None
         if admission is not None and admission[3] and admission[0] is not None:
             return admission[0], None  # the key's account refused: answered at once, no work done
+        while faults.holds(number) and state.faults is faults:  # held until released, or new faults
+            await asyncio.sleep(0.01)
         if faults.latency or faults.latency_spread:
-            await asyncio.sleep(faults.delay())
+            await asyncio.sleep(faults.delay(number))
         if fault == "429":
             headers = {} if faults.retry_after is None else {"Retry-After": f"{faults.retry_after:g}"}
             return _shape_a(429, Messages.RATE_LIMITED, headers), None

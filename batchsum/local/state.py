@@ -68,7 +68,13 @@ def parse_key_spec(spec: str) -> tuple[str, Plan]:
 @dataclass
 class Faults:
     """Faults to inject. ``script`` is consumed first, one fault (or "ok") per request; then each
-    kind in ``rates`` strikes with its probability (seeded, so runs repeat)."""
+    kind in ``rates`` strikes with its probability (seeded, so runs repeat).
+
+    What a test acts on after N answers must find the run still going, however late the machine
+    lets the test run: ``latency_after=N`` answers the first N requests at once and gives the rest
+    their latency (the run cannot end sooner than its remaining rows take), ``hold_after=N`` holds
+    every request after the first N unanswered until ``release()`` is called or the service's faults
+    are replaced (the run cannot end until the test lets it). Requests are counted as they arrive."""
 
     latency: float = 0.0
     latency_spread: float = 0.0  # each answer takes latency + up to this much more, uniformly (seeded)
@@ -77,12 +83,18 @@ class Faults:
     retry_after: float | None = 1.0  # seconds on injected 429s; None sends no Retry-After
     hang_seconds: float = 30.0
     seed: int = 0
+    latency_after: int = 0  # the first this many requests answer at once; the latency is the rest's
+    hold_after: int | None = None  # requests after this many wait for release() (or new faults)
 
     def __post_init__(self) -> None:
         self.script = deque(self.script)
         for name in ("latency", "latency_spread", "hang_seconds"):
             if not 0 <= getattr(self, name) <= 600:
                 raise ValueError(f"invalid {name} {getattr(self, name)!r}: use 0 to 600 seconds")
+        for name in ("latency_after", "hold_after"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < 0):
+                raise ValueError(f"invalid {name} {value!r}: use a whole number of requests, 0 or more")
         if self.retry_after is not None and not 0 <= self.retry_after <= 3600:
             raise ValueError(f"invalid retry_after {self.retry_after!r}: use 0 to 3600 seconds, or null")
         for kind, rate in self.rates.items():
@@ -93,12 +105,34 @@ class Faults:
                 raise ValueError(f"unknown fault {kind!r}: use one of {', '.join(FAULT_KINDS)}")
         self._random = random.Random(self.seed)
         self._latency_random = random.Random(self.seed + 1)
+        self._arrived = 0
+        self._released = threading.Event()
 
-    def delay(self) -> float:
-        """Seconds this answer takes: ``latency``, plus up to ``latency_spread`` at random."""
+    def arrive(self) -> int:
+        """A request arrived: its number (1 for the first)."""
+        self._arrived += 1
+        return self._arrived
+
+    def delay(self, number: int | None = None) -> float:
+        """Seconds the answer to request ``number`` takes: ``latency``, plus up to ``latency_spread``
+        at random; none for the first ``latency_after``."""
+        if number is not None and number <= self.latency_after:
+            return 0.0
         if not self.latency_spread:
             return self.latency
         return self.latency + self.latency_spread * self._latency_random.random()
+
+    def holds(self, number: int) -> bool:
+        """Is request ``number`` held until ``release()``?"""
+        return self.hold_after is not None and number > self.hold_after and not self._released.is_set()
+
+    def release(self) -> None:
+        """Let the held requests (and every later one) go on. Safe from any thread."""
+        self._released.set()
+
+    @property
+    def released(self) -> bool:
+        return self._released.is_set()
 
     def next(self) -> str | None:
         if self.script:
@@ -120,6 +154,8 @@ class Faults:
             retry_after=data.get("retry_after", 1.0),
             hang_seconds=float(data.get("hang_seconds", 30.0)),
             seed=int(data.get("seed", 0)),
+            latency_after=int(data.get("latency_after", 0)),
+            hold_after=None if data.get("hold_after") is None else int(data["hold_after"]),
         )
 
 
@@ -363,7 +399,10 @@ class ServiceState:
         return next(iter(self.plans))
 
     def reset_stats(self) -> None:
+        """Counts from zero. A request that arrived before is not counted when it ends after (a test's
+        hung request, answered during the next test)."""
         with self._lock:
+            self._generation = getattr(self, "_generation", 0) + 1
             self.requests = 0
             self.arrivals: deque[float] = deque(maxlen=1_000_000)  # clock() of each request, for benchmarks
             self.admitted: deque[float] = deque(maxlen=1_000_000)  # clock() of each request the limit let through
@@ -414,18 +453,25 @@ class ServiceState:
             f"{prefix}Reset": str(seconds),
         }
 
-    def begin(self) -> None:
-        """A request arrived: count what is in progress at once (how much a client keeps in flight)."""
+    def begin(self) -> int:
+        """A request arrived: count what is in progress at once (how much a client keeps in flight).
+        Returns the counts' generation, for ``record``."""
         with self._lock:
             self.in_progress += 1
             self.most_in_progress = max(self.most_in_progress, self.in_progress)
+            return self._generation
 
     def end(self) -> None:
         with self._lock:
             self.in_progress -= 1
 
-    def record(self, status: int, fields: dict[str, Any] | None = None, key: str | None = None) -> None:
+    def record(
+        self, status: int, fields: dict[str, Any] | None = None, key: str | None = None, generation: int | None = None
+    ) -> None:
+        """Count an answer; not when the request arrived before the counts were last reset (``generation``)."""
         with self._lock:
+            if generation is not None and generation != self._generation:
+                return
             if key is not None and key in self.accounts:
                 self.status_by_key.setdefault(key, Counter())[status] += 1
             self.requests += 1

@@ -21,15 +21,19 @@ class ProgressBar:
     def __init__(
         self, total: int | None, *, enabled: bool = True, file: IO[str] | None = None, desc: str = "summarize"
     ) -> None:
+        self._bar: Any = None  # no bar at all when it is off (``progress=False``, ``--quiet``): tqdm is not loaded
+        self._shown: Any = None
+        self._last_postfix = 0.0
+        if not enabled:
+            return
         from tqdm.auto import tqdm
 
         # In Jupyter the bar is a widget, and its text (what a saved notebook shows) is taken when it is
         # displayed, at 0%: displayed here under an id, so that close() can replace that text.
-        widget = enabled and any(kind.__module__ == "tqdm.notebook" for kind in tqdm.__mro__)
+        widget = any(kind.__module__ == "tqdm.notebook" for kind in tqdm.__mro__)
         shown_later: dict[str, Any] = {"display": False} if widget else {}
         bar: Any = tqdm(
             total=total,
-            disable=not enabled,
             file=file,
             desc=desc,
             unit="row",
@@ -38,15 +42,15 @@ class ProgressBar:
             **shown_later,
         )
         self._bar = bar
-        self._shown: Any = None
         if widget:
             from IPython import display
 
             show: Any = display.display
             self._shown = show(bar.container, display_id=True)
-        self._last_postfix = 0.0
 
     def __call__(self, stats: BatchStats) -> None:
+        if self._bar is None:
+            return
         # The row count and the counts after it are drawn together, so they always agree.
         now = time.monotonic()
         if now - self._last_postfix >= 0.5 or stats.done == stats.total:
@@ -75,19 +79,21 @@ class ProgressBar:
 
     async def follow(self, stats: BatchStats, every: float = 1.0) -> None:
         """Refresh the line while no row finishes (a pause, slow answers), so it never looks frozen."""
-        while True:
+        while self._bar is not None:
             await asyncio.sleep(every)
             self._last_postfix = 0.0
             self(stats)
 
     def write(self, message: str) -> None:
         """A line above the bar (or on stderr when the bar is off)."""
-        if self._bar.disable:
+        if self._bar is None or self._bar.disable:
             print(message, file=sys.stderr, flush=True)
         else:
             self._bar.write(message, file=self._bar.fp)
 
     def close(self) -> None:
+        if self._bar is None:
+            return
         self._bar.close()
         if self._shown is not None:  # the widget's text as the bar ended
             self._shown.update(self._bar.container)

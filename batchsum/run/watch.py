@@ -37,6 +37,8 @@ class Watch:
         self._metrics: Metrics | None = None
         self._ticker: asyncio.Future[None] | None = None
         self._watcher: asyncio.Future[None] | None = None
+        self._paused = False  # what the last pause event said
+        self._budget: tuple[str, float] | None = None  # the wait for the budget said, since when
 
     def start(self) -> None:
         """The pieces are open: metrics, the bar's refreshes, the watch for pauses, the start event."""
@@ -56,11 +58,14 @@ class Watch:
         )
 
     async def stop(self) -> None:
-        """The bar's refreshes and the watch for pauses end."""
+        """The bar's refreshes and the watch for pauses end; a pause that ended since the watch last
+        looked is said to have ended (every pause event has its resume, unless the run ends paused)."""
         for task in (self._ticker, self._watcher):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        if self._watcher is not None:
+            self._look_for_pause()
 
     def report(self, error: BaseException | None, started_at: float) -> dict[str, Any]:
         """The run has ended, however (``error``: what ended it, if not its end): its metrics stop,
@@ -115,26 +120,10 @@ class Watch:
     async def _watch(self) -> None:
         """Events a scheduler follows while the run goes: a pause starting and ending, a wait for the
         budget (said in a line too), progress."""
-        paused = False
-        budget: tuple[str, float] | None = None  # the wait for the budget said, since when
         last_progress = time.monotonic()
         while True:
             await asyncio.sleep(WATCH_SECONDS)
-            state = self.stats.pacer_state()
-            if state is not None and state.budget != (budget[0] if budget else None):
-                budget = self._budget_wait(state.budget, budget)
-            if state is not None and (state.paused_for > 0) != paused:
-                paused = not paused
-                if paused:
-                    event(
-                        "pause",
-                        f"paused {state.paused_for:.1f} s: {state.pause_reason}",
-                        run_id=self.run_id,
-                        seconds=round(state.paused_for, 3),
-                        reason=state.pause_reason,
-                    )
-                else:
-                    event("resume", "resumed", run_id=self.run_id)
+            self._look_for_pause()
             if time.monotonic() - last_progress >= PROGRESS_SECONDS:
                 last_progress = time.monotonic()
                 self._progress()
@@ -151,6 +140,27 @@ class Watch:
             event("budget", line, run_id=self.run_id, waiting=False)
             self.pieces.bar.write(f"batchsum: {line}")
         return None
+
+    def _look_for_pause(self) -> None:
+        """A pause or a wait for the budget starting or ending since the last look: its event."""
+        state = self.stats.pacer_state()
+        if state is None:
+            return
+        if state.budget != (self._budget[0] if self._budget else None):
+            self._budget = self._budget_wait(state.budget, self._budget)
+        if (state.paused_for > 0) == self._paused:
+            return
+        self._paused = not self._paused
+        if self._paused:
+            event(
+                "pause",
+                f"paused {state.paused_for:.1f} s: {state.pause_reason}",
+                run_id=self.run_id,
+                seconds=round(state.paused_for, 3),
+                reason=state.pause_reason,
+            )
+        else:
+            event("resume", "resumed", run_id=self.run_id)
 
     def _progress(self) -> None:
         stats, pacer = self.stats, self.stats.pacer or self.pieces.pacer

@@ -202,15 +202,19 @@ def test_plot_run_draws_what_the_accessor_returned(svc):
 
 def test_cancel_keeps_what_finished_and_run_again_reuses_it(svc, frame):
     clear_cache()
-    svc.faults = Faults(latency=0.1)
+    # The service holds every request after the third until the test lets it go: the run cannot end
+    # before Cancel, however late a busy machine lets the test run. Cancel reaches the run's loop
+    # before the held answer does (it is queued there first), so the run stops with it in flight.
+    svc.faults = Faults(hold_after=3)
     app = batchsum.widget(frame, api_key=KEY, base_url=svc.url, rpm=0, concurrency=1)
     app.run_button.click()
     import time
 
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # a guard against a hang, not a timing
     while svc.stats()["answered"] < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
     app.cancel_button.click()
+    svc.faults.release()  # the answer on the wire comes, and is kept
     app.wait()
     done = len(app.result)
     assert 2 <= done < 14 and "Cancelled after" in app.status.value

@@ -67,7 +67,7 @@ def overlap(service, first_argv, second_argv, *, then_wait=True):
     (``then_wait``) waits with ``--wait`` and finishes after it, each text paid for once. Returns
     the waiting run's stderr."""
     environ = {**os.environ, "BATCHSUM_API_KEY": KEY, "BATCHSUM_BASE_URL": service.url}
-    service.faults = Faults(latency=2.0)  # ~24 s for the whole run: held until released below
+    service.faults = Faults(hold_after=1)  # every request after the first held until released below
     first = subprocess.Popen(first_argv, env=environ, stderr=subprocess.PIPE, text=True)
     try:
         while service.stats()["requests"] < 1:  # it holds its locks before it sends

@@ -345,7 +345,10 @@ def test_serve_starts_and_answers(tmp_path):
     try:
         line = proc.stdout.readline()
         assert "batchsum local service on http://127.0.0.1:" in line and "5 requests/min per key, fixed" in line
-        for _ in range(200):
+        import time
+
+        deadline = time.monotonic() + 60  # until it answers: a guard against a hang, not a timing
+        while True:
             try:
                 response = httpx.post(
                     f"http://127.0.0.1:{port}/api/user/summarize",
@@ -354,8 +357,7 @@ def test_serve_starts_and_answers(tmp_path):
                 )
                 break
             except httpx.ConnectError:
-                import time
-
+                assert proc.poll() is None and time.monotonic() < deadline, "the service never answered"
                 time.sleep(0.05)
         assert response.status_code == 200 and response.json()["result"]
         assert response.headers["X-RateLimit-Limit"] == "5" and response.headers["X-RateLimit-Remaining"] == "4"

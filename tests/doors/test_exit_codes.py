@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -73,13 +73,19 @@ def environment(service: LocalService, key: str = KEY) -> dict[str, str]:
 
 
 def when_answered(service: LocalService, count: int, then: Callable[[], None]) -> threading.Thread:
-    """``then()`` once the service has answered ``count`` requests (or after a minute)."""
+    """``then()`` once the service has answered ``count`` requests. Every request after those is held
+    at the service until ``then()`` has run: the run cannot end first, however late a busy machine
+    lets this thread run (the wait's minute is a guard against a hang, not a timing)."""
+    faults = service.faults = replace(service.faults, hold_after=count)
 
     def watch() -> None:
         deadline = time.monotonic() + 60
         while service.stats()["answered"] < count and time.monotonic() < deadline:
             time.sleep(0.01)
-        then()
+        try:
+            then()
+        finally:
+            faults.release()
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -210,6 +216,20 @@ def budget_back(service, tmp_path, capsys, monkeypatch):
     assert f"waiting for the rate budget at {url}" in err and "answers again" in err
     assert (pd.read_parquet(tmp_path / "out.parquet")["summary_status"] == "ok").all()
     return code, err
+
+
+def wait_for_redis(port: int, process: subprocess.Popen) -> None:
+    """Until the redis-server on ``port`` answers (a guard against a hang, not a timing)."""
+    import redis as redis_client
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            redis_client.Redis(host="127.0.0.1", port=port).ping()
+            return
+        except redis_client.ConnectionError:
+            assert process.poll() is None and time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
 
 
 def output_refused_at_the_end(service, tmp_path, capsys, monkeypatch):

@@ -221,11 +221,12 @@ def test_a_dry_run_counts_a_long_texts_reduce_requests_and_says_row_once():
 
 
 async def test_in_flight_follows_rate_times_latency_instead_of_a_constant(svc):
-    svc.faults = Faults(latency=0.5)
+    svc.faults = Faults(latency=3.0)
     stats = BatchStats()
     results = await collect(texts(120), svc, rpm=6000, concurrency=None, stats=stats)
     assert [r.status for r in results] == ["ok"] * 120
-    # 6000/min = 100/s at 0.5 s each: about 50 on the wire; a constant 16 would cap the rate at 32/s.
+    # 6000/min = 100/s at 3 s each: about 300 on the wire, all 120 here; a constant 16 would cap the
+    # rate at 5/s. More than 16 at once needs no more than 6 starts a second, however busy the machine.
     assert svc.stats()["most_in_progress"] > 16
 
 
@@ -250,23 +251,26 @@ async def test_a_storm_of_429s_that_ends_leaves_the_pace_where_it_was(svc):
 
 
 async def test_more_than_a_hundred_in_flight_when_rate_times_latency_needs_it(svc):
-    svc.faults = Faults(latency=1.0)
+    # 60000/min at 3 s each: all 300 on the wire at once; more than 100 needs no more than 34 starts a
+    # second before the first answers, however busy the machine.
+    svc.faults = Faults(latency=3.0)
     results = await collect([f"{article(12, seed=i)} Row {i}." for i in range(300)], svc, rpm=60000, concurrency=None)
     assert [r.status for r in results] == ["ok"] * 300
     assert svc.stats()["most_in_progress"] > 100  # the connection pool is no hidden cap
 
 
 async def test_answers_are_counted_when_they_arrive_while_a_held_row_waits_its_retry(svc):
-    """Row 2 waits out a hung request (timeout 1 s) and its retry; results are yielded in order, but
-    the counts (what the bar shows) take in the answers arriving behind it."""
-    svc.faults = Faults(script=["ok", "hang"], hang_seconds=3)
+    """Row 2 waits out a hung request (timeout 4 s) and its retry; results are yielded in order, but
+    the counts (what the bar shows) take in the answers arriving behind it. The 28 other answers have
+    the timeout's 4 s to arrive: a busy machine needs a fraction of that."""
+    svc.faults = Faults(script=["ok", "hang"], hang_seconds=12)
     seen: list[tuple[int, int]] = []
     stats = BatchStats()
 
     def note(current: BatchStats) -> None:
         seen.append((current.ok, current.yielded))
 
-    async with batchsum.AsyncClient(KEY, svc.url, timeout=1, max_retries=2) as client:
+    async with batchsum.AsyncClient(KEY, svc.url, timeout=4, max_retries=2) as client:
         results = [
             r async for r in summarize_stream(texts(30, words=12), client, stats=stats, on_result=note, concurrency=8)
         ]

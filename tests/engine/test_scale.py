@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import batchsum
 from batchsum.data.datasets import BATCH_ROWS, DatasetInput
 from batchsum.data.journal import Journal
-from batchsum.data.results import Answer
+from batchsum.data.results import Answer, RowResult
 from batchsum.data.stores import MemoryStore
 from batchsum.engine import RowBlock, fingerprint, summarize_stream, text_fingerprint
 from batchsum.engine.tally import BatchStats
@@ -182,6 +182,7 @@ def test_a_cli_run_over_parquet_never_imports_pandas(env, tmp_path):
     loaded = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
     assert "pyarrow.parquet" in loaded and "httpx" in loaded  # what the run needs
     assert not {"pandas.core.frame", "pyarrow.dataset", "pyarrow._dataset"} & loaded
+    assert "tqdm" not in loaded  # --quiet: no bar, and no bar's package
     import pandas as pd
 
     frame = pd.read_parquet(out)
@@ -197,7 +198,6 @@ def test_hand_written_pandas_metadata_reads_back_every_input_type(tmp_path):
     import pandas as pd
 
     from batchsum.data.datasets import DatasetOutput
-    from batchsum.data.results import RowResult
 
     table = pa.table(
         {
@@ -251,3 +251,176 @@ def test_counting_words_up_to_what_matters_gives_the_same_answer(words, gap, wor
     message, with the exact count) is the full count's, at and around both limits."""
     text = edges + gap.join([word] * words) + edges
     assert contract.text_problem(text) == _problem_by_full_count(text)
+
+
+RESULTS = st.builds(
+    RowResult,
+    st.one_of(st.none(), st.sampled_from(["", "A summary.", "Another one, longer.", "é ✓", "A long one. " * 20])),
+    st.sampled_from(["ok", "skipped", "failed"]),
+    st.one_of(st.none(), st.sampled_from(["too_short", "server_error"])),
+    st.one_of(st.none(), st.just("the service's words")),
+    st.one_of(st.none(), st.sampled_from([200, 422, 500])),
+    st.integers(0, 3),
+    st.integers(0, 2),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.lists(RESULTS, max_size=40), st.builds(lambda r, n: [r] * n, RESULTS, st.integers(1, 40))))
+def test_result_columns_made_whole_are_the_columns_made_row_by_row(results):
+    """A column that one value fills (a rerun's statuses and codes) is made from that value; every
+    column is the one ``pa.array`` makes of the rows' values, types, nulls and all."""
+    from batchsum.data.results import arrow_columns, arrow_types
+
+    columns = list(zip(*results)) if results else [() for _ in RowResult._fields]
+    expected = [pa.array(list(values), type=t) for values, t in zip(columns, arrow_types())]
+    made = arrow_columns(results)
+    assert [column.type for column in made] == arrow_types()
+    assert [column.to_pylist() for column in made] == [column.to_pylist() for column in expected]
+
+
+def test_a_journal_read_whole_answers_as_its_queries_do_and_keeps_what_is_written_after(tmp_path):
+    """A small journal is read in one scan once a run has asked for a quarter of its answers; from
+    then on its look-ups answer what the file holds, what the run writes after included, and a
+    refreshing run's (``since``) still asks the file."""
+    path = tmp_path / "j.sqlite"
+    keys = [f"{i:064x}" for i in range(400)]
+    with Journal(path) as journal:
+        journal.serve("https://svc")
+        journal.put_many([(key, Answer(key[-6:], "ok", None, None, 200, 1)) for key in keys[:300]])
+        first = journal.get_many(keys[:50] + ["missing"])  # an eighth: still asked of the file
+        assert journal._whole._answers is None and len(first) == 50
+        assert journal.get_many(keys[50:100]) and journal._whole._answers is not None  # a quarter: read whole
+        journal.put(keys[300], Answer("later", "ok", None, None, 200, 1))
+        journal.put_many([(keys[301], Answer("later too", "ok", None, None, 200, 1))])
+        remembered = journal.get_many(keys + ["missing"])
+        since = journal.get_many(keys, since=journal.last_write())
+    with Journal(path) as fresh:  # the same file, asked by query
+        fresh.serve("https://svc")
+        assert fresh.get_many(keys + ["missing"]) == remembered
+    assert len(remembered) == 302 and remembered[keys[301]].summary == "later too"
+    assert set(since) <= {keys[300], keys[301]} and keys[301] in since
+
+
+def test_a_shared_journal_is_never_read_whole_another_runs_answers_are_seen(tmp_path):
+    from batchsum.data.journal import SharedJournal
+
+    path = tmp_path / "shared.sqlite"
+    keys = [f"{i:064x}" for i in range(40)]
+    with SharedJournal(path) as one, SharedJournal(path) as other:
+        one.put_many([(key, Answer("s", "ok", None, None, 200, 1)) for key in keys[:20]])
+        assert len(one.get_many(keys)) == 20
+        other.put_many([(key, Answer("t", "ok", None, None, 200, 1)) for key in keys[20:]])
+        assert len(one.get_many(keys)) == 40 and one._whole._answers is None
+
+
+def _threads(prefix: str) -> list[str]:
+    import threading
+
+    return [thread.name for thread in threading.enumerate() if thread.name.startswith(prefix)]
+
+
+def test_the_read_ahead_stops_its_thread_when_reading_stops_early_and_when_the_input_closes(tmp_path):
+    path = tmp_path / "in.parquet"
+    texts = [article(12, seed=i) for i in range(5000)]
+    pq.write_table(pa.table({"text": texts}), path)
+    source = DatasetInput([str(path)], "text")
+    assert [text for batch in source.batches(700) for text in batch.column(0).to_pylist()] == texts
+    batches = source.batches(700)
+    assert next(batches).num_rows == 700  # decoded ahead, in order
+    assert _threads("batchsum-read")
+    batches.close()  # a stop: the reading ends here
+    assert not _threads("batchsum-read")
+    batches = source.batches(700)
+    next(batches)
+    source.close()  # the input closed while a reading is under way: its thread first
+    assert not _threads("batchsum-read")
+
+
+def test_a_broken_input_raises_where_its_batch_would_come_through_the_read_ahead(tmp_path):
+    from batchsum.errors import InputError
+    from batchsum.service.errors import BrokenInputError
+
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": [article(12, seed=i) for i in range(4000)]}), path, row_group_size=1000)
+    data = bytearray(path.read_bytes())
+    meta = pq.ParquetFile(path).metadata
+    last = meta.row_group(3).column(0)
+    start = last.dictionary_page_offset or last.data_page_offset
+    data[start : start + 64] = b"\xff" * 64  # the last row group's pages damaged, the footer intact
+    path.write_bytes(bytes(data))
+    read = []
+    with pytest.raises((BrokenInputError, InputError)):
+        for batch in DatasetInput([str(path)], "text").batches(500):
+            read.append(batch.num_rows)
+    assert sum(read) == 3000 and set(read) == {500}  # every batch before the damaged one came, in order
+    assert not _threads("batchsum-read")
+
+
+def test_an_output_whose_writer_fails_on_its_thread_raises_and_leaves_no_partial_file(tmp_path, monkeypatch):
+    """Row groups are written on the writer's thread, one at a time: its error (a full disk) is raised
+    at the next hand-over or at the commit, and the partial output is removed."""
+    from batchsum.data import datasets
+    from batchsum.data.datasets import DatasetOutput
+
+    monkeypatch.setattr(datasets, "ROW_GROUP_BYTES", 1)  # a row group per batch
+    table = pa.table({"text": [article(12, seed=i) for i in range(30)]})
+    rows = [RowResult("s", "ok", None, None, 200, 1, 1)] * 10
+    out = DatasetOutput(tmp_path / "out.parquet", table.schema)
+    for batch in table.to_batches(max_chunksize=10):
+        out.write(batch, rows)
+    out.commit()
+    back = pq.read_table(tmp_path / "out.parquet")
+    assert back.column("text").to_pylist() == table.column("text").to_pylist()
+    assert pq.ParquetFile(tmp_path / "out.parquet").num_row_groups == 3
+
+    written = []
+
+    def full_disk(self, table, *args, **kwargs):
+        if written:
+            raise OSError(28, "No space left on device")
+        written.append(table.num_rows)
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", full_disk)
+    out = DatasetOutput(tmp_path / "again.parquet", table.schema)
+    with pytest.raises(OSError, match="No space left"):
+        for batch in table.to_batches(max_chunksize=10):
+            out.write(batch, rows)
+        out.commit()
+    out.abort()
+    assert not list(tmp_path.glob(".again.parquet.*")) and not (tmp_path / "again.parquet").exists()
+    assert not _threads("batchsum-write")
+
+
+def test_the_commands_own_process_runs_the_collector_on_young_objects_less_often_and_never_on_the_imports():
+    """``own_collector`` (the CLI's own process only): what the imports made is frozen out of the
+    collector's passes, and its youngest pass waits for ``COLLECT_EVERY`` new objects, not 700."""
+    import gc
+
+    from batchsum._imports import COLLECT_EVERY, own_collector
+
+    threshold = gc.get_threshold()
+    try:
+        own_collector()
+        assert gc.get_threshold() == (COLLECT_EVERY, *threshold[1:]) and gc.get_freeze_count() > 0
+    finally:
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
+
+
+def test_a_journal_empty_when_first_asked_asks_its_file_only_for_what_the_run_wrote(tmp_path):
+    """A first run, or a new output the answer store answers: its journal held nothing when first
+    asked, so a look-up asks the file only for the keys the run has written since."""
+    keys = [f"{i:064x}" for i in range(50)]
+    with Journal(tmp_path / "j.sqlite") as journal:
+        journal.serve("https://svc")
+        asked: list[str] = []
+        journal._db.set_trace_callback(asked.append)
+        assert journal.get_many(keys[:20]) == {}
+        assert not [sql for sql in asked if sql.startswith("SELECT fingerprint")]  # nothing asked of the file
+        journal.put_many([(key, Answer(key[-4:], "ok", None, None, 200, 1)) for key in keys[:5]])
+        asked.clear()
+        found = journal.get_many(keys[:20])
+        assert set(found) == set(keys[:5]) and found[keys[0]].summary == keys[0][-4:]
+        lookups = [sql for sql in asked if sql.startswith("SELECT fingerprint")]
+        assert len(lookups) == 1 and lookups[0].count("'") == 2 * 5  # only the 5 it wrote

@@ -126,16 +126,23 @@ def test_a_lead_whose_holder_stops_renewing_it_lapses(users, monkeypatch):
 
     async def main():
         a, b = users(), users()
-        await a.lead("a", '{"level": 60}')
+        first = await a.lead("a", '{"level": 60}')
         held = await b.lead("b")
         await asyncio.sleep(0.5)  # a died: no renewal
         taken = await b.lead("b")
         await a.aclose()
         await b.aclose()
-        return held, taken
+        return first, held, taken
 
-    held, taken = run(main())
-    assert held.holder == "a" and taken.holder == "b" and taken.state == '{"level": 60}'
+    first, held, taken = run(main())
+    # The budget's own clock says how long after a's lead b asked (a busy machine may let more than
+    # the lease pass between the two calls): within the lease, a holds it; after it, b takes it.
+    asked_after = held.now - first.now
+    if asked_after < 0.3 - 0.01:
+        assert held.holder == "a"
+    elif asked_after > 0.3 + 0.01:
+        assert held.holder == "b"
+    assert taken.now - first.now > 0.3 and taken.holder == "b" and taken.state == '{"level": 60}'
 
 
 def test_a_shared_pace_or_state_not_written_for_five_minutes_is_nobodys(tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 without sending any answered request twice. Counted at the service."""
 
 import os
+import selectors
 import signal
 import sqlite3
 import subprocess
@@ -43,6 +44,7 @@ def setup(tmp_path):
 
 
 def wait_for_answers(service, count, proc):
+    """Until the service has answered ``count`` requests (a guard against a hang, not a timing)."""
     deadline = time.monotonic() + 60
     while service.stats()["answered"] < count:
         assert proc.poll() is None, proc.communicate()
@@ -50,12 +52,34 @@ def wait_for_answers(service, count, proc):
         time.sleep(0.02)
 
 
-def quiesce(service):
-    """Stop answering (every request now gets a 500 and is retried later), so that each answer the
-    service gave has reached the client before the kill: what a kill loses is then only what the
-    journal lost."""
-    service.faults = Faults(rates={"500": 1.0})
-    time.sleep(0.5)
+def wait_for_line(proc, words, seen):
+    """Read ``proc``'s stderr into ``seen`` until a line holds ``words`` (a guard against a hang, not a
+    timing): what the process has done by then, it has said."""
+    selector = selectors.DefaultSelector()
+    selector.register(proc.stderr, selectors.EVENT_READ)
+    deadline = time.monotonic() + 60
+    while not any(words in line for line in seen):
+        assert time.monotonic() < deadline, f"no line with {words!r}: {seen}"
+        if selector.select(timeout=0.1):
+            line = proc.stderr.readline()
+            assert line, f"stderr ended with no line with {words!r}: {seen}"
+            seen.append(line)
+    selector.close()
+
+
+def answered_then_refused(answers):
+    """The service answers the first ``answers`` requests, then refuses every one with a 500 (retried
+    later): the run answers no more, however long the test takes to act."""
+    return Faults(latency=0.01, script=["ok"] * answers, rates={"500": 1.0})
+
+
+def journaled(tmp_path, count):
+    """Until the journal holds ``count`` answers: each answer the service gave reached the client and
+    was kept, so what a kill loses is then only what the journal lost (a guard, not a timing)."""
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "out.parquet.journal.sqlite").exists() or journal_rows(tmp_path) < count:
+        assert time.monotonic() < deadline, f"the journal never held {count} answers"
+        time.sleep(0.02)
 
 
 def finish(service, argv, env, tmp_path):
@@ -71,13 +95,14 @@ def finish(service, argv, env, tmp_path):
 
 def test_sigkill_mid_run_then_the_same_command_sends_no_answered_request_twice(setup):
     service, argv, env, tmp_path = setup
+    service.faults = answered_then_refused(60)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_answers(service, 60, proc)
-    quiesce(service)
+    journaled(tmp_path, 60)
     proc.send_signal(signal.SIGKILL)
-    proc.wait(10)
+    proc.wait(60)
     answered_before = service.stats()["answered"]
-    assert 60 <= answered_before < ROWS
+    assert answered_before == 60
     assert not (tmp_path / "out.parquet").exists()
     done = finish(service, argv, env, tmp_path)
     assert f"{ROWS - answered_before} sent, {answered_before} reused" in done.stderr
@@ -93,11 +118,14 @@ def journal_rows(tmp_path):
 )
 def test_sigint_and_sigterm_stop_alike_and_keep_every_answer_on_the_wire(setup, signum, code, words):
     service, argv, env, tmp_path = setup
-    service.faults = Faults(latency=0.4)  # requests spend a while on the wire
+    # Requests spend a while on the wire, and those after the 20th are held until the signal is sent:
+    # the run cannot end first. The signal reaches the run's loop before the answers let go after it.
+    service.faults = Faults(latency=0.4, hold_after=20)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_answers(service, 20, proc)
     proc.send_signal(signum)
-    _, err = proc.communicate(timeout=30)
+    service.faults.release()
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err
     assert words in err and "run the same command again to resume" in err
     assert "waiting for answers on the wire" in err
@@ -108,16 +136,21 @@ def test_sigint_and_sigterm_stop_alike_and_keep_every_answer_on_the_wire(setup, 
 
 
 def test_a_second_signal_aborts_at_once(setup):
+    """The first SIGTERM waits for the answers on the wire (here: 100 s away); the second leaves at once,
+    which the run says. The second is sent once the first was acted on (its line said), never before."""
     service, argv, env, tmp_path = setup
+    service.faults = Faults(latency=100, latency_after=20)  # after the 20th, what is on the wire keeps a drain waiting
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_answers(service, 20, proc)
-    service.faults = Faults(latency=100)  # what is on the wire now would keep a drain waiting
-    time.sleep(0.3)
+    journaled(tmp_path, 20)  # every answer given is kept: what the abort leaves is only what was never answered
     proc.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
+    seen: list[str] = []
+    wait_for_line(proc, "SIGTERM: stopping; waiting for answers on the wire", seen)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=12)  # well before the 15 s a drain may take
+    _, rest = proc.communicate(timeout=60)  # a guard against a hang: what the drain would take is 100 s
+    err = "".join(seen) + rest
     assert proc.returncode == 143, err
+    assert "SIGTERM again: aborting; the answers received so far are kept" in err
     service.faults = Faults()
     finish(service, argv, env, tmp_path)
 
@@ -155,11 +188,12 @@ def test_a_second_signal_right_after_the_run_returns_leaves_with_its_code_never_
     setup, where, first, second, code
 ):
     service, argv, env, tmp_path = setup
-    service.faults = Faults(latency=0.2)
+    service.faults = Faults(latency=0.2, hold_after=20)  # the run cannot end before the first signal
     script = [sys.executable, "-c", SECOND_SIGNAL, where, second, *argv[3:]]  # argv[:3]: python -m batchsum.cli
     proc = subprocess.Popen(script, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_answers(service, 20, proc)
     proc.send_signal(first)
+    service.faults.release()
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err  # the last signal's code: never -2 or -15
     last = err.strip().splitlines()[-1]

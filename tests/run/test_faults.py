@@ -9,6 +9,7 @@ import asyncio
 import hashlib
 import json
 import os
+import selectors
 import socket
 import sqlite3
 import subprocess
@@ -61,10 +62,25 @@ def digest(path):
 # -- paying twice, losing paid answers ----------------------------------------------------------
 
 
+def first_line(proc: subprocess.Popen) -> str:
+    """The first line ``proc`` writes to stderr (a minute's guard against a hang, not a timing)."""
+    selector = selectors.DefaultSelector()
+    selector.register(proc.stderr, selectors.EVENT_READ)
+    deadline = time.monotonic() + 60
+    while not selector.select(timeout=0.1):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no line on stderr"
+    selector.close()
+    return proc.stderr.readline()
+
+
 def test_two_runs_on_one_output_the_second_is_refused_naming_the_first_or_waits(env, tmp_path):
     src = parquet(tmp_path, 30)
     out = str(tmp_path / "out.parquet")
-    env.faults = Faults(latency=0.4)  # the first run lasts ~6 s: the second starts (~2 s of imports) within it
+    # The service answers the first run's first two requests and holds the rest until the waiting run
+    # says it waits: the first run is still going when the second and the third start, however long a
+    # busy machine takes to start them.
+    env.faults = Faults(latency=0.05, hold_after=2)
     argv = [
         sys.executable,
         "-m",
@@ -83,16 +99,23 @@ def test_two_runs_on_one_output_the_second_is_refused_naming_the_first_or_waits(
     ]
     environ = {**os.environ, "BATCHSUM_API_KEY": KEY, "BATCHSUM_BASE_URL": env.url}
     first = subprocess.Popen(argv, env=environ, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60  # a guard against a hang, not a timing
     while env.stats()["requests"] < 2:
-        assert first.poll() is None, first.communicate()
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
         time.sleep(0.02)
-    second = subprocess.run(argv, env=environ, capture_output=True, text=True, timeout=60)
+    second = subprocess.run(argv, env=environ, capture_output=True, text=True, timeout=120)
     assert second.returncode == 2
     assert f"in use by another batchsum run (pid {first.pid}" in second.stderr
     assert len(second.stderr.strip().splitlines()) == 1
-    waiting = subprocess.run(argv + ["--wait"], env=environ, capture_output=True, text=True, timeout=120)
-    assert first.wait(60) == 0 and waiting.returncode == 0, waiting.stderr
-    assert "waiting for the other run" in waiting.stderr and "30 reused" in waiting.stderr
+    waiting = subprocess.Popen(argv + ["--wait"], env=environ, stderr=subprocess.PIPE, text=True)
+    try:
+        said = first_line(waiting)
+        assert "waiting for the other run" in said, said
+    finally:
+        env.faults.release()  # never left held: the runs end whatever the assertions found
+    rest = waiting.communicate(timeout=120)[1]
+    assert first.wait(120) == 0 and waiting.returncode == 0, said + rest
+    assert "30 reused" in rest
     assert env.stats()["answered_twice"] == 0 and env.stats()["answered_unique"] == 30
 
 

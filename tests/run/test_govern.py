@@ -282,11 +282,19 @@ def test_every_budget_kind_defers_a_shared_run_and_never_lets_it_hold_a_slot_ahe
 def test_the_report_of_a_normal_run_with_429s_matches_the_service_and_validates(
     fresh: LocalService, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
+    from batchsum.local import Faults
+
     path = tmp_path / "normal.json"
-    # 1.5 times the plan's rate and concurrency: the service answers some 429s, and the report counts them.
+    # 1.5 times the plan's rate and concurrency: the service answers some 429s, and the report counts
+    # them. One is sure, however slowly a busy machine lets the run send: the 21st request's, with a
+    # Retry-After of 3 s (a pause the run's watch, looking every quarter second, cannot miss).
     spec = RunSpec.from_kwargs(rpm=PLAN * 1.5, budget="none", progress=False, report=path, max_wait=60)
-    with caplog.at_level("INFO", logger="batchsum"):
-        results = asyncio.run(run_texts(spec, texts(90, seed=4)))
+    fresh.faults = Faults(script=["ok"] * 20 + ["429"], retry_after=3)
+    try:
+        with caplog.at_level("INFO", logger="batchsum"):
+            results = asyncio.run(run_texts(spec, texts(90, seed=4)))
+    finally:
+        fresh.faults = Faults()
     events = [getattr(record, "event", None) for record in caplog.records]
     assert "pause" in events and "resume" in events  # a 429's pause (at least a second), seen and told
     assert all(r.status == "ok" for r in results)
@@ -353,14 +361,24 @@ def test_opentelemetry_metrics_count_what_the_report_counts(fresh: LocalService,
     spec = RunSpec.from_kwargs(rpm=PLAN * 1.5, budget="none", progress=False, report=path, max_wait=60)
     paces: list[dict] = []
 
+    from batchsum.local import Faults
+
     async def run_and_look() -> None:
+        # The service holds every request after the 5th until the gauges are read: the run is under
+        # way when they are, however late a busy machine lets this look happen.
         task = asyncio.ensure_future(run_texts(spec, texts(40, seed=8)))
-        while not task.done():  # the pace gauge reports a run while it runs
-            await asyncio.sleep(0.2)
-            paces.append(reader.get_metrics_data().to_json())
+        while fresh.stats()["answered"] < 5:
+            assert not task.done(), task.result()
+            await asyncio.sleep(0.01)
+        paces.append(reader.get_metrics_data().to_json())  # the pace gauge reports a run while it runs
+        fresh.faults.release()
         await task
 
-    asyncio.run(run_and_look())
+    fresh.faults = Faults(hold_after=5)
+    try:
+        asyncio.run(run_and_look())
+    finally:
+        fresh.faults = Faults()
     report = json.loads(path.read_text())
     sums: dict[str, dict[tuple, float]] = {}
     for resource in reader.get_metrics_data().resource_metrics:

@@ -133,9 +133,33 @@ def test_an_input_that_breaks_midway_keeps_the_answers_and_writes_the_rows_read(
     assert (pd.read_csv(out)["summary_status"] == "ok").all()
 
 
+# The CLI in a process of its own whose input stops after its tenth batch until the test says go: the
+# walk of rows answered by the journal is held there busy (a loop that never yields, as a walk of
+# known rows is), so a signal sent then arrives while the walk is under way, however fast the walk
+# and however late a busy machine lets the test run.
+HELD_WALK = """
+import os, sys
+from batchsum.data import dataset_input
+held, go = sys.argv[1], sys.argv[2]
+batches = dataset_input.DatasetInput.batches
+def gated(self, batch_rows=None):
+    for number, batch in enumerate(batches(self, batch_rows)):
+        if number == 10:
+            open(held, "w").close()
+            while not os.path.exists(go):
+                pass
+        yield batch
+dataset_input.DatasetInput.batches = gated
+import batchsum.cli
+sys.argv = ["batchsum", *sys.argv[3:]]
+sys.exit(batchsum.cli.main())
+"""
+
+
 def test_a_signal_while_rows_come_from_the_journal_stops_at_once(service, tmp_path):
-    """100,000 rows answered from the journal take seconds to walk: a SIGTERM then is acted on
-    promptly (the run stops before the end), and the partial output is not left behind."""
+    """100,000 rows answered from the journal: a SIGTERM while they are walked is acted on promptly
+    (the run stops before the end), and the partial output is not left behind. The walk is held busy
+    after its tenth batch until the signal is sent (``HELD_WALK``): no race with its end."""
     base = texts(50)
     rows = [base[i % 50] for i in range(100_000)]
     pd.DataFrame({"text": rows}).to_parquet(tmp_path / "in.parquet")
@@ -145,16 +169,18 @@ def test_a_signal_while_rows_come_from_the_journal_stops_at_once(service, tmp_pa
     out.unlink()
     service.state.reset_stats()
     progress = tmp_path / "progress.txt"
-    watched = [*argv[:-1]]  # with the bar, to see when the walk is under way
+    held, go = tmp_path / "held", tmp_path / "go"
+    watched = [sys.executable, "-c", HELD_WALK, str(held), str(go), *argv[3:-1]]  # with the bar: no --quiet
     proc = subprocess.Popen(
         watched, env={**environment(service), "COLUMNS": "200"}, stderr=open(progress, "w"), text=True
     )
-    deadline = time.monotonic() + 120
-    while "reused" not in progress.read_text() and "/100000" not in progress.read_text():
+    deadline = time.monotonic() + 120  # a guard against a hang, not a timing
+    while not held.exists():
         assert proc.poll() is None and time.monotonic() < deadline, progress.read_text()
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=60)
+    go.touch()  # the walk goes on only now: the signal came while it was under way
+    proc.wait(timeout=120)
     err = progress.read_text()
     assert proc.returncode == 143, err
     assert "terminated (SIGTERM)" in err and "rows were done" in err
