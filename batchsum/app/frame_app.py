@@ -28,6 +28,7 @@ from .run_view import RunView
 __all__ = ["FrameApp"]
 
 # The options the app hands to every run as they were given (the controls give the others).
+_APP_OPTIONS = ("mode", "percentage", "type", "api_key", "base_url", "local", "timeout", "max_retries", "encoding")
 _RUN_OPTIONS = (
     "output_column",
     "concurrency",
@@ -100,17 +101,7 @@ class FrameApp(App):
         self._output_column = spec.output_column
         rate = describe_rate(spec.rpm, spec.auto)
         self._default_rpm = f"{rate:g}" if isinstance(rate, float) else rate
-        super().__init__(
-            mode=mode,
-            percentage=percentage,
-            type=type,
-            api_key=api_key,
-            base_url=base_url,
-            local=local,
-            timeout=timeout,
-            max_retries=max_retries,
-            encoding=encoding,
-        )
+        super().__init__(**{name: options[name] for name in _APP_OPTIONS})
 
     def _build(self) -> None:
         frame = self.frame

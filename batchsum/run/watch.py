@@ -152,13 +152,8 @@ class Watch:
             return
         self._paused = not self._paused
         if self._paused:
-            event(
-                "pause",
-                f"paused {state.paused_for:.1f} s: {state.pause_reason}",
-                run_id=self.run_id,
-                seconds=round(state.paused_for, 3),
-                reason=state.pause_reason,
-            )
+            seconds, reason = round(state.paused_for, 3), state.pause_reason
+            event("pause", f"paused {seconds:.1f} s: {reason}", run_id=self.run_id, seconds=seconds, reason=reason)
         else:
             event("resume", "resumed", run_id=self.run_id)
 
