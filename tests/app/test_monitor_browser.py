@@ -112,7 +112,12 @@ def test_the_monitor_draws_the_key_updates_live_and_stops_when_closed(watched, t
             second = state.inner_text()
             drawn = bars()
             runs_text = table.inner_text()
-            page.wait_for_timeout(11_000)  # a 10 s bar further: the chart has more to draw
+            page.wait_for_function(  # a 10 s bar further, the chart has more to draw (a guard, not a timing)
+                "(before) => [...document.querySelectorAll('.batchsum-monitor-chart rect.bar')]"
+                ".filter(r => parseFloat(r.getAttribute('height') || '0') > 0.5).length > before",
+                arg=drawn,
+                timeout=120_000,
+            )
             later = bars()
             clipped = widest_overflow(page, ".batchsum-monitor")
             shot = tmp_path / f"monitor-{theme}.png"
