@@ -15,19 +15,18 @@ import re
 import time
 from collections.abc import Collection, Iterable, Iterator
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from ..service.redis_url import split_prefix
 from .leases import CLAIM_SECONDS, claim_owner, holder_is_gone
 from .results import OK, Answer
 from .stores import LOOKUP_CHUNK, REFUSAL_SECONDS, StoreError
 
-__all__ = ["RedisStore", "RedisWatch", "RedisUpkeep", "PREFIX", "DEFAULT_RETENTION_DAYS", "split_prefix", "take_in_old"]
+__all__ = ["RedisStore", "RedisWatch", "RedisUpkeep", "PREFIX", "DEFAULT_RETENTION_DAYS", "take_in_old"]
 
 PREFIX = "batchsum:store:"
 DEFAULT_RETENTION_DAYS = 90
 _OLD = "batchsum:answers:{{{identity}}}:"  # a key's answers before the one store (30 days' TTL)
 _ANSWER = re.compile(r"\{(?P<service>[^}]*)\}:(?:key:[0-9a-f]+:)?(?P<fingerprint>[0-9a-f]{64})$")
-_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 _TAKE_OVER = (
@@ -95,23 +94,6 @@ return 0
 """
 
 
-def split_prefix(url: str) -> tuple[str, str]:
-    """A store URL without its ``prefix`` query parameter (which redis-py would refuse), and the
-    prefix of its keys (``NAME:``, or ``""``). ``StoreError`` for a name that is not letters, digits,
-    ``.``, ``_`` or ``-`` (at most 64)."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    names = [value for name, value in query if name == "prefix"]
-    if not names:
-        return url, ""
-    if len(names) > 1 or not _NAME.fullmatch(names[0]):
-        raise StoreError(
-            f"invalid prefix {names[-1]!r} in the answer store's URL: use one name of letters, digits, '.', '_' or '-'"
-        )
-    rest = urlencode([(name, value) for name, value in query if name != "prefix"])
-    return urlunsplit(parts._replace(query=rest)), names[0] + ":"
-
-
 def _connect(url: str) -> Any:
     try:
         import redis
@@ -155,7 +137,7 @@ class RedisStore:
     def __init__(self, url: str, service: str, *, job: str | None = None, scope: str = "") -> None:
         from ..service.errors import redact_location
 
-        url, self.prefix = split_prefix(url)
+        url, self.prefix = split_prefix(url, StoreError)
         self.where = f"Redis ({redact_location(url)}{f', prefix {self.prefix[:-1]}' if self.prefix else ''})"
         self.job = job
         self.scope = scope
@@ -410,7 +392,7 @@ class RedisUpkeep:
     def __init__(self, url: str) -> None:
         from ..service.errors import redact_location
 
-        url, self._prefix = split_prefix(url)
+        url, self._prefix = split_prefix(url, StoreError)
         self.where = f"Redis ({redact_location(url)})"
         self._redis = _connect(url)
         self._config = self._prefix + PREFIX + "config"

@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 from ..service.errors import BudgetError, location_secrets, one_line, redact, redact_location
 from ..service.keys import PERIODS, period_window
+from ..service.redis_url import split_prefix
 from .exchange import RECORD_SECONDS, RUN_LEASE_SECONDS, SHARED_SECONDS, Remembered, RunEntry
 from .ledger import Ledger, Tally, tick_of
 
@@ -244,7 +245,9 @@ async def read_redis(url: str, seconds: float) -> list[KeyState]:
         import redis.exceptions
     except ImportError:
         raise BudgetError("a redis:// budget needs the redis package: pip install 'batchsum[redis]'") from None
-    client = redis.asyncio.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+    client = redis.asyncio.Redis.from_url(
+        split_prefix(url, BudgetError)[0], socket_connect_timeout=5, socket_timeout=10
+    )
     try:
         names = sorted(
             (_text(v).partition(" ")[0], _text(v).partition(" ")[2], _text(k))

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from ..service.errors import BudgetError, location_secrets, one_line, redact, redact_location
+from ..service.redis_url import split_prefix
 from .exchange import (
     AHEAD,
     ENTRY_CHARS,
@@ -75,7 +76,7 @@ class _RedisConnection(Budget):
             import redis.asyncio  # noqa: F401
         except ImportError:
             raise BudgetError("a redis:// budget needs the redis package: pip install 'batchsum[redis]'") from None
-        self.url = url
+        self.url = split_prefix(url, BudgetError)[0]  # the budget is never prefixed: a key's limit is the key's
         self.id = key_id
         self.where = redact_location(url)
         self._secrets = location_secrets(url)

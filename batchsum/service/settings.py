@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from . import contract
 from .errors import BudgetError, ConfigurationError, InvalidParameterError, redact_location
+from .redis_url import redis_url
 from .retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 
 __all__ = [
@@ -442,19 +443,6 @@ def budget_spec(budget: Any, environ: Mapping[str, str] | None = None) -> Any:
     if callable(getattr(budget, "reserve", None)):
         return budget
     raise BudgetError(f"invalid budget {budget!r}: use 'machine', 'none', 'redis://HOST:PORT/DB' or a Budget")
-
-
-def redis_url(url: str, source: str, error: type[Exception] = InvalidParameterError) -> str:
-    """A Redis URL as the redis client reads it: its scheme in lower case, its port a number; else
-    ``error`` naming ``source`` in one line, without the URL's credentials."""
-    scheme, sep, rest = url.strip().partition("://")
-    url = scheme.lower() + sep + rest
-    try:
-        urlsplit(url).port  # noqa: B018 - reading the port is the check
-    except ValueError as exc:  # a port that is not a number, or out of range
-        shown = redact_location(url)
-        raise error(f"invalid {source} {shown!r}: {exc}; use redis://[:PASSWORD@]HOST:PORT/DB") from None
-    return url
 
 
 def store_spec(store: object, budget: object, environ: Mapping[str, str] | None = None) -> str:

@@ -434,6 +434,45 @@ def test_a_redis_store_prefix_keeps_teams_apart_and_never_reaches_the_client(red
             store.close()
 
 
+def test_a_budget_url_with_a_prefix_prefixes_the_store_that_follows_it_never_the_budget(redis_url):
+    """``--budget redis://...?prefix=NAME``: the store that follows the budget keeps its keys under
+    ``NAME:``; the budget's keys are the key's, unprefixed; redis-py never sees the prefix."""
+    import redis
+
+    rows = [article(20, seed=9300 + i) for i in range(3)]
+    with LocalService([KEY]) as svc:
+        spec = RunSpec.from_kwargs(budget=f"{redis_url}?prefix=team-c", api_key=KEY, base_url=svc.url, progress=False)
+        assert [r.status for r in asyncio.run(run_texts(spec, rows))] == ["ok"] * 3
+        client = redis.Redis.from_url(redis_url)
+        stored = [k.decode() for k in client.scan_iter(f"*batchsum:store:{{{svc.url}}}:*")]
+        assert len(stored) == 3 and all(k.startswith("team-c:batchsum:store:") for k in stored)
+        assert not list(client.scan_iter("team-c:batchsum:budget:*")) and list(client.scan_iter("batchsum:budget:{*}"))
+
+
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        ("?prefix=a%20b", "invalid prefix 'a b'"),
+        ("?prefix=a&prefix=b", "invalid prefix 'b'"),
+        ("?foo=1", "the Redis client knows no option 'foo'"),
+        ("?socket_timeout=soon", "Invalid value for 'socket_timeout' in connection URL;"),
+    ],
+)
+def test_a_redis_url_the_client_cannot_read_is_one_line_where_the_option_is_read(query, says):
+    from batchsum.errors import BudgetError, InvalidParameterError
+    from batchsum.service.settings import budget_spec, store_spec
+
+    url = f"redis://user:s3cret-pw@127.0.0.1:6379/0{query}"
+    for check, error in (
+        (lambda: budget_spec(url), BudgetError),
+        (lambda: store_spec(url, None), InvalidParameterError),
+    ):
+        with pytest.raises(error) as raised:
+            check()
+        line = str(raised.value)
+        assert says in line and "s3cret-pw" not in line and "\n" not in line
+
+
 def test_a_stored_mode_2_answer_is_never_served_to_a_key_whose_plan_refuses_mode_2(tmp_path):
     """A premium key pays for mode-2 answers; a basic key (mode 1 only) over the same texts is not
     served them: its first request goes to the service, which refuses it, and no row is ok. Another

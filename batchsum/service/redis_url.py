@@ -1,0 +1,62 @@
+"""A Redis location checked once, for the budget and the store alike: its scheme, its port, its
+``?prefix=NAME`` (the store's keys' prefix, which redis-py does not know and never sees), and every
+other query option as the Redis client reads it, each refused in one line where the option is read
+instead of a traceback at the first connection."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from .errors import InvalidParameterError, redact_location
+
+__all__ = ["redis_url", "split_prefix", "REDIS_FORM"]
+
+REDIS_FORM = "redis://[:PASSWORD@]HOST:PORT/DB[?prefix=NAME]"
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_UNKNOWN = re.compile(r"unexpected keyword argument '(\w+)'")
+
+
+def split_prefix(url: str, error: type[Exception] = InvalidParameterError) -> tuple[str, str]:
+    """``url`` without its ``prefix`` query parameter, and the prefix of a store's keys (``NAME:``, or
+    ``""``). ``error`` for a name that is not letters, digits, ``.``, ``_`` or ``-`` (at most 64)."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    names = [value for name, value in query if name == "prefix"]
+    if not names:
+        return url, ""
+    if len(names) > 1 or not _NAME.fullmatch(names[0]):
+        raise error(
+            f"invalid prefix {names[-1]!r} in {redact_location(url)!r}: use one name of letters, digits, '.', '_' or '-'"
+        )
+    rest = urlencode([(name, value) for name, value in query if name != "prefix"])
+    return urlunsplit(parts._replace(query=rest)), names[0] + ":"
+
+
+def redis_url(url: str, source: str, error: type[Exception] = InvalidParameterError) -> str:
+    """A Redis URL as the redis client reads it: its scheme in lower case, its port a number, its prefix
+    a name, its other query options ones the client knows; else ``error`` naming ``source`` in one line,
+    without the URL's credentials. Nothing is connected."""
+    scheme, sep, rest = url.strip().partition("://")
+    url = scheme.lower() + sep + rest
+    shown = redact_location(url)
+    try:
+        urlsplit(url).port  # noqa: B018 - reading the port is the check
+    except ValueError as exc:  # a port that is not a number, or out of range
+        raise error(f"invalid {source} {shown!r}: {exc}; use {REDIS_FORM}") from None
+    bare, _ = split_prefix(url, error)
+    try:
+        import redis
+    except ImportError:  # said where the budget or the store opens, with the extra to install
+        return url
+    try:
+        redis.ConnectionPool.from_url(bare).make_connection()  # made, not connected: its options read
+    except (TypeError, ValueError) as exc:
+        unknown = _UNKNOWN.search(str(exc))
+        why = (
+            f"the Redis client knows no option {unknown.group(1)!r}"
+            if unknown
+            else str(exc).splitlines()[0].rstrip(".")
+        )
+        raise error(f"invalid {source} {shown!r}: {why}; use {REDIS_FORM}") from None
+    return url
