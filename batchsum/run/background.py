@@ -9,9 +9,10 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["BackgroundRun", "run_in_worker"]
+__all__ = ["BackgroundRun", "run_in_worker", "INTERRUPTED"]
 
 T = TypeVar("T")
+INTERRUPTED = "batchsum: interrupted"  # the cancel's message when an interrupt cancelled the run (its report: a signal)
 
 
 class BackgroundRun:
@@ -41,11 +42,12 @@ class BackgroundRun:
             self._ready.set()
             self._finished.set()
 
-    def cancel(self) -> None:
-        """Cancel the run, also when it has not reached its event loop yet."""
+    def cancel(self, message: str | None = None) -> None:
+        """Cancel the run, also when it has not reached its event loop yet; ``message`` goes with the
+        ``CancelledError`` (``INTERRUPTED``: an interrupt stopped it)."""
         self._ready.wait()
         if self._loop is not None and self._task is not None and not self._task.done():
-            self._loop.call_soon_threadsafe(self._task.cancel)
+            self._loop.call_soon_threadsafe(self._task.cancel, message)
 
     def wait(self, timeout: float | None = None) -> bool:
         """True once the run has finished. An Event, not Thread.join(): on CPython < 3.13 an
@@ -68,7 +70,7 @@ def run_in_worker(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         while not run.wait(0.1):
             pass
     except KeyboardInterrupt:
-        run.cancel()
+        run.cancel(INTERRUPTED)
         run.wait()  # requests on the wire finish and are kept; a second interrupt leaves at once
         print(
             "batchsum: interrupted; finished answers are kept, so the same call again sends only the rest",

@@ -33,6 +33,7 @@ from ..service.errors import (
     RunCancelled,
     RunInterrupted,
 )
+from .background import INTERRUPTED
 
 __all__ = [
     "BatchStats",
@@ -77,6 +78,8 @@ def stop_cause(error: BaseException | None) -> str | None:
     a failure)."""
     if error is None:
         return None
+    if isinstance(error, asyncio.CancelledError) and INTERRUPTED in error.args:
+        return "signal"  # a worker's run cancelled because its caller was interrupted (``run_in_worker``)
     return next((STOP_CAUSES[kind] for kind in type(error).__mro__ if kind in STOP_CAUSES), None)
 
 

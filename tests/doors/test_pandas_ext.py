@@ -2,6 +2,7 @@
 
 import _thread
 import asyncio
+import json
 import threading
 import time
 
@@ -93,7 +94,7 @@ def test_calling_again_reuses_every_answer(svc, opts):
     assert svc.stats()["requests"] == 8
 
 
-def test_an_interrupt_stops_sending_and_the_rerun_sends_only_what_was_not_finished(svc, opts):
+def test_an_interrupt_stops_sending_and_the_rerun_sends_only_what_was_not_finished(svc, opts, tmp_path):
     # The first 10 answered at once, the rest in 1.5 s each: the 50 rows left take 18 s at 4 at a
     # time, so the interrupt sent after the 10th answer lands before the run can end, however late a
     # busy machine lets the pressing thread run. Slowed at the service, not on any clock.
@@ -108,9 +109,11 @@ def test_an_interrupt_stops_sending_and_the_rerun_sends_only_what_was_not_finish
 
     threading.Thread(target=press_stop_after_answers, args=(10,), daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
-        df.batchsum.summarize("text", concurrency=4, **opts)
+        df.batchsum.summarize("text", concurrency=4, report=tmp_path / "report.json", **opts)
     answered = svc.stats()["answered"]
     assert 10 <= answered < 60
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (report["outcome"], report["cause"]) == ("stopped", "signal")  # an interrupt, not a cancel
     # The call returned once its answers on the wire were in: nothing is left at the service, so
     # nothing more can be answered for this run (its loop is gone: nothing more can be sent).
     assert svc.state.in_progress == 0 and svc.stats()["answered"] == answered

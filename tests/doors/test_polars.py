@@ -351,6 +351,7 @@ def test_sigint_while_collecting_stops_the_run_and_keeps_every_answer(svc, opts,
     assert svc.stats()["requests"] - at <= AFTER_STOP
     stopped = json.loads(report.read_text())
     assert stopped["outcome"] == "stopped" and stopped["requests"]["texts_sent"] == svc.stats()["answered"]
+    assert stopped["cause"] == "signal"  # heard as an interrupt at either door, not as a cancel
     if how == "lazy":
         assert stopped["error"]["type"] == "RunInterrupted"
     again = pl.scan_parquet(path).batchsum.summarize("text", **{**opts, "budget": "machine"}).collect()
