@@ -24,6 +24,7 @@ from ..service.keys import PERIODS, period_window
 from ..service.redis_url import split_prefix
 from .exchange import RECORD_SECONDS, RUN_LEASE_SECONDS, SHARED_SECONDS, Remembered, RunEntry
 from .ledger import Ledger, Tally, tick_of
+from .redis_scripts import ticks
 
 __all__ = ["KeyState", "read_states", "read_sqlite", "read_redis", "VIEW_SCRIPT"]
 
@@ -190,30 +191,17 @@ _REMEMBERED = "batchsum:remembered:"  # + KEY_HASH:SERVICE -> name -> "AT VALUE"
 # then the quota counts of the periods now. ARGV: the runs' lease, the seconds of ledger. Returns now;
 # the pause, its reason, the pace and when it was written; the ledger's ticks (tick, starts, answered,
 # refused); the live runs (member, "SEEN RUN_ID ENTRY"); the lead's until, state and state_at; the counts.
-VIEW_SCRIPT = """#!lua flags=no-writes
+VIEW_SCRIPT = (
+    """#!lua flags=no-writes
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local s = redis.call('HMGET', KEYS[1], 'paused_until', 'reason', 'pace', 'pace_at')
 local state = {}
 for i = 1, 4 do state[i] = s[i] or '' end
 local ticks = {}
-for second = math.floor(now - tonumber(ARGV[2])), math.floor(now) do
-  local c = redis.call('HGETALL', KEYS[2] .. ':' .. second)
-  if #c > 0 then
-    local f = {}
-    for i = 1, #c, 2 do f[c[i]] = c[i + 1] end
-    for d = 0, 9 do
-      local st, a, r = f['s' .. d], f['a' .. d], f['r' .. d]
-      if st or a or r then
-        table.insert(ticks, tostring(second * 10 + d))
-        table.insert(ticks, st or '0')
-        table.insert(ticks, a or '0')
-        table.insert(ticks, r or '0')
-      end
-    end
-  end
-end
-local runs = {}
+"""
+    + ticks("KEYS[2]", "ARGV[2]", "ticks")
+    + """local runs = {}
 local members = redis.call('ZRANGEBYSCORE', KEYS[4], now - tonumber(ARGV[1]), '+inf')
 if #members > 0 then
   local entries = redis.call('HMGET', KEYS[3], unpack(members))
@@ -230,6 +218,7 @@ local counts = {}
 for i = 6, #KEYS do table.insert(counts, redis.call('GET', KEYS[i]) or '0') end
 return {string.format('%.6f', now), state, ticks, runs, lead, counts}
 """
+)
 _UNFLAGGED = VIEW_SCRIPT.split("\n", 1)[1]  # Redis before 7 reads no flags (the script writes nothing either way)
 
 

@@ -3,7 +3,9 @@ key's counts, the runs' registry and a job's stop (``STEP``), the ledger, the le
 and the runs on the key; each does what its twin in ``gcra.py`` / ``sqlite_budget.py`` does.
 """
 
-__all__ = ["STEP", "RUNS", "LEDGER", "LEAD", "QUOTA", "RESTORE", "GIVE_BACK", "REWRITE"]
+import string
+
+__all__ = ["ticks", "STEP", "RUNS", "LEDGER", "LEAD", "QUOTA", "RESTORE", "GIVE_BACK", "REWRITE"]
 
 # GCRA on Redis' own clock: the same steps as gcra.State.advance, in one atomic script. Numbers go back
 # as strings (Redis turns Lua numbers into integers). ARGV[2]: LOOK, RESERVE, COMMIT or RESERVE_ONLY.
@@ -159,28 +161,41 @@ return out
 """
 
 # The key's counts of the last ARGV[1] seconds: each second's ticks as (tick, starts, answered, refused).
-LEDGER = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local out = {string.format('%.6f', now)}
-for second = math.floor(now - tonumber(ARGV[1])), math.floor(now) do
-  local c = redis.call('HGETALL', KEYS[1] .. ':' .. second)
+_TICKS = string.Template("""
+for second = math.floor(now - tonumber($seconds)), math.floor(now) do
+  local c = redis.call('HGETALL', $counts .. ':' .. second)
   if #c > 0 then
     local f = {}
     for i = 1, #c, 2 do f[c[i]] = c[i + 1] end
     for d = 0, 9 do
-      local s, a, r = f['s' .. d], f['a' .. d], f['r' .. d]
-      if s or a or r then
-        table.insert(out, tostring(second * 10 + d))
-        table.insert(out, s or '0')
-        table.insert(out, a or '0')
-        table.insert(out, r or '0')
+      local st, a, r = f['s' .. d], f['a' .. d], f['r' .. d]
+      if st or a or r then
+        table.insert($out, tostring(second * 10 + d))
+        table.insert($out, st or '0')
+        table.insert($out, a or '0')
+        table.insert($out, r or '0')
       end
     end
   end
 end
-return out
+""")
+
+
+def ticks(counts: str, seconds: str, out: str) -> str:
+    """Lua appending to the table ``out`` the ticks of the counts' hashes ``counts`` (``KEY:SECOND``)
+    over the last ``seconds`` before ``now``: (tick, starts, answered, refused) for each tenth with any."""
+    return _TICKS.substitute(counts=counts, seconds=seconds, out=out)
+
+
+LEDGER = (
+    """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local out = {string.format('%.6f', now)}
 """
+    + ticks("KEYS[1]", "ARGV[1]", "out")
+    + "return out\n"
+)
 
 # The lead of the key's search: granted to ARGV[1] when free, lapsed or its own; ARGV[2] its state
 # to publish ('' none); ARGV[3] '1' to let it go. Returns holder, state, state_at, now.
