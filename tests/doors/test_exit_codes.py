@@ -201,17 +201,24 @@ def budget_back(service, tmp_path, capsys, monkeypatch):
     redis = OwnRedis(tmp_path)
     url = redis.start()
 
-    def restart() -> None:
-        redis.stop()
-        time.sleep(3.0)  # the outage the run waits out (longer than its starts reserved before it last)
+    def start_later() -> None:
+        time.sleep(3.0)  # the outage the run waits out (nothing starts meanwhile: the run cannot end first)
         redis.start()
+
+    later = threading.Thread(target=start_later, daemon=True)
+
+    def stop() -> None:  # the requests after the 10th are held until Redis is down, then go on
+        redis.stop()
+        later.start()
 
     try:
         service.faults = Faults(latency=0.05)
-        when_answered(service, 10, restart)
+        when_answered(service, 10, stop)
         argv = ["-o", str(tmp_path / "out.parquet"), "--budget", url, "--concurrency", "2"]
         code, err = summarize(source(tmp_path, 100), *argv, capsys=capsys)
     finally:
+        if later.is_alive():
+            later.join(30)
         redis.stop()
     assert f"waiting for the rate budget at {url}" in err and "answers again" in err
     assert (pd.read_parquet(tmp_path / "out.parquet")["summary_status"] == "ok").all()

@@ -362,6 +362,7 @@ def test_an_output_whose_writer_fails_on_its_thread_raises_and_leaves_no_partial
     at the next hand-over or at the commit, and the partial output is removed."""
     from batchsum.data import datasets
     from batchsum.data.datasets import DatasetOutput
+    from batchsum.errors import OutputError
 
     monkeypatch.setattr(datasets, "ROW_GROUP_BYTES", 1)  # a row group per batch
     table = pa.table({"text": [article(12, seed=i) for i in range(30)]})
@@ -383,7 +384,7 @@ def test_an_output_whose_writer_fails_on_its_thread_raises_and_leaves_no_partial
 
     monkeypatch.setattr(pq.ParquetWriter, "write_table", full_disk)
     out = DatasetOutput(tmp_path / "again.parquet", table.schema)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(OutputError, match=r"cannot write .*again.parquet \(No space left on device\); every answer"):
         for batch in table.to_batches(max_chunksize=10):
             out.write(batch, rows)
         out.commit()
