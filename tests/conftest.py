@@ -146,3 +146,28 @@ def s3(s3_server, monkeypatch):
     for bucket in ("data", "secretdata"):
         filesystem.create_dir(bucket)
     return filesystem
+
+
+def budget_ledger(budget: str, key: str, base_url: str):
+    """``key``'s ledger on ``budget``: every process's starts of the last two minutes, by the tick."""
+    import asyncio
+
+    from batchsum import Client
+    from batchsum.pacing.budget import open_budget
+
+    with Client(api_key=key, base_url=base_url) as client:
+        identity = client.identity
+
+    async def read():
+        opened = open_budget(budget, identity)
+        try:
+            return await opened.ledger(120)
+        finally:
+            await opened.aclose()
+
+    return asyncio.run(read())
+
+
+def ticks_before(now: float, seconds: float) -> list[float]:
+    """Each tenth of a second in the ``seconds`` before ``now``: where a window may begin."""
+    return [now - seconds + i / 10 for i in range(int(seconds * 10))]

@@ -11,6 +11,7 @@ first called the budget for an earlier computation of the same lazy plan (same r
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -23,7 +24,7 @@ from .interrupts import Hearing, listen, on_interrupt
 from .logs import log
 from .spec import RunSpec
 
-__all__ = ["remember", "post", "post_all", "cause"]
+__all__ = ["remember", "post", "post_specs", "post_all", "cause"]
 
 _jobs: dict[str, RunSpec] = {}  # run id -> the job's spec (its keys and budget), the jobs prepared here
 _lock = threading.Lock()
@@ -64,19 +65,19 @@ def _identities(spec: RunSpec) -> list[str]:
 def post(spec: RunSpec, why: str) -> None:
     """Post the stop of the job ``spec`` names on each of its keys' budgets, with the cause ``why``
     (``cause()``); a budget out of reach is said in one line (its workers' runs go on)."""
+    post_specs([spec], why)
+
+
+async def _post_one(spec: RunSpec, why: str) -> None:
     run_id = spec.run_id
     assert run_id is not None, "prepare_shared names the job"
-
-    async def each() -> None:
+    try:
         for identity in _identities(spec):
             budget = open_budget(spec.budget, identity)
             try:
                 await budget.post_stop(run_id, why)
             finally:
                 await budget.aclose()
-
-    try:
-        run_in_worker(each)
     except BudgetError as exc:
         where = redact_location(spec.budget) if isinstance(spec.budget, str) else repr(spec.budget)
         log.warning(
@@ -84,9 +85,19 @@ def post(spec: RunSpec, why: str) -> None:
         )
 
 
+def post_specs(specs: Iterable[RunSpec], why: str) -> None:
+    """Post the stop of each job ``specs`` name, all at once (a budget out of reach costs its tries
+    once, not once a job)."""
+
+    async def every() -> None:
+        await asyncio.gather(*(_post_one(spec, why) for spec in specs))
+
+    run_in_worker(every)
+
+
 def post_all(why: str, run_ids: Iterable[str] | None = None) -> None:
     """Post the stop of every job prepared in this process (or of ``run_ids`` among them)."""
     with _lock:
         jobs = [spec for run_id, spec in _jobs.items() if run_ids is None or run_id in set(run_ids)]
-    for spec in jobs:
-        post(spec, why)
+    if jobs:
+        post_specs(jobs, why)
