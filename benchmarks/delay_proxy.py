@@ -28,6 +28,16 @@ class Commands:
         self._left = 0  # bulk strings still to skip in the current command
 
     def feed(self, data: bytes) -> None:
+        """Count the commands ``data`` completes; a stream it cannot read is no longer counted (never
+        a reason to cut the connection)."""
+        if self._left < 0:
+            return
+        try:
+            self._feed(data)
+        except ValueError:
+            self._left, self._buffer = -1, b""
+
+    def _feed(self, data: bytes) -> None:
         self._buffer += data
         while True:
             if self._left == 0:
@@ -55,7 +65,7 @@ class Commands:
             self._left -= 1
 
 
-COMMANDS = Commands()
+CONNECTIONS: list[Commands] = []  # each client connection's count: its byte stream parsed on its own
 
 
 async def _pipe(
@@ -106,8 +116,10 @@ def _handler(host: str, port: int, delay: float):  # type: ignore[no-untyped-def
         except OSError:
             client_writer.close()
             return
+        count = Commands()
+        CONNECTIONS.append(count)
         await asyncio.gather(
-            _pipe(client_reader, server_writer, delay / 2, COMMANDS),
+            _pipe(client_reader, server_writer, delay / 2, count),
             _pipe(server_reader, client_writer, delay / 2),
             return_exceptions=True,
         )
@@ -123,7 +135,7 @@ async def serve(to: str, delay: float, port: int = 0) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     async with server:
         await stop.wait()
-    print(COMMANDS.count, flush=True)
+    print(sum(count.count for count in CONNECTIONS), flush=True)
 
 
 def main() -> None:

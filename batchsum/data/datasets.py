@@ -253,10 +253,12 @@ class _RowGroups:
         self._end()
 
     def abort(self) -> None:
-        """The group not yet handed over dropped; the one being written waited for, its error ignored."""
+        """The group not yet handed over dropped; the one being written waited for, its error ignored;
+        what the buffer still holds dropped too when it cannot be written (a full disk fails it again)."""
         self._group.clear()
         self._written(quietly=True)
-        self._end()
+        with contextlib.suppress(OSError, pa.ArrowException):
+            self._end()
 
 
 class DatasetOutput:
@@ -368,12 +370,16 @@ class DatasetOutput:
         self.partial.unlink(missing_ok=True)
 
     def abort(self) -> None:
+        """The partial output removed, whatever its writing left: an abort after a full disk raises
+        nothing of its own (the error that stopped the run is the one said)."""
         if not self._file.closed:
-            if isinstance(self._writer, _RowGroups):
-                self._writer.abort()
-            else:
-                self._writer.close()
-            self._file.close()
+            with contextlib.suppress(OSError, pa.ArrowException):
+                if isinstance(self._writer, _RowGroups):
+                    self._writer.abort()
+                else:
+                    self._writer.close()
+            with contextlib.suppress(OSError):  # its last flush fails again; the file is closed all the same
+                self._file.close()
         with contextlib.suppress(OSError):  # a folder made read-only keeps it: nothing more to do
             self.partial.unlink(missing_ok=True)
 

@@ -76,7 +76,8 @@ class _RedisConnection(Budget):
             import redis.asyncio  # noqa: F401
         except ImportError:
             raise BudgetError("a redis:// budget needs the redis package: pip install 'batchsum[redis]'") from None
-        self.url = split_prefix(url, BudgetError)[0]  # the budget is never prefixed: a key's limit is the key's
+        self.url = url  # as given: a store that follows the budget takes its prefix
+        self._bare = split_prefix(url, BudgetError)[0]  # the budget is never prefixed: a key's limit is the key's
         self.id = key_id
         self.where = redact_location(url)
         self._secrets = location_secrets(url)
@@ -92,7 +93,7 @@ class _RedisConnection(Budget):
         entry = self._clients.get(id(loop))
         if entry is None or entry[0] is not loop:
             client = redis.asyncio.Redis.from_url(
-                self.url, socket_connect_timeout=5, socket_timeout=10, health_check_interval=30
+                self._bare, socket_connect_timeout=5, socket_timeout=10, health_check_interval=30
             )
             entry = (loop, client, client.register_script(STEP))  # the budget's step, loaded once a connection
             self._clients[id(loop)] = entry

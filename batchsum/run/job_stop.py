@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable
 
 from ..pacing.budget import open_budget
-from ..service.errors import BudgetError, redact_location
+from ..service.errors import one_line, redact_location
 from .background import run_in_worker
 from .interrupts import Hearing, listen, on_interrupt
 from .logs import log
@@ -78,16 +78,21 @@ async def _post_one(spec: RunSpec, why: str) -> None:
                 await budget.post_stop(run_id, why)
             finally:
                 await budget.aclose()
-    except BudgetError as exc:
+    except Exception as exc:  # noqa: BLE001 - a budget out of reach (BudgetError) or anything else: said, the others go on
         where = redact_location(spec.budget) if isinstance(spec.budget, str) else repr(spec.budget)
         log.warning(
-            "batchsum: could not post the stop of job %s on %s: %s", run_id, where, exc, extra={"event": "stop"}
+            "batchsum: could not post the stop of job %s on %s: %s",
+            run_id,
+            where,
+            one_line(exc),
+            extra={"event": "stop"},
         )
 
 
 def post_specs(specs: Iterable[RunSpec], why: str) -> None:
     """Post the stop of each job ``specs`` name, all at once (a budget out of reach costs its tries
-    once, not once a job)."""
+    once, not once a job); one that cannot be posted is said in one line and keeps none of the others
+    from theirs."""
 
     async def every() -> None:
         await asyncio.gather(*(_post_one(spec, why) for spec in specs))

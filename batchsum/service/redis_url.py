@@ -6,9 +6,9 @@ instead of a traceback at the first connection."""
 from __future__ import annotations
 
 import re
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from .errors import InvalidParameterError, redact_location
+from .errors import InvalidParameterError, location_secrets, redact, redact_location
 
 __all__ = ["redis_url", "split_prefix", "REDIS_FORM"]
 
@@ -20,8 +20,8 @@ _UNKNOWN = re.compile(r"unexpected keyword argument '(\w+)'")
 def split_prefix(url: str, error: type[Exception] = InvalidParameterError) -> tuple[str, str]:
     """``url`` without its ``prefix`` query parameter, and the prefix of a store's keys (``NAME:``, or
     ``""``). ``error`` for a name that is not letters, digits, ``.``, ``_`` or ``-`` (at most 64)."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
+    head, mark, query_text = url.partition("?")
+    query = parse_qsl(query_text, keep_blank_values=True)
     names = [value for name, value in query if name == "prefix"]
     if not names:
         return url, ""
@@ -30,7 +30,7 @@ def split_prefix(url: str, error: type[Exception] = InvalidParameterError) -> tu
             f"invalid prefix {names[-1]!r} in {redact_location(url)!r}: use one name of letters, digits, '.', '_' or '-'"
         )
     rest = urlencode([(name, value) for name, value in query if name != "prefix"])
-    return urlunsplit(parts._replace(query=rest)), names[0] + ":"
+    return head + (mark + rest if rest else ""), names[0] + ":"  # the rest as written (unix:///PATH stays whole)
 
 
 def redis_url(url: str, source: str, error: type[Exception] = InvalidParameterError) -> str:
@@ -42,8 +42,9 @@ def redis_url(url: str, source: str, error: type[Exception] = InvalidParameterEr
     shown = redact_location(url)
     try:
         urlsplit(url).port  # noqa: B018 - reading the port is the check
-    except ValueError as exc:  # a port that is not a number, or out of range
-        raise error(f"invalid {source} {shown!r}: {exc}; use {REDIS_FORM}") from None
+    except ValueError:  # a port that is not a number, or out of range (its words may hold a piece of a password)
+        why = "its port is not a number from 0 to 65535 (a password with '/', '?', '#' or '@' is percent-encoded)"
+        raise error(f"invalid {source} {shown!r}: {why}; use {REDIS_FORM}") from None
     bare, _ = split_prefix(url, error)
     try:
         import redis
@@ -51,12 +52,13 @@ def redis_url(url: str, source: str, error: type[Exception] = InvalidParameterEr
         return url
     try:
         redis.ConnectionPool.from_url(bare).make_connection()  # made, not connected: its options read
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, redis.exceptions.RedisError) as exc:
         unknown = _UNKNOWN.search(str(exc))
         why = (
             f"the Redis client knows no option {unknown.group(1)!r}"
             if unknown
             else str(exc).splitlines()[0].rstrip(".")
         )
+        why = redact(why, location_secrets(url))
         raise error(f"invalid {source} {shown!r}: {why}; use {REDIS_FORM}") from None
     return url

@@ -446,7 +446,10 @@ def test_a_budget_url_with_a_prefix_prefixes_the_store_that_follows_it_never_the
         client = redis.Redis.from_url(redis_url)
         stored = [k.decode() for k in client.scan_iter(f"*batchsum:store:{{{svc.url}}}:*")]
         assert len(stored) == 3 and all(k.startswith("team-c:batchsum:store:") for k in stored)
-        assert not list(client.scan_iter("team-c:batchsum:budget:*")) and list(client.scan_iter("batchsum:budget:{*}"))
+        identity = batchsum.AsyncClient(KEY, svc.url).identity
+        assert client.exists(f"batchsum:budget:{{{identity}}}") and not list(
+            client.scan_iter("team-c:batchsum:budget:*")
+        )
 
 
 @pytest.mark.parametrize(
@@ -456,6 +459,7 @@ def test_a_budget_url_with_a_prefix_prefixes_the_store_that_follows_it_never_the
         ("?prefix=a&prefix=b", "invalid prefix 'b'"),
         ("?foo=1", "the Redis client knows no option 'foo'"),
         ("?socket_timeout=soon", "Invalid value for 'socket_timeout' in connection URL;"),
+        ("?protocol=4", "protocol must be either 2 or 3;"),
     ],
 )
 def test_a_redis_url_the_client_cannot_read_is_one_line_where_the_option_is_read(query, says):
@@ -471,6 +475,19 @@ def test_a_redis_url_the_client_cannot_read_is_one_line_where_the_option_is_read
             check()
         line = str(raised.value)
         assert says in line and "s3cret-pw" not in line and "\n" not in line
+
+
+def test_a_redis_url_the_client_can_read_is_taken_whole_and_its_password_never_said():
+    from batchsum.errors import BudgetError
+    from batchsum.service.redis_url import split_prefix
+    from batchsum.service.settings import budget_spec
+
+    socket = "unix:///tmp/redis.sock?db=2&prefix=team-a"
+    assert budget_spec(socket) == socket and split_prefix(socket) == ("unix:///tmp/redis.sock?db=2", "team-a:")
+    assert split_prefix("redis://h:6379/0?a=1&prefix=t") == ("redis://h:6379/0?a=1", "t:")
+    with pytest.raises(BudgetError) as raised:
+        budget_spec("redis://:s3cret/pw@127.0.0.1:6379/0")  # a '/' in a password not percent-encoded
+    assert "port is not a number" in str(raised.value) and "s3cret" not in str(raised.value)
 
 
 def test_a_stored_mode_2_answer_is_never_served_to_a_key_whose_plan_refuses_mode_2(tmp_path):

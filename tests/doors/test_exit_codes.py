@@ -225,20 +225,6 @@ def budget_back(service, tmp_path, capsys, monkeypatch):
     return code, err
 
 
-def wait_for_redis(port: int, process: subprocess.Popen) -> None:
-    """Until the redis-server on ``port`` answers (a guard against a hang, not a timing)."""
-    import redis as redis_client
-
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            redis_client.Redis(host="127.0.0.1", port=port).ping()
-            return
-        except redis_client.ConnectionError:
-            assert process.poll() is None and time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
-
-
 def output_refused_at_the_end(service, tmp_path, capsys, monkeypatch):
     # The final rename refused, as a folder made read-only refuses it (root, who runs CI here, writes to
     # read-only folders, so chmod cannot produce it).

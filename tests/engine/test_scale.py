@@ -357,6 +357,33 @@ def test_a_broken_input_raises_where_its_batch_would_come_through_the_read_ahead
     assert not _threads("batchsum-read")
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+def test_an_output_on_a_full_disk_says_so_once_and_its_abort_raises_nothing_and_removes_the_partial_file(
+    tmp_path, monkeypatch
+):
+    """A real full disk (``/dev/full``): the write or the commit is the output's one line; the abort
+    that follows (its buffer fails to flush again) raises nothing and the partial file goes."""
+    from batchsum.data import datasets
+    from batchsum.data.datasets import DatasetOutput
+    from batchsum.errors import OutputError
+
+    table = pa.table({"text": [article(12, seed=i) for i in range(30)]})
+    rows = [RowResult("s", "ok", None, None, 200, 1, 1)] * 10
+    for fmt in ("parquet", "csv", "jsonl"):
+        out = DatasetOutput(tmp_path / f"out.{fmt}", table.schema)
+        out._file.close()
+        out._file = open("/dev/full", "wb")  # noqa: SIM115 - the output's file, closed by its abort
+        out._writer = {"parquet": datasets._RowGroups, "csv": datasets.pcsv.CSVWriter}.get(
+            fmt, lambda file, _: datasets._JsonLinesWriter(file)
+        )(out._file, out.schema)
+        with pytest.raises(OutputError, match="No space left on device"):
+            for batch in table.to_batches(max_chunksize=10):
+                out.write(batch, rows)
+            out.commit()
+        out.abort()  # nothing raised
+        assert out._file.closed and not out.partial.exists(), fmt
+
+
 def test_an_output_whose_writer_fails_on_its_thread_raises_and_leaves_no_partial_file(tmp_path, monkeypatch):
     """Row groups are written on the writer's thread, one at a time: its error (a full disk) is raised
     at the next hand-over or at the commit, and the partial output is removed."""
