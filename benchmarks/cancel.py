@@ -146,6 +146,9 @@ def run_case(
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        # SIGINT as a terminal delivers it, even when this benchmark runs in the background of a
+        # non-interactive shell (which starts it with SIGINT ignored, and children inherit that).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert child.stdout is not None and child.stdin is not None
     child.stdout.readline()  # ready
