@@ -520,3 +520,12 @@ def test_a_new_journal_is_made_0600_like_the_store(env, tmp_path):
         journal.put("k", SUMMARY)
         for path in tmp_path.glob("j.sqlite*"):
             assert path.stat().st_mode & 0o777 == 0o600, path
+
+
+def test_a_redis_budget_object_keeps_its_prefix_for_the_store_that_follows_it():
+    from batchsum.pacing.redis_budget import RedisBudget
+    from batchsum.service.settings import store_spec
+
+    budget = RedisBudget("redis://127.0.0.1:6379/0?prefix=team-d", "some-key-id")  # nothing connected
+    assert store_spec(None, budget) == "redis://127.0.0.1:6379/0?prefix=team-d"
+    assert budget._bare == "redis://127.0.0.1:6379/0"  # what its Redis client is made from

@@ -95,3 +95,21 @@ def test_a_stop_reaches_the_runs_of_this_process_on_a_process_budget(svc):
     job_stop.post(spec, job_stop.cause("interrupted"))
     thread.join(120)
     assert isinstance(out.get("error"), JobStopped)
+
+
+def test_a_stop_that_cannot_be_posted_is_one_line_and_the_others_are_posted(svc, caplog, tmp_path):
+    """Stops posted together (SIGINT heard for every job of the process): a budget out of reach is
+    said in one line for its job, and keeps no other job from its stop."""
+    import dataclasses
+    import sqlite3
+
+    # A job prepared while its budget answered, whose Redis is gone since (nothing listens on port 9).
+    gone = dataclasses.replace(job(svc, budget="none"), budget="redis://127.0.0.1:9/0")
+    here = job(svc, budget=f"sqlite:///{tmp_path / 'budget.sqlite'}")
+    with caplog.at_level("WARNING", logger="batchsum"):
+        job_stop.post_specs([gone, here], job_stop.cause("interrupted"))
+    said = [r.getMessage() for r in caplog.records if "could not post the stop" in r.getMessage()]
+    assert len(said) == 1 and gone.run_id in said[0] and "\n" not in said[0]
+    with sqlite3.connect(tmp_path / "budget.sqlite") as db:  # the stop the other job was given, on its budget
+        causes = [cause for (cause,) in db.execute("SELECT cause FROM stops WHERE run_id=?", (here.run_id,))]
+    assert len(causes) == 1 and "interrupted" in causes[0]
