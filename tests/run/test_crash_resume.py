@@ -54,16 +54,22 @@ def wait_for_answers(service, count, proc):
 
 def wait_for_line(proc, words, seen):
     """Read ``proc``'s stderr into ``seen`` until a line holds ``words`` (a guard against a hang, not a
-    timing): what the process has done by then, it has said."""
+    timing): what the process has done by then, it has said. Read from its descriptor, never through
+    the buffered stream (a line held in that buffer would never wake the selector again); what comes
+    after the line is left to ``communicate()``."""
+    fd = proc.stderr.fileno()
     selector = selectors.DefaultSelector()
-    selector.register(proc.stderr, selectors.EVENT_READ)
-    deadline = time.monotonic() + 60
+    selector.register(fd, selectors.EVENT_READ)
+    deadline, partial = time.monotonic() + 60, ""
     while not any(words in line for line in seen):
         assert time.monotonic() < deadline, f"no line with {words!r}: {seen}"
         if selector.select(timeout=0.1):
-            line = proc.stderr.readline()
-            assert line, f"stderr ended with no line with {words!r}: {seen}"
-            seen.append(line)
+            chunk = os.read(fd, 65536).decode()
+            assert chunk, f"stderr ended with no line with {words!r}: {seen}"
+            *lines, partial = (partial + chunk).split("\n")
+            seen.extend(line + "\n" for line in lines)
+    if partial:
+        seen.append(partial)
     selector.close()
 
 
