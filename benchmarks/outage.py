@@ -15,30 +15,19 @@ whose Redis never comes back, the seconds from the kill to its exit and its last
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.far_budget import busiest, free_port
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def busiest(times: list[float], window: float) -> int:
-    times = sorted(times)
-    return max((bisect.bisect_left(times, t + window) - i for i, t in enumerate(times)), default=0)
 
 
 class OwnRedis:
