@@ -423,7 +423,10 @@ def test_two_cli_runs_with_one_key_hold_the_plan_between_them(budget, tmp_path, 
     assert stats["by_status"] == {"200": 120}, stats
     assert stats["answered_twice"] == 0
     assert sum(ledger.starts) == 120
-    told = 0 if budget == "default" else 1  # a far budget's starts are told by their age
+    # A far budget's starts are told by their age, when they went: within the lateness allowed, or
+    # later once its loop was held past it three starts in a row (ahead.py's STARVED: it goes late
+    # rather than never), which a machine this busy does; docs/pacing.md says so.
+    told = 0 if budget == "default" else 2
     for ticks in (10, 100):  # 1 s and 10 s of the budget's ticks
         most = max(sum(ledger.starts[i : i + ticks]) for i in range(len(ledger.starts)))
         assert most <= max_starts(rpm, ticks / 10) + told, ticks
