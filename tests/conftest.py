@@ -171,3 +171,20 @@ def budget_ledger(budget: str, key: str, base_url: str):
 def ticks_before(now: float, seconds: float) -> list[float]:
     """Each tenth of a second in the ``seconds`` before ``now``: where a window may begin."""
     return [now - seconds + i / 10 for i in range(int(seconds * 10))]
+
+
+def merged_report(path, parts: int, seconds: float = 60.0) -> dict:
+    """The merged report of a shared job at ``path`` once it holds ``parts`` parts (each part is
+    written beside it before it is merged in: a part on disk is not yet in the merged file)."""
+    import json
+
+    deadline = time.monotonic() + seconds  # a guard against a hang, not a timing
+    while True:
+        try:
+            merged = json.loads(open(path, encoding="utf-8").read())
+        except (OSError, ValueError):
+            merged = {}
+        if merged.get("partitions") == parts:
+            return merged
+        assert time.monotonic() < deadline, f"the merged report never held {parts} parts: {merged.get('partitions')}"
+        time.sleep(0.05)

@@ -18,7 +18,7 @@ import batchsum.dask  # noqa: E402,F401  (registers ddf.batchsum)
 from batchsum.errors import BudgetError, InputError  # noqa: E402
 from batchsum.local import LocalService  # noqa: E402
 from batchsum.pacing import max_starts  # noqa: E402
-from tests.conftest import article, budget_ledger, ticks_before  # noqa: E402
+from tests.conftest import article, budget_ledger, merged_report, ticks_before  # noqa: E402
 
 KEY = "bs-dask-test-key"
 
@@ -196,7 +196,6 @@ def test_a_cancelled_compute_stops_every_partitions_run_and_the_next_pays_for_no
     partition's run stops on that (nothing new starts; the answers on the wire are awaited and kept).
     The same frame computed again pays only for the rest."""
     import glob
-    import json
     import time
 
     data = frame(160, 160)
@@ -215,8 +214,10 @@ def test_a_cancelled_compute_stops_every_partitions_run_and_the_next_pays_for_no
         while len(glob.glob(str(tmp_path / "run.part-*.json"))) < 4:  # each partition's run wrote its report
             assert time.monotonic() < deadline, "the partitions' runs went on"
             time.sleep(0.05)
-        assert service.state.stats()["requests"] - at <= 25
-        stopped = json.loads(report.read_text())
+        # Stopped long before the rest of its rows (140 at the stop, 14 s at the plan): how soon is the
+        # machine's pace, measured in benchmarks/, not here.
+        assert service.state.stats()["requests"] - at <= 60
+        stopped = merged_report(report, 4)
         assert stopped["outcome"] == "stopped" and stopped["error"]["type"] == "JobStopped"
         assert stopped["requests"]["texts_sent"] == service.state.stats()["answered"]
         again = out.compute()
