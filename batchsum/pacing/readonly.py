@@ -24,7 +24,7 @@ from ..service.keys import PERIODS, period_window
 from ..service.redis_url import split_prefix
 from .exchange import RECORD_SECONDS, RUN_LEASE_SECONDS, SHARED_SECONDS, Remembered, RunEntry
 from .ledger import Ledger, Tally, tick_of
-from .redis_scripts import ticks
+from .redis_scripts import live_runs, ticks
 
 __all__ = ["KeyState", "read_states", "read_sqlite", "read_redis", "VIEW_SCRIPT"]
 
@@ -201,18 +201,9 @@ for i = 1, 4 do state[i] = s[i] or '' end
 local ticks = {}
 """
     + ticks("KEYS[2]", "ARGV[2]", "ticks")
-    + """local runs = {}
-local members = redis.call('ZRANGEBYSCORE', KEYS[4], now - tonumber(ARGV[1]), '+inf')
-if #members > 0 then
-  local entries = redis.call('HMGET', KEYS[3], unpack(members))
-  for i = 1, #members do
-    if entries[i] then
-      table.insert(runs, members[i])
-      table.insert(runs, entries[i])
-    end
-  end
-end
-local l = redis.call('HMGET', KEYS[5], 'until', 'state', 'state_at')
+    + "local runs = {}\n"
+    + live_runs("KEYS[3]", "KEYS[4]", "ARGV[1]", "runs")
+    + """local l = redis.call('HMGET', KEYS[5], 'until', 'state', 'state_at')
 local lead = {l[1] or '0', l[2] or '', l[3] or '0'}
 local counts = {}
 for i = 6, #KEYS do table.insert(counts, redis.call('GET', KEYS[i]) or '0') end

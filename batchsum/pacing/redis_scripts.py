@@ -5,7 +5,7 @@ and the runs on the key; each does what its twin in ``gcra.py`` / ``sqlite_budge
 
 import string
 
-__all__ = ["ticks", "STEP", "RUNS", "LEDGER", "LEAD", "QUOTA", "RESTORE", "GIVE_BACK", "REWRITE"]
+__all__ = ["ticks", "live_runs", "STEP", "RUNS", "LEDGER", "LEAD", "QUOTA", "RESTORE", "GIVE_BACK", "REWRITE"]
 
 # GCRA on Redis' own clock: the same steps as gcra.State.advance, in one atomic script. Numbers go back
 # as strings (Redis turns Lua numbers into integers). ARGV[2]: LOOK, RESERVE, COMMIT or RESERVE_ONLY.
@@ -143,22 +143,35 @@ return {string.format('%.6f', wait), at_text, string.format('%.6f', paused_until
 
 # The runs on the key: members seen within ARGV[1] seconds, with their entries. Returns now, then
 # (member, "SEEN RUN_ID ENTRY") pairs.
-RUNS = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local members = redis.call('ZRANGEBYSCORE', KEYS[2], now - tonumber(ARGV[1]), '+inf')
-local out = {string.format('%.6f', now)}
+_LIVE_RUNS = string.Template("""
+local members = redis.call('ZRANGEBYSCORE', $seen, now - tonumber($lease), '+inf')
 if #members > 0 then
-  local entries = redis.call('HMGET', KEYS[1], unpack(members))
+  local entries = redis.call('HMGET', $entries, unpack(members))
   for i = 1, #members do
     if entries[i] then
-      table.insert(out, members[i])
-      table.insert(out, entries[i])
+      table.insert($out, members[i])
+      table.insert($out, entries[i])
     end
   end
 end
-return out
+""")
+
+
+def live_runs(entries: str, seen: str, lease: str, out: str) -> str:
+    """Lua appending to the table ``out`` the (member, entry) pairs of the runs' hash ``entries``
+    whose members the sorted set ``seen`` saw within ``lease`` seconds before ``now``."""
+    return _LIVE_RUNS.substitute(entries=entries, seen=seen, lease=lease, out=out)
+
+
+RUNS = (
+    """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local out = {string.format('%.6f', now)}
 """
+    + live_runs("KEYS[1]", "KEYS[2]", "ARGV[1]", "out")
+    + "return out\n"
+)
 
 # The key's counts of the last ARGV[1] seconds: each second's ticks as (tick, starts, answered, refused).
 _TICKS = string.Template("""
