@@ -16,11 +16,12 @@ in two threads' chunks are claimed, not paid twice (with ``store="none"``, the r
 store on disk of this process's own, removed at exit, whose claims do the same: ``scratch_store``).
 
 ``batchsum_estimate(list(text))`` says what a query would send, sending nothing: a struct of the rows,
-the requests it would send, the rows already answered (by the answer store or the journal), of those
-by the store, the duplicates, the rows it would skip, the least seconds it takes at what the keys can
-do now (a key whose quota is spent adds nothing until its reset; a wait for a reset within
-``max_wait`` included), and the requests it sends before a quota stops it (NULL: none does), as a
-dry run says them (``run.preview.forecast``).
+the requests it would send, the rows already answered (by the answer store, as the keys would be
+served it, or the journal), of those by the store, the duplicates, the rows it would skip, the least
+seconds it takes at what the keys can do now (the run's ``share`` of each; a key whose quota is spent
+adds nothing until its reset; a wait for a reset within ``max_wait`` included), and the requests it
+sends before a quota stops it (NULL: none does), as a dry run says them (``run.preview``: the keys
+read once, ``read_keys``; ``estimate``, ``forecast``).
 
 A cancel stops the spending. DuckDB gives the function no way to learn that its query was
 interrupted, and a chunk handed to it (2048 rows) runs to its end: so ``interrupt(con)`` stops the

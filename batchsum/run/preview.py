@@ -96,7 +96,14 @@ async def look_at_key(
         if spent is None:
             words.append(f"about {left} left in this key's {name} until {utc(reset)} (stated)")
     out = (spent.until, spent.name) if spent is not None else None
-    return KeyLook(key, record, seen, budget.where, key_now(key, rate, now, quotas=quotas, out=out), "; ".join(words))
+    return KeyLook(
+        key,
+        record,
+        seen,
+        budget.where,
+        key_now(key, rate, now, share=spec.share, quotas=quotas, out=out),
+        "; ".join(words),
+    )
 
 
 async def _look_at_keys(spec: RunSpec) -> list[KeyLook]:
@@ -158,7 +165,7 @@ def _unread_keys(spec: RunSpec, now: float) -> list[KeyNow]:
     keys = []
     for plan in plans:
         rpm, auto = plan.limit(spec.rpm, spec.auto) if plan is not None else (spec.rpm, spec.auto)
-        keys.append(key_now(plan.hash if plan is not None else "key", None if auto else rpm, now))
+        keys.append(key_now(plan.hash if plan is not None else "key", None if auto else rpm, now, share=spec.share))
     return keys
 
 
