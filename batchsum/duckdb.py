@@ -16,11 +16,12 @@ in two threads' chunks are claimed, not paid twice (with ``store="none"``, the r
 store on disk of this process's own, removed at exit, whose claims do the same: ``scratch_store``).
 
 ``batchsum_estimate(list(text))`` says what a query would send, sending nothing: a struct of the rows,
-the requests it would send, the rows already answered (by the answer store or the journal), of those
-by the store, the duplicates, the rows it would skip, the least seconds it takes at what the keys can
-do now (a key whose quota is spent adds nothing until its reset; a wait for a reset within
-``max_wait`` included), and the requests it sends before a quota stops it (NULL: none does), as a
-dry run says them (``run.preview.forecast``).
+the requests it would send, the rows already answered (by the answer store, as the keys would be
+served it, or the journal), of those by the store, the duplicates, the rows it would skip, the least
+seconds it takes at what the keys can do now (the run's ``share`` of each; a key whose quota is spent
+adds nothing until its reset; a wait for a reset within ``max_wait`` included), and the requests it
+sends before a quota stops it (NULL: none does), as a dry run says them (``run.preview``: the keys
+read once, ``read_keys``; ``estimate``, ``forecast``).
 
 A cancel stops the spending. DuckDB gives the function no way to learn that its query was
 interrupted, and a chunk handed to it (2048 rows) runs to its end: so ``interrupt(con)`` stops the
@@ -52,7 +53,7 @@ from .data.results import RowResult
 from .data.stores import scratch_store
 from .run.batches import STOP_WAIT, OpenRun, RunEnded
 from .run.interrupts import Hearing, listen, on_interrupt
-from .run.preview import estimate, forecast
+from .run.preview import estimate, forecast, read_keys
 from .run.spec import RunSpec, document_options
 from .service import contract
 from .service.errors import InvalidParameterError, RunCancelled, RunInterrupted
@@ -248,7 +249,8 @@ def _functions(registration: Registration, token: _Token) -> tuple[Any, Any]:
 
     def estimated(lists: pa.Array | pa.ChunkedArray) -> pa.StructArray:
         assert token is not None
-        plans = [estimate(spec, texts or []) for texts in lists.to_pylist()]
+        keys = read_keys(spec)  # each key read once: what the store serves it, what it can do now
+        plans = [estimate(spec, texts or [], keys) for texts in lists.to_pylist()]
         values = [
             [p.rows for p in plans],
             [p.to_send for p in plans],
@@ -258,7 +260,7 @@ def _functions(registration: Registration, token: _Token) -> tuple[Any, Any]:
             [sum(p.skipped_by_reason.values()) for p in plans],
         ]
         arrays = [pa.array(v, pa.int64()) for v in values]
-        projections = forecast(spec, plans).projections  # the keys read once; None: a limit not known yet
+        projections = forecast(spec, plans, keys).projections  # seconds None: a limit not known yet
         arrays.append(pa.array([p.seconds for p in projections], pa.float64()))
         arrays.append(pa.array([p.sent if p.stops else None for p in projections], pa.int64()))
         return pa.StructArray.from_arrays(arrays, names=list(ESTIMATE_FIELDS))

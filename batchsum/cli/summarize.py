@@ -190,7 +190,7 @@ def summarize_command(args: argparse.Namespace) -> int:
     unreachable = stats.failed_by_code["connection_error"] + stats.failed_by_code["timeout"]
     if unreachable:
         say(
-            f"{unreachable} rows could not reach the service at {run.base_url} after {spec.client.max_retries} "
+            f"{unreachable} rows could not reach the service at {redact_location(run.base_url)} after {spec.client.max_retries} "
             "retries each: check --base-url and the network, then run the same command again"
         )
     not_sent = stats.failed_by_code["not_sent"]

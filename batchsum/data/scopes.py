@@ -1,7 +1,12 @@
 """A run's answers in their two scopes (``Scopes``): its own (the output's journal, or this process's
 memory when it has none) and the answer store shared beyond it (the machine's, the cluster's), which
 ``open_store`` opens from what ``store=`` names; ``AsyncScopes``, the same as the engine uses them from
-its event loop (the store through ``store_link.StoreLink``, claims taken at a request's turn)."""
+its event loop (the store through ``store_link.StoreLink``, claims taken at a request's turn); and
+``Trust``, which of the store's answers the run may be served.
+
+Invariant: every read of the store's answers is made here (``Scopes.lookup``, ``Scopes.stored``,
+``AsyncScopes.lookup``, ``take``, ``look``), and each asks ``Scopes.trust`` first: a caller never
+decides what the store may serve it."""
 
 from __future__ import annotations
 
@@ -10,14 +15,15 @@ import logging
 import time
 from collections.abc import Collection, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from ..service import contract
 from ..service.settings import store_kind
 from .results import OK, Answer
 from .store_link import RETRY_FIRST, RETRY_MOST, StoreLink
 from .stores import AnswerStore, StoreError
 
-__all__ = ["Scopes", "AsyncScopes", "open_store", "look_at_store", "store_path"]
+__all__ = ["Scopes", "AsyncScopes", "Trust", "Proof", "open_store", "look_at_store", "store_path"]
 
 log = logging.getLogger("batchsum")
 
@@ -82,6 +88,47 @@ def look_at_store(where: str, service: str, scope: str = "") -> Any:
     return MachineStore(path, service, readonly=True, scope=scope) if path.exists() else None
 
 
+class Proof(Protocol):
+    """What ``Trust`` reads of a key: when the service last answered it in a mode (``pacing.KeyRecord``)."""
+
+    def proven(self, mode: int) -> float | None: ...
+
+
+class Trust:
+    """Which of the answer store's answers a run may be served. Those of its service and its request
+    (the store is opened for one service, in one scope; an answer is found by its request's
+    fingerprint); and of a mode a plan may refuse (mode 2), only while a key of the run is proven in
+    that mode: its record shows the service answered it there within the day (``of``), or this run's
+    own request in that mode was answered (``prove``). A key whose plan refuses mode 2 is never served
+    an answer another key paid for. ``Trust()``, who asks not said: nothing of the store is served.
+
+    The rule's one place: ``Scopes`` asks ``serves`` before every read of the store, so a caller (a
+    run, a dry run, an estimate, a gateway) says who asks and never applies the rule itself."""
+
+    __slots__ = ("mode", "proven")
+
+    def __init__(self, mode: int | None = None, proven: bool = False) -> None:
+        self.mode = mode
+        self.proven = proven
+
+    @classmethod
+    def of(cls, mode: int, keys: Iterable[Proof | None]) -> Trust:
+        """The trust of a run in ``mode`` on ``keys`` (their records; None: a key with none)."""
+        return cls(mode, any(key is not None and key.proven(mode) is not None for key in keys))
+
+    @property
+    def serves(self) -> bool:
+        """Whether the store's answers may be served now."""
+        return self.mode == contract.Mode.STANDARD or (self.mode is not None and self.proven)
+
+    def prove(self) -> None:
+        """A key of the run was answered in its mode: the store's answers may be served from now on."""
+        self.proven = True
+
+    def __repr__(self) -> str:
+        return f"Trust(mode={self.mode}, proven={self.proven})"
+
+
 def _claimer(scope: Any) -> bool:
     return scope is not None and bool(getattr(scope, "claims", callable(getattr(scope, "claim", None))))
 
@@ -96,6 +143,7 @@ class Scopes:
     before ``started`` (the run's start, or its job's; default: now) is looked up, so every request
     is sent again and its answer replaces the stored one; what was written since (this run's own
     answers, another's while it ran) answers as always, so a text is paid for once in the run.
+    ``trust``: which store answers it may be served (``Trust``; none by default); its own scope's all.
 
     A store that fails (a full disk, Redis gone) is said once and left, and tried again after a
     backoff: the run goes on with its own scope meanwhile. Its own scope's failures are the run's
@@ -109,9 +157,11 @@ class Scopes:
         keeps_all: bool = True,
         refresh: bool = False,
         started: float | None = None,
+        trust: Trust | None = None,
     ) -> None:
         self.own = own
         self.store = store
+        self.trust = trust if trust is not None else Trust()
         self.keeps_all = keeps_all
         self.refresh = refresh
         # Under refresh, answers written before this (``time.time()``) are not looked up.
@@ -161,15 +211,19 @@ class Scopes:
             return {k: a for k in keys if (a := own.get(k)) is not None}
         return {}
 
+    def stored(self, keys: list[str]) -> dict[str, Answer]:
+        """The store's answers for ``keys`` the run may be served now (``trust``; its failure is the caller's)."""
+        serves = self.store is not None and self.trust.serves
+        return dict(self.store.get_many(keys, self.since)) if serves else {}
+
     def lookup(self, keys: list[str]) -> tuple[dict[str, Answer], set[str]]:
         """The answers known for ``keys``, and which of them the store gave (not its own scope)."""
         found = self.lookup_own(keys)
         missing = [key for key in keys if key not in found] if found else keys
-        store = self._store_now()
-        if store is None or not missing:
+        if self._store_now() is None or not missing:
             return found, set()
         try:
-            stored: dict[str, Answer] = store.get_many(missing, self.since)
+            stored = self.stored(missing)
         except Exception as exc:  # noqa: BLE001 - a store is a help, never a stop
             self._failed(exc)
             return found, set()
@@ -180,17 +234,16 @@ class Scopes:
 
     def copy(self, answers: Iterable[tuple[str, Answer]]) -> None:
         """The store's answers into the journal, which then holds every answer of its output."""
-        if not self.keeps_all or self.own is None:
-            return
+        own = self.own if self.keeps_all else None
         answers = list(answers)
-        if not answers:
+        if own is None or not answers:
             return
-        put_many = getattr(self.own, "put_many", None)
+        put_many = getattr(own, "put_many", None)
         if put_many is not None:
             put_many(answers)
         else:
             for key, answer in answers:
-                self.own.put(key, answer)
+                own.put(key, answer)
 
     def get_many(self, keys: list[str]) -> dict[str, Answer]:
         return self.lookup(keys)[0]
@@ -257,11 +310,16 @@ class AsyncScopes:
         """What its own scope knows (at once: the run's own file or memory)."""
         return self.scopes.lookup_own(keys)
 
-    async def lookup(self, keys: list[str], *, store: bool = True) -> tuple[dict[str, Answer], set[str]]:
-        """The answers known for ``keys``, and which of them the store gave; ``store``: ask it too."""
+    @property
+    def trust(self) -> Trust:
+        """Which of the store's answers the run may be served (``Scopes.trust``)."""
+        return self.scopes.trust
+
+    async def lookup(self, keys: list[str]) -> tuple[dict[str, Answer], set[str]]:
+        """The answers known for ``keys``, and which of them the store gave (when it may serve them)."""
         found = self.known(keys)
         missing = [key for key in keys if key not in found] if found else keys
-        if self.link is None or not missing or not store:
+        if self.link is None or not missing or not self.trust.serves:
             return found, set()
         stored = await self.link.get_many(missing)
         self.scopes.copy(stored.items())
@@ -284,12 +342,13 @@ class AsyncScopes:
             for key, answer in answers:
                 own.put(key, answer)
 
-    async def take(self, key: str, look: bool) -> Answer | bool:
-        """At ``key``'s turn: its answer when kept (``look``), True when this run now holds its claim
-        (or no claims are kept), False when another run holds it."""
+    async def take(self, key: str) -> Answer | bool:
+        """At ``key``'s turn: its answer when kept (the store's when it may serve it: else the claim
+        is taken without looking), True when this run now holds its claim (or no claims are kept),
+        False when another run holds it."""
         if self.stored_claims:
             assert self.link is not None
-            got = await self.link.take(key, look)
+            got = await self.link.take(key, self.trust.serves)
             if got is not None:
                 if isinstance(got, Answer):
                     self.scopes.copy([(key, got)])
@@ -298,19 +357,22 @@ class AsyncScopes:
         if not _claimer(own):
             return True  # no claims (none kept, or the store is out): it sends
         won = bool(own.claim(key))  # type: ignore[union-attr]
-        if won and look and (known := self.known([key]).get(key)) is not None:
+        if won and (known := self.known([key]).get(key)) is not None:  # its own scope's: a worker of its job's
             own.release(key)  # type: ignore[union-attr]
             return known
         return won
 
     async def look(self, keys: list[str]) -> tuple[dict[str, Answer], set[str]]:
-        """For texts set aside, one read: the answers kept now, and which others another run holds."""
+        """For texts set aside, one read: the answers kept now (the store's when it may serve them: a
+        text answered there is no longer held, and this run then takes a turn for it), and which
+        others another run holds."""
         if self.stored_claims:
             assert self.link is not None
             got = await self.link.look(keys)
             if got is not None:
-                self.scopes.copy(got[0].items())
-                return got
+                stored, elsewhere = got if self.trust.serves else ({}, got[1])
+                self.scopes.copy(stored.items())
+                return stored, elsewhere
         found = self.known(keys)
         own = self.scopes.own
         if not _claimer(own):

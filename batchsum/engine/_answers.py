@@ -25,18 +25,16 @@ class Answers:
     read-only: still ours, tried again at the end and else spilled to a side file the next run imports
     first), the claims it holds (renewed by ``leases``) and the texts it waits for (``waiting``).
 
-    ``trusted``: whether the store's answers may be served; a run in a mode the key is not proven to
-    have (mode 2 on a key whose record does not show it answered there) looks in the store only once
-    one of its keys was answered in that mode (``trust``): a key whose plan refuses the mode is never
-    served an answer another key paid for."""
+    Which of the store's answers the run is served is its scopes' ``Trust`` (the run's keys in its
+    mode, made with them: ``run.answers.open_scopes``), asked by every read of the store; this run's
+    own answer in its mode proves it (``trust``)."""
 
-    def __init__(self, store: AnswerStore, stop: Callable[[BatchsumError], None], *, trusted: bool = True) -> None:
+    def __init__(self, store: AnswerStore, stop: Callable[[BatchsumError], None]) -> None:
         self.store = store
         self.scopes = AsyncScopes(store if isinstance(store, Scopes) else Scopes(store))
         self._stop = stop
         self.unsaved = MemoryStore()
         self.refusing = False  # its own scope refused a write: keep the rest here
-        self.trusted = trusted
         self.shared = self.scopes.claims  # several runs claim what they send
         self.leases = Leases(self.scopes) if self.shared else None
         self.waiting = Waiting(self.scopes)
@@ -48,7 +46,7 @@ class Answers:
 
     def trust(self) -> None:
         """A key of the run was answered in its mode: the store's answers may be served from now on."""
-        self.trusted = True
+        self.scopes.trust.prove()
 
     def known(self, key: str) -> Answer | None:
         """The answer its own scope knows for ``key`` (at once)."""
@@ -65,10 +63,10 @@ class Answers:
         return found
 
     async def lookup(self, keys: list[str]) -> tuple[dict[str, Answer], set[str]]:
-        """The known answers of ``keys`` (its own scope, then the store: one call for them all, when
-        trusted), and which of them the store gave."""
+        """The known answers of ``keys`` (its own scope, then the store: one call for them all, of
+        what it may serve), and which of them the store gave."""
         try:
-            found, stored = await self.scopes.lookup(keys, store=self.trusted)
+            found, stored = await self.scopes.lookup(keys)
         except Exception as exc:  # a damaged journal: a stop, not a traceback
             self._stop(JournalError(f"cannot read the journal: {exc}"))
             return {}, set()
@@ -79,8 +77,8 @@ class Answers:
         return found, stored
 
     async def stored(self, key: str) -> Answer | None:
-        """The store's answer for ``key`` (asked with the other requests of the moment), when trusted."""
-        if not self.trusted or self.scopes.link is None:
+        """The store's answer for ``key`` (asked with the other requests of the moment), when it may serve it."""
+        if self.scopes.link is None:
             return None
         found, stored = await self.scopes.lookup([key])  # copied into a journal, as a block's are
         return found.get(key) if key in stored else None
@@ -96,10 +94,10 @@ class Answers:
         self.unsaved.put(key, answer)
 
     async def take(self, key: str) -> Answer | bool:
-        """At ``key``'s turn: its answer when another run kept one meanwhile (trusted), True when this
-        run now holds its claim (it sends), False when another run has it on the wire."""
+        """At ``key``'s turn: its answer when another run kept one meanwhile (one the store may serve),
+        True when this run now holds its claim (it sends), False when another run has it on the wire."""
         try:
-            got = await self.scopes.take(key, self.trusted)
+            got = await self.scopes.take(key)
         except Exception as exc:  # its own scope's claims (a shared journal) failed: a stop
             self._stop(JournalError(f"cannot use the shared answer store: {exc}"))
             raise asyncio.CancelledError from None

@@ -42,12 +42,7 @@ class Batch:
     ) -> None:
         self.options = options
         mode = params.mode
-        # An answer of mode 2 is served from the store only to a run with a key proven in mode 2 (by
-        # its record, or by this run's first answer): never to a key whose plan would refuse it.
-        trusted = mode == contract.Mode.STANDARD or any(
-            lane.record is not None and lane.record.proven(mode) is not None for lane in lanes
-        )
-        self.answers = Answers(store, self.stop, trusted=trusted)
+        self.answers = Answers(store, self.stop)  # what the store serves it: its scopes' ``Trust``
         firsts = [
             FirstRequest(lane.record, mode, alone=lane.record is None or lane.record.proven(mode) is None)
             for lane in lanes

@@ -353,10 +353,10 @@ def _spent_before(lane: KeyLane) -> None:
 
 
 def lane_now(lane: KeyLane, now: float) -> KeyNow:
-    """What the key can do now (``pacing.forecast.key_now``), as the run holds it: its limit, out
-    until a quota spent comes back, or refused; on the pacer's clock."""
+    """What the key can do now (``pacing.forecast.key_now``), as the run holds it: its limit and the
+    run's share of it, out until a quota spent comes back, or refused; on the pacer's clock."""
     out = (lane.out_until, lane.spent.name) if lane.spent is not None else None
-    return key_now(lane.name, lane.limit(), now, out=out, refusal=lane.refusal)
+    return key_now(lane.name, lane.limit(), now, share=lane.pacer.share, out=out, refusal=lane.refusal)
 
 
 def _none_back(keys: Keys, now: float) -> None:

@@ -1,7 +1,8 @@
-"""What a key can do now (``key_now`` -> ``KeyNow``: its rate, its quotas and what each leaves until
-its reset, whether it is out of the run and until when), and what a run of N requests does on its
-keys (``project``): the run's decision when every key is out (``first_back``) and a dry run's
-projection are made by the same functions, so the dry run says what the run then does.
+"""What a key can do now (``key_now`` -> ``KeyNow``: the rate the run sends at on it, its share of the
+key's limit; its quotas and what each leaves until its reset, whether it is out of the run and until
+when), and what a run of N requests does on its keys (``project``): the run's decision when every key
+is out (``first_back``) and a dry run's projection are made by the same functions, so the dry run
+says what the run then does.
 
 Invariant: a key out (a quota spent, or nothing left in one) adds nothing to the rate until it is
 back; when every key is out, the run waits for the first back only when that is within ``max_wait``
@@ -48,10 +49,10 @@ class QuotaLeft:
 
 @dataclass(frozen=True)
 class KeyNow:
-    """What a key can do now: it sends at ``rate`` requests a minute (None: not known yet, its limit
-    searched for under ``auto``) within its ``quotas``; ``out_until``: out of the run until then
-    (``math.inf``: refused for good; None: it sends now), ``why`` in words (the quota spent, or the
-    service's refusal)."""
+    """What a key can do now: the run sends on it at ``rate`` requests a minute (its share of the
+    key's limit; None: not known yet, the limit searched for under ``auto``; 0: unpaced) within its
+    ``quotas``; ``out_until``: out of the run until then (``math.inf``: refused for good; None: it
+    sends now), ``why`` in words (the quota spent, or the service's refusal)."""
 
     name: str
     rate: float | None
@@ -69,18 +70,22 @@ class KeyNow:
 
 def key_now(
     name: str,
-    rate: float | None,
+    limit: float | None,
     at: float,
     *,
+    share: float,
     quotas: Sequence[QuotaLeft] = (),
     out: tuple[float, str] | None = None,
     refusal: str | None = None,
 ) -> KeyNow:
-    """What a key can do at ``at``: refused for good (``refusal``: the service's words); out until a
-    quota spent comes back (``out``: until when, and which quota), or until the latest reset of its
-    ``quotas`` with nothing left; else it sends at ``rate``. The run reads its keys by it, and so do a
-    dry run and DuckDB's estimate (from the key's record and its budget's counts)."""
+    """What a key can do at ``at`` for a run: refused for good (``refusal``: the service's words); out
+    until a quota spent comes back (``out``: until when, and which quota), or until the latest reset
+    of its ``quotas`` with nothing left; else it sends at its ``limit`` (requests a minute; None: not
+    known) times the run's ``share`` of the key (``--share``: the budget spaces the run's own starts
+    that much further apart). The run reads its keys by it, and so do a dry run and DuckDB's estimate
+    (from the key's record and its budget's counts)."""
     quotas = tuple(quotas)
+    rate = limit * share if limit is not None else None
     if refusal is not None:
         return KeyNow(name, rate, quotas, math.inf, refusal)
     until, why = (out[0], out[1]) if out is not None and out[0] > at else (None, "")

@@ -151,6 +151,12 @@ class Pacer:
         return self._answers.rate_limited
 
     @property
+    def share(self) -> float:
+        """The fraction of the key's rate this run may use (``share``; 1: all of it)."""
+        share = self._sharing.share
+        return share.fraction if share is not None else 1.0
+
+    @property
     def interval(self) -> float:
         """Seconds between starts at the pace in force (0 without pacing)."""
         return self._paces.interval

@@ -1,5 +1,6 @@
 """A run's answers, opened (``open_scopes``): its own scope (the output's journal, or this process's
-memory) and the answer store the spec names, in the run's store scope (``store_scope``)."""
+memory) and the answer store the spec names, in the run's store scope (``store_scope``), served to
+the run as its keys in its mode may be (``data.scopes.Trust``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from ..data.journal import Journal, SharedJournal
-from ..data.scopes import Scopes, open_store
+from ..data.scopes import Proof, Scopes, Trust, open_store
 from ..data.stores import AnswerStore, StoreError, process_cache, shared_memory
 from .logs import event, log
 from .spec import RunSpec
@@ -27,10 +28,12 @@ async def open_scopes(
     output: Any,
     shared: bool,
     scope: str,
+    keys: Sequence[Proof | None],
 ) -> tuple[Scopes, str | None]:
     """The run's answers (``Scopes``), closed with ``stack``: its own scope (the journal; else this
     process's memory, or for shared runs nothing: the store keeps their job's refusals) and the store
-    ``spec.store`` names, in ``scope`` (``store_scope``); one that cannot be opened is one line, and the
+    ``spec.store`` names, in ``scope`` (``store_scope``), serving what the run's ``keys`` (their
+    records) may be served in its mode (``Trust``); one that cannot be opened is one line, and the
     run goes on with its own scope alone (a shared run's: this process's memory), as with one only
     read. And what adopting a journal from before services meant, to say once (None: nothing)."""
     own, keeps_all, adopted = _own_scope(stack, spec, run_id, identity, output, shared)
@@ -48,7 +51,8 @@ async def open_scopes(
         own = shared_memory(identity)
     if store is not None:
         stack.callback(store.close)
-    return Scopes(own, store, keeps_all=keeps_all, refresh=spec.refresh, started=spec.started), adopted
+    trust = Trust.of(spec.params.mode, keys)
+    return Scopes(own, store, keeps_all=keeps_all, refresh=spec.refresh, started=spec.started, trust=trust), adopted
 
 
 def _own_scope(

@@ -117,7 +117,7 @@ class Pieces:
             self.record = records[0]
             scope = store_scope(spec, [key for _, _, key, _ in opened])
             self.store, self._adopted = await open_scopes(
-                stack, spec, run_id, self.client.identity, self.output, shared, scope
+                stack, spec, run_id, self.client.identity, self.output, shared, scope, records
             )
             self._kept = _size(self.store)
             self.bar = stack.enter_context(ProgressBar(stats.total, enabled=spec.progress))

@@ -1,7 +1,8 @@
 """What a run would do, sending nothing and creating no file (``dry_run``): rows to send, skip and
-reuse, the time it takes at what each key can do now (``look_at_key``: a key whose quota is spent adds
-nothing until its reset) with the waits for quotas the run would wait for and the stop where it
-would stop (``pacing.forecast.project``, by the rule the run keeps), the paid requests needed, the
+reuse (the store's answers as the run's keys would be served them: ``data.scopes.Trust``), the time
+it takes at what each key can do now (``look_at_key``: a key whose quota is spent adds nothing until
+its reset; the run's share of it) with the waits for quotas the run would wait for and the stop where
+it would stop (``pacing.forecast.project``, by the rule the run keeps), the paid requests needed, the
 limit under auto and the budget it joins."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from ..data.journal import Journal
 from ..data.results import Answer
-from ..data.scopes import look_at_store
+from ..data.scopes import Scopes, Trust, look_at_store
 from ..data.stores import StoreError
 from ..engine.plan import BatchPlan, plan_batch
 from ..pacing import KeyRecord
@@ -32,7 +33,18 @@ from .answers import store_scope
 from .binding import spec_key_hash
 from .spec import RunSpec
 
-__all__ = ["dry_run", "estimate", "forecast", "look_at_key", "sends", "summed_rate", "KeyLook", "Forecast"]
+__all__ = [
+    "dry_run",
+    "estimate",
+    "forecast",
+    "read_keys",
+    "look_at_key",
+    "sends",
+    "summed_rate",
+    "KeyLook",
+    "KeysRead",
+    "Forecast",
+]
 
 
 @dataclass(frozen=True)
@@ -84,7 +96,14 @@ async def look_at_key(
         if spent is None:
             words.append(f"about {left} left in this key's {name} until {utc(reset)} (stated)")
     out = (spent.until, spent.name) if spent is not None else None
-    return KeyLook(key, record, seen, budget.where, key_now(key, rate, now, quotas=quotas, out=out), "; ".join(words))
+    return KeyLook(
+        key,
+        record,
+        seen,
+        budget.where,
+        key_now(key, rate, now, share=spec.share, quotas=quotas, out=out),
+        "; ".join(words),
+    )
 
 
 async def _look_at_keys(spec: RunSpec) -> list[KeyLook]:
@@ -146,7 +165,7 @@ def _unread_keys(spec: RunSpec, now: float) -> list[KeyNow]:
     keys = []
     for plan in plans:
         rpm, auto = plan.limit(spec.rpm, spec.auto) if plan is not None else (spec.rpm, spec.auto)
-        keys.append(key_now(plan.hash if plan is not None else "key", None if auto else rpm, now))
+        keys.append(key_now(plan.hash if plan is not None else "key", None if auto else rpm, now, share=spec.share))
     return keys
 
 
@@ -201,24 +220,24 @@ def _limit_line(spec: RunSpec, record: KeyRecord | None) -> tuple[str, float | N
 
 
 class _Looked:
-    """The answer store as a dry run reads it (None: none to read), and the line that says so: one
+    """The answer store as a dry run reads it (None: none to read), through the scopes' one lookup
+    (``Scopes.stored``: what the run's keys may be served, ``trust``), and the line that says so: one
     that fails while it is read (Redis gone, a command the user may not run) is read no more, as a
     run leaves it, and its line says so."""
 
-    def __init__(self, store: Any, line: str) -> None:
-        self.store = store
+    def __init__(self, store: Any, line: str, trust: Trust | None = None) -> None:
+        self.scopes = Scopes(None, store, trust=trust) if store is not None else None
         self._line = line
         self.failed: StoreError | None = None
 
     def get(self, key: str) -> Answer | None:
-        if self.store is None or self.failed is not None:
+        if self.scopes is None or self.failed is not None:
             return None
         try:
-            found: Answer | None = self.store.get(key)
+            return self.scopes.stored([key]).get(key)
         except StoreError as exc:
             self.failed = exc
             return None
-        return found
 
     def put(self, key: str, answer: Answer) -> None:
         raise StoreError("a dry run writes nothing")
@@ -230,9 +249,10 @@ class _Looked:
         return f"store:            not usable ({self.failed}); a run goes on with its journal alone"
 
 
-def _stores(spec: RunSpec, stack: ExitStack) -> tuple[Journal | None, _Looked]:
+def _stores(spec: RunSpec, stack: ExitStack, trust: Trust) -> tuple[Journal | None, _Looked]:
     """The journal (when it exists) and the answer store (when it can be read), opened to look only
-    (nothing is created or written), with a line about the store; none with ``refresh``."""
+    (nothing is created or written), with a line about the store; none with ``refresh``. ``trust``:
+    which of the store's answers the run would be served (its keys in its mode)."""
     if spec.refresh:
         return None, _Looked(
             None, "store:            not looked at: --refresh asks the service again for every request"
@@ -252,7 +272,14 @@ def _stores(spec: RunSpec, stack: ExitStack) -> tuple[Journal | None, _Looked]:
     if store is None:
         return journal, _Looked(None, "store:            empty (not made yet)")
     stack.callback(store.close)
-    return journal, _Looked(store, f"store:            {store.where}")
+    line = f"store:            {store.where}"
+    if not trust.serves:
+        line += (
+            f"; its mode-{spec.params.mode} answers count as to send: no key of this run is proven in mode "
+            f"{spec.params.mode} yet (its first request goes to the service; once answered, the run takes the rest "
+            "from the store)"
+        )
+    return journal, _Looked(store, line, trust)
 
 
 def summed_rate(spec: RunSpec) -> float | None:
@@ -265,12 +292,18 @@ def summed_rate(spec: RunSpec) -> float | None:
     return None if any(auto for _, auto in rates) else sum(rpm for rpm, _ in rates)
 
 
-def estimate(spec: RunSpec, texts: Iterable[Any]) -> BatchPlan:
+def estimate(spec: RunSpec, texts: Iterable[Any], keys: KeysRead) -> BatchPlan:
     """What a run of ``spec`` over ``texts`` would send, reuse and skip (``BatchPlan``), sending
-    nothing and creating no file."""
+    nothing and creating no file; the store's answers as its ``keys`` (``read_keys``) would be served them."""
+    return _planned(spec, texts, keys)[0]
+
+
+def _planned(spec: RunSpec, texts: Iterable[Any], keys: KeysRead) -> tuple[BatchPlan, str]:
+    """``estimate``, and the dry run's line about the store (as it stood once read)."""
     with ExitStack() as stack:
-        journal, store = _stores(spec, stack)
-        return plan_batch(texts, params=spec.params, store=journal, shared=store, long_texts_policy=spec.long_texts)
+        journal, store = _stores(spec, stack, keys.trust(spec))
+        plan = plan_batch(texts, params=spec.params, store=journal, shared=store, long_texts_policy=spec.long_texts)
+        return plan, store.line
 
 
 def sends(spec: RunSpec, batch: BatchPlan) -> int:
@@ -278,6 +311,32 @@ def sends(spec: RunSpec, batch: BatchPlan) -> int:
     at their bound), within ``max_requests`` and ``sample``."""
     most = batch.to_send + batch.reduce_max
     return min(most, spec.max_requests if spec.max_requests is not None else most, spec.sample or most)
+
+
+@dataclass(frozen=True)
+class KeysRead:
+    """``spec``'s keys as a dry run reads them (``read_keys``), once: each as ``look_at_key`` reads
+    it (``looks``; empty: their budgets could not be read, or the local service's fresh key), and why
+    a budget could not be read (``problem``, a line of the dry run)."""
+
+    looks: list[KeyLook]
+    problem: str = ""
+
+    def trust(self, spec: RunSpec) -> Trust:
+        """Which of the store's answers a run on these keys would be served at its start."""
+        return Trust.of(spec.params.mode, [look.record for look in self.looks])
+
+
+def read_keys(spec: RunSpec) -> KeysRead:
+    """Each key of ``spec`` read once (``look_at_key``), writing nothing; none for the local service's."""
+    if spec.client.local:
+        return KeysRead([])
+    try:
+        return KeysRead(asyncio.run(_look_at_keys(spec)))
+    except BudgetError as exc:
+        return KeysRead([], f"budget:           not usable ({exc})")
+    except ConfigurationError as exc:
+        return KeysRead([], f"budget:           not known ({exc})")
 
 
 @dataclass(frozen=True)
@@ -292,33 +351,24 @@ class Forecast:
     problem: str = ""
 
 
-def forecast(spec: RunSpec, batches: Sequence[BatchPlan]) -> Forecast:
-    """What runs of ``spec`` over each of ``batches`` would do on its keys now: each key read once
-    (``look_at_key``: its rate, a quota spent taking it out until the reset), then each batch's
-    requests projected as the run goes (waits for a reset within ``max_wait``, a stop beyond it)."""
+def forecast(spec: RunSpec, batches: Sequence[BatchPlan], keys: KeysRead) -> Forecast:
+    """What runs of ``spec`` over each of ``batches`` would do on its ``keys`` now (``read_keys``:
+    each key's rate and share, a quota spent taking it out until the reset): each batch's requests
+    projected as the run goes (waits for a reset within ``max_wait``, a stop beyond it)."""
     now = time.time()
-    looks: list[KeyLook] = []
-    problem = ""
-    if not spec.client.local:
-        try:
-            looks = asyncio.run(_look_at_keys(spec))
-        except BudgetError as exc:
-            problem = f"budget:           not usable ({exc})"
-        except ConfigurationError as exc:
-            problem = f"budget:           not known ({exc})"
-    keys = [look.now for look in looks] or _unread_keys(spec, now)
-    return Forecast([project(keys, sends(spec, batch), now, spec.max_wait) for batch in batches], looks, problem)
+    held = [look.now for look in keys.looks] or _unread_keys(spec, now)
+    projections = [project(held, sends(spec, batch), now, spec.max_wait) for batch in batches]
+    return Forecast(projections, keys.looks, keys.problem)
 
 
 def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
     """What a run of ``spec`` over ``texts`` would do, sending nothing and creating no file: rows to
-    send, skip, reuse (from the journal, when it exists, and the answer store), the time it takes at
-    what each key can do now (quota waits included), where a quota would stop it, and the budget it
-    joins."""
-    with ExitStack() as stack:
-        journal, store = _stores(spec, stack)
-        batch = plan_batch(texts, params=spec.params, store=journal, shared=store, long_texts_policy=spec.long_texts)
-    seen = forecast(spec, [batch])
+    send, skip, reuse (from the journal, when it exists, and the answer store, as the run's keys
+    would be served it), the time it takes at what each key can do now (its share; quota waits
+    included), where a quota would stop it, and the budget it joins."""
+    held = read_keys(spec)
+    batch, store_line = _planned(spec, texts, held)
+    seen = forecast(spec, [batch], held)
     projection, looks = seen.projections[0], seen.looks
     budget, keys = (seen.problem, []) if seen.problem else _budget_lines(spec, looks)
     limit = ""
@@ -350,4 +400,4 @@ def dry_run(spec: RunSpec, texts: Iterable[Any]) -> str:
             "at the summed limits of the keys that can send, each key's lone first request going at once)\n"
             + "\n".join(keys)
         )
-    return f"{plan}\n{store.line}\n{budget}"
+    return f"{plan}\n{store_line}\n{budget}"

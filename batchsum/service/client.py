@@ -30,6 +30,7 @@ from .errors import (
 )
 from .inflate import ACCEPT_ENCODING
 from .rate_headers import RateStatement
+from .redact import redact_location
 from .retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, retry_delay
 from .settings import ENV_API_KEY, ENV_BASE_URL, check_params, client_settings, is_loopback
 
@@ -152,7 +153,8 @@ class _ClientCore:
         elif isinstance(exc, httpx.DecodingError):
             error = APIResponseValidationError(f"the answer could not be decoded ({exc})")
         else:
-            error = APIConnectionError(f"connection to {self.base_url} failed: {type(exc).__name__}: {exc}")
+            where = redact_location(self.base_url)  # a path's or query's token masked, as in every message
+            error = APIConnectionError(f"connection to {where} failed: {type(exc).__name__}: {exc}")
         if isinstance(error, APIConnectionError) and isinstance(
             exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
         ):

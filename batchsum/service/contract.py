@@ -1,7 +1,8 @@
 """The summarization interface (``shared/api/interface.md``), stated once.
 
 Path, field names, modes, types, limits, the service's error texts, word counting and parameter
-validation. Both the client and the local service read these facts from here. Standard library only.
+validation. Both the client and the local service read these facts from here. Standard library only
+(and ``redact``'s masking of a credential, which a service's name applies).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import math
 import numbers
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
+
+from .redact import redact_location
 
 __all__ = [
     "SUMMARIZE_PATH",
@@ -57,8 +60,10 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 def service_identity(base_url: str) -> str:
     """The one name of the service at ``base_url``: scheme, host (lower case), port (the scheme's
-    default left out) and path (no trailing slash). User info, query and fragment are dropped, so a
-    name never holds a credential and two spellings of one service are one name."""
+    default left out) and path (no trailing slash). User info, query and fragment are dropped, and
+    the value of a path's parameter that carries a credential (``/v1;token=...``) is masked as every
+    message masks it (``redact.redact_location``), so a name (the budget's, the store's, ``top``'s)
+    never holds a credential and two spellings of one service are one name."""
     parts = urlsplit(base_url.strip())
     scheme = parts.scheme.lower()
     host = (parts.hostname or "").lower()
@@ -69,7 +74,7 @@ def service_identity(base_url: str) -> str:
     except ValueError:
         port = None
     netloc = host if port is None or port == _DEFAULT_PORTS.get(scheme) else f"{host}:{port}"
-    return f"{scheme}://{netloc}{parts.path.rstrip('/')}"
+    return f"{scheme}://{netloc}{redact_location(parts.path.rstrip('/'))}"
 
 
 class Mode(enum.IntEnum):

@@ -379,7 +379,7 @@ def one_line(value: str | BaseException, limit: int | None = None) -> str:
 def explain(error: BaseException, base_url: str | None = None) -> str:
     """What went wrong in words a person acts on: who answered what, and what to do. One explanation
     for every front-end (the CLI prints it after ``error:``, the apps show it)."""
-    where = f" at {base_url}" if base_url else ""
+    where = f" at {redact_location(base_url)}" if base_url else ""
     tries = ""
     if isinstance(error, APIError):
         tries = f" after {error.attempts} attempt{'s' if error.attempts != 1 else ''}"

@@ -161,7 +161,9 @@ def redact_value(value: Any, secrets: Iterable[str]) -> Any:
 # secret with an unencoded "/" in it (AWS secrets have them), "user:secret...@" up to the first "@"
 # (a port followed by a path is not taken for one).
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/?#\s]*@|[^/?#\s@:]*:(?!\d*(?:[/?#\s]|$))[^\s@]*@)")
-_PARAMETER = re.compile(r"([?&#;]([^=&#?\s]*)=)([^&#\s]*)")
+# A parameter: of a query or a fragment (``?name=value``, ``&``, ``#``), its value up to the next one
+# (``;`` too, the old separator); or of a path's segment (``/v1;token=value/``), up to the segment's end.
+_PARAMETER = re.compile(r"([?&#]([^=&#?;\s]*)=)([^&#;\s]*)|(;([^=&#?;/\s]*)=)([^&#?;/\s]*)")
 # Query parameters that carry a credential: presigned URLs (X-Amz-Signature, X-Amz-Credential,
 # X-Amz-Security-Token, X-Goog-Signature, Azure SAS sig), tokens and keys of every kind.
 _SENSITIVE = re.compile(r"(?i)sig|token|credential|secret|passw|pwd|key|auth|session|private")
@@ -173,9 +175,20 @@ def redact_location(location: str) -> str:
     credentials: ``s3://KEY:SECRET@bucket/x`` -> ``s3://***@bucket/x``, and the values of query
     parameters that carry one (``X-Amz-Signature=***``, ``sig=***``, ``token=***``, ...)."""
     text = _USERINFO.sub(lambda m: m.group(1) + "***@", location)
-    return _PARAMETER.sub(
-        lambda m: m.group(1) + "***" if m.group(3) and _SENSITIVE.search(unquote(m.group(2))) else m.group(0), text
-    )
+    return _PARAMETER.sub(lambda m: _masked(m) or m.group(0), text)
+
+
+def _parameter(match: re.Match[str]) -> tuple[str, str, str]:
+    """A ``_PARAMETER`` match as (what precedes its value, its name, its value)."""
+    if match.group(1) is not None:
+        return match.group(1), match.group(2), match.group(3)
+    return match.group(4), match.group(5), match.group(6)
+
+
+def _masked(match: re.Match[str]) -> str | None:
+    """The parameter with its value masked when its name says it carries a credential; else None."""
+    start, name, value = _parameter(match)
+    return start + "***" if value and _SENSITIVE.search(unquote(name)) else None
 
 
 def location_secrets(location: str) -> tuple[str, ...]:
@@ -186,7 +199,7 @@ def location_secrets(location: str) -> tuple[str, ...]:
         userinfo = match.group(2)[:-1]
         found.extend(userinfo.split(":", 1))
     for match in _PARAMETER.finditer(location):
-        if match.group(3) and _SENSITIVE.search(unquote(match.group(2))):
-            found.append(match.group(3))
+        if _masked(match) is not None:
+            found.append(_parameter(match)[2])
     secrets = {s for raw in found for s in (raw, unquote(raw)) if len(s) >= _LOCATION_SECRET_MIN}
     return tuple(sorted(secrets))

@@ -180,7 +180,8 @@ def check_key(key: object, source: str) -> str:
 
 
 def check_base_url(url: str) -> str:
-    """``url`` without a trailing slash, when it is http(s) with a host and the key may go there."""
+    """``url`` without a trailing slash, when it is http(s) with a host and the key may go there. A
+    user or password in it is refused: the HTTP client would send them instead of the key."""
     url = url.strip().rstrip("/")
     try:
         parts = urlsplit(url)
@@ -189,7 +190,12 @@ def check_base_url(url: str) -> str:
         host = None
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not host:
-        raise ConfigurationError(f"invalid base URL {url!r}: use https://host[:port]")
+        raise ConfigurationError(f"invalid base URL {redact_location(url)!r}: use https://host[:port]")
+    if "@" in parts.netloc:
+        raise ConfigurationError(
+            f"invalid base URL {redact_location(url)!r}: a user or password in it would be sent instead of the "
+            "API key; leave them out (the key goes in the Authorization header)"
+        )
     if parts.scheme == "http" and not is_loopback(host):
         raise ConfigurationError(
             f"refusing to send the API key over plain http to {host}: "

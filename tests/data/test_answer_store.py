@@ -13,6 +13,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ from batchsum.data.journal import Journal, SharedJournal
 from batchsum.data.machine_store import MachineStore, default_store_path
 from batchsum.data.redis_store import PREFIX, RedisStore, RedisUpkeep
 from batchsum.data.results import FAILED, OK, Answer
-from batchsum.data.scopes import Scopes, look_at_store, open_store
+from batchsum.data.scopes import Scopes, Trust, look_at_store, open_store
 from batchsum.data.store_upkeep import MachineUpkeep
 from batchsum.data.stores import MemoryStore, StoreError
 
@@ -29,6 +30,7 @@ ROOT = Path(__file__).parents[2]
 SUMMARY = Answer("a summary", OK, None, None, 200, 1)
 REFUSAL = Answer(None, FAILED, "unprocessable", "the text was refused", 422, 1)
 SERVICE = "https://api.example.com"
+MODE_1 = Trust(1)  # a run in mode 1: every answer of the store served
 
 
 def test_the_machine_store_is_a_file_of_the_users_own_in_the_cache_folder(tmp_path):
@@ -297,19 +299,19 @@ def test_scopes_copy_the_stores_answers_into_the_journal_and_keep_refusals_out_o
     journal.serve(SERVICE)
     store = MachineStore(tmp_path / "store.sqlite", SERVICE)
     store.put("known", SUMMARY)
-    scopes = Scopes(journal, store)
+    scopes = Scopes(journal, store, trust=MODE_1)
     assert scopes.lookup(["known", "new"]) == ({"known": SUMMARY}, {"known"})
     assert journal.get("known") == SUMMARY  # the journal holds every answer of its output
     scopes.put("refused", REFUSAL)
     assert journal.get("refused") == REFUSAL and store.get("refused") is None
     assert scopes.lookup(["known"]) == ({"known": SUMMARY}, set())  # now the journal's own
-    assert Scopes(journal, store, refresh=True).lookup(["known"]) == ({}, set())
+    assert Scopes(journal, store, refresh=True, trust=MODE_1).lookup(["known"]) == ({}, set())
 
 
 def test_memory_keeps_only_what_no_store_on_disk_keeps(tmp_path):
     memory = MemoryStore()
     store = MachineStore(tmp_path / "store.sqlite", SERVICE)
-    scopes = Scopes(memory, store, keeps_all=False)
+    scopes = Scopes(memory, store, keeps_all=False, trust=MODE_1)
     scopes.put("ok", SUMMARY)
     scopes.put("refused", REFUSAL)
     assert memory.items() == [("refused", REFUSAL)] and store.get("ok") == SUMMARY
@@ -351,18 +353,18 @@ def test_a_store_that_fails_mid_run_is_said_once_left_and_used_again_once_it_ans
         raise AssertionError("never came")  # a hang guard, not a pace
 
     async def main():
-        scopes = AsyncScopes(Scopes(memory, store, keeps_all=False))
+        scopes = AsyncScopes(Scopes(memory, store, keeps_all=False, trust=MODE_1))
         scopes.put("ok", SUMMARY)
         await until(lambda: not scopes.link.attached)
         assert memory.get("ok") == SUMMARY  # what the store did not take, kept in memory
-        assert await scopes.take("k", True) is True  # no claims while it is out: the run sends
+        assert await scopes.take("k") is True  # no claims while it is out: the run sends
         assert (await scopes.lookup(["ok"]))[0] == {"ok": SUMMARY}
         scopes.put("other", SUMMARY)
         assert memory.get("other") == SUMMARY
         full["disk"] = False
         await until(lambda: scopes.link.attached)
         assert store.get("ok") == SUMMARY  # the answers kept meanwhile, put when it answered again
-        assert await scopes.take("k", True) is True and await scopes.take("k2", True) is True
+        assert await scopes.take("k") is True and await scopes.take("k2") is True
         await scopes.aclose()
 
     with caplog.at_level(logging.WARNING, logger="batchsum"):
@@ -439,12 +441,77 @@ def test_refresh_skips_only_the_answers_written_before_the_run_started(tmp_path,
         scope.put("old", SUMMARY)
     started = _later_than(time.time())
     for own, store, keeps_all in ((journal, machine, True), (memory, cluster, False)):
-        scopes = Scopes(own, store, keeps_all=keeps_all, refresh=True, started=started)
+        scopes = Scopes(own, store, keeps_all=keeps_all, refresh=True, started=started, trust=MODE_1)
         assert scopes.lookup(["old"]) == ({}, set())  # asked again
         scopes.put("mine", SUMMARY)
         scopes.put("refused", REFUSAL)
         assert scopes.lookup(["mine", "refused"])[0] == {"mine": SUMMARY, "refused": REFUSAL}  # this run's own
         store.put("theirs", SUMMARY)  # another run's, while this one ran
         assert scopes.lookup(["theirs"]) == ({"theirs": SUMMARY}, {"theirs"})
-        assert Scopes(own, store).lookup(["old"])[0] == {"old": SUMMARY}  # without refresh: everything
+        assert Scopes(own, store, trust=MODE_1).lookup(["old"])[0] == {"old": SUMMARY}  # without refresh: everything
     cluster.close()
+
+
+class _Record:
+    """A key's record as ``Trust`` reads it: the modes the service answered it in."""
+
+    def __init__(self, *modes: int) -> None:
+        self.modes = modes
+
+    def proven(self, mode: int) -> float | None:
+        return 1.0 if mode in self.modes else None
+
+
+def test_trust_serves_mode_1_always_mode_2_to_a_run_with_a_key_proven_in_it_and_nothing_when_not_said():
+    assert Trust.of(1, []).serves and Trust.of(1, [_Record()]).serves
+    assert not Trust.of(2, []).serves and not Trust.of(2, [None, _Record(1)]).serves
+    assert Trust.of(2, [_Record(1), _Record(1, 2)]).serves  # one key of the run proven is enough
+    unproven = Trust.of(2, [_Record(1)])
+    unproven.prove()  # the run's own mode-2 request was answered
+    assert unproven.serves
+    assert not Trust().serves and not Scopes(None, MemoryStore()).trust.serves  # who asks not said: nothing
+
+
+@pytest.mark.parametrize("where", ["machine", "redis"])
+def test_every_read_of_the_store_asks_the_trust_and_a_run_whose_key_is_not_proven_in_mode_2_is_served_none(
+    where, tmp_path, request
+):
+    """The store holds a mode-2 answer another key paid for. A run whose keys are not proven in mode 2
+    is served it by no read: the look-up of known rows (``Scopes.lookup``, ``stored``, and on the
+    loop ``AsyncScopes.lookup``), the claim at the turn (``take``: it claims the text instead) and
+    the waiting texts' read (``look``: the text is no longer held, so the run takes a turn for it).
+    Once its own mode-2 request is answered, every read serves it."""
+    import asyncio
+
+    from batchsum.data.scopes import AsyncScopes
+
+    prefix = f"trust-{os.urandom(4).hex()}"
+
+    def opened() -> Any:
+        if where == "redis":
+            return RedisStore(f"{request.getfixturevalue('redis_url')}?prefix={prefix}", SERVICE)
+        return MachineStore(tmp_path / "store.sqlite", SERVICE)
+
+    paid = opened()  # another run's (another holder)
+    paid.put("answered", SUMMARY)  # another key's answer, its claim let go
+    store = opened()
+    trust = Trust.of(2, [_Record(1)])  # a basic key: answered in mode 1 only
+    scopes = Scopes(MemoryStore(), store, trust=trust)
+    assert scopes.lookup(["answered"]) == ({}, set()) and scopes.stored(["answered"]) == {}
+
+    async def main() -> None:
+        near = AsyncScopes(scopes)
+        assert await near.lookup(["answered"]) == ({}, set())
+        assert await near.look(["answered"]) == ({}, set())  # not served, and not held: its turn comes
+        assert await near.take("answered") is True  # claimed, not served: this run sends it
+        near.release("answered")
+        trust.prove()
+        assert await near.lookup(["answered"]) == ({"answered": SUMMARY}, {"answered"})
+        assert await near.look(["answered"]) == ({"answered": SUMMARY}, set())
+        assert await near.take("answered") == SUMMARY
+        await near.aclose()
+
+    asyncio.run(main())
+    assert scopes.stored(["answered"]) == {"answered": SUMMARY}
+    paid.close()
+    store.close()

@@ -25,7 +25,7 @@ from batchsum.data import store_link
 from batchsum.data.machine_store import MachineStore, default_store_path
 from batchsum.data.redis_store import RedisStore, RedisUpkeep
 from batchsum.data.results import OK, Answer
-from batchsum.data.scopes import Scopes, look_at_store
+from batchsum.data.scopes import Scopes, Trust, look_at_store
 from batchsum.data.stores import MemoryStore, clear_process_caches
 from batchsum.engine import summarize_stream
 from batchsum.engine.fingerprints import text_fingerprint
@@ -102,7 +102,9 @@ def test_texts_set_aside_are_looked_at_together_not_one_by_one(svc, where, reque
     async def main() -> tuple[list[Any], BatchStats, float, int]:
         stats = BatchStats()
         async with batchsum.AsyncClient(KEY, svc.url) as client:
-            stream = summarize_stream(rows, client, stats=stats, rpm=600, store=Scopes(MemoryStore(), counted))
+            stream = summarize_stream(
+                rows, client, stats=stats, rpm=600, store=Scopes(MemoryStore(), counted, trust=Trust(1))
+            )
             task = asyncio.ensure_future(_collect(stream))
             while sum(counted.keys.get("take_many", [])) < len(keys):  # each text reached its turn
                 await asyncio.sleep(0.05)
@@ -490,27 +492,131 @@ def test_a_redis_url_the_client_can_read_is_taken_whole_and_its_password_never_s
     assert "port is not a number" in str(raised.value) and "s3cret" not in str(raised.value)
 
 
-def test_a_stored_mode_2_answer_is_never_served_to_a_key_whose_plan_refuses_mode_2(tmp_path):
-    """A premium key pays for mode-2 answers; a basic key (mode 1 only) over the same texts is not
-    served them: its first request goes to the service, which refuses it, and no row is ok. Another
-    premium key not yet proven in mode 2 pays its first request and takes the rest from the store."""
+def _mode_2(svc: LocalService, key: str, budget: str | None, **options: Any) -> RunSpec:
+    return RunSpec.from_kwargs(mode=2, api_key=key, base_url=svc.url, progress=False, rpm=0, budget=budget, **options)
+
+
+def _basic_run(spec: RunSpec, rows: list[str]) -> tuple[list[Any], BatchStats, str | None]:
+    """A run that may stop on the plan's 401: its rows (none when it stopped), its counts, its stop's line."""
+    stats = BatchStats()
+    try:
+        return asyncio.run(run_texts(spec, rows, stats=stats)), stats, None
+    except NotPremiumError as exc:
+        return [], stats, str(exc)
+
+
+@pytest.mark.parametrize("where", ["machine", "redis"])
+def test_a_stored_mode_2_answer_is_never_served_to_a_key_whose_plan_refuses_mode_2(where, request):
+    """A premium key pays for mode-2 answers (a long text's parts among them); a basic key (mode 1
+    only) over the same texts is served none of them, by the look-up of known rows nor by a long
+    text's parts: its first request goes to the service, which refuses it, and no row is ok. Another
+    premium key not yet proven in mode 2 pays its first request and takes the rest from the store.
+    On the machine's budget and store, and on Redis'."""
+    budget = request.getfixturevalue("redis_url") if where == "redis" else None
     second = "second-premium-0123456789"
     rows = [article(30, seed=9100 + i) for i in range(4)]
+    long = article(contract.MAX_WORDS + 200, seed=9199)  # split: its parts are requests of their own
     with LocalService([KEY, second, f"{BASIC_KEY}:basic"]) as svc:
 
-        def run(key: str) -> list[Any]:
-            spec = RunSpec.from_kwargs(mode=2, api_key=key, base_url=svc.url, progress=False, rpm=0)
-            try:
-                return asyncio.run(run_texts(spec, rows))
-            except NotPremiumError:
-                return []
+        def run(key: str, texts: list[str]) -> list[Any]:
+            return _basic_run(_mode_2(svc, key, budget, long_texts="split"), texts)[0]
 
-        assert [r.status for r in run(KEY)] == ["ok"] * 4 and svc.stats()["requests"] == 4
-        assert [r.status for r in run(KEY)] == ["ok"] * 4 and svc.stats()["requests"] == 4  # proven: all stored
-        refused = run(BASIC_KEY)
-        assert not any(r.status == "ok" for r in refused)
-        assert svc.stats()["requests"] == 5 and svc.stats()["by_status"].get("401") == 1
-        assert [r.status for r in run(second)] == ["ok"] * 4 and svc.stats()["requests"] == 6  # its first, alone
+        assert [r.status for r in run(KEY, rows + [long])] == ["ok"] * 5
+        paid = svc.stats()["requests"]
+        assert [r.status for r in run(KEY, rows + [long])] == ["ok"] * 5 and svc.stats()["requests"] == paid  # proven
+        for texts in (rows, [long]):  # the rows looked up in bulk; the long text's parts, one by one
+            rows_back, stats, stopped = _basic_run(_mode_2(svc, BASIC_KEY, budget, long_texts="split"), texts)
+            assert rows_back == [] and stats.from_store == 0 and stopped == "401: you are not premium for this request"
+        assert svc.stats()["requests"] == paid + 2 and svc.stats()["by_status"].get("401") == 2
+        assert [r.status for r in run(second, rows)] == ["ok"] * 4 and svc.stats()["requests"] == paid + 3  # its first
+
+
+@pytest.mark.parametrize("where", ["machine", "redis"])
+def test_a_basic_key_beside_a_premium_one_is_served_nothing_and_stops_on_the_plans_401(where, request, monkeypatch):
+    """Issue 52, case 2. A premium key, proven in mode 2, has 8 texts on the wire (held by the service);
+    a basic key's run over the same texts, same store, finds each claimed at its turn and sets it
+    aside. When the premium run's answers land, the basic run is served none of them (the waiting
+    texts' read asks the trust as every read does): it takes a turn for a text, its first request
+    goes to the service, and it stops on the plan's 401 line, as it does when it starts after the
+    premium run has finished. On the machine's budget and store, and on Redis'."""
+    from batchsum.engine._answers import Waiting
+
+    budget = request.getfixturevalue("redis_url") if where == "redis" else None
+    rows = [article(30, seed=9300 + i) for i in range(8)]
+    set_aside: set[str] = set()  # the texts the basic run waits on (a probe: when to let the service answer)
+    waiting = Waiting.answer
+
+    async def answer(self: Waiting, key: str) -> Any:
+        set_aside.add(key)
+        return await waiting(self, key)
+
+    monkeypatch.setattr(Waiting, "answer", answer)
+    with LocalService([KEY, f"{BASIC_KEY}:basic"]) as svc:
+        assert _basic_run(_mode_2(svc, KEY, budget), [article(30, seed=9399)])[0][0].status == "ok"  # proven
+        svc.faults = Faults(hold_after=0)  # every request held until the test lets the service answer
+        premium: list[Any] = []
+        thread = threading.Thread(target=lambda: premium.extend(_basic_run(_mode_2(svc, KEY, budget), rows)[0]))
+        thread.start()
+        _until(lambda: svc.stats()["most_in_progress"] >= len(rows))  # every text claimed and on the wire
+        beside: list[Any] = []
+        basic = threading.Thread(target=lambda: beside.append(_basic_run(_mode_2(svc, BASIC_KEY, budget), rows)))
+        basic.start()
+        _until(lambda: len(set_aside) == len(rows) or not basic.is_alive())
+        assert len(set_aside) == len(rows)  # the basic run waits on the premium run's claims
+        svc.faults.release()
+        thread.join(60)
+        basic.join(60)
+        assert [r.status for r in premium] == ["ok"] * len(rows)
+        ((served, stats, stopped),) = beside
+        assert served == [] and stats.from_store == 0 and stats.reused == 0  # 0 rows served from the store
+        assert stopped == "401: you are not premium for this request"
+        after, stats_after, stopped_after = _basic_run(_mode_2(svc, BASIC_KEY, budget), rows)  # after it finished
+        assert after == [] and stats_after.from_store == 0 and stopped_after == stopped
+        assert svc.stats()["by_status"] == {"200": len(rows) + 1, "401": 2}  # each basic run: its one first request
+
+
+@pytest.mark.parametrize("where", ["machine", "redis"])
+def test_the_dry_run_and_duckdbs_estimate_count_the_stores_mode_2_answers_as_the_run_would_be_served_them(
+    where, request
+):
+    """After a premium key paid for 4 mode-2 answers: a dry run and DuckDB's estimate on that key
+    count them answered by the store; on a basic key (not proven in mode 2) they count them to send,
+    as its run would be served none of them, and the dry run's store line says why. Nothing sent."""
+    from batchsum.run.run import dry_run
+
+    duckdb = pytest.importorskip("duckdb")
+    import batchsum.duckdb
+
+    budget = request.getfixturevalue("redis_url") if where == "redis" else None
+    rows = [article(30, seed=9500 + i) for i in range(4)]
+    with LocalService([KEY, f"{BASIC_KEY}:basic"]) as svc:
+        assert [r.status for r in _basic_run(_mode_2(svc, KEY, budget), rows)[0]] == ["ok"] * 4
+        paid = svc.stats()["requests"]
+        premium, basic = dry_run(_mode_2(svc, KEY, budget), rows), dry_run(_mode_2(svc, BASIC_KEY, budget), rows)
+        assert "would send:       0 requests" in premium and "already answered: 4 rows (4 in the store)" in premium
+        assert "would send:       4 requests" in basic and "already answered: 0 rows" in basic
+        stores = [next(line for line in plan.splitlines() if line.startswith("store:")) for plan in (premium, basic)]
+        assert "proven" not in stores[0] and "no key of this run is proven in mode 2 yet" in stores[1]
+        estimates = {}
+        for key in (KEY, BASIC_KEY):
+            con = duckdb.connect()
+            try:
+                batchsum.duckdb.register(
+                    con, mode=2, api_key=key, base_url=svc.url, rpm=0, budget=budget, progress=False
+                )
+                (estimates[key],) = con.execute("SELECT batchsum_estimate(?)", [rows]).fetchone()
+            finally:
+                con.close()
+        assert (estimates[KEY]["would_send"], estimates[KEY]["from_store"]) == (0, 4)
+        assert (estimates[BASIC_KEY]["would_send"], estimates[BASIC_KEY]["from_store"]) == (4, 0)
+        assert svc.stats()["requests"] == paid
+
+
+def _until(condition: Any, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds  # a guard against a hang, not a timing
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never came"
+        time.sleep(0.02)
 
 
 def test_a_new_journal_is_made_0600_like_the_store(env, tmp_path):

@@ -341,3 +341,40 @@ def test_cancelled_jobs_stop_every_tasks_run_before_spark_kills_it_and_the_next_
         stats = service.state.stats()
     assert len(rows) == 120 and all(row.summary_status == "ok" for row in rows)
     assert stats["answered_unique"] == 120 and stats["answered_twice"] == 0
+
+
+def test_a_sort_after_summarizing_computes_the_plan_twice_and_each_way_the_docs_give_computes_it_once(
+    spark, limited, redis_url
+):
+    """docs/frames.md: ``.orderBy(...).toPandas()`` on the result runs batchsum over every row twice
+    (the sort's sampling job, then the sort), each pass reading the store for every row; sorting the
+    input first, sorting in pandas, or keeping the result (``localCheckpoint``) runs it once. Counted
+    by the store's look-ups in bulk (Redis ``MGET``: one per partition's block of rows)."""
+    import redis
+
+    import batchsum.spark
+
+    sdf, _ = tickets(spark, rows=40, distinct=40)
+    client = redis.Redis.from_url(redis_url)
+    options = {"rpm": 0, "api_key": KEY, "base_url": limited.url, "budget": redis_url}
+
+    def summarized(frame):
+        return batchsum.spark.summarize(frame, "text", **options)
+
+    def reads(action) -> int:
+        calls = lambda: client.info("commandstats").get("cmdstat_mget", {}).get("calls", 0)  # noqa: E731
+        before = calls()
+        assert len(action()) == 40
+        return calls() - before
+
+    partitions = summarized(sdf).rdd.getNumPartitions()
+    assert reads(lambda: summarized(sdf).toPandas()) == partitions  # one pass: each partition's block once
+    assert reads(lambda: summarized(sdf).orderBy("id").toPandas()) == 2 * partitions
+    assert reads(lambda: summarized(sdf).toPandas().sort_values("id")) == partitions
+    assert reads(lambda: summarized(sdf).localCheckpoint().orderBy("id").toPandas()) == partitions
+    ordered = summarized(sdf.orderBy("id"))
+    first = ordered.toPandas()
+    assert list(first["id"]) == sorted(first["id"])  # the input sorted: the result keeps its order
+    assert reads(lambda: ordered.toPandas()) == ordered.rdd.getNumPartitions()
+    assert limited.state.stats()["by_status"] == {"200": 40}  # paid once, whatever the passes
+    client.close()

@@ -23,7 +23,7 @@ from batchsum.errors import QuotaSpent
 from batchsum.options import RunSpec
 from batchsum.pacing import KeyRecord, Pacer
 from batchsum.pacing.budget import ProcessBudget
-from batchsum.pacing.exchange import Remembered
+from batchsum.pacing.exchange import Remembered, Share
 from batchsum.pacing.forecast import QuotaLeft, first_back, key_now, project
 from batchsum.pacing.quota import CountedQuota, Spent, StatedQuota
 from batchsum.run.preview import look_at_key
@@ -100,9 +100,10 @@ class Job:
             clients.append(client)
             rpm, _ = plan.limit(self.spec.rpm, self.spec.auto)
             quota = plan.quota or self.spec.quota
+            share = Share("job", self.spec.share) if self.spec.share < 1 else None
             lanes.append(
                 KeyLane(
-                    client, Pacer(rpm, budget=budget), await self.record(plan), plan.hash, plan.source, quota, budget,
+                    client, Pacer(rpm, budget=budget, share=share), await self.record(plan), plan.hash, plan.source, quota, budget,
                     counted=CountedQuota(quota, budget, wall=self.wall), stated=StatedQuota(wall=self.wall),
                     tell=self.told.append,
                 )
@@ -313,17 +314,17 @@ def test_key_now_takes_a_key_out_until_its_spent_quota_or_its_latest_empty_reset
     at = 1000.0
     hour = QuotaLeft("hourly", 0, at + 600, 40, "hour")
     day = QuotaLeft("daily", 0, at + 9000, 500, "day")
-    assert key_now("k", 600, at, quotas=[hour, day]).out_until == at + 9000
-    assert key_now("k", 600, at, quotas=[QuotaLeft("hourly", 3, at + 600)]).out_until is None
-    assert key_now("k", 600, at, out=(at + 50, "spent")).why == "spent"
-    assert key_now("k", 600, at, out=(at - 1, "spent")).out_until is None  # back already
-    assert key_now("k", 600, at, refusal="you are not premium for this request").refused
+    assert key_now("k", 600, at, share=1.0, quotas=[hour, day]).out_until == at + 9000
+    assert key_now("k", 600, at, share=1.0, quotas=[QuotaLeft("hourly", 3, at + 600)]).out_until is None
+    assert key_now("k", 600, at, share=1.0, out=(at + 50, "spent")).why == "spent"
+    assert key_now("k", 600, at, share=1.0, out=(at - 1, "spent")).out_until is None  # back already
+    assert key_now("k", 600, at, share=1.0, refusal="you are not premium for this request").refused
 
 
 def test_first_back_waits_for_the_nearest_reset_within_max_wait_and_never_for_a_refused_key():
     at = 0.0
-    soon, late = key_now("a", 60, at, out=(300, "a")), key_now("b", 60, at, out=(5000, "b"))
-    refused = key_now("c", 60, at, refusal="no")
+    soon, late = key_now("a", 60, at, share=1.0, out=(300, "a")), key_now("b", 60, at, share=1.0, out=(5000, "b"))
+    refused = key_now("c", 60, at, share=1.0, refusal="no")
     assert first_back([late, soon, refused], at, 600) is soon
     assert first_back([late, soon], at, 200) is None
     assert first_back([refused], at, math.inf) is None
@@ -332,6 +333,68 @@ def test_first_back_waits_for_the_nearest_reset_within_max_wait_and_never_for_a_
 def test_a_rate_not_known_yet_projects_no_time_but_the_same_waits_and_stops():
     at = A_QUARTER_TO_TWO
     quota = QuotaLeft("hourly quota of 10 (configured)", 10, at + 900, 10, "hour")
-    unknown = project([key_now("k", None, at, quotas=[quota])], 25, at, 7200)
+    unknown = project([key_now("k", None, at, share=1.0, quotas=[quota])], 25, at, 7200)
     assert unknown.seconds is None and unknown.rate is None and unknown.sent == 25
     assert [(w.sent, w.until - at) for w in unknown.waits] == [(10, 900), (20, 900 + HOUR)]
+
+
+# -- a run's share of the key (issue 52, case 5) ---------------------------------------------------------
+
+
+def test_key_now_sends_at_the_runs_share_of_the_keys_limit():
+    at = 0.0
+    assert key_now("k", 120, at, share=0.5).rate == 60
+    assert key_now("k", None, at, share=0.5).rate is None  # a limit not known yet stays not known
+    assert key_now("k", 0, at, share=0.5).rate == 0  # unpaced
+    assert project([key_now("k", 120, at, share=0.5)], 40, at, 0).seconds == pytest.approx(39.0)  # 1 s apart
+
+
+@pytest.mark.parametrize("share", [0.5, 0.25, 1.0])
+def test_a_runs_share_is_what_the_dry_run_projects_and_what_the_run_then_takes(tmp_path, share):
+    """``--rpm 120 --share 0.5``, 40 texts: the dry run projects the run's own pace, 60/min (its first
+    request at once, then 39 a second apart: 39 s), and the run on the key's budget, which spaces its
+    own starts by its share, takes that time; the run reads its key by the same function
+    (``lane_now``: the same rate)."""
+    from batchsum.engine._keys import lane_now
+
+    [key] = team_keys(1)
+    spec = spec_of([key], tmp_path, ["{0} 120"], max_wait=600, share=share)
+    projection, rows, error, lanes, seconds = run_job(spec, KeyedService({key: 120}), A_QUARTER_TO_TWO, 40)
+    assert projection.rate == 120 * share and projection.seconds == pytest.approx(39 * 60 / (120 * share))
+    assert_same(projection, rows, error, seconds, A_QUARTER_TO_TWO)
+    assert lane_now(lanes[0], 0.0).rate == projection.rate
+
+
+@pytest.mark.parametrize("where", ["machine", "redis"])
+def test_the_run_the_dry_run_and_duckdbs_estimate_read_the_runs_share_on_each_budget(where, svc, request):
+    """The real doors on the machine's budget and on Redis', ``rpm=120, share=0.5``, 40 texts: the dry
+    run's words say the run's own pace and the time it takes (39 s: the first at once, then one a
+    second), DuckDB's estimate the same seconds, and the run reads its key at that rate."""
+    from batchsum.engine._keys import lane_now
+    from batchsum.run.run import Run, dry_run
+    from tests.conftest import KEY
+
+    budget = request.getfixturevalue("redis_url") if where == "redis" else "machine"
+    spec = RunSpec.from_kwargs(api_key=KEY, base_url=svc.url, rpm=120, share=0.5, budget=budget, progress=False)
+    rows = texts(40, seed=52)
+    plan = dry_run(spec, rows)
+    assert "would send:       40 requests; at 60 requests/min that takes at least 0m39s" in plan, plan
+    duckdb = pytest.importorskip("duckdb")
+    import batchsum.duckdb
+
+    con = duckdb.connect()
+    try:
+        batchsum.duckdb.register(con, api_key=KEY, base_url=svc.url, rpm=120, share=0.5, budget=budget, progress=False)
+        (estimate,) = con.execute("SELECT batchsum_estimate(?)", [rows]).fetchone()
+    finally:
+        con.close()
+    assert estimate["would_send"] == 40 and estimate["least_seconds"] == pytest.approx(39.0)
+
+    async def run() -> tuple[float | None, list[str]]:
+        async with Run(spec, total=2) as opened:
+            lane = opened.pieces.lanes[0]
+            done = [row.status async for row in opened.stream(rows[:2])]
+            return lane_now(lane, lane.pacer.now()).rate, done
+
+    rate, done = asyncio.run(run())
+    assert rate == 60 and done == ["ok", "ok"] and svc.stats()["requests"] == 2

@@ -192,7 +192,7 @@ def test_a_spec_with_a_key_never_shows_it():
 def test_a_spec_shows_no_password_of_its_budget_store_or_base_url():
     budget = "redis://:s3cret-budget-pw@127.0.0.1:6379/0"
     specs = [
-        RunSpec.from_kwargs(api_key=KEY, base_url="https://user:base-url-pw@api.example.com", budget=budget),
+        RunSpec.from_kwargs(api_key=KEY, base_url="https://api.example.com/v1;token=base-url-pw", budget=budget),
         RunSpec.from_kwargs(api_key=KEY, store="redis://reader:s3cret-store-pw@10.0.0.5:6379/1"),
     ]
     for spec in specs:

@@ -86,6 +86,12 @@ def test_the_service_error_texts_are_the_interfaces():
         ("https://api.example.com:8443/v2/", "https://api.example.com:8443/v2"),
         ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
         ("http://[::1]:9000/x", "http://[::1]:9000/x"),
+        # a path's parameter carrying a credential, masked as every message masks it; others kept
+        ("https://api.example.com/v1;token=s3cr3t-path-token/", "https://api.example.com/v1;token=***"),
+        (
+            "https://api.example.com/v1;v=2;jsessionid=AB12CD34EF/x;key=k3y-k3y-k3y",
+            "https://api.example.com/v1;v=2;jsessionid=***/x;key=***",
+        ),
     ],
 )
 def test_a_service_has_one_name_without_credentials_query_or_default_port(url, name):

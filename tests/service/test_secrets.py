@@ -228,6 +228,9 @@ def test_the_error_body_is_redacted_before_it_is_cut():
         ("https://storage.googleapis.com/b/in.csv?X-Goog-Signature=f00dfeedf00dfeed", ["f00dfeedf00dfeed"]),
         ("https://data.example/in.csv?token=tok-123456789&download=1", ["tok-123456789"]),
         ("redis://:redispassword@127.0.0.1:6379/0", ["redispassword"]),
+        # a path's parameters, each to its segment's end, whatever comes before them
+        ("https://api.example.com/v1;jsessionid=ABCDEF123456/summarize", ["ABCDEF123456"]),
+        ("https://api.example.com/v1;v=2/x;token=pathtoken99?a=1;sig=querysig99&b=2", ["pathtoken99", "querysig99"]),
     ],
 )
 def test_redact_location_takes_credentials_out(location, secrets):
@@ -378,3 +381,42 @@ def test_a_key_that_looks_like_the_marker_is_not_completed_by_it(key):
     for text in (f"a{key}b", f"{key[:9]} {key}", f"{key}{key[3:]}", json.dumps({"m": key})):
         redacted = redact(text, [key])
         assert not leaks(key, redacted, json.dumps(redacted), repr(redacted)), redacted
+
+
+def test_a_base_url_masks_its_credentials_in_the_services_name_and_every_message_and_refuses_a_user(
+    tmp_path, capsys, monkeypatch
+):
+    """Issue 52, 11: a base URL's path parameter that carries a credential (``/v1;token=...``) is
+    masked in the service's name the budget keeps (``limits``, ``top``), and in the message of a service
+    that cannot be reached; a user or password in it (which the HTTP client would send instead of the
+    key) is a one-line error, before anything is sent."""
+    from batchsum.options import RunSpec
+    from batchsum.pacing.budget import open_budget
+    from tests.conftest import KEY
+
+    monkeypatch.setenv("BATCHSUM_API_KEY", KEY)
+    url = "http://127.0.0.1:9/v1;token=pathsecret123;v=2"
+    spec = RunSpec.from_kwargs(base_url=url, progress=False)
+    assert spec.client.service == "http://127.0.0.1:9/v1;token=***;v=2"
+
+    async def remember() -> None:  # what a run keeps of the key at its service: the limit it found
+        budget = open_budget("machine", batchsum.Client(KEY, url).identity)
+        await budget.remember(
+            spec.client.key_hash, spec.client.service, {"limit": json.dumps({"rpm": 600, "how": "found"})}
+        )
+        await budget.aclose()
+
+    asyncio.run(remember())
+    assert main(["limits", "--service", url]) == 0  # the name kept, as ``limits`` and ``top`` show it
+    shown = capsys.readouterr().out
+    assert "pathsecret123" not in shown and shown.startswith("http://127.0.0.1:9/v1;token=***;v=2  600/min")
+    monkeypatch.setenv("BATCHSUM_BASE_URL", url + "?sig=querysecret456")
+    assert main(["text", "--max-retries", "0", article(20)]) != 0
+    said = capsys.readouterr()
+    assert "cannot reach the service at http://127.0.0.1:9/v1;token=***;v=2?sig=***" in said.err, said.err
+    assert "pathsecret123" not in said.out + said.err and "querysecret456" not in said.out + said.err
+    monkeypatch.setenv("BATCHSUM_BASE_URL", "http://analyst:userpass789@127.0.0.1:9/v1")
+    assert main(["text", article(20)]) == 2
+    said = capsys.readouterr()
+    assert "a user or password in it would be sent instead of the API key" in said.err
+    assert "userpass789" not in said.out + said.err and len(said.err.strip().splitlines()) == 1
