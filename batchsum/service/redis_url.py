@@ -10,7 +10,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from .errors import InvalidParameterError, location_secrets, redact, redact_location
 
-__all__ = ["redis_url", "split_prefix", "REDIS_FORM"]
+__all__ = ["redis_url", "split_prefix", "client_problem", "REDIS_FORM"]
 
 REDIS_FORM = "redis://[:PASSWORD@]HOST:PORT/DB[?prefix=NAME]"
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -33,6 +33,30 @@ def split_prefix(url: str, error: type[Exception] = InvalidParameterError) -> tu
     return head + (mark + rest if rest else ""), names[0] + ":"  # the rest as written (unix:///PATH stays whole)
 
 
+def client_problem(url: str) -> str | None:
+    """What is wrong with ``url`` (without its prefix: the client knows none) for the Redis client,
+    or None when it reads it (or the client is not installed: said where a budget or store opens)."""
+    try:
+        urlsplit(url).port  # noqa: B018 - reading the port is the check
+    except ValueError:  # a port that is not a number, or out of range (its words may hold a piece of a password)
+        return "its port is not a number from 0 to 65535 (a password with '/', '?', '#' or '@' is percent-encoded)"
+    try:
+        import redis
+    except ImportError:
+        return None
+    try:
+        redis.ConnectionPool.from_url(url).make_connection()  # made, not connected: its options read
+    except (TypeError, ValueError, redis.exceptions.RedisError) as exc:
+        unknown = _UNKNOWN.search(str(exc))
+        why = (
+            f"the Redis client knows no option {unknown.group(1)!r}"
+            if unknown
+            else str(exc).splitlines()[0].rstrip(".")
+        )
+        return redact(why, location_secrets(url))
+    return None
+
+
 def redis_url(url: str, source: str, error: type[Exception] = InvalidParameterError) -> str:
     """A Redis URL as the redis client reads it: its scheme in lower case, its port a number, its prefix
     a name, its other query options ones the client knows; else ``error`` naming ``source`` in one line,
@@ -42,23 +66,11 @@ def redis_url(url: str, source: str, error: type[Exception] = InvalidParameterEr
     shown = redact_location(url)
     try:
         urlsplit(url).port  # noqa: B018 - reading the port is the check
-    except ValueError:  # a port that is not a number, or out of range (its words may hold a piece of a password)
-        why = "its port is not a number from 0 to 65535 (a password with '/', '?', '#' or '@' is percent-encoded)"
+    except ValueError:
+        why = client_problem(url)
         raise error(f"invalid {source} {shown!r}: {why}; use {REDIS_FORM}") from None
     bare, _ = split_prefix(url, error)
-    try:
-        import redis
-    except ImportError:  # said where the budget or the store opens, with the extra to install
-        return url
-    try:
-        redis.ConnectionPool.from_url(bare).make_connection()  # made, not connected: its options read
-    except (TypeError, ValueError, redis.exceptions.RedisError) as exc:
-        unknown = _UNKNOWN.search(str(exc))
-        why = (
-            f"the Redis client knows no option {unknown.group(1)!r}"
-            if unknown
-            else str(exc).splitlines()[0].rstrip(".")
-        )
-        why = redact(why, location_secrets(url))
-        raise error(f"invalid {source} {shown!r}: {why}; use {REDIS_FORM}") from None
+    why = client_problem(bare)
+    if why is not None:
+        raise error(f"invalid {source} {shown!r}: {why}; use {REDIS_FORM}")
     return url
