@@ -449,7 +449,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def as_flags(message: str) -> str:
-    """An option's error as the command line says it: ``invalid share ...`` as ``invalid --share ...``."""
+    """An option's error as the command line says it: ``invalid share ...`` as ``invalid --share ...``
+    (one that says where its value came from, as a location's does from every door, as it is)."""
     name, _, rest = message.removeprefix("invalid ").partition(" ")
     flags = {option.name: option.flag for option in OPTIONS}
-    return f"invalid {flags[name]} {rest}" if message.startswith("invalid ") and name in flags else message
+    said_where = f"({flags.get(name)}, " in message or " ($BATCHSUM_" in message  # a location's line: as it is
+    if not message.startswith("invalid ") or name not in flags or said_where:
+        return message
+    return f"invalid {flags[name]} {rest}"

@@ -20,12 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..service import contract
-from ..service.errors import redact_location
 from ..service.keys import ENV_API_KEYS, KeyPlan, Quota, parse_quota, resolve_keys
+from ..service.location import BUDGET, STORE, Location
 from ..service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from ..service.settings import *  # noqa: F403  (every check and setting this module had, as the same objects)
 from ..service.settings import (
-    DEFAULT_BUDGET,
     DEFAULT_BUDGET_WAIT,
     DEFAULT_DRAIN_SECONDS,
     DEFAULT_MAX_WAIT,
@@ -92,6 +91,7 @@ __all__ = [
     "client_settings",
     "document_options",
     "budget_spec",
+    "Location",
 ]
 
 
@@ -314,9 +314,9 @@ class RunSpec:
     auto: bool = False  # rpm="auto" / "auto:N": the limit is found, stated or remembered (pacing.limit)
     concurrency: int | None = None
     limiter: Any = None
-    budget: Any = DEFAULT_BUDGET  # a spec string, or a budget.Budget object (in-process only)
+    budget: Any = Location.machine(BUDGET)  # a Location, or a budget.Budget object (in-process only)
     journal: str | None = None
-    store: str = DEFAULT_BUDGET  # the answer store: machine, none, sqlite:///PATH or a Redis URL (store_spec)
+    store: Location = Location.machine(STORE)  # the answer store (store_spec)
     refresh: bool = False
     store_scope: str = "service"
     progress: bool = True
@@ -390,6 +390,7 @@ class RunSpec:
             environ=env,
         )
         rate, auto = resolve_rate(rpm, env, local=local)
+        place = budget_spec(budget, env)
         check_limiter(limiter)
         check_name("output_column", output_column)
         check_flag("progress", progress)
@@ -400,9 +401,9 @@ class RunSpec:
             auto=auto,
             concurrency=check_whole("concurrency", concurrency, allow_none=True),
             limiter=limiter,
-            budget=budget_spec(budget, env),
+            budget=place,
             journal=None if journal is None else check_path("journal", journal),
-            store=store_spec(store, budget_spec(budget, env), env),
+            store=store_spec(store, place, env),
             refresh=check_flag("refresh", refresh),
             store_scope=check_choice("store_scope", store_scope, STORE_SCOPES),
             progress=progress,
@@ -468,9 +469,9 @@ def describe_spec(spec: RunSpec) -> dict[str, Any]:
         **spec.client.describe(),  # base_url (redacted), local, timeout, max_retries, encoding
         "rpm": describe_rate(spec.rpm, spec.auto),
         "concurrency": spec.concurrency,
-        "budget": redact_location(spec.budget) if isinstance(spec.budget, str) else repr(spec.budget),
+        "budget": spec.budget.shown if isinstance(spec.budget, Location) else repr(spec.budget),
         "journal": spec.journal,
-        "store": redact_location(spec.store),
+        "store": spec.store.shown,
         "refresh": spec.refresh,
         "store_scope": spec.store_scope,
         "max_wait": spec.max_wait,
