@@ -14,7 +14,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from . import contract
@@ -48,7 +48,7 @@ __all__ = [
     "client_settings",
     "budget_spec",
     "store_spec",
-    "resolve_rate",
+    "Rate",
     "check_key",
     "check_base_url",
     "check_rate",
@@ -193,15 +193,25 @@ AUTO = "auto"
 AUTO_MAX_RPM = 1_000_000.0  # the cap of a plain "auto": what no plan is (the header parser's bound too)
 
 
-def check_rate(rpm: object, name: str = "rpm", *, text: bool = False) -> tuple[float, bool]:
-    """``rpm`` as (requests a minute, auto): a number >= 0, or ``"auto"`` / ``"auto:N"`` (find the
-    limit, at most N a minute). ``text``: a number may come as text (the command line, the
-    environment); from Python it must be a number. ``InvalidParameterError`` naming ``name`` for
-    anything else."""
+class Rate(NamedTuple):
+    """A rate as checked (``check_rate``): requests a minute (under ``auto``, the cap), and whether the
+    limit is found (``auto``: stated, remembered or searched)."""
+
+    rpm: float
+    auto: bool
+
+
+def check_rate(rpm: object, name: str = "rpm", *, text: bool = False) -> Rate:
+    """``rpm`` as a ``Rate``: a number >= 0, or ``"auto"`` / ``"auto:N"`` (find the limit, at most N a
+    minute); a ``Rate`` as it is (checked already). ``text``: a number may come as text (the command
+    line, the environment, a key file); from Python it must be a number. ``InvalidParameterError``
+    naming ``name`` for anything else. The one check of a rate, wherever it enters."""
+    if isinstance(rpm, Rate):
+        return rpm
     if isinstance(rpm, str):
         spelled = rpm.strip().lower()
         if spelled == AUTO:
-            return AUTO_MAX_RPM, True
+            return Rate(AUTO_MAX_RPM, True)
         if spelled.startswith(AUTO + ":"):
             try:
                 cap = float(spelled[len(AUTO) + 1 :])
@@ -211,7 +221,7 @@ def check_rate(rpm: object, name: str = "rpm", *, text: bool = False) -> tuple[f
                 raise InvalidParameterError(
                     f"invalid {name} {rpm!r}: use auto:N with N from 1 to {AUTO_MAX_RPM:,.0f} requests a minute"
                 )
-            return cap, True
+            return Rate(cap, True)
         if not text:
             raise InvalidParameterError(
                 f"invalid {name} {rpm!r}: use a number of requests per minute, 'auto' or 'auto:N'"
@@ -223,8 +233,8 @@ def check_rate(rpm: object, name: str = "rpm", *, text: bool = False) -> tuple[f
                 f"invalid {name} {rpm!r}: use a finite number of requests per minute >= 0 (0 = no pacing), auto, "
                 "or auto:N"
             ) from None
-        return check_rpm(number, name), False
-    return check_rpm(rpm, name), False
+        return Rate(check_rpm(number, name), False)
+    return Rate(check_rpm(rpm, name), False)
 
 
 def describe_rate(rpm: float, auto: bool) -> str | float:
@@ -393,25 +403,6 @@ def client_settings(
         raise ConfigurationError(f"invalid base URL {base_url!r}: use https://host[:port]")
     url = check_base_url(base_url or env.get(ENV_BASE_URL) or contract.DEFAULT_BASE_URL)
     return ClientSettings(Secret(key), url, False, seconds, max_retries, encoding)
-
-
-def resolve_rate(rpm: object, environ: Mapping[str, str] | None = None, *, local: bool = False) -> tuple[float, bool]:
-    """A run's rate as (requests a minute, auto), checked: ``rpm``, or for None ``$BATCHSUM_RPM``,
-    else ``DEFAULT_RPM``; with the local service, no pacing unless ``rpm`` is a number."""
-    if rpm is None:
-        rpm = 0.0 if local else _rpm_from(environment(environ))
-    rate, auto = check_rate(rpm)
-    if local and auto:  # the local service has no limit to find: no pacing, as with no rpm
-        rate, auto = 0.0, False
-    return rate, auto
-
-
-def _rpm_from(env: Mapping[str, str]) -> float | str:
-    raw = env.get(ENV_RPM, "").strip()
-    if not raw:
-        return DEFAULT_RPM
-    rate, auto = check_rate(raw, f"${ENV_RPM}", text=True)
-    return raw if auto else rate
 
 
 def budget_spec(budget: Any, environ: Mapping[str, str] | None = None) -> Any:
