@@ -124,7 +124,7 @@ async def summarize_stream(
     ``RowBlock`` items of rows read together. ``params`` (``contract.Params``) and ``options``
     (``RunOptions``) say what to ask and how to run; for short calls their fields may be given as
     keywords instead (``mode``, ``percentage``, ``type``; ``rpm``, ``concurrency``, ``limiter``,
-    ``window``, ``drain_seconds``). ``store`` keeps finished answers (default: in memory for this
+    ``budget``, ``window``, ``drain_seconds``, ...: ``RunOptions.of`` checks them). ``store`` keeps finished answers (default: in memory for this
     call); ``stats`` is updated live and ``on_result`` called as each row's result arrives (results
     are yielded in order; counts are not held back). ``lanes``: several keys (``keys.KeyLane``), the
     requests spread over them (``client`` and ``pacer`` then unused). Raises ``InvalidParameterError`` for bad
@@ -183,7 +183,7 @@ async def stream_results(
         raise TypeError("pass either params or mode/percentage/type, not both")
     if options is None:
         try:
-            options = RunOptions(**settings)
+            options = RunOptions.of(**settings)
         except TypeError as exc:
             raise TypeError(f"summarize_stream: {exc}") from None
     elif settings:
