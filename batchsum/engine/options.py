@@ -14,6 +14,7 @@ from ..pacing.budget import Budget, Share
 from ..pacing.presence import Presence
 from ..service.errors import InvalidParameterError
 from ..service.settings import (
+    DEFAULT_BUDGET_WAIT,
     DEFAULT_DRAIN_SECONDS,
     DEFAULT_MAX_WAIT,
     DEFAULT_WINDOW,
@@ -45,6 +46,7 @@ class RunOptions:
     None: a private one for this batch). ``window``: rows held between reading and yielding.
     ``drain_seconds``: how long a stop waits for answers on the wire. ``max_wait``: how long a
     request may wait out the service's 429s (each costs no attempt) before its row fails.
+    ``budget_wait``: how long the batch waits for a budget it cannot reach mid-run before it stops.
     ``window_bytes``: the input bytes those rows stand for (``RowBlock.nbytes``, else their texts'):
     reading waits while either bound is reached, so a row held back by a long retry keeps neither the
     reading nor the memory going. ``long_texts``: what a text over the word limit gets: "skip",
@@ -67,6 +69,7 @@ class RunOptions:
     window_bytes: int = DEFAULT_WINDOW_BYTES
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
     max_wait: float = DEFAULT_MAX_WAIT
+    budget_wait: float = DEFAULT_BUDGET_WAIT
     long_texts: str = SKIP
     max_requests: int | None = None
     sample_rows: frozenset[int] | None = None
@@ -79,7 +82,7 @@ class RunOptions:
 
     @classmethod
     def of(cls, **settings: Any) -> RunOptions:
-        """The engine's own keywords (``summarize_stream(..., rpm=600, concurrency=8)``) checked, each
+        """The engine's own keywords (``summarize_stream(..., rpm=600, budget_wait=30)``) checked, each
         by its setting's one check (``service.settings``), where they enter; a batch is paced only when
         ``rpm`` says (0 by default). ``InvalidParameterError`` naming a bad one."""
         if "rpm" in settings:  # a number, auto or auto:N, as the option takes it
@@ -92,6 +95,7 @@ class RunOptions:
             "window_bytes": lambda v: check_whole("window_bytes", v),
             "drain_seconds": lambda v: check_seconds("drain_seconds", v, zero=True),
             "max_wait": lambda v: check_seconds("max_wait", v, zero=True),
+            "budget_wait": lambda v: check_seconds("budget_wait", v, zero=True),
             "long_texts": lambda v: check_choice("long_texts", v, LONG_TEXT_POLICIES),
             "limiter": check_limiter,
             "budget": _budget,

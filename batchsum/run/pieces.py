@@ -182,6 +182,7 @@ def _run_options(spec: RunSpec, budget: Budget, record: KeyRecord, sample: Any) 
         window_bytes=spec.window_bytes,
         drain_seconds=spec.drain_seconds,
         max_wait=spec.max_wait,
+        budget_wait=spec.budget_wait,
         long_texts=spec.long_texts,
         max_requests=spec.max_requests,
         sample_rows=sample,
