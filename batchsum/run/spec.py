@@ -125,7 +125,7 @@ def _number(value: Any, kind: Callable[[str], Any], text: bool) -> Any:
 
 
 def _count(value: Any, name: str, *, text: bool = False) -> int | None:
-    return check_whole(name, _number(value, int, text), allow_none=True)
+    return check_whole(name, _number(value, int, text), allow_none=not text)  # a flag is never None
 
 
 def _wait(value: Any, name: str, *, text: bool = False) -> float:
