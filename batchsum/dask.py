@@ -37,6 +37,7 @@ from .run.interrupts import on_interrupt
 from .run.run import Workers, prepare_shared
 from .run.spec import RunSpec
 from .service.errors import BudgetError, InvalidParameterError, JobStopped
+from .service.location import Location
 
 __all__ = ["DaskDataFrameAccessor", "DaskSeriesAccessor"]
 
@@ -134,7 +135,7 @@ class _Accessor:
                 "invalid limiter on Dask: an object in this process cannot travel to the workers; "
                 "the key's budget paces them all (budget='machine' or 'redis://...')"
             )
-        if not isinstance(spec.budget, str):
+        if not isinstance(spec.budget, Location):
             raise BudgetError(
                 f"invalid budget {spec.budget!r}: on Dask, pass a string: 'machine', 'redis://HOST:PORT/DB'"
             )

@@ -332,7 +332,7 @@ def register(
                 f"invalid {option} on DuckDB: the function sees rows a chunk at a time, so it cannot hold a query's "
                 f"{option}; use the CLI or pandas for a capped or sampled run"
             )
-    if spec.store == "none":  # DuckDB's threads share the run: its answers need claims, on disk as Polars'
+    if spec.store.none:  # DuckDB's threads share the run: its answers need claims, on disk as Polars'
         spec = spec.replace(store=scratch_store())
     registration = Registration(spec, name, con)
     _hear_interrupts()

@@ -47,6 +47,7 @@ from .run.run import run_texts
 from .run.spec import RunSpec
 from .service.errors import ConfigurationError, InputError, redact_location
 from .service.keys import ENV_API_KEYS, KeyPlan, resolve_keys
+from .service.location import Location
 from .service.settings import ENV_API_KEY, Secret, environment
 
 __all__ = ["DataFrameNamespace", "LazyFrameNamespace", "SeriesNamespace", "last_run", "LAZY_BATCH_ROWS"]
@@ -74,7 +75,7 @@ def last_run() -> dict[str, Any] | None:
 
 # A lazy plan's secrets by token, kept in the process that made the plan (and the token by secrets,
 # so that a process making many plans with one key keeps it once).
-_Secrets = tuple[Secret | None, str, Any, str, tuple[KeyPlan, ...]]
+_Secrets = tuple[Secret | None, str, Any, Location, tuple[KeyPlan, ...]]
 _kept: dict[str, _Secrets] = {}
 _tokens: dict[_Secrets, str] = {}
 _kept_lock = threading.Lock()
@@ -95,9 +96,9 @@ def _keep(spec: RunSpec) -> tuple[RunSpec, str]:
             _kept[token] = secrets
             with contextlib.suppress(TypeError):
                 _tokens[secrets] = token
-    budget = redact_location(spec.budget) if isinstance(spec.budget, str) else spec.budget
+    budget = spec.budget.without_secrets() if isinstance(spec.budget, Location) else spec.budget
     client = dataclasses.replace(spec.client, api_key=None, base_url=redact_location(spec.client.base_url))
-    return spec.replace(client=client, budget=budget, store=redact_location(spec.store), keys=()), token
+    return spec.replace(client=client, budget=budget, store=spec.store.without_secrets(), keys=()), token
 
 
 def _kept_spec(bare: RunSpec, token: str) -> RunSpec:
@@ -113,7 +114,7 @@ def _kept_spec(bare: RunSpec, token: str) -> RunSpec:
         return bare.replace(client=client, budget=budget, store=store, keys=keys)
     elsewhere = "this lazy plan was made in another process, which kept its"
     for name, value in (("base URL", bare.client.base_url), ("budget", bare.budget), ("store", bare.store)):
-        if isinstance(value, str) and "***" in value:
+        if (isinstance(value, str) and "***" in value) or (isinstance(value, Location) and value.withheld):
             raise ConfigurationError(f"{elsewhere} {name}'s credentials: collect it in the process that made it")
     if bare.client.local:
         return bare
@@ -227,7 +228,7 @@ class LazyFrameNamespace(ColumnSummarize[pl.LazyFrame]):
         if not isinstance(column, str):
             raise InputError(f"no column {column!r} in the LazyFrame: Polars columns are named by text")
         text_column: str = column
-        if spec.store == "none":  # answers on disk, with claims, not in memory: it may be larger than memory
+        if spec.store.none:  # answers on disk, with claims, not in memory: it may be larger than memory
             spec = spec.replace(store=scratch_store())
         out_schema: dict[str, Any] = {**dict(schema), **dict(zip(result_columns(spec.output_column), _RESULT_TYPES))}
         frames = _Frames(text_column, spec.output_column)

@@ -54,6 +54,7 @@ from .run.run import Workers, prepare_shared
 from .run.spec import RunSpec, document_options
 from .service import contract
 from .service.errors import BudgetError, InputError, InvalidParameterError, JobStopped
+from .service.location import Location
 from .service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .service.settings import DEFAULT_BUDGET_WAIT, DEFAULT_MAX_WAIT
 
@@ -215,7 +216,7 @@ def summarize(
                 f"{option} beforehand; use the CLI or pandas for a capped or sampled run"
             )
             raise InvalidParameterError(f"invalid {option} on Ray: {why}")
-    if not isinstance(spec.budget, str):
+    if not isinstance(spec.budget, Location):
         raise BudgetError(f"invalid budget {spec.budget!r}: on Ray, pass a string: 'machine', 'redis://HOST:PORT/DB'")
     for name, value in (("workers", workers), ("batch_rows", batch_rows)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -47,6 +47,7 @@ from .run.run import Workers, prepare_shared, run_texts
 from .run.spec import RunSpec, document_options
 from .service import contract
 from .service.errors import BudgetError, ConfigurationError, InputError, InvalidParameterError
+from .service.location import Location
 from .service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .service.settings import DEFAULT_BUDGET_WAIT, DEFAULT_MAX_WAIT
 
@@ -69,7 +70,7 @@ def _worker_spec(spec: RunSpec, spark: SparkSession) -> RunSpec:
             "invalid limiter on Spark: an object in this process cannot travel to the executors; "
             "the key's budget paces them all (budget='machine' or 'redis://...')"
         )
-    if not isinstance(spec.budget, str):
+    if not isinstance(spec.budget, Location):
         raise BudgetError(f"invalid budget {spec.budget!r}: on Spark, pass a string: 'machine', 'redis://HOST:PORT/DB'")
     _check_executors(spark)
     spec = prepare_shared(spec, _workers(spark))

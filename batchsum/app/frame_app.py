@@ -16,12 +16,12 @@ from ..data.results import check_columns, join_results
 from ..engine.tally import BatchStats
 from ..run.background import BackgroundRun
 from ..run.run import Run
-from ..run.spec import RunSpec, document_options
+from ..run.spec import RunSpec, check_option, document_options
 from ..run.top import key_company
 from ..service import contract
 from ..service.errors import BatchsumError
 from ..service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from ..service.settings import DEFAULT_BUDGET_WAIT, DEFAULT_MAX_WAIT, check_rate, describe_rate
+from ..service.settings import DEFAULT_BUDGET_WAIT, DEFAULT_MAX_WAIT, Rate, describe_rate
 from .controls import STYLE, App, field, grid
 from .run_view import RunView
 
@@ -205,7 +205,8 @@ def _text_columns(frame: pd.DataFrame) -> list[Any]:
     return [column for *_, column in sorted(scored)]
 
 
-def _rate_field(value: str) -> float | str:
-    """The "Per minute" field as the run takes it: a number, or ``auto`` / ``auto:N`` as typed."""
-    rate, auto = check_rate(value, "rpm", text=True)
-    return value.strip() if auto else rate
+def _rate_field(value: str) -> Rate:
+    """The "Per minute" field as the run takes it: a number, or ``auto`` / ``auto:N`` as typed, checked
+    by the option's one check."""
+    rate: Rate = check_option("rpm", value, text=True)
+    return rate

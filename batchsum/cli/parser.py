@@ -7,11 +7,11 @@ import argparse
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from ..run.spec import OPTIONS, STORE_SCOPES
+from ..run.spec import OPTIONS, STORE_SCOPES, Option
 from ..service import contract
 from ..service.errors import InvalidParameterError
-from ..service.keys import ENV_API_KEYS, parse_quota
-from ..service.settings import ENCODINGS, ENV_API_KEY, LONG_TEXT_POLICIES, check_rate
+from ..service.keys import ENV_API_KEYS
+from ..service.settings import ENCODINGS, ENV_API_KEY, LONG_TEXT_POLICIES
 from ..service.version import __version__
 from .console import EXIT_USAGE, say
 
@@ -43,23 +43,17 @@ def _number(minimum: float, *, whole: bool = False, above: bool = False) -> Any:
     return parse
 
 
-def _rate(text: str) -> float | str:
-    """``--rpm``: a number of requests a minute, ``auto`` or ``auto:N``."""
-    try:
-        rpm, auto = check_rate(text, text=True)
-    except InvalidParameterError as exc:
-        raise argparse.ArgumentTypeError("invalid " + str(exc).removeprefix("invalid rpm ")) from None
-    return text.strip().lower() if auto else rpm
+def _checked(option: Option) -> Any:
+    """An argparse type: the flag's text checked by its option's one check (``OPTIONS``), so that a bad
+    value is a usage error."""
 
+    def parse(text: str) -> Any:
+        try:
+            return option.check(text, option.name, text=True)  # type: ignore[misc]
+        except InvalidParameterError as exc:
+            raise argparse.ArgumentTypeError("invalid " + str(exc).removeprefix(f"invalid {option.name} ")) from None
 
-def _share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be above 0 and at most 1 (e.g. 0.8)")
-    return value
+    return parse
 
 
 _AGE_UNITS = {"m": 1 / 1440, "h": 1 / 24, "d": 1.0, "w": 7.0}
@@ -100,18 +94,10 @@ def _size(text: str) -> int:
     return int(value)
 
 
-def _quota(text: str) -> str:
-    """``--quota``: N/hour, N/day or N/month."""
-    try:
-        parse_quota(text)
-    except InvalidParameterError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("invalid quota ")) from None
-    return text
-
-
 _MODES = [str(int(m)) for m in contract.Mode] + [m.name.lower() for m in contract.Mode]
 
-# How each option is typed on the command line; its name, default and help come from ``OPTIONS``.
+# How each option is typed on the command line; its name, default, help and check come from ``OPTIONS``
+# (a flag whose option has a check and no type here is read by it: ``_checked``).
 _FLAGS: dict[str, dict[str, Any]] = {
     "mode": {"choices": _MODES, "type": str.lower},
     "percentage": {
@@ -126,22 +112,22 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "timeout": {"type": _number(0, above=True), "metavar": "SECONDS"},
     "max_retries": {"type": _number(0, whole=True), "metavar": "N"},
     "encoding": {"choices": ENCODINGS},
-    "rpm": {"type": _rate, "metavar": "N|auto[:N]"},
-    "concurrency": {"type": _number(1, whole=True), "metavar": "N"},
+    "rpm": {"metavar": "N|auto[:N]"},
+    "concurrency": {"metavar": "N"},
     "budget": {"metavar": "WHERE"},
     "journal": {"metavar": "PATH"},
     "store": {"metavar": "WHERE"},
     "refresh": {"action": "store_true"},
-    "max_wait": {"type": _number(0), "metavar": "SECONDS"},
-    "budget_wait": {"type": _number(0), "metavar": "SECONDS"},
+    "max_wait": {"metavar": "SECONDS"},
+    "budget_wait": {"metavar": "SECONDS"},
     "long_texts": {"choices": LONG_TEXT_POLICIES, "type": str.lower},
     "store_scope": {"choices": STORE_SCOPES, "type": str.lower},
-    "max_requests": {"type": _number(1, whole=True), "metavar": "N"},
-    "sample": {"type": _number(1, whole=True), "metavar": "N"},
-    "share": {"type": _share, "metavar": "F"},
+    "max_requests": {"metavar": "N"},
+    "sample": {"metavar": "N"},
+    "share": {"metavar": "F"},
     "report": {"metavar": "PATH"},
     "keys": {"metavar": "FILE"},
-    "quota": {"type": _quota, "metavar": "N/PERIOD"},
+    "quota": {"metavar": "N/PERIOD"},
 }
 _REQUEST = ("mode", "percentage", "type", "base_url", "local", "timeout", "max_retries", "encoding")
 # Options the CLI takes otherwise (options.EXCEPTIONS says why): the key from the environment only,
@@ -156,6 +142,8 @@ def _add_options(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
         if option.name not in names or option.name in _NOT_FLAGS:
             continue
         kwargs = dict(_FLAGS.get(option.name, {}))
+        if option.check is not None and "type" not in kwargs and "action" not in kwargs:
+            kwargs["type"] = _checked(option)
         default = option.default
         if kwargs.get("action") == "store_true":
             parser.add_argument(option.flag, action="store_true", help=option.help)
@@ -449,7 +437,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def as_flags(message: str) -> str:
-    """An option's error as the command line says it: ``invalid share ...`` as ``invalid --share ...``."""
+    """An option's error as the command line says it: ``invalid share ...`` as ``invalid --share ...``
+    (one that says where its value came from, as a location's does from every door, as it is)."""
     name, _, rest = message.removeprefix("invalid ").partition(" ")
     flags = {option.name: option.flag for option in OPTIONS}
-    return f"invalid {flags[name]} {rest}" if message.startswith("invalid ") and name in flags else message
+    said_where = f"({flags.get(name)}, " in message or " ($BATCHSUM_" in message  # a location's line: as it is
+    if not message.startswith("invalid ") or name not in flags or said_where:
+        return message
+    return f"invalid {flags[name]} {rest}"

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..service import contract
 from ..service.errors import InputError, redact_location
+from ..service.location import Location
 from ..service.settings import ENV_API_KEY
 from .console import EXIT_OK, EXIT_USAGE, Stop
 
@@ -150,12 +151,11 @@ def journal_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _open_upkeep(where: str) -> Any:
+def _open_upkeep(where: Location) -> Any:
     """The upkeep of the store ``where`` names, or None when it is a machine's not made yet."""
     from ..data.scopes import store_path
-    from ..service.settings import store_kind
 
-    if store_kind(where) == "redis":
+    if where.redis:
         from ..data.redis_store import RedisUpkeep
 
         return RedisUpkeep(where)
@@ -180,7 +180,7 @@ def store_command(args: argparse.Namespace) -> int:
     from ..service.settings import budget_spec, check_base_url, store_spec
 
     where = store_spec(args.store, budget_spec(None))
-    if where == "none":
+    if where.none:
         print("the store 'none' keeps nothing: answers stay in each output's journal")
         return EXIT_OK
     choice = args.older_than is not None or args.service is not None or args.all

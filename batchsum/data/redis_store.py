@@ -16,7 +16,7 @@ import time
 from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
-from ..service.redis_url import split_prefix
+from ..service.location import STORE, Location
 from .leases import CLAIM_SECONDS, claim_owner, holder_is_gone
 from .results import OK, Answer
 from .stores import LOOKUP_CHUNK, REFUSAL_SECONDS, StoreError
@@ -134,10 +134,11 @@ class RedisStore:
     claims = True
     writable = True
 
-    def __init__(self, url: str, service: str, *, job: str | None = None, scope: str = "") -> None:
+    def __init__(self, url: Location | str, service: str, *, job: str | None = None, scope: str = "") -> None:
         from ..service.errors import redact_location
 
-        url, self.prefix = split_prefix(url, StoreError)
+        place = Location.of(url, STORE)
+        url, self.prefix = place.url, place.prefix
         self.where = f"Redis ({redact_location(url)}{f', prefix {self.prefix[:-1]}' if self.prefix else ''})"
         self.job = job
         self.scope = scope
@@ -389,10 +390,11 @@ class RedisUpkeep:
     or service, the retention set (new answers are kept that long; Redis' own memory policy is its
     size cap)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: Location | str) -> None:
         from ..service.errors import redact_location
 
-        url, self._prefix = split_prefix(url, StoreError)
+        place = Location.of(url, STORE)
+        url, self._prefix = place.url, place.prefix
         self.where = f"Redis ({redact_location(url)})"
         self._redis = _connect(url)
         self._config = self._prefix + PREFIX + "config"

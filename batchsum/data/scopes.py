@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..service import contract
-from ..service.settings import store_kind
+from ..service.location import STORE, Location
 from .results import OK, Answer
 from .store_link import RETRY_FIRST, RETRY_MOST, StoreLink
 from .stores import AnswerStore, StoreError
@@ -28,7 +28,9 @@ __all__ = ["Scopes", "AsyncScopes", "Trust", "Proof", "open_store", "look_at_sto
 log = logging.getLogger("batchsum")
 
 
-def open_store(where: str, service: str, identity: str | None = None, job: str | None = None, scope: str = "") -> Any:
+def open_store(
+    where: Location | str, service: str, identity: str | None = None, job: str | None = None, scope: str = ""
+) -> Any:
     """The answer store ``where`` names (``service.settings.store_spec``) for ``service``'s answers in
     ``scope`` (``""``: every key's; a key's hash: that key's alone): ``machine`` (the user's cache
     folder), ``sqlite:///PATH``, a Redis URL (the cluster's; ``?prefix=NAME`` puts its keys under
@@ -36,13 +38,13 @@ def open_store(where: str, service: str, identity: str | None = None, job: str |
     ``none``. ``job``: a job whose only scope the store is (a shared run with no journal): its
     refusals are kept there too, for itself and for a day. A machine's store this user cannot write
     is opened to read (``writable`` False). ``StoreError`` when it cannot be opened."""
-    kind = store_kind(where)
-    if kind == "none":
+    place = Location.of(where, STORE)
+    if place.none:
         return None
-    if kind == "redis":
+    if place.redis:
         from .redis_store import RedisStore, take_in_old
 
-        cluster = RedisStore(where, service, job=job, scope=scope)
+        cluster = RedisStore(place, service, job=job, scope=scope)
         try:
             if identity is not None:
                 take_in_old(cluster, identity)
@@ -53,7 +55,7 @@ def open_store(where: str, service: str, identity: str | None = None, job: str |
     from .machine_store import MachineStore
     from .store_upkeep import keep_up
 
-    path = store_path(where)
+    path = store_path(place)
     store = MachineStore(path, service, job=job, scope=scope)
     if not store.writable:
         return store
@@ -65,26 +67,26 @@ def open_store(where: str, service: str, identity: str | None = None, job: str |
     return store
 
 
-def store_path(where: str) -> Path:
+def store_path(where: Location | str) -> Path:
     """The file of a machine's store ``where`` names (``machine``, ``sqlite:///PATH``)."""
-    from .machine_store import default_store_path
+    path = Location.of(where, STORE).file
+    assert path is not None, "a store on disk"
+    return path
 
-    return default_store_path() if where == "machine" else Path(where[len("sqlite://") :])
 
-
-def look_at_store(where: str, service: str, scope: str = "") -> Any:
+def look_at_store(where: Location | str, service: str, scope: str = "") -> Any:
     """The answer store ``where`` names, to look only (a dry run): nothing is made or written; None
     when it is ``none`` or not made yet. ``StoreError`` when it cannot be read."""
-    kind = store_kind(where)
-    if kind == "none":
+    place = Location.of(where, STORE)
+    if place.none:
         return None
-    if kind == "redis":
+    if place.redis:
         from .redis_store import RedisStore
 
-        return RedisStore(where, service, scope=scope)
+        return RedisStore(place, service, scope=scope)
     from .machine_store import MachineStore
 
-    path = store_path(where)
+    path = store_path(place)
     return MachineStore(path, service, readonly=True, scope=scope) if path.exists() else None
 
 

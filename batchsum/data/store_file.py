@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
+from ..service.location import STORE, machine_file
 from .leases import SQLiteClaims
 from .stores import StoreError
 
@@ -70,9 +71,7 @@ INSERT OR IGNORE INTO meta VALUES ('format', '{FORMAT}');
 def default_store_path() -> Path:
     """``answers.sqlite`` in the user's cache folder (``platformdirs``; honours ``$XDG_CACHE_HOME``),
     beside the machine's rate budget."""
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("batchsum", appauthor=False)) / "answers.sqlite"
+    return machine_file(STORE)
 
 
 def where_file(path: Path) -> str:

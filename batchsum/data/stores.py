@@ -24,6 +24,7 @@ from collections.abc import Collection
 from typing import Protocol
 
 from ..service.errors import BatchsumError
+from ..service.location import STORE, Location
 from .leases import CLAIM_LOOK_FIRST as CLAIM_LOOK_FIRST
 from .leases import CLAIM_LOOK_MOST as CLAIM_LOOK_MOST
 from .leases import CLAIM_RENEW_SECONDS as CLAIM_RENEW_SECONDS
@@ -181,10 +182,10 @@ def shared_memory(identity: str) -> MemoryClaims:
         return _shared.setdefault(identity, MemoryClaims())
 
 
-_scratch: list[str] = []
+_scratch: list[Location] = []
 
 
-def scratch_store() -> str:
+def scratch_store() -> Location:
     """An answer store for this process alone, on disk (``sqlite:///...``), removed when the process
     exits: what a streamed front-end (a Polars LazyFrame) keeps its answers in with ``store="none"``,
     so that memory stays bounded however many rows pass, frames collected together claim their
@@ -193,7 +194,7 @@ def scratch_store() -> str:
         if not _scratch:
             folder = tempfile.mkdtemp(prefix="batchsum-answers-")
             atexit.register(shutil.rmtree, folder, ignore_errors=True)
-            _scratch.append("sqlite://" + os.path.join(folder, "answers.sqlite"))
+            _scratch.append(Location.at(os.path.join(folder, "answers.sqlite"), STORE))
         return _scratch[0]
 
 

@@ -1,23 +1,29 @@
-"""How a batch runs (``RunOptions``), validated once where it is built and passed down to the engine,
-and the names of the long-text policies it takes (``SKIP``, ``SPLIT``, ``TRUNCATE``)."""
+"""How a batch runs (``RunOptions``): checked values, passed down to the engine (``RunOptions.of`` checks
+the engine's own keywords), and the names of the long-text policies it takes (``SKIP``, ``SPLIT``,
+``TRUNCATE``)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..pacing import KeyRecord, Limiter, PaceChange, PaceLog, Pacer
 from ..pacing.budget import Budget, Share
 from ..pacing.presence import Presence
 from ..service.errors import InvalidParameterError
 from ..service.settings import (
+    DEFAULT_BUDGET_WAIT,
     DEFAULT_DRAIN_SECONDS,
     DEFAULT_MAX_WAIT,
     DEFAULT_WINDOW,
     DEFAULT_WINDOW_BYTES,
     LONG_TEXT_POLICIES,
     check_choice,
-    check_rpm,
+    check_flag,
+    check_limiter,
+    check_rate,
     check_seconds,
     check_whole,
 )
@@ -29,7 +35,8 @@ SKIP, SPLIT, TRUNCATE = LONG_TEXT_POLICIES
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How a batch runs, validated once where it is built (CLI, accessor, widget) and passed down.
+    """How a batch runs: values checked where they entered (a ``RunSpec``'s, or ``RunOptions.of``: the
+    engine's own keywords), passed down and not checked again (``__post_init__`` asserts their types).
 
     ``rpm``: the plan's requests per minute (0 = no pacing; with ``auto``, only a cap on the limit
     found, stated or remembered: ``pacing.limit``). ``concurrency``: a cap on requests in
@@ -39,6 +46,7 @@ class RunOptions:
     None: a private one for this batch). ``window``: rows held between reading and yielding.
     ``drain_seconds``: how long a stop waits for answers on the wire. ``max_wait``: how long a
     request may wait out the service's 429s (each costs no attempt) before its row fails.
+    ``budget_wait``: how long the batch waits for a budget it cannot reach mid-run before it stops.
     ``window_bytes``: the input bytes those rows stand for (``RowBlock.nbytes``, else their texts'):
     reading waits while either bound is reached, so a row held back by a long retry keeps neither the
     reading nor the memory going. ``long_texts``: what a text over the word limit gets: "skip",
@@ -61,26 +69,38 @@ class RunOptions:
     window_bytes: int = DEFAULT_WINDOW_BYTES
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
     max_wait: float = DEFAULT_MAX_WAIT
+    budget_wait: float = DEFAULT_BUDGET_WAIT
     long_texts: str = SKIP
     max_requests: int | None = None
     sample_rows: frozenset[int] | None = None
     record: KeyRecord | None = None
 
     def __post_init__(self) -> None:
-        check_whole("max_requests", self.max_requests, minimum=0, allow_none=True)  # 0: a partition's part
-        check_rpm(self.rpm)
-        check_whole("concurrency", self.concurrency, allow_none=True)
-        check_whole("window", self.window)
-        check_whole("window_bytes", self.window_bytes)
-        check_seconds("drain_seconds", self.drain_seconds, zero=True)
-        check_seconds("max_wait", self.max_wait, zero=True)
-        check_choice("long_texts", self.long_texts, LONG_TEXT_POLICIES)
-        if self.limiter is not None and not callable(getattr(self.limiter, "acquire", None)):
-            raise InvalidParameterError("invalid limiter: it needs an async acquire() method, as AsyncLimiter has")
-        if self.budget is not None and not isinstance(self.budget, Budget):
-            raise InvalidParameterError(
-                f"invalid budget {self.budget!r}: open one with batchsum.pacing.budget.open_budget"
-            )
+        assert isinstance(self.rpm, float) and 0 <= self.rpm < math.inf, self.rpm
+        assert self.budget is None or isinstance(self.budget, Budget), self.budget
+        assert self.long_texts in LONG_TEXT_POLICIES, self.long_texts
+
+    @classmethod
+    def of(cls, **settings: Any) -> RunOptions:
+        """The engine's own keywords (``summarize_stream(..., rpm=600, budget_wait=30)``) checked, each
+        by its setting's one check (``service.settings``), where they enter; a batch is paced only when
+        ``rpm`` says (0 by default). ``InvalidParameterError`` naming a bad one."""
+        if "rpm" in settings:  # a number, auto or auto:N, as the option takes it
+            rate = check_rate(settings["rpm"])
+            settings["rpm"], settings["auto"] = rate.rpm, rate.auto or check_flag("auto", settings.get("auto", False))
+        checks: dict[str, Callable[[Any], Any]] = {
+            "max_requests": lambda v: check_whole("max_requests", v, minimum=0, allow_none=True),  # 0: a part's
+            "concurrency": lambda v: check_whole("concurrency", v, allow_none=True),
+            "window": lambda v: check_whole("window", v),
+            "window_bytes": lambda v: check_whole("window_bytes", v),
+            "drain_seconds": lambda v: check_seconds("drain_seconds", v, zero=True),
+            "max_wait": lambda v: check_seconds("max_wait", v, zero=True),
+            "budget_wait": lambda v: check_seconds("budget_wait", v, zero=True),
+            "long_texts": lambda v: check_choice("long_texts", v, LONG_TEXT_POLICIES),
+            "limiter": check_limiter,
+            "budget": _budget,
+        }
+        return cls(**{name: checks[name](value) if name in checks else value for name, value in settings.items()})
 
     def pacer(
         self,
@@ -111,3 +131,9 @@ class RunOptions:
     def first_alone(self, mode: int) -> bool:
         """Does the run's first request go alone? Yes, unless the key's record proves the key."""
         return self.record is None or self.record.proven(mode) is None
+
+
+def _budget(budget: Any) -> Budget | None:
+    if budget is not None and not isinstance(budget, Budget):
+        raise InvalidParameterError(f"invalid budget {budget!r}: open one with batchsum.pacing.budget.open_budget")
+    return budget

@@ -124,7 +124,7 @@ async def summarize_stream(
     ``RowBlock`` items of rows read together. ``params`` (``contract.Params``) and ``options``
     (``RunOptions``) say what to ask and how to run; for short calls their fields may be given as
     keywords instead (``mode``, ``percentage``, ``type``; ``rpm``, ``concurrency``, ``limiter``,
-    ``window``, ``drain_seconds``). ``store`` keeps finished answers (default: in memory for this
+    ``budget``, ``budget_wait``, ``window``, ``drain_seconds``, ...: ``RunOptions.of`` checks them). ``store`` keeps finished answers (default: in memory for this
     call); ``stats`` is updated live and ``on_result`` called as each row's result arrives (results
     are yielded in order; counts are not held back). ``lanes``: several keys (``keys.KeyLane``), the
     requests spread over them (``client`` and ``pacer`` then unused). Raises ``InvalidParameterError`` for bad
@@ -183,7 +183,7 @@ async def stream_results(
         raise TypeError("pass either params or mode/percentage/type, not both")
     if options is None:
         try:
-            options = RunOptions(**settings)
+            options = RunOptions.of(**settings)
         except TypeError as exc:
             raise TypeError(f"summarize_stream: {exc}") from None
     elif settings:
@@ -194,6 +194,9 @@ async def stream_results(
             stats.timeline = stats.timeline or Timeline(options.rpm)
             pacer = options.pacer(log=stats.timeline)
         lanes = [KeyLane(client, pacer, options.record, budget=options.budget)]
+    for lane in lanes:  # a budget out of reach mid-run is waited for this long, then the batch stops
+        if lane.budget is not None:
+            lane.budget.outage.arm(options.budget_wait)
     stats.pacer = lanes[0].pacer if len(lanes) == 1 else Pacers(lanes)
     batch = Batch(list(lanes), params, options, store if store is not None else MemoryStore(), stats)
     window = Window(options.window, options.window_bytes)

@@ -24,7 +24,6 @@ The pieces, each with its invariant in its docstring:
 - ``budget`` (with ``exchange``, ``gcra``, ``sqlite_budget``, ``redis_budget``): the key's budget.
 """
 
-from ..service.settings import check_rpm
 from .in_flight import DEFAULT_MAX_IN_FLIGHT, START_IN_FLIGHT, UNPACED_IN_FLIGHT, InFlight
 from .pacer import Limiter, PaceChange, PaceLog, Pacer, PacerState
 from .record import PROOF_SECONDS, KeyRecord
@@ -46,5 +45,4 @@ __all__ = [
     "UNPACED_IN_FLIGHT",
     "interval_of",
     "max_starts",
-    "check_rpm",
 ]

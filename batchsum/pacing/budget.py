@@ -51,8 +51,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..service.errors import BudgetError, redact_location
-from ..service.settings import DEFAULT_BUDGET, ENV_BUDGET, budget_spec
+from ..service.location import BUDGET, Location, machine_file
+from ..service.settings import ENV_BUDGET, budget_spec
 from .exchange import (
     AHEAD,
     COMMIT,
@@ -64,7 +64,6 @@ from .exchange import (
     RESERVE,
     RESERVE_ONLY,
     RUN_LEASE_SECONDS,
-    SETTING,
     SHARED_SECONDS,
     Budget,
     Lead,
@@ -110,15 +109,10 @@ __all__ = [
     "REASON_CHARS",
 ]
 
-MACHINE = DEFAULT_BUDGET
-NONE = "none"
-
 
 def default_budget_path() -> Path:
     """``budget.sqlite`` in the user's cache folder (``platformdirs``; honours ``$XDG_CACHE_HOME``)."""
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("batchsum", appauthor=False)) / "budget.sqlite"
+    return machine_file(BUDGET)
 
 
 class _Tallies:
@@ -292,28 +286,17 @@ async def check_budget(budget: Budget) -> None:
         await budget.aclose()
 
 
-def open_budget(spec: str | Budget | None, identity: str) -> Budget:
-    """The budget for ``spec`` and a key's ``identity`` (``AsyncClient.identity``, a hash of base URL
-    and key): a ``Budget`` as it is; ``"none"``, ``"machine"``, ``"sqlite:///PATH"``,
-    ``"redis://HOST:PORT/DB"`` (``rediss://``, ``unix://``); None reads ``$BATCHSUM_BUDGET``, else
-    ``"machine"``. ``BudgetError`` for anything else (nothing is connected yet: ``await check()``)."""
-    if isinstance(spec, Budget):
-        return spec
-    if spec is None:
-        spec = budget_spec(None)
-    if not isinstance(spec, str):
-        raise BudgetError(f"invalid budget {spec!r}: use none, machine, sqlite:///PATH or redis://HOST:PORT/DB")
-    key_id = identity
-    lowered = spec.strip().lower()
-    if lowered in (NONE, "process"):
-        return ProcessBudget.for_key(key_id)
-    if lowered == MACHINE:
-        return SQLiteBudget(default_budget_path(), key_id, default=True)
-    if lowered.startswith("sqlite:///"):
-        return SQLiteBudget(spec.strip()[len("sqlite://") :], key_id)
-    if lowered.startswith(("redis://", "rediss://", "unix://")):
-        return RedisBudget(spec.strip(), key_id)
-    raise BudgetError(
-        f"unknown budget {redact_location(spec)!r}: set {SETTING} to none, machine, sqlite:///PATH "
-        "or redis://HOST:PORT/DB"
-    )
+def open_budget(where: Location | Budget | str | None, identity: str) -> Budget:
+    """The budget ``where`` names (``RunSpec.budget``) for a key's ``identity`` (``AsyncClient.identity``,
+    a hash of base URL and key): a ``Budget`` as it is; a ``Location`` (a text is parsed as the option's;
+    None reads ``$BATCHSUM_BUDGET``, else the machine's): this process's, a SQLite file's, a Redis'.
+    ``BudgetError`` for a place that names no budget (nothing is connected yet: ``await check()``)."""
+    if isinstance(where, Budget):
+        return where
+    place = budget_spec(None) if where is None else Location.of(where, BUDGET, f"--budget, budget= or ${ENV_BUDGET}")
+    if place.redis:
+        return RedisBudget(place, identity)
+    path = place.file
+    if path is None:  # this process only
+        return ProcessBudget.for_key(identity)
+    return SQLiteBudget(path, identity, default=place.is_machine)

@@ -19,7 +19,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..service.settings import check_rpm
 from .ahead import FarTurn
 from .answers import Answers
 from .budget import ProcessBudget
@@ -102,7 +101,8 @@ class Pacer:
         auto: bool = False,
         presence: Presence | None = None,
     ) -> None:
-        self.rpm = check_rpm(rpm)
+        assert not isinstance(rpm, bool) and isinstance(rpm, (int, float)) and 0 <= rpm < math.inf, rpm  # checked
+        self.rpm = float(rpm)
         self.auto = AutoLimit(self.rpm, record.limit() if record is not None else None) if auto and rpm else None
         pace = self.rpm if self.auto is None else self.auto.pace()
         ceiling = self.rpm if self.auto is None else self.auto.limit()

@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 from ..service.errors import BudgetError, location_secrets, one_line, redact, redact_location
 from ..service.keys import PERIODS, period_window
-from ..service.redis_url import split_prefix
+from ..service.location import BUDGET, Location
 from .exchange import RECORD_SECONDS, RUN_LEASE_SECONDS, SHARED_SECONDS, Remembered, RunEntry
 from .ledger import Ledger, Tally, tick_of
 from .redis_scripts import live_runs, ticks
@@ -59,13 +59,16 @@ def _periods(wall: float) -> dict[str, str]:
     return {period: period_window(period, wall)[0] for period in PERIODS}
 
 
-async def read_states(where: str, seconds: float = 70.0) -> list[KeyState]:
-    """Every key named on the budget ``where`` (``sqlite:///PATH`` or a path, ``redis://...``) with its
-    ledger of the last ``seconds``; nothing for a budget not made yet. ``BudgetError``: unreadable."""
-    if where.lower().startswith(("redis://", "rediss://", "unix://")):
-        return await read_redis(where, seconds)
-    path = where[len("sqlite://") :] if where.lower().startswith("sqlite:///") else where
-    return read_sqlite(Path(path), seconds)
+async def read_states(where: Location | str, seconds: float = 70.0) -> list[KeyState]:
+    """Every key named on the budget ``where`` (a file's or a Redis'; a text is parsed as ``--budget``'s)
+    with its ledger of the last ``seconds``; nothing for a budget not made yet. ``BudgetError``: unreadable."""
+    place = Location.of(where, BUDGET)
+    if place.redis:
+        return await read_redis(place.url, seconds)
+    path = place.file
+    if path is None:
+        raise BudgetError(f"the budget {place.shown!r} lives inside each run's process: nothing outside reads it")
+    return read_sqlite(path, seconds)
 
 
 # -- SQLite ------------------------------------------------------------------------------------------
@@ -218,16 +221,15 @@ def _text(value: Any) -> str:
 
 
 async def read_redis(url: str, seconds: float) -> list[KeyState]:
-    """The keys named on the Redis budget at ``url``: the names, then one pipeline of one script and
-    the remembered entries per key (three round trips at most, whatever the number of runs)."""
+    """The keys named on the Redis budget at ``url`` (as its client reads it: no prefix): the names,
+    then one pipeline of one script and the remembered entries per key (three round trips at most,
+    whatever the number of runs)."""
     try:
         import redis.asyncio
         import redis.exceptions
     except ImportError:
         raise BudgetError("a redis:// budget needs the redis package: pip install 'batchsum[redis]'") from None
-    client = redis.asyncio.Redis.from_url(
-        split_prefix(url, BudgetError)[0], socket_connect_timeout=5, socket_timeout=10
-    )
+    client = redis.asyncio.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
     try:
         names = sorted(
             (_text(v).partition(" ")[0], _text(v).partition(" ")[2], _text(k))

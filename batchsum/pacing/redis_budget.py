@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from ..service.errors import BudgetError, location_secrets, one_line, redact, redact_location
-from ..service.redis_url import split_prefix
+from ..service.location import BUDGET, Location
 from .exchange import (
     AHEAD,
     ENTRY_CHARS,
@@ -71,16 +71,17 @@ class _RedisConnection(Budget):
     """A budget's Redis: a connection per event loop (made in the loop that first uses it), commands
     tried again when the connection fails, and the entries remembered of each key there."""
 
-    def __init__(self, url: str, key_id: str) -> None:
+    def __init__(self, url: Location | str, key_id: str) -> None:
         try:
             import redis.asyncio  # noqa: F401
         except ImportError:
             raise BudgetError("a redis:// budget needs the redis package: pip install 'batchsum[redis]'") from None
-        self.url = url  # as given: a store that follows the budget takes its prefix
-        self._bare = split_prefix(url, BudgetError)[0]  # the budget is never prefixed: a key's limit is the key's
+        self.location = Location.of(url, BUDGET)  # whole: a store that follows the budget takes its prefix
+        self.url = self.location.text
+        self._bare = self.location.url  # the budget is never prefixed: a key's limit is the key's
         self.id = key_id
-        self.where = redact_location(url)
-        self._secrets = location_secrets(url)
+        self.where = self.location.shown
+        self._secrets = location_secrets(self.url)
         self._keys = [f"batchsum:budget:{{{key_id}}}", f"batchsum:budget:{{{key_id}}}:counts"]
         self._clients: dict[int, Any] = {}
 

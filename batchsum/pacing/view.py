@@ -15,6 +15,7 @@ from typing import Any
 
 from ..service.errors import InvalidParameterError
 from ..service.keys import parse_quota, period_window
+from ..service.location import Location
 from .exchange import RunEntry
 from .ledger import TICK
 from .limit import Found
@@ -376,7 +377,12 @@ class BudgetView:
 
 
 async def read_view(
-    where: str, display: str, *, seconds: float = 70.0, labels: dict[str, str] | None = None, every: bool = False
+    where: Location | str,
+    display: str,
+    *,
+    seconds: float = 70.0,
+    labels: dict[str, str] | None = None,
+    every: bool = False,
 ) -> BudgetView:
     """The keys active on the budget at ``where`` (``sqlite:///PATH`` or ``redis://...``), shown as
     ``display``; ``labels``: key hash -> its label; ``every``: the idle keys too; ``seconds``: the

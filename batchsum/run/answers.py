@@ -70,7 +70,7 @@ def _own_scope(
             journal.note_output(output.path)
         return journal, True, adopted
     if shared:  # the workers of one job share the store; with none, this process's memory (one process)
-        return (shared_memory(identity) if spec.store == "none" else None), True, None
+        return (shared_memory(identity) if spec.store.none else None), True, None
     return process_cache(spec.client.service), False, None
 
 

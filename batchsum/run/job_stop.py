@@ -18,7 +18,8 @@ import time
 from collections.abc import Iterable
 
 from ..pacing.budget import open_budget
-from ..service.errors import one_line, redact_location
+from ..service.errors import one_line
+from ..service.location import Location
 from .background import run_in_worker
 from .interrupts import Hearing, listen, on_interrupt
 from .logs import log
@@ -79,7 +80,7 @@ async def _post_one(spec: RunSpec, why: str) -> None:
             finally:
                 await budget.aclose()
     except Exception as exc:  # noqa: BLE001 - a budget out of reach (BudgetError) or anything else: said, the others go on
-        where = redact_location(spec.budget) if isinstance(spec.budget, str) else repr(spec.budget)
+        where = spec.budget.shown if isinstance(spec.budget, Location) else repr(spec.budget)
         log.warning(
             "batchsum: could not post the stop of job %s on %s: %s",
             run_id,

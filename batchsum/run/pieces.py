@@ -23,6 +23,7 @@ from ..pacing.budget import Budget, Share, open_budget
 from ..service.client import AsyncClient
 from ..service.errors import InvalidParameterError, JournalError
 from ..service.keys import KeyPlan
+from ..service.location import Location
 from .answers import open_scopes, store_scope
 from .binding import spec_key_hash
 from .entry import open_entry
@@ -102,7 +103,7 @@ class Pieces:
             sample = sample_rows(spec.sample, stats.total)
         try:
             plans = spec.keys or (None,)
-            if len(plans) > 1 and not isinstance(spec.budget, str):
+            if len(plans) > 1 and not isinstance(spec.budget, Location):
                 raise InvalidParameterError(
                     "a Budget object paces one key: with several keys, name the budget (machine, ...)"
                 )
@@ -181,6 +182,7 @@ def _run_options(spec: RunSpec, budget: Budget, record: KeyRecord, sample: Any) 
         window_bytes=spec.window_bytes,
         drain_seconds=spec.drain_seconds,
         max_wait=spec.max_wait,
+        budget_wait=spec.budget_wait,
         long_texts=spec.long_texts,
         max_requests=spec.max_requests,
         sample_rows=sample,

@@ -261,7 +261,7 @@ def _stores(spec: RunSpec, stack: ExitStack, trust: Trust) -> tuple[Journal | No
     if spec.journal is not None and os.path.exists(spec.journal):
         journal = stack.enter_context(Journal(spec.journal, readonly=True))
         journal.serve(spec.client.service)
-    if spec.store == "none":
+    if spec.store.none:
         return journal, _Looked(None, "store:            none (the journal alone)")
     hashes = [plan.hash for plan in spec.keys] or [h for h in (spec.client.key_hash,) if h is not None]
     scope = store_scope(spec, hashes) if hashes else ("-" if spec.store_scope == "key" else "")  # "-": no key's

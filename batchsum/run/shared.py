@@ -10,12 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ..data.journal import SharedJournal
-from ..data.machine_store import default_store_path
 from ..data.scopes import open_store
 from ..data.stores import StoreError
 from ..pacing.budget import Budget, ProcessBudget, SQLiteBudget, check_budget, open_budget
-from ..service.errors import BudgetError, InvalidParameterError, redact_location
-from ..service.settings import store_kind
+from ..service.errors import BudgetError, InvalidParameterError
+from ..service.location import BUDGET, NO_STORE, Location
 from .binding import bind
 from .logs import log
 from .spec import RunSpec
@@ -73,31 +72,31 @@ def prepare_shared(spec: RunSpec, workers: Callable[[], Workers | None] | None =
     run_in_worker(lambda: check_budget(budget))
     who = workers() if workers is not None else None
     if who is not None:
-        _refuse_unshared(budget, redact_location(spec.budget) if isinstance(spec.budget, str) else repr(budget), who)
+        _refuse_unshared(budget, spec.budget.shown if isinstance(spec.budget, Location) else repr(budget), who)
     changes: dict[str, Any] = {"run_id": spec.run_id or uuid.uuid4().hex[:16]}  # one share for all the workers
     changes["started"] = spec.started or time.time()  # under refresh, what the job's partitions bought is theirs
     if isinstance(budget, SQLiteBudget):
-        changes["budget"] = f"sqlite://{budget.path}"
+        changes["budget"] = Location.at(budget.path, BUDGET)
     changes["store"] = _shared_store(spec, identity, who)
     if spec.journal is not None:
         SharedJournal(spec.journal).close()  # created here, once, before the workers open it
     return spec.replace(**changes)
 
 
-def _shared_store(spec: RunSpec, identity: str, workers: Workers | None) -> str:
+def _shared_store(spec: RunSpec, identity: str, workers: Workers | None) -> Location:
     """The store every worker opens: the machine's by its file; opened here once. One that cannot be
     opened is said in one line and the workers go on without it; ``none`` is refused when the
     workers are several processes (each would keep its own answers, and pay for another's texts),
     and a store on one machine's disk (``machine``, ``sqlite:///PATH``) when they are on several
     hosts (each host's workers would claim in a file of their own, and pay for another's texts)."""
     several = workers is not None and (workers.processes > 1 or workers.hosts > 1)
-    if workers is not None and workers.hosts > 1 and store_kind(spec.store) == "file":
+    if workers is not None and workers.hosts > 1 and spec.store.on_disk:
         raise InvalidParameterError(
-            f"invalid store {spec.store!r} here: the workers are on {workers.hosts} hosts, and a store on one "
+            f"invalid store {spec.store.shown!r} here: the workers are on {workers.hosts} hosts, and a store on one "
             "machine's disk is not shared between them (their claims cannot see each other, so they would pay "
             "twice for a text); pass store='redis://HOST:PORT/DB' (the default with a redis:// budget)"
         )
-    if spec.store == "none":
+    if spec.store.none:
         if several and spec.journal is None:
             assert workers is not None
             raise InvalidParameterError(
@@ -106,10 +105,10 @@ def _shared_store(spec: RunSpec, identity: str, workers: Workers | None) -> str:
                 "or the cluster's store), or pass store='sqlite:///PATH' for a store of this job's own"
             )
         return spec.store
-    where = f"sqlite://{default_store_path()}" if spec.store == "machine" else spec.store
+    where = spec.store.pinned()
     try:
         open_store(where, spec.client.service, identity).close()
     except StoreError as exc:
         log.warning("batchsum: %s; the workers go on without it", exc, extra={"event": "store"})
-        return "none"
+        return NO_STORE
     return where

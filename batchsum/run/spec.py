@@ -13,19 +13,19 @@ pickled to Dask workers, printed and logged without showing it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..service import contract
-from ..service.errors import redact_location
 from ..service.keys import ENV_API_KEYS, KeyPlan, Quota, parse_quota, resolve_keys
+from ..service.location import BUDGET, STORE, Location
 from ..service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from ..service.settings import *  # noqa: F403  (every check and setting this module had, as the same objects)
 from ..service.settings import (
-    DEFAULT_BUDGET,
     DEFAULT_BUDGET_WAIT,
     DEFAULT_DRAIN_SECONDS,
     DEFAULT_MAX_WAIT,
@@ -40,6 +40,7 @@ from ..service.settings import (
     ENV_STORE,
     LONG_TEXT_POLICIES,
     ClientSettings,
+    Rate,
     Secret,
     budget_spec,
     check_choice,
@@ -59,7 +60,6 @@ from ..service.settings import (
     environment,
     is_loopback,
     key_hash,
-    resolve_rate,
     store_spec,
 )
 
@@ -92,21 +92,75 @@ __all__ = [
     "client_settings",
     "document_options",
     "budget_spec",
+    "Location",
 ]
 
 
 @dataclass(frozen=True)
 class Option:
     """One option a user sets: its name (the Python keyword; ``--name-with-dashes`` on the CLI), the
-    default of every front-end's signature, and its help."""
+    default of every front-end's signature, its help, and its one check: ``check(value, source,
+    text=False)`` gives the value checked (a checked one as it is), or ``InvalidParameterError``
+    naming ``source``; ``text``: written as text (a flag, the environment). None: checked together
+    with others, where ``RunSpec.from_kwargs`` says (the request's parameters, the client's settings
+    and keys, the budget and the store's ``Location``)."""
 
     name: str
     default: Any
     help: str
+    check: Callable[..., Any] | None = None
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+
+def _number(value: Any, kind: Callable[[str], Any], text: bool) -> Any:
+    """A number written as text (a flag, the environment) as a number; anything else as it is (its
+    check says why it is not one)."""
+    if text and isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return kind(value.strip())
+    return value
+
+
+def _count(value: Any, name: str, *, text: bool = False) -> int | None:
+    return check_whole(name, _number(value, int, text), allow_none=not text)  # a flag is never None
+
+
+def _wait(value: Any, name: str, *, text: bool = False) -> float:
+    return check_seconds(name, _number(value, float, text), zero=True)
+
+
+def _fraction(value: Any, name: str, *, text: bool = False) -> float:
+    return check_share(_number(value, float, text))  # its least at the run's rate too in from_kwargs, which knows it
+
+
+def _flag(value: Any, name: str, *, text: bool = False) -> bool:
+    return check_flag(name, value)
+
+
+def _path(value: Any, name: str, *, text: bool = False) -> str | None:
+    return None if value is None else check_path(name, value)
+
+
+def _text(value: Any, name: str, *, text: bool = False) -> str:
+    return check_name(name, value)
+
+
+def _limiter(value: Any, name: str, *, text: bool = False) -> Any:
+    return check_limiter(value)
+
+
+def _quota(value: Any, name: str, *, text: bool = False) -> Quota | None:
+    return parse_quota(value, name)
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[..., str]:
+    def check(value: Any, name: str, *, text: bool = False) -> str:
+        return check_choice(name, value.strip().lower() if text and isinstance(value, str) else value, choices)
+
+    return check
 
 
 _TYPES = ", ".join(t.value for t in contract.SummaryType)
@@ -124,10 +178,11 @@ OPTIONS: tuple[Option, ...] = (
         "summary",
         "name of the summary column; the others are NAME_status, NAME_error, NAME_message, "
         "NAME_http_status, NAME_attempts, NAME_requests",
+        check=_text,
     ),
     Option("api_key", None, f"the API key (default ${ENV_API_KEY})"),
     Option("base_url", None, f"the service's address (default ${ENV_BASE_URL}, else {contract.DEFAULT_BASE_URL})"),
-    Option("local", False, "start the local reference service in this process and use it (no key needed)"),
+    Option("local", False, "start the local reference service in this process and use it (no key needed)", check=_flag),
     Option("timeout", DEFAULT_TIMEOUT, "seconds to wait for one answer"),
     Option(
         "max_retries",
@@ -143,14 +198,21 @@ OPTIONS: tuple[Option, ...] = (
         f"(default ${ENV_RPM} or {DEFAULT_RPM:g}; with the local service, no limit; 0 = no pacing); "
         f"auto finds the limit (stated by the service, remembered for the key, or searched for with a few "
         f"429s the first time), auto:N finds it up to N",
+        check=check_rate,
     ),
     Option(
         "concurrency",
         None,
         "a cap on requests in flight (default: sized from the pace and the measured latency, so the pace "
         "holds at any latency)",
+        check=_count,
     ),
-    Option("limiter", None, "your own floor under the pace: anything with async acquire(), e.g. an AsyncLimiter"),
+    Option(
+        "limiter",
+        None,
+        "your own floor under the pace: anything with async acquire(), e.g. an AsyncLimiter",
+        check=_limiter,
+    ),
     Option(
         "budget",
         None,
@@ -158,7 +220,12 @@ OPTIONS: tuple[Option, ...] = (
         f"this machine; the default, or ${ENV_BUDGET}), redis://HOST:PORT/DB (every machine), "
         "sqlite:///PATH, or none (this process only)",
     ),
-    Option("journal", None, "a SQLite file that keeps finished answers across runs, so nothing is paid for twice"),
+    Option(
+        "journal",
+        None,
+        "a SQLite file that keeps finished answers across runs, so nothing is paid for twice",
+        check=_path,
+    ),
     Option(
         "store",
         None,
@@ -172,26 +239,30 @@ OPTIONS: tuple[Option, ...] = (
         False,
         "ask the service again for every request this run sends, even when the store or the journal holds its "
         "answer; the new answer replaces the stored one",
+        check=_flag,
     ),
     Option(
         "store_scope",
         "service",
         "whose answers the store serves: service (an answer is the service's, reused for every key; the "
         "default) or key (kept to the key that paid for it, served to that key alone)",
+        check=_choice(STORE_SCOPES),
     ),
-    Option("progress", True, "show a progress bar (tqdm: a widget in Jupyter, a line on a terminal)"),
+    Option("progress", True, "show a progress bar (tqdm: a widget in Jupyter, a line on a terminal)", check=_flag),
     Option(
         "long_texts",
         "skip",
         f"what a text over the service's {contract.MAX_WORDS} words gets: skip (skipped as too_long, never "
         "sent), split (summarized in parts, whose summaries are summarized again into one answer of the "
         "row's type and length), or truncate (its first words up to the limit)",
+        check=_choice(LONG_TEXT_POLICIES),
     ),
     Option(
         "max_wait",
         DEFAULT_MAX_WAIT,
         "seconds a row may wait out the service's 429s (its 'later') before it fails as rate_limited; "
         "such 429s cost no attempt",
+        check=_wait,
     ),
     Option(
         "budget_wait",
@@ -199,6 +270,7 @@ OPTIONS: tuple[Option, ...] = (
         "seconds a run waits for its rate budget when it cannot be reached mid-run (a Redis restarting, "
         "a budget file locked or on a full disk): nothing starts meanwhile; past this, the run stops and "
         "keeps its answers",
+        check=_wait,
     ),
     Option(
         "max_requests",
@@ -206,6 +278,7 @@ OPTIONS: tuple[Option, ...] = (
         "a cap on paid requests (retries included; a 429 is not paid): once reached nothing new starts, "
         "every row still gets a record (the unsent ones failed as not_sent) and the run stops; the same "
         "run again continues where it stopped",
+        check=_count,
     ),
     Option(
         "sample",
@@ -213,17 +286,20 @@ OPTIONS: tuple[Option, ...] = (
         "summarize only this many rows, spread over the input (seeded: the same rows every time), to judge "
         "quality and price; the other rows are failed as not_sent, and the answers are kept, so the full "
         "run reuses them",
+        check=_count,
     ),
     Option(
         "share",
         1.0,
         "the share of the key's rate this run may use (0 < share <= 1), on every budget kind, so that "
         "other runs on the key get their starts without waiting behind this one",
+        check=_fraction,
     ),
     Option(
         "report",
         None,
         "write a JSON run report here when the run ends, however it ends (schema: docs/run-report.schema.json)",
+        check=_path,
     ),
     Option(
         "keys",
@@ -239,9 +315,19 @@ OPTIONS: tuple[Option, ...] = (
         "each key's quota of paid requests in a UTC calendar hour, day or month (N/hour, N/day, N/month; a key "
         "file's quota= wins), counted on the key's budget by every run on it; spent, the key leaves the run "
         "until the period ends, and with every key spent the run stops (the same command then continues)",
+        check=_quota,
     ),
 )
 OPTION_NAMES = tuple(option.name for option in OPTIONS)
+_BY_NAME = {option.name: option for option in OPTIONS}
+
+
+def check_option(name: str, value: Any, source: str | None = None, *, text: bool = False) -> Any:
+    """``value`` checked by the option ``name``'s one check in ``OPTIONS`` (``source``: where it came
+    from, for its message; ``text``: written as text): every door applies it where the value enters."""
+    check = _BY_NAME[name].check
+    assert check is not None, f"{name} is checked with others"
+    return check(value, source or name, text=text)
 
 
 @dataclass(frozen=True)
@@ -314,9 +400,9 @@ class RunSpec:
     auto: bool = False  # rpm="auto" / "auto:N": the limit is found, stated or remembered (pacing.limit)
     concurrency: int | None = None
     limiter: Any = None
-    budget: Any = DEFAULT_BUDGET  # a spec string, or a budget.Budget object (in-process only)
+    budget: Any = Location.machine(BUDGET)  # a Location, or a budget.Budget object (in-process only)
     journal: str | None = None
-    store: str = DEFAULT_BUDGET  # the answer store: machine, none, sqlite:///PATH or a Redis URL (store_spec)
+    store: Location = Location.machine(STORE)  # the answer store (store_spec)
     refresh: bool = False
     store_scope: str = "service"
     progress: bool = True
@@ -389,33 +475,32 @@ class RunSpec:
             encoding=encoding,
             environ=env,
         )
-        rate, auto = resolve_rate(rpm, env, local=local)
-        check_limiter(limiter)
-        check_name("output_column", output_column)
-        check_flag("progress", progress)
+        rate = _rate(rpm, env, local)
+        place = budget_spec(budget, env)
+        check = check_option
         return cls(
             params=params,
             client=client,
-            rpm=rate,
-            auto=auto,
-            concurrency=check_whole("concurrency", concurrency, allow_none=True),
-            limiter=limiter,
-            budget=budget_spec(budget, env),
-            journal=None if journal is None else check_path("journal", journal),
-            store=store_spec(store, budget_spec(budget, env), env),
-            refresh=check_flag("refresh", refresh),
-            store_scope=check_choice("store_scope", store_scope, STORE_SCOPES),
-            progress=progress,
-            output_column=output_column,
-            max_wait=check_seconds("max_wait", max_wait, zero=True),
-            budget_wait=check_seconds("budget_wait", budget_wait, zero=True),
-            long_texts=check_choice("long_texts", long_texts, LONG_TEXT_POLICIES),
-            max_requests=check_whole("max_requests", max_requests, allow_none=True),
-            sample=check_whole("sample", sample, allow_none=True),
-            share=check_share(share, 0.0 if auto else rate),
-            report=None if report is None else check_path("report", report),
+            rpm=rate.rpm,
+            auto=rate.auto,
+            concurrency=check("concurrency", concurrency),
+            limiter=check("limiter", limiter),
+            budget=place,
+            journal=check("journal", journal),
+            store=store_spec(store, place, env),
+            refresh=check("refresh", refresh),
+            store_scope=check("store_scope", store_scope),
+            progress=check("progress", progress),
+            output_column=check("output_column", output_column),
+            max_wait=check("max_wait", max_wait),
+            budget_wait=check("budget_wait", budget_wait),
+            long_texts=check("long_texts", long_texts),
+            max_requests=check("max_requests", max_requests),
+            sample=check("sample", sample),
+            share=check_share(share, 0.0 if rate.auto else rate.rpm),  # the table's, and its least at the rate
+            report=check("report", report),
             keys=plans,
-            quota=parse_quota(quota),
+            quota=check("quota", quota),
         )
 
     @classmethod
@@ -468,9 +553,9 @@ def describe_spec(spec: RunSpec) -> dict[str, Any]:
         **spec.client.describe(),  # base_url (redacted), local, timeout, max_retries, encoding
         "rpm": describe_rate(spec.rpm, spec.auto),
         "concurrency": spec.concurrency,
-        "budget": redact_location(spec.budget) if isinstance(spec.budget, str) else repr(spec.budget),
+        "budget": spec.budget.shown if isinstance(spec.budget, Location) else repr(spec.budget),
         "journal": spec.journal,
-        "store": redact_location(spec.store),
+        "store": spec.store.shown,
         "refresh": spec.refresh,
         "store_scope": spec.store_scope,
         "max_wait": spec.max_wait,
@@ -486,6 +571,19 @@ def describe_spec(spec: RunSpec) -> dict[str, Any]:
         ],
         "quota": None if spec.quota is None else str(spec.quota),
     }
+
+
+def _rate(rpm: Any, env: Mapping[str, str], local: bool) -> Rate:
+    """The run's rate: ``rpm`` checked, or for None ``$BATCHSUM_RPM`` (checked as the option, named as
+    itself), else ``DEFAULT_RPM``; with the local service, no pacing unless ``rpm`` is a number."""
+    if rpm is None:
+        raw = env.get(ENV_RPM, "").strip()
+        if local or not raw:
+            return Rate(0.0 if local else DEFAULT_RPM, False)
+        rate: Rate = check_option("rpm", raw, f"${ENV_RPM}", text=True)
+    else:
+        rate = check_option("rpm", rpm)
+    return Rate(0.0, False) if local and rate.auto else rate  # the local service has no limit to find
 
 
 def _any_key(env: Mapping[str, str]) -> bool:

@@ -11,11 +11,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..pacing.budget import default_budget_path
 from ..pacing.view import UNKNOWN, BudgetView, KeyView, RunView, read_view
 from ..service import contract
-from ..service.errors import BudgetError, redact_location
+from ..service.errors import BudgetError
 from ..service.keys import ENV_API_KEYS, resolve_keys
+from ..service.location import Location
 from ..service.settings import ENV_API_KEY, budget_spec, check_base_url, environment, key_hash_from_environment
 
 if TYPE_CHECKING:
@@ -65,18 +65,13 @@ class Watcher:
         keys: str | Path | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
-        spec = budget_spec(budget, environ)
-        lowered = spec.strip().lower() if isinstance(spec, str) else ""
-        if lowered in ("none", "process") or not isinstance(spec, str):
+        place = budget_spec(budget, environ)
+        if not isinstance(place, Location) or place.process:
             raise BudgetError(
                 "the budget 'none' lives inside each run's own process: nothing outside it can watch it; "
                 "watch a budget runs share (machine, sqlite:///PATH or redis://HOST:PORT/DB)"
             )
-        if lowered == "machine":
-            path = default_budget_path()
-            self.where, self.display = f"sqlite://{path}", f"this machine ({path})"
-        else:
-            self.where, self.display = spec.strip(), redact_location(spec.strip())
+        self.where, self.display = place.pinned(), place.place
         self.service = contract.service_identity(check_base_url(service)) if service else None
         self.mine = key_hash_from_environment(environ)
         if this_key and self.mine is None:

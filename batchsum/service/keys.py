@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from .errors import ConfigurationError, InvalidParameterError
-from .settings import ENV_API_KEY, Secret, check_key, check_rate, environment, key_hash
+from .settings import ENV_API_KEY, Rate, Secret, check_key, check_rate, environment, key_hash
 
 __all__ = [
     "KeyPlan",
@@ -94,13 +94,14 @@ def parse_quota(value: object, name: str = "quota") -> Quota | None:
 class KeyPlan:
     """One key of a run: the key (a ``Secret``), where it came from (``source``: ``keys.txt line 2``,
     ``$BATCHSUM_API_KEYS (key 2)``, ``api_key[1]``), and its own ``rate`` (the text of a key file's
-    rate: a number, ``auto`` or ``auto:N``; None: the run's ``rpm``) and ``quota`` (None: the run's).
-    Its repr shows its hash, never the key."""
+    rate: a number, ``auto`` or ``auto:N``; None: the run's ``rpm``), as checked when the line was read
+    (``checked``), and ``quota`` (None: the run's). Its repr shows its hash, never the key."""
 
     key: Secret
     source: str
     rate: str | None = None
     quota: Quota | None = None
+    checked: Rate | None = None
 
     @property
     def hash(self) -> str:
@@ -109,14 +110,15 @@ class KeyPlan:
 
     def limit(self, rpm: float, auto: bool) -> tuple[float, bool]:
         """The key's (requests a minute, auto): its own rate, else the run's."""
-        return (rpm, auto) if self.rate is None else check_rate(self.rate, self.source, text=True)
+        return (rpm, auto) if self.checked is None else self.checked
 
     def __repr__(self) -> str:
         return f"KeyPlan({self.hash}, {self.source!r}, rate={self.rate!r}, quota={self.quota})"
 
 
-def _plan(key: object, source: str, rate: str | None = None, quota: Quota | None = None) -> KeyPlan:
-    return KeyPlan(Secret(check_key(key, source)), source, rate, quota)
+def _plan(key: object, source: str, rate: tuple[str, Rate] | None = None, quota: Quota | None = None) -> KeyPlan:
+    text, checked = rate if rate is not None else (None, None)
+    return KeyPlan(Secret(check_key(key, source)), source, text, quota, checked)
 
 
 def read_key_file(path: str | os.PathLike[str]) -> tuple[KeyPlan, ...]:
@@ -164,10 +166,10 @@ def read_key_file(path: str | os.PathLike[str]) -> tuple[KeyPlan, ...]:
     return tuple(plans)
 
 
-def _extras(fields: list[str], shown: str, number: int) -> tuple[str | None, Quota | None]:
-    """A key file line's rate and quota, after its key, in either order; a message naming the line
-    and the field, never its text."""
-    rate: str | None = None
+def _extras(fields: list[str], shown: str, number: int) -> tuple[tuple[str, Rate] | None, Quota | None]:
+    """A key file line's rate (as written, and checked: once, here) and quota, after its key, in either
+    order; a message naming the line and the field, never its text."""
+    rate: tuple[str, Rate] | None = None
     quota: Quota | None = None
     for position, field in enumerate(fields, 2):
         is_quota = field.lower().startswith("quota=")
@@ -179,8 +181,7 @@ def _extras(fields: list[str], shown: str, number: int) -> tuple[str | None, Quo
             if is_quota:
                 quota = parse_quota(field[len("quota=") :])
             else:
-                check_rate(field, "rate", text=True)
-                rate = field
+                rate = field, check_rate(field, "rate", text=True)
         except InvalidParameterError:
             malformed = True  # refused below, outside the handler: no message of the field rides along
         if malformed:

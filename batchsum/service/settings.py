@@ -12,15 +12,14 @@ import hashlib
 import ipaddress
 import math
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from . import contract
-from .errors import BudgetError, ConfigurationError, InvalidParameterError, redact_location
-from .redis_url import redis_url
+from .errors import ConfigurationError, InvalidParameterError, redact_location
+from .location import BUDGET, STORE, Location
 from .retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 
 __all__ = [
@@ -33,8 +32,6 @@ __all__ = [
     "ENV_BUDGET",
     "ENV_STORE",
     "DEFAULT_RPM",
-    "DEFAULT_BUDGET",
-    "STORE_KINDS",
     "DEFAULT_MAX_WAIT",
     "DEFAULT_BUDGET_WAIT",
     "DEFAULT_WINDOW",
@@ -51,10 +48,7 @@ __all__ = [
     "client_settings",
     "budget_spec",
     "store_spec",
-    "store_kind",
-    "redis_url",
-    "REDIS_SCHEMES",
-    "resolve_rate",
+    "Rate",
     "check_key",
     "check_base_url",
     "check_rate",
@@ -77,9 +71,6 @@ ENV_RPM = "BATCHSUM_RPM"
 ENV_BUDGET = "BATCHSUM_BUDGET"
 ENV_STORE = "BATCHSUM_STORE"
 DEFAULT_RPM = 60.0
-DEFAULT_BUDGET = "machine"
-STORE_KINDS = "machine, none, sqlite:///PATH or redis://HOST:PORT/DB"
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # a location with one of these names a Redis
 DEFAULT_MAX_WAIT = 1800.0  # seconds a row may wait out 429s before it fails as rate_limited
 DEFAULT_BUDGET_WAIT = 300.0  # seconds a run waits for a rate budget it cannot reach mid-run before it stops
 ENCODINGS = ("json", "form", "multipart")
@@ -208,15 +199,25 @@ AUTO = "auto"
 AUTO_MAX_RPM = 1_000_000.0  # the cap of a plain "auto": what no plan is (the header parser's bound too)
 
 
-def check_rate(rpm: object, name: str = "rpm", *, text: bool = False) -> tuple[float, bool]:
-    """``rpm`` as (requests a minute, auto): a number >= 0, or ``"auto"`` / ``"auto:N"`` (find the
-    limit, at most N a minute). ``text``: a number may come as text (the command line, the
-    environment); from Python it must be a number. ``InvalidParameterError`` naming ``name`` for
-    anything else."""
+class Rate(NamedTuple):
+    """A rate as checked (``check_rate``): requests a minute (under ``auto``, the cap), and whether the
+    limit is found (``auto``: stated, remembered or searched)."""
+
+    rpm: float
+    auto: bool
+
+
+def check_rate(rpm: object, name: str = "rpm", *, text: bool = False) -> Rate:
+    """``rpm`` as a ``Rate``: a number >= 0, or ``"auto"`` / ``"auto:N"`` (find the limit, at most N a
+    minute); a ``Rate`` as it is (checked already). ``text``: a number may come as text (the command
+    line, the environment, a key file); from Python it must be a number. ``InvalidParameterError``
+    naming ``name`` for anything else. The one check of a rate, wherever it enters."""
+    if isinstance(rpm, Rate):
+        return rpm
     if isinstance(rpm, str):
         spelled = rpm.strip().lower()
         if spelled == AUTO:
-            return AUTO_MAX_RPM, True
+            return Rate(AUTO_MAX_RPM, True)
         if spelled.startswith(AUTO + ":"):
             try:
                 cap = float(spelled[len(AUTO) + 1 :])
@@ -226,7 +227,7 @@ def check_rate(rpm: object, name: str = "rpm", *, text: bool = False) -> tuple[f
                 raise InvalidParameterError(
                     f"invalid {name} {rpm!r}: use auto:N with N from 1 to {AUTO_MAX_RPM:,.0f} requests a minute"
                 )
-            return cap, True
+            return Rate(cap, True)
         if not text:
             raise InvalidParameterError(
                 f"invalid {name} {rpm!r}: use a number of requests per minute, 'auto' or 'auto:N'"
@@ -238,8 +239,8 @@ def check_rate(rpm: object, name: str = "rpm", *, text: bool = False) -> tuple[f
                 f"invalid {name} {rpm!r}: use a finite number of requests per minute >= 0 (0 = no pacing), auto, "
                 "or auto:N"
             ) from None
-        return check_rpm(number, name), False
-    return check_rpm(rpm, name), False
+        return Rate(check_rpm(number, name), False)
+    return Rate(check_rpm(rpm, name), False)
 
 
 def describe_rate(rpm: float, auto: bool) -> str | float:
@@ -410,81 +411,28 @@ def client_settings(
     return ClientSettings(Secret(key), url, False, seconds, max_retries, encoding)
 
 
-def resolve_rate(rpm: object, environ: Mapping[str, str] | None = None, *, local: bool = False) -> tuple[float, bool]:
-    """A run's rate as (requests a minute, auto), checked: ``rpm``, or for None ``$BATCHSUM_RPM``,
-    else ``DEFAULT_RPM``; with the local service, no pacing unless ``rpm`` is a number."""
-    if rpm is None:
-        rpm = 0.0 if local else _rpm_from(environment(environ))
-    rate, auto = check_rate(rpm)
-    if local and auto:  # the local service has no limit to find: no pacing, as with no rpm
-        rate, auto = 0.0, False
-    return rate, auto
-
-
-def _rpm_from(env: Mapping[str, str]) -> float | str:
-    raw = env.get(ENV_RPM, "").strip()
-    if not raw:
-        return DEFAULT_RPM
-    rate, auto = check_rate(raw, f"${ENV_RPM}", text=True)
-    return raw if auto else rate
-
-
 def budget_spec(budget: Any, environ: Mapping[str, str] | None = None) -> Any:
-    """``budget`` as given, or for None ``$BATCHSUM_BUDGET``, else ``"machine"``; a Redis URL checked
-    (``redis_url``)."""
-    source = "budget"
+    """``budget`` as a ``Location`` (``Location.parse``: the option's text; one as it is), a ``Budget``
+    object as it is; for None ``$BATCHSUM_BUDGET``, else the machine's."""
     if budget is None:
-        budget = environment(environ).get(ENV_BUDGET, "").strip() or DEFAULT_BUDGET
-        source = f"${ENV_BUDGET}"
-    if isinstance(budget, str):
-        if store_kind(budget) == "redis":
-            return redis_url(budget, source, BudgetError)
-        lowered = budget.strip().lower()
-        if lowered in ("none", "process", "machine") or lowered.startswith("sqlite:///"):
-            return budget
-        # Refused where the spec is made (a dry run, a door's registration), as the run would.
-        shown = re.sub(r"[^/@]*@", "***@", redact_location(budget.strip()))  # a mistyped URL's credentials too
-        where = source if source.startswith("$") else "--budget, budget="
-        raise BudgetError(f"unknown budget {shown!r} ({where}): use {STORE_KINDS}")
-    if callable(getattr(budget, "reserve", None)):
-        return budget
-    raise BudgetError(f"invalid budget {budget!r}: use 'machine', 'none', 'redis://HOST:PORT/DB' or a Budget")
+        text = environment(environ).get(ENV_BUDGET, "").strip()
+        return Location.parse(text, BUDGET, f"${ENV_BUDGET}") if text else Location.machine(BUDGET)
+    if isinstance(budget, (str, Location)) or not callable(getattr(budget, "reserve", None)):
+        return Location.of(budget, BUDGET)
+    return budget
 
 
-def store_spec(store: object, budget: object, environ: Mapping[str, str] | None = None) -> str:
-    """Where a run's answers are shared beyond its output: ``store`` as given, or for None
-    ``$BATCHSUM_STORE``, else the budget's: its Redis (``redis://``, ``rediss://``, ``unix://``; a
-    budget object says its ``url``) for a cluster's budget, the machine's otherwise. One of
-    ``machine``, ``none``, ``sqlite:///PATH``, a Redis URL; ``InvalidParameterError`` for anything else."""
-    if store is None:
-        store = environment(environ).get(ENV_STORE, "").strip()
-        source = f"${ENV_STORE}"  # named as itself in the message, not as the option
-        if not store:
-            url = budget if isinstance(budget, str) else getattr(budget, "url", None)
-            return url.strip() if isinstance(url, str) and store_kind(url) == "redis" else DEFAULT_BUDGET
-    else:
-        source = "store"
-    if not isinstance(store, str):
-        raise InvalidParameterError(f"invalid store {store!r}: use {STORE_KINDS}")
-    spelled = store.strip()
-    lowered = spelled.lower()
-    if lowered in ("machine", "none"):
-        return lowered
-    if lowered.startswith("sqlite:///") and len(spelled) > len("sqlite:///"):
-        return spelled
-    if store_kind(spelled) == "redis":
-        return redis_url(spelled, source)
-    shown = redact_location(spelled)
-    raise InvalidParameterError(f"invalid {source} {shown!r}: use {STORE_KINDS}")
-
-
-def store_kind(where: str) -> str:
-    """Which store a location (as ``store_spec`` gives it) names: ``"none"``, ``"redis"`` (a Redis URL:
-    the cluster's store) or ``"file"`` (``machine``, ``sqlite:///PATH``: a SQLite file on one
-    machine's disk)."""
-    if where == "none":
-        return "none"
-    return "redis" if where.strip().lower().startswith(REDIS_SCHEMES) else "file"
+def store_spec(store: object, budget: object, environ: Mapping[str, str] | None = None) -> Location:
+    """Where a run's answers are shared beyond its output, as a ``Location``: ``store`` (a text parsed
+    as the option's), or for None ``$BATCHSUM_STORE``, else the budget's Redis (with its prefix; a
+    ``RedisBudget`` object's ``location``) for a cluster's budget, the machine's otherwise."""
+    if store is not None:
+        return Location.of(store, STORE)
+    text = environment(environ).get(ENV_STORE, "").strip()
+    if text:
+        return Location.parse(text, STORE, f"${ENV_STORE}")
+    followed = budget if isinstance(budget, Location) else getattr(budget, "location", None)
+    return followed.as_store() if isinstance(followed, Location) and followed.redis else Location.machine(STORE)
 
 
 def check_path(name: str, value: Any) -> str:

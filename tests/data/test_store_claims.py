@@ -481,12 +481,14 @@ def test_a_redis_url_the_client_cannot_read_is_one_line_where_the_option_is_read
 
 def test_a_redis_url_the_client_can_read_is_taken_whole_and_its_password_never_said():
     from batchsum.errors import BudgetError
-    from batchsum.service.redis_url import split_prefix
+    from batchsum.service.location import Location
     from batchsum.service.settings import budget_spec
 
     socket = "unix:///tmp/redis.sock?db=2&prefix=team-a"
-    assert budget_spec(socket) == socket and split_prefix(socket) == ("unix:///tmp/redis.sock?db=2", "team-a:")
-    assert split_prefix("redis://h:6379/0?a=1&prefix=t") == ("redis://h:6379/0?a=1", "t:")
+    place = budget_spec(socket)
+    assert place.text == socket and (place.url, place.prefix) == ("unix:///tmp/redis.sock?db=2", "team-a:")
+    other = Location.parse("redis://h:6379/0?socket_timeout=1&prefix=t", "store")
+    assert (other.url, other.prefix) == ("redis://h:6379/0?socket_timeout=1", "t:")
     with pytest.raises(BudgetError) as raised:
         budget_spec("redis://:s3cret/pw@127.0.0.1:6379/0")  # a '/' in a password not percent-encoded
     assert "port is not a number" in str(raised.value) and "s3cret" not in str(raised.value)
@@ -633,5 +635,5 @@ def test_a_redis_budget_object_keeps_its_prefix_for_the_store_that_follows_it():
     from batchsum.service.settings import store_spec
 
     budget = RedisBudget("redis://127.0.0.1:6379/0?prefix=team-d", "some-key-id")  # nothing connected
-    assert store_spec(None, budget) == "redis://127.0.0.1:6379/0?prefix=team-d"
+    assert store_spec(None, budget).text == "redis://127.0.0.1:6379/0?prefix=team-d"
     assert budget._bare == "redis://127.0.0.1:6379/0"  # what its Redis client is made from

@@ -258,7 +258,7 @@ def store_url_malformed(service, tmp_path, capsys, monkeypatch):
     argv = ["-o", str(tmp_path / "out.parquet"), "--store", f"redis://:{PASSWORD}@localhost:abc/0"]
     for dry in ([], ["--dry-run"]):
         code, err = summarize(source(tmp_path), *argv, *dry, capsys=capsys)
-        assert code == 2 and "invalid --store 'redis://***@localhost:abc/0'" in err, err
+        assert code == 2 and "invalid store 'redis://***@localhost:abc/0' (--store, store=)" in err, err
     assert service.stats()["requests"] == 0 and not list(tmp_path.glob("out*"))
     assert PASSWORD not in err
     return code, err

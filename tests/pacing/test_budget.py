@@ -724,6 +724,42 @@ def test_a_budget_out_longer_than_budget_wait_stops_the_run_saying_so():
     assert between(starts, 21.1, 10_000) == 0
 
 
+@pytest.mark.parametrize("given", [30.0, None])
+def test_budget_wait_is_set_through_summarize_stream(given):
+    """The engine's own keywords take ``budget_wait`` (``RunOptions``) and arm the budget with it (the
+    default without): a budget out longer than that stops the batch, saying so, after the rows
+    answered before it went; nothing starts on it meanwhile."""
+    import httpx
+
+    from batchsum.engine import summarize_stream
+    from batchsum.service.settings import DEFAULT_BUDGET_WAIT
+
+    budget = Flaky(out=20.0, back=10_000.0)
+    texts = [f"Text number {i} has enough words in it to be worth a summary of its own." for i in range(100)]
+    wait = {} if given is None else {"budget_wait": given}
+
+    async def answer(request):
+        await asyncio.sleep(0.2)
+        return httpx.Response(200, json={"result": "A summary."})
+
+    async def main():
+        rows, starts = [], []
+        transport = httpx.MockTransport(lambda request: starts.append(_loop_time()) or answer(request))
+        async with batchsum.AsyncClient("k" * 20, "http://127.0.0.1:9", transport=transport) as client:
+            try:
+                async for row in summarize_stream(texts, client, rpm=120, budget=budget, **wait):
+                    rows.append(row)
+            except BudgetError as exc:
+                return rows, starts, exc
+        return rows, starts, None
+
+    rows, starts, ended = virtual_clock.run(main())
+    patience = DEFAULT_BUDGET_WAIT if given is None else given
+    assert budget.outage.patience == patience and isinstance(ended, BudgetError)
+    assert f"--budget-wait ({patience:g} s" in str(ended) and "\n" not in str(ended)
+    assert 0 < len(rows) < 100 and {row.status for row in rows} == {"ok"} and between(starts, 21.1, 10_000) == 0
+
+
 def test_a_budget_that_came_back_empty_starts_again_as_after_a_pause_and_gets_the_record_back():
     budget = Flaky(out=20.0, back=25.0, empty=True)
     entries = [Remembered("k", "s", "limit", '{"rpm": 120}', 1000.0)]

@@ -187,9 +187,13 @@ def test_a_429_without_a_usable_retry_after_backs_off_and_never_waits_zero(retry
 
 
 @pytest.mark.parametrize("rpm", [-1, float("nan"), float("inf"), "60", True])
-def test_an_invalid_rpm_is_refused(rpm):
+def test_an_invalid_rpm_is_refused_where_it_enters_and_the_pacer_takes_it_checked(rpm):
+    from batchsum.engine import RunOptions
+
     with pytest.raises(ValueError, match="invalid rpm"):
-        Pacer(rpm)
+        RunOptions.of(rpm=rpm)  # summarize_stream's keywords
+    with pytest.raises(AssertionError):
+        Pacer(rpm)  # checked before it gets here: an assert, not a second check
 
 
 def test_a_start_that_goes_out_late_does_not_shorten_the_gap_to_the_next():

@@ -152,7 +152,7 @@ def frame_and_env():
 def test_the_environment_is_read_through_one_mapping():
     env = {"BATCHSUM_API_KEY": KEY, "BATCHSUM_RPM": "120", "BATCHSUM_BUDGET": "none"}
     spec = RunSpec.from_kwargs(environ=env)
-    assert spec.rpm == 120 and spec.budget == "none" and spec.client.api_key == Secret(KEY)
+    assert spec.rpm == 120 and spec.budget.text == "none" and spec.client.api_key == Secret(KEY)
     assert RunSpec.from_kwargs(local=True, environ=env).rpm == 0  # the local service has no plan
     with pytest.raises(InvalidParameterError, match=r"invalid \$BATCHSUM_RPM 'fast'"):
         RunSpec.from_kwargs(environ={**env, "BATCHSUM_RPM": "fast"})
@@ -199,7 +199,7 @@ def test_a_spec_shows_no_password_of_its_budget_store_or_base_url():
         shown = " ".join([repr(spec), str(spec), f"{spec}", repr(spec.client), str(spec.describe())])
         assert not any(secret in shown for secret in ("s3cret-budget-pw", "s3cret-store-pw", "base-url-pw", KEY[:10]))
         assert "***@" in repr(spec) and "rpm=" in repr(spec)  # still says what it is
-    assert specs[0].budget == specs[0].store == budget  # the spec itself keeps them whole
+    assert specs[0].budget.text == specs[0].store.text == budget  # the spec itself keeps them whole
 
 
 def test_a_pickled_spec_works_in_another_process_and_no_log_line_holds_the_key(svc, caplog):

@@ -210,7 +210,7 @@ def test_the_partitions_of_a_job_without_a_journal_pay_once_for_a_refusal(svc, w
 
     def job() -> list[str]:
         spec = prepare_shared(RunSpec.from_kwargs(api_key=KEY, base_url=svc.url, progress=False, budget=budget))
-        assert spec.store == (budget or f"sqlite://{default_store_path()}")
+        assert spec.store.text == (budget or f"sqlite://{default_store_path()}")
         # two partitions, one after the other
         return [asyncio.run(run_texts(spec, [text], shared=True))[0].error for _ in range(2)]
 
@@ -249,9 +249,9 @@ def test_a_store_on_one_machines_disk_is_refused_for_workers_on_several_hosts(sv
         assert "\n" not in message and f"invalid store {store!r}" in message and "2 hosts" in message
         assert "store='redis://HOST:PORT/DB'" in message
     assert not own.exists() and not default_store_path().exists()  # refused before anything was opened
-    assert prepare_shared(spec(None), two_hosts).store == redis_url  # the default: the budget's Redis
+    assert prepare_shared(spec(None), two_hosts).store.text == redis_url  # the default: the budget's Redis
     one_host = prepare_shared(spec("machine"), lambda: Workers(2, 1, "2 worker processes"))
-    assert one_host.store == f"sqlite://{default_store_path()}"
+    assert one_host.store.text == f"sqlite://{default_store_path()}"
     assert svc.stats()["requests"] == 0
 
 
