@@ -21,7 +21,7 @@ from contextlib import AsyncExitStack, suppress
 from typing import TYPE_CHECKING, Any
 
 from ..engine.tally import BatchStats
-from ..pacing.exchange import NO_REPORT, RUN_LEASE_SECONDS, Budget
+from ..pacing.exchange import NO_REPORT, RUN_LEASE_SECONDS, Budget, Slot
 from ..pacing.presence import Presence, member_of
 from ..service.errors import BudgetError, redact_location
 from ..service.settings import environment
@@ -143,6 +143,15 @@ class Entry(Presence):
             "rate_1m": rate,
             "eta_s": eta,
         }
+
+    def heard(self, slot: Slot) -> None:
+        """What the budget answered a call of the run's (the pacer's, or the keep-alive's): its job's
+        stop, and its epoch, which the key's quota counts hear at once (a budget back empty gets back
+        what this run saw counted, even while the run waits on a spent quota and its pacer is quiet)."""
+        super().heard(slot)
+        counted = self.lane.counted if self.lane is not None else None
+        if counted is not None:
+            counted.seen.heard(slot.epoch)
 
     async def keep_alive(self) -> None:
         """Publish on a call of the run's own whenever its pacer made none for ``KEEP_ALIVE_SECONDS``."""

@@ -8,6 +8,7 @@ import asyncio
 import datetime as _dt
 import math
 import time
+import uuid
 
 import httpx
 import pytest
@@ -18,8 +19,8 @@ from batchsum.engine.keys import KeyLane
 from batchsum.errors import QuotaSpent
 from batchsum.local.state import SlidingWindow
 from batchsum.pacing import Pacer
-from batchsum.pacing.budget import ProcessBudget
-from batchsum.pacing.quota import StatedQuota
+from batchsum.pacing.budget import Budget, ProcessBudget, RedisBudget, SQLiteBudget
+from batchsum.pacing.quota import CountedQuota, StatedQuota
 from batchsum.pacing.record import LIMIT, QUOTA, QUOTA_SPENT
 from batchsum.service import contract
 from batchsum.service.contract import Messages
@@ -494,6 +495,41 @@ def test_a_configured_quota_is_counted_on_the_keys_budget_by_every_run_on_it():
     assert sum(error.remaining for error in stopped) == 200 - 120
 
 
+@pytest.mark.parametrize("rpm", [60, 600])
+def test_batches_of_one_run_on_a_key_spend_a_configured_quota_whole(rpm):
+    """Issue 52: four batches of one run on one key at once (DuckDB's threads: one lane, its pacer and
+    its count), 15 texts each, a daily quota of 30: the service admits 30. A batch refused by the
+    quota judged the key spent from its own claims alone, while the others' waited for their turns;
+    out of the run, those were given back unsent (3 of 30 admitted at 60/min)."""
+    service = KeyedService({KEYS[0]: rpm})
+    quota = Quota(30, "day")
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        budget = ProcessBudget(loop.time, shared=True)
+        client = batchsum.AsyncClient(KEYS[0], "http://127.0.0.1:9", transport=httpx.MockTransport(service))
+        lane = KeyLane(client, Pacer(rpm, budget=budget), quota=quota, budget=budget)
+
+        async def batch(part: int) -> list[str]:
+            rows = []
+            try:
+                async for row in summarize_stream(texts(15, part), client, lanes=[lane]):
+                    rows.append(row.status)
+            except QuotaSpent:
+                pass
+            return rows
+
+        try:
+            done = await asyncio.gather(*(batch(part) for part in range(4)))
+            return done, await budget.quota_used(quota.window(time.time())[0])
+        finally:
+            await client.aclose()
+
+    done, used = virtual_clock.run(main())
+    ok = sum(rows.count("ok") for rows in done)
+    assert ok == service.admitted[KEYS[0]] == used == 30 and service.refused == 0
+
+
 class SlowGiveBack(ProcessBudget):
     """A budget whose give-back takes a second to answer, as a Redis across a network may."""
 
@@ -538,9 +574,11 @@ def test_quota_counts_hold_their_limit_across_connections_and_count_every_period
         return got, unbounded, again, other, used
 
     got, unbounded, again, other, used = asyncio.run(main())
-    assert got == [1, 2, 3, 4, 5, None, None] and unbounded == 6  # the hour's count, past the day's limit
-    assert again is None  # the day holds 5 again after the give-back: still spent
-    assert other == 1 and used == [5, 5, 5]
+    assert [(c.counts[0] if c.counted else None) for c in got] == [1, 2, 3, 4, 5, None, None]
+    assert got[4].counts == (5, 5, 5) and got[5].counts == (5, 5, 5)  # a refusal counts nothing, and says each
+    assert unbounded.counted and unbounded.counts == (6, 6, 6)  # past the day's limit: a run with no quota
+    assert not again.counted and again.counts == (5, 5, 5)  # the day holds 5 again after the give-back: spent
+    assert other.counts == (1,) and used == [5, 5, 5]
 
 
 @pytest.mark.parametrize(
@@ -606,3 +644,80 @@ def test_counting_on_a_far_budget_does_not_slow_the_pace():
     after_first = service.arrivals[KEYS[0]][1:]  # the key's first request goes alone, by design
     assert counted == 600 and all(row.status == "ok" for row in rows)
     assert (len(after_first) - 1) / (after_first[-1] - after_first[0]) * 60 >= 0.95 * 6000
+
+
+# -- a budget that comes back empty: what its runs counted is restored ----------------------------------
+
+
+class Emptied:
+    """A budget runs share (``kind``: a SQLite file, or a real redis-server) and how it comes back
+    empty: the file removed with its log (as a person clearing the cache folder does), or Redis
+    flushed (as a restart without persistence does)."""
+
+    def __init__(self, kind: str, tmp_path, redis_url: str | None) -> None:
+        self.kind, self.path, self.url = kind, tmp_path / "budget.sqlite", redis_url
+        self.identity = uuid.uuid4().hex
+        self.location = f"sqlite://{self.path}" if kind == "sqlite" else str(redis_url)
+
+    def user(self) -> Budget:
+        """Another connection to it (as another process has)."""
+        if self.kind == "sqlite":
+            return SQLiteBudget(self.path, self.identity)
+        return RedisBudget(str(self.url), self.identity)
+
+    def empty(self) -> None:
+        if self.kind == "sqlite":
+            for made in self.path.parent.glob(self.path.name + "*"):
+                made.unlink()
+        else:
+            import redis
+
+            redis.Redis.from_url(str(self.url)).flushall()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def emptied(request, tmp_path):
+    return Emptied(request.param, tmp_path, request.getfixturevalue("redis_url") if request.param == "redis" else None)
+
+
+MID_HOUR = math.floor(time.time() / 3600) * 3600 + 1800.0  # the periods' clock: no hour ends mid-test
+
+
+@pytest.mark.parametrize("survivors", [0, 1, 2])
+@pytest.mark.parametrize("path", ["claiming", "waiting"])
+def test_an_emptied_budget_gets_back_every_period_of_what_its_surviving_runs_saw_counted_once(emptied, path, survivors):
+    """Run A paid 6 of a quota of 10 an hour, then run C 3 (it saw 9 counted); the budget comes back
+    empty and a new run B counts one before anyone restores. Each surviving run restores what it saw,
+    every period (the hour, the day, the month), added to B's, and the old epoch's count once (the
+    most any run saw): through its next claim, or, waiting, as soon as a call of its hears the new
+    epoch (the entry's keep-alive look). With no survivor, nobody remembers: B's count is all there is."""
+    quota = Quota(10, "hour")
+
+    def run() -> CountedQuota:
+        return CountedQuota(quota, emptied.user(), wall=lambda: MID_HOUR)
+
+    async def main():
+        a, c, b = run(), run(), run()
+        for who, times in ((a, 6), (c, 3)):
+            for _ in range(times):
+                who.settle(await who.claim(), paid=True)
+        emptied.empty()
+        assert await b.claim() is not None  # counted on the new epoch before any restore: it stays
+        for who in {0: [], 1: [a], 2: [c, a]}[survivors]:  # with two, the one that saw more first
+            if path == "claiming":
+                await who.claim()  # restored first, then counted if the hour has room
+            else:
+                who.seen.heard((await who.budget.reserve(0.0, start=False)).epoch)  # the keep-alive's look
+                await who.close()  # the restore it began at once
+        names = [name for name, _ in b._periods()]
+        counts = [await b.budget.quota_used(name) for name in names]
+        for who in (a, b, c):
+            await who.close()
+            await who.budget.aclose()
+        return counts
+
+    counts = asyncio.run(main())
+    # A alone: B's 1 and the 6 A saw (and A's claim after: 8); A and C: B's 1 and the 9 C saw, once
+    # (their claims refused on the 10 restored).
+    expected = {0: 1, 1: 1 + 6 + (path == "claiming"), 2: 1 + 9}[survivors]
+    assert counts == [expected] * 3, (path, survivors, counts)
