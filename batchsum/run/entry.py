@@ -1,6 +1,7 @@
 """What a run publishes of itself on each of its keys' budgets (``Entry``: its entry in the runs'
 registry, which ``batchsum top`` reads): host, pid, door, output (redacted), its limit and source,
-share, sent, reused, 429s, rows left and ETA where it knows its size, its own rate, when it started.
+share, sent, reused, 429s, rows left and ETA where it knows its size, its own rate, when it started,
+and what it waits for when every key's quota is spent.
 
 It goes with the calls the run's pacer makes anyway, at most once a second (``pacing.presence``); a
 run whose pacer is quiet (a pause, rows the store answers, a wait on a claim) publishes on a call of
@@ -142,6 +143,7 @@ class Entry(Presence):
             "rows_left": left,
             "rate_1m": rate,
             "eta_s": eta,
+            "waiting": stats.waiting,  # every key's quota spent: what the run waits for
         }
 
     def heard(self, slot: Slot) -> None:

@@ -1,37 +1,53 @@
 """Quotas longer than a minute, on virtual time: a quota the service states never passes for a
 per-minute limit (issue 40: under ``rpm="auto"`` it never raises the pace, and nothing remembers it
-as the key's limit), and quotas stated or configured take their key out of a run until their reset."""
+as the key's limit), and quotas stated or configured take their key out of a run until their reset,
+said once. On every kind of budget (a SQLite file, a real redis-server): the counts, and what a
+budget that comes back empty gets back from the runs that saw them; and through the command line."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as _dt
+import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 import uuid
+from pathlib import Path
 
 import httpx
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import batchsum
 from batchsum.engine import summarize_stream
 from batchsum.engine.keys import KeyLane
+from batchsum.engine.tally import BatchStats
 from batchsum.errors import QuotaSpent
 from batchsum.local.state import SlidingWindow
 from batchsum.pacing import Pacer
 from batchsum.pacing.budget import Budget, ProcessBudget, RedisBudget, SQLiteBudget
 from batchsum.pacing.quota import CountedQuota, StatedQuota
 from batchsum.pacing.record import LIMIT, QUOTA, QUOTA_SPENT
+from batchsum.run.progress import ProgressBar
 from batchsum.service import contract
 from batchsum.service.contract import Messages
 from batchsum.service.keys import Quota, parse_quota, period_window
 from tests import virtual_clock
+from tests.conftest import KEY as PREMIUM
+from tests.conftest import article
 from tests.engine.test_keys import KeyedService
 from tests.engine.test_keys import keys as team_keys
 from tests.pacing.test_pace_conformance import most_in_any_window
 from tests.pacing.test_short_job import KEY, Service, record_of, told, uniform
 
 KEYS = team_keys(1)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def texts(n: int, seed: int = 0) -> list[str]:
@@ -530,6 +546,52 @@ def test_batches_of_one_run_on_a_key_spend_a_configured_quota_whole(rpm):
     assert ok == service.admitted[KEYS[0]] == used == 30 and service.refused == 0
 
 
+@pytest.mark.parametrize("keys", [1, 2])
+def test_a_run_waiting_on_spent_quotas_says_so_once_then_shows_it(keys):
+    """Issue 52: a run of 30 texts whose keys' hourly quotas of 5 are spent after 5 (``max_wait``
+    beyond the reset) said that it waits once per attempt that had claimed when the quotas ran out
+    (3 to 7 times). On the virtual clock, 30 s of the wait cost no test time: each key's line that
+    it leaves the run and the run's line that it waits are said once, and the wait is on the stats
+    (the bar's line and the run's entry read it) until a key sends again."""
+    service = KeyedService({key: 600 for key in team_keys(keys)})
+    quota = Quota(5, "hour")
+    told: list[str] = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        lanes, clients = [], []
+        for key in team_keys(keys):
+            budget = ProcessBudget(loop.time, shared=True)
+            client = batchsum.AsyncClient(key, "http://127.0.0.1:9", transport=httpx.MockTransport(service))
+            lane = KeyLane(client, Pacer(600, budget=budget), quota=quota, budget=budget, tell=told.append)
+            lanes.append(lane)
+            clients.append(client)
+        stats = BatchStats(total=30)
+        rows = []
+
+        async def consume():
+            async for row in summarize_stream(texts(30), clients[0], lanes=lanes, stats=stats, max_wait=7200):
+                rows.append(row)
+
+        try:
+            await asyncio.wait_for(consume(), 30.0 + 5)  # 30 s of the wait, after the 5 a key sends
+        except asyncio.TimeoutError:
+            pass
+        waiting = (stats.waiting, ProgressBar.describe(stats))
+        for client in clients:
+            await client.aclose()
+        return rows, waiting
+
+    rows, waiting = virtual_clock.run(main())
+    assert sum(service.admitted[key] for key in team_keys(keys)) == 5 * keys and service.refused == 0
+    assert len(rows) <= 5 * keys  # in input order: those before the first row left unsent
+    assert sum("it leaves the run until then" in line for line in told) == keys, told
+    assert sum("quota spent; the run waits for the hourly quota of 5 (configured)" in line for line in told) == 1, told
+    waits, bar = waiting
+    assert waits is not None and waits.startswith("waits for the hourly quota of 5 (configured)")
+    assert f"429s 0 · {waits} · " in bar
+
+
 class SlowGiveBack(ProcessBudget):
     """A budget whose give-back takes a second to answer, as a Redis across a network may."""
 
@@ -721,3 +783,145 @@ def test_an_emptied_budget_gets_back_every_period_of_what_its_surviving_runs_saw
     # (their claims refused on the 10 restored).
     expected = {0: 1, 1: 1 + 6 + (path == "claiming"), 2: 1 + 9}[survivors]
     assert counts == [expected] * 3, (path, survivors, counts)
+
+
+# -- through the command line: a run waiting on a spent quota, its budget emptied -----------------------
+
+
+class Said:
+    """A process's stderr, read as it comes on a thread of its own (its lines kept)."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, args=(process,), daemon=True)
+        self._reader.start()
+
+    def _read(self, process: subprocess.Popen[str]) -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            self.lines.append(line)
+
+    def count(self, words: str) -> int:
+        return sum(words in line for line in list(self.lines))
+
+    def ended(self) -> str:
+        self._reader.join(60)
+        return "".join(self.lines)
+
+
+def waits_for(condition, what: str, seconds: float = 120.0):
+    """``condition()``, once true (a guard of ``seconds`` against a hang, not a timing)."""
+    deadline = time.monotonic() + seconds
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.1)
+    return found
+
+
+def hour_now() -> str:
+    return period_window("hour", time.time())[0]
+
+
+WAITS = "quota spent; the run waits for the hourly quota of 10 (configured)"
+
+
+@pytest.mark.heavy
+def test_a_run_waiting_on_a_spent_quota_restores_it_to_a_budget_back_empty_and_says_its_wait_once(
+    emptied, svc, tmp_path
+):
+    """Issue 52, through ``batchsum summarize``: run A (``--quota 10/hour --max-wait 7200``) sends 10
+    and waits for the hour's reset, saying so once, then on its bar and in ``batchsum top``. The
+    budget comes back empty (Redis flushed; the SQLite file removed): A, whose pacer is quiet, hears
+    it on its entry's keep-alive and restores what it saw counted, every period, before any claim.
+    Then run B (``--quota 10/hour``) sends 0, a run with ``--quota 12/day`` sends 2 (the day holds A's
+    10), and a later ``--quota 10/hour`` run 0: the service admitted 12 in the hour, never 20. A waits
+    through all of it, having said its wait once (its repeats came in the wait's first moments, one
+    per attempt that had claimed when the quota ran out: the run's entry shows the wait within a
+    keep-alive, 5 s, by which time every such attempt has been refused). An hour that turns during
+    the scenario spoils it (A's quota resets): it is run again."""
+    from batchsum import Client
+
+    with Client(api_key=PREMIUM, base_url=svc.url) as client:
+        emptied.identity = client.identity
+    for attempt in range(2):
+        hour = hour_now()
+        outcome = _waiting_run_and_an_emptied_budget(emptied, svc, tmp_path / f"try{attempt}")
+        if hour_now() == hour:
+            break
+    sent, lines, waiting = outcome
+    assert sent == {"A": 10, "B": 0, "a day's 12": 2, "an hour's 10": 0}, sent
+    assert sum(WAITS in line for line in lines) == 1, lines
+    assert sum("it leaves the run until then" in line for line in lines) == 1, lines
+    assert sum("counts this run saw there are restored" in line for line in lines) == 1, lines
+    assert waiting.startswith("waits for the hourly quota of 10 (configured) to reset at "), waiting
+
+
+def _waiting_run_and_an_emptied_budget(emptied: Emptied, svc, folder):
+    """The scenario once, in ``folder``: what each run sent (at the service), A's lines, and what
+    ``batchsum top`` showed A waiting for."""
+    folder.mkdir()
+    svc.state.reset_stats()
+    emptied.empty()
+    env = {
+        **os.environ,
+        "BATCHSUM_API_KEY": PREMIUM,
+        "BATCHSUM_BASE_URL": svc.url,
+        "BATCHSUM_BUDGET": emptied.location,
+        "BATCHSUM_RPM": "600",
+        "XDG_CACHE_HOME": str(folder / "cache"),
+        "PYTHONPATH": str(ROOT),
+    }
+
+    def summarize(name: str, seed: int, texts: int, *flags: str) -> list[str]:
+        pq.write_table(pa.table({"text": [article(20, seed=seed * 1000 + i) for i in range(texts)]}), folder / name)
+        return [sys.executable, "-m", "batchsum", "summarize", name, "-o", f"out-{name}", "--column", "text", *flags]
+
+    def requests() -> int:
+        return int(svc.stats()["requests"])
+
+    a = subprocess.Popen(
+        summarize("a.parquet", 1, 15, "--quota", "10/hour", "--max-wait", "7200"),
+        env=env, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    said, sent = Said(a), {}
+    try:
+        waits_for(lambda: said.count(WAITS), "A's wait")
+        sent["A"] = requests()
+
+        def top_shows_a_waiting() -> str | None:
+            done = subprocess.run(
+                [sys.executable, "-m", "batchsum", "top", "--once", "--json"], env=env, cwd=folder,
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            keys = json.loads(done.stdout)["keys"] if done.returncode == 0 else []
+            return next((run["waiting"] for key in keys for run in key["runs"] if run.get("waiting")), None)
+
+        waiting = waits_for(top_shows_a_waiting, "A's wait in top")
+        emptied.empty()
+        hour = period_window("hour", time.time())[0]
+
+        async def counted() -> int:
+            budget = emptied.user()
+            try:
+                return await budget.quota_used(hour)
+            finally:
+                await budget.aclose()
+
+        waits_for(lambda: asyncio.run(counted()) >= 10, "A's counts restored")  # A's keep-alive heard it
+        for name, seed, quota in (("B", 2, "10/hour"), ("a day's 12", 3, "12/day"), ("an hour's 10", 4, "10/hour")):
+            before = requests()
+            done = subprocess.run(
+                summarize(f"{seed}.parquet", seed, 10, "--quota", quota, "--max-wait", "5"),
+                env=env, cwd=folder, capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            assert done.returncode == 1 and "quota" in done.stderr, done.stderr
+            sent[name] = requests() - before
+        a.send_signal(signal.SIGINT)
+        assert a.wait(120) == 130
+    finally:
+        if a.poll() is None:
+            a.kill()
+            a.wait()
+    said.ended()
+    assert requests() == sum(sent.values())  # A sent nothing more while it waited
+    return sent, said.lines, waiting
