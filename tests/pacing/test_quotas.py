@@ -553,6 +553,8 @@ def test_a_run_waiting_on_spent_quotas_says_so_once_then_shows_it(keys):
     (3 to 7 times). On the virtual clock, 30 s of the wait cost no test time: each key's line that
     it leaves the run and the run's line that it waits are said once, and the wait is on the stats
     (the bar's line and the run's entry read it) until a key sends again."""
+    from batchsum.app.run_view import describe_progress
+
     service = KeyedService({key: 600 for key in team_keys(keys)})
     quota = Quota(5, "hour")
     told: list[str] = []
@@ -577,7 +579,7 @@ def test_a_run_waiting_on_spent_quotas_says_so_once_then_shows_it(keys):
             await asyncio.wait_for(consume(), 30.0 + 5)  # 30 s of the wait, after the 5 a key sends
         except asyncio.TimeoutError:
             pass
-        waiting = (stats.waiting, ProgressBar.describe(stats))
+        waiting = (stats.waiting, ProgressBar.describe(stats), describe_progress(stats))
         for client in clients:
             await client.aclose()
         return rows, waiting
@@ -587,9 +589,9 @@ def test_a_run_waiting_on_spent_quotas_says_so_once_then_shows_it(keys):
     assert len(rows) <= 5 * keys  # in input order: those before the first row left unsent
     assert sum("it leaves the run until then" in line for line in told) == keys, told
     assert sum("quota spent; the run waits for the hourly quota of 5 (configured)" in line for line in told) == 1, told
-    waits, bar = waiting
+    waits, bar, app = waiting
     assert waits is not None and waits.startswith("waits for the hourly quota of 5 (configured)")
-    assert f"429s 0 · {waits} · " in bar
+    assert f"429s 0 · {waits} · " in bar and waits in app  # the bar's line, the apps' state line
 
 
 class SlowGiveBack(ProcessBudget):
