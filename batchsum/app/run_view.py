@@ -97,6 +97,7 @@ def describe_progress(stats: BatchStats) -> str:
         f"429s {stats.rate_limited}",
         f"ETA {eta}",
     ]
+    words += [stats.waiting] if stats.waiting else []  # every key's quota spent: what the run waits for
     line = " · ".join(words) + (f" · {state.describe()}" if state is not None else "")
     changes = stats.pacer.changes[-1:] if stats.pacer is not None else []
     return html.escape(line, quote=False) + "".join(

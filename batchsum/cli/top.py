@@ -192,11 +192,12 @@ def _table(runs: Sequence[RunView], width: int) -> list[str]:
         return "  " + "  ".join(parts)
 
     lines = [line(names)]
-    for row in rows:
+    for run, row in zip(runs, rows):
         lines.append(line(row))
-        if dropped:  # what does not fit in a row: under it, in words
-            rest = " · ".join(f"{names[i].lower()} {row[i]}" for i in dropped)
-            lines += textwrap.wrap(rest, width, initial_indent="      ", subsequent_indent="      ")
+        under = [f"{names[i].lower()} {row[i]}" for i in dropped]  # what does not fit in a row: under it, in words
+        under += [run.waiting] if run.waiting else []  # every key's quota spent: what it waits for
+        if under:
+            lines += textwrap.wrap(" · ".join(under), width, initial_indent="      ", subsequent_indent="      ")
     return lines
 
 

@@ -47,7 +47,7 @@ class Batch:
             FirstRequest(lane.record, mode, alone=lane.record is None or lane.record.proven(mode) is None)
             for lane in lanes
         ]
-        self.keys = Keys(list(zip(lanes, firsts)), options.max_wait, self.cap_reached)
+        self.keys = Keys(list(zip(lanes, firsts)), options.max_wait, self.cap_reached, stats)
         self.gate = Gate(self.keys, options.max_wait, stats=stats, cap=options.max_requests, on_cap=self.cap_reached)
         self.halt = Stop(self.gate.on_wire, options.drain_seconds)
         self.requests = Requests(self.keys, stats, self.answers, self.gate, self.halt.stopped, self.stop)

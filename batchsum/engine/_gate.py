@@ -137,8 +137,7 @@ class Gate:
         cost = charge(error)
         if self.cap is not None:
             self.cap.settle(paid=cost.paid)
-        if period is not None and not cost.paid:
-            self.quotas.give_back(state, period)  # not billed (a 429, a 401, a 422, a 5xx): not counted on the quota
+        self.quotas.settle(state, period, paid=cost.paid)  # not billed (a 429, a 401, a 422, a 5xx): given back
         if self.stats is not None:
             latency = pacer.now() - started if answered else None
             self.stats.attempt_ended(_outcome(error), latency, self._wire(state), cost)

@@ -23,8 +23,9 @@ from ..pacing.forecast import KeyNow, first_back, key_now
 from ..pacing.quota import Spent, utc
 from ..service.errors import APIStatusError, AuthenticationError, NotPremiumError, QuotaSpent
 from .keys import KeyLane
+from .tally import BatchStats
 
-__all__ = ["Keys", "KeyOut", "LaneState", "FirstRequest", "lane_now", "wall_of"]
+__all__ = ["Keys", "KeyOut", "LaneState", "FirstRequest", "RunWait", "lane_now", "wall_of"]
 
 T = TypeVar("T")
 RECHECK = 0.5  # seconds between looks while requests wait for a key (capacity grows with latency)
@@ -173,23 +174,49 @@ class LaneState:
         raise KeyOut
 
 
+class RunWait:
+    """What a run waits for while every key is out (``waits for the hourly quota of 10 ... to reset at
+    ...``): said once (``news``), then shown on the bar and in the run's entry (``stats.waiting``)."""
+
+    __slots__ = ("stats", "words")
+
+    def __init__(self, stats: BatchStats | None) -> None:
+        self.stats = stats
+        self.words: str | None = None
+
+    def news(self, words: str) -> bool:
+        """The run waits (``words``): whether it is news, to be said."""
+        if self.stats is not None:
+            self.stats.waiting = words
+        news, self.words = words != self.words, words
+        return news
+
+    def over(self) -> None:
+        """A key sends again: the run waits no more."""
+        if self.words is not None:
+            self.words = None
+            if self.stats is not None:
+                self.stats.waiting = None
+
+
 class Keys:
     """The keys of one batch (``lanes``) and who sends next: ``choose`` gives a request its key (or
     waits for one), ``release`` takes it back when the request is done with it. ``on_quota`` stops
-    the batch when every key's quota is spent beyond ``max_wait``."""
+    the batch when every key's quota is spent beyond ``max_wait``, else the run waits (``wait``)."""
 
     def __init__(
         self,
         lanes: Sequence[tuple[KeyLane, FirstRequest]],
         max_wait: float,
         on_quota: Callable[[QuotaSpent], None],
+        stats: BatchStats | None = None,
     ) -> None:
         self.states = [LaneState(lane, first, len(lanes) == 1) for lane, first in lanes]
         self.single = len(self.states) == 1
         self.max_wait = max_wait
         self.on_quota = on_quota
         self.refusal: APIStatusError | None = None  # the last key's refusal: the batch's stop when none is left
-        self.waiting: float | None = None  # every key out: the reset the run waits for (told once)
+        self.wait = RunWait(stats)  # every key out: what the run waits for (said once, then on the bar)
         self._waiters: deque[asyncio.Future[LaneState | None]] = deque()
         self._timer: asyncio.TimerHandle | None = None
 
@@ -200,10 +227,12 @@ class Keys:
         """The key this request goes to; waits while none has room; raises when none is left."""
         while True:
             now = self.now()
-            self._check_all_out(now)
+            if all(state.out(now) for state in self.states):  # a stop, unless one comes back within max_wait
+                _none_back(self, now)
             picked = None if self._waiters else self._pick(now)
             if picked is not None:
                 picked.assigned += 1
+                self.wait.over()
                 return picked
             if self.single:  # its one key is out for a while: wait for it
                 await asyncio.sleep(min(RECHECK, max(0.0, self.states[0].lane.out_until - now)))
@@ -218,6 +247,7 @@ class Keys:
                 raise
             _abandon(self._waiters, future)
             if done and future.result() is not None:
+                self.wait.over()
                 return future.result()  # type: ignore[return-value]
 
     def _pick(self, now: float) -> LaneState | None:
@@ -277,12 +307,6 @@ class Keys:
         if self._waiters:
             self._timer = asyncio.get_running_loop().call_later(RECHECK, self.changed)
 
-    def _check_all_out(self, now: float) -> None:
-        """Every key out: raise the last refusal when none can come back; a quota's stop when the
-        first back is further than ``max_wait``; else return (the caller waits for it)."""
-        if all(state.out(now) for state in self.states):
-            _none_back(self, now)
-
     # -- a key leaves the run -----------------------------------------------------------------------
 
     def refuse(self, state: LaneState, error: AuthenticationError | NotPremiumError) -> bool:
@@ -314,10 +338,12 @@ class Keys:
         lane = state.lane
         if lane.out_until >= until:
             return
+        # The same quota said already, the key out for it (each attempt it refused finds it so): said once.
+        said = lane.spent_now() is not None and lane.spent is not None and lane.spent.describe() == spent.describe()
         lane.spent, lane.out_until = spent, until
-        if lane.record is not None and remember:
+        if lane.record is not None and remember and not said:
             lane.record.spent(lane.spent)
-        if lane.tell is not None:
+        if lane.tell is not None and not said:
             left = sum(1 for s in self.states if not s.out(self.now()))
             goes_on = f"the run goes on with {left} key{'s' if left != 1 else ''}" if left else "no key is left"
             lane.tell(f"{lane.name}: its {lane.spent.describe()}; it leaves the run until then ({goes_on})")
@@ -378,11 +404,12 @@ def _none_back(keys: Keys, now: float) -> None:
         keys.on_quota(QuotaSpent(spent))
         raise asyncio.CancelledError
     lane = lanes[held.index(waited)]
-    if keys.waiting != waited.out_until and lane.spent is not None and lane.tell is not None:
-        keys.waiting = waited.out_until
-        minutes = max(0.0, (waited.out_until or now) - now) / 60
+    if lane.spent is not None:
         quota = f"{lane.spent.name} of {lane.name}" if len(lanes) > 1 else lane.spent.name
-        lane.tell(
-            f"{'every key' if len(lanes) > 1 else lane.name}: quota spent; the run waits for the {quota} to reset at "
-            f"{utc(lane.spent.until)} ({minutes:.0f} min, within max_wait {keys.max_wait:g} s), then goes on"
-        )
+        words = f"waits for the {quota} to reset at {utc(lane.spent.until)}"
+        if keys.wait.news(words) and lane.tell is not None:
+            minutes = max(0.0, (waited.out_until or now) - now) / 60
+            lane.tell(
+                f"{'every key' if len(lanes) > 1 else lane.name}: quota spent; the run {words} "
+                f"({minutes:.0f} min, within max_wait {keys.max_wait:g} s), then goes on"
+            )

@@ -23,11 +23,10 @@ LOOK_AGAIN_SECONDS = 0.5
 class Quotas:
     """The quotas of a batch's keys (``keys``), as its gate meets them."""
 
-    __slots__ = ("keys", "_giving")
+    __slots__ = ("keys",)
 
     def __init__(self, keys: Keys) -> None:
         self.keys = keys
-        self._giving: set[asyncio.Task[None]] = set()  # counts given back, under way
 
     def started(self) -> None:
         if not self.keys.single:
@@ -52,25 +51,26 @@ class Quotas:
                 raise KeyOut
             state.answered.clear()  # answers on the wire may state more room, or none left
             await _next_answer(state)
-        if lane.counted is None:
+        counted = lane.counted
+        if counted is None:
             state.reserved += 1
             return None
         while True:
-            period = await lane.counted.claim()
+            returned = counted.returned
+            period = await counted.claim()
             if period is not None:
                 state.reserved += 1
                 return period
-            if not state.reserved and not lane.pacer.in_flight.on_wire:  # nothing of ours may give one back
-                if self._giving:  # but counts given back are under way (turns given away): look again after
-                    await asyncio.gather(*self._giving, return_exceptions=True)
-                    continue
-                spent = lane.counted.spent()
+            # Refused: spent, unless a claim of the run's (any batch's on the key) may still be given
+            # back. Wait until one is, or none is pending; a count given back meanwhile: claim again.
+            while counted.returned == returned and counted.pending:
+                await state.guard(counted.moved(LOOK_AGAIN_SECONDS))
+                if state.out(lane.pacer.now()):
+                    raise KeyOut
+            if counted.returned == returned:
+                spent = counted.spent()
                 until = lane.pacer.now() + max(1.0, spent.until - wall_of(lane))
                 keys.take_out(state, until, spent, remember=False)  # the budget's count says it to every run
-                raise KeyOut
-            state.answered.clear()  # ours under way: one not billed among them gives its count back
-            await _next_answer(state)
-            if state.out(lane.pacer.now()):
                 raise KeyOut
 
     def release(self, state: LaneState, period: tuple[str, ...] | None) -> None:
@@ -78,8 +78,7 @@ class Quotas:
         the key's waiting attempts look again, and a stated quota it leaves with no room takes the key
         out (no answer may come to do it)."""
         state.reserved -= 1
-        if period is not None:
-            self.give_back(state, period)
+        self.settle(state, period, paid=False)
         state.answered.set()
         self._out_if_spent(state)
 
@@ -91,19 +90,19 @@ class Quotas:
         if not state.out(now) and _none_left(state, now) and lane.stated.until - now > LONG_RETRY_AFTER:
             self.keys.take_out(state, lane.stated.until, lane.stated.spent())
 
-    def give_back(self, state: LaneState, period: tuple[str, ...]) -> None:
-        """Uncount one request on the key's budget (one not billed, or an attempt that never started),
-        in a task of its own: the attempt's end does not wait for it."""
+    def settle(self, state: LaneState, period: tuple[str, ...] | None, *, paid: bool) -> None:
+        """An admitted attempt is done with its count on the key's budget (``period``: None when it
+        had none): paid, it stays; not billed (a 429, a 401, a 422, a 5xx) or never started, it is
+        given back, in a task of its own (the attempt's end does not wait for it)."""
         counted = state.lane.counted
-        assert counted is not None
-        task = asyncio.ensure_future(counted.give_back(period))
-        self._giving.add(task)
-        task.add_done_callback(self._giving.discard)
+        if period is not None and counted is not None:
+            counted.settle(period, paid=paid)
 
     async def close(self) -> None:
         """Wait for the give-backs under way: done before the run ends and its budgets close."""
-        while self._giving:
-            await asyncio.gather(*self._giving, return_exceptions=True)
+        for state in self.keys.states:
+            if state.lane.counted is not None:
+                await state.lane.counted.close()
 
     def learn(
         self,

@@ -140,6 +140,7 @@ class BatchStats:
     outcomes: Counter[str] = field(default_factory=Counter)  # attempts by outcome: ok, rate_limited, error codes
     latencies: array[float] = field(default_factory=lambda: array("d"))  # of answered attempts, seconds
     telemetry: Telemetry | None = None
+    waiting: str | None = None  # every key out: what the run waits for ("waits for the daily quota ...")
 
     @property
     def skipped(self) -> int:

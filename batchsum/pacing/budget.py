@@ -68,6 +68,7 @@ from .exchange import (
     Budget,
     Lead,
     Member,
+    QuotaCounts,
     Remembered,
     Report,
     RunEntry,
@@ -265,7 +266,7 @@ class ProcessBudget(Budget):
 
     async def quota_claim(
         self, periods: Sequence[tuple[str, float]], limit: int | None, epoch: str | None = None
-    ) -> int | None:
+    ) -> QuotaCounts:
         with self._lock:  # shared by threads and event loops: one count at a time
             return await super().quota_claim(periods, limit, epoch)
 
@@ -273,9 +274,9 @@ class ProcessBudget(Budget):
         with self._lock:
             await super().quota_give_back(periods)
 
-    async def quota_restore(self, period: str, at_least: int, keep: float) -> None:
+    async def quota_restore(self, into: str, old: str, counts: Sequence[tuple[str, int, float]]) -> None:
         with self._lock:
-            await super().quota_restore(period, at_least, keep)
+            await super().quota_restore(into, old, counts)
 
 
 async def check_budget(budget: Budget) -> None:

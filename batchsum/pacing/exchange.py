@@ -28,6 +28,7 @@ __all__ = [
     "RunEntry",
     "BudgetReset",
     "BudgetUnreachable",
+    "QuotaCounts",
     "LEASE_SECONDS",
     "RUN_LEASE_SECONDS",
     "STOP_SECONDS",
@@ -98,6 +99,46 @@ class BudgetReset(Exception):
     def __init__(self, epoch: str) -> None:
         super().__init__(f"the rate budget came back empty (epoch {epoch})")
         self.epoch = epoch
+
+
+@dataclass(frozen=True)
+class QuotaCounts:
+    """What a quota claim found on the budget: the ``epoch`` it was made on, each period's count after
+    it (``counts``, in the order asked), and whether it counted (``counted``; False: the first period
+    held the limit already, and nothing was counted)."""
+
+    epoch: str
+    counts: tuple[int, ...]
+    counted: bool
+
+
+class QuotaBook:
+    """A key's quota counts kept in memory (a budget in this process): each period's ``counts``, and
+    what was ``restored`` of each old epoch's (epoch, period -> the count added for it)."""
+
+    __slots__ = ("counts", "restored")
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.restored: dict[tuple[str, str], int] = {}
+
+    def claim(self, periods: Sequence[tuple[str, float]], limit: int | None) -> tuple[tuple[int, ...], bool]:
+        counted = limit is None or self.counts.get(periods[0][0], 0) < limit
+        if counted:
+            for name, _ in periods:
+                self.counts[name] = self.counts.get(name, 0) + 1
+        return tuple(self.counts.get(name, 0) for name, _ in periods), counted
+
+    def give_back(self, periods: Sequence[str]) -> None:
+        for name in periods:
+            self.counts[name] = max(0, self.counts.get(name, 0) - 1)
+
+    def restore(self, old: str, counts: Sequence[tuple[str, int, float]]) -> None:
+        for name, count, _ in counts:
+            done = self.restored.get((old, name), 0)
+            if count > done:
+                self.counts[name] = self.counts.get(name, 0) + count - done
+                self.restored[(old, name)] = count
 
 
 @dataclass(frozen=True)
@@ -285,41 +326,43 @@ class Budget(abc.ABC):
         return 0
 
     # The key's paid requests per UTC period (``pacing.quota.CountedQuota``), the count a configured
-    # quota is held to. This default keeps it in the budget object (this process); the shared budgets
-    # keep it where they live.
+    # quota is held to. This default keeps it in the budget object (this process: ``QuotaBook``); the
+    # shared budgets keep it where they live. What was restored of an old epoch's counts lives beside
+    # them, so it goes when they go (a budget that comes back empty again has restored nothing).
 
     async def quota_claim(
         self, periods: Sequence[tuple[str, float]], limit: int | None, epoch: str | None = None
-    ) -> int | None:
+    ) -> QuotaCounts:
         """Count one paid request in each of ``periods`` (a name and the seconds the count must
-        outlive: its period's end), unless the first holds ``limit`` already: the first's count after
-        it, or None (its quota is spent; nothing counted). ``limit`` None: count, never refuse.
-        ``epoch``: the budget's epoch as the caller knows it; on another, nothing is counted and
-        ``BudgetReset`` is raised (the counts are to be restored first: ``quota_restore``)."""
+        outlive: its period's end), unless the first holds ``limit`` already (nothing counted).
+        ``limit`` None: count, never refuse. ``epoch``: the budget's epoch as the caller knows it; on
+        another, nothing is counted and ``BudgetReset`` is raised (what the caller counted on the old
+        one is to be restored: ``quota_restore``)."""
         if epoch is not None and epoch != self.epoch:
             raise BudgetReset(self.epoch)
-        counts: dict[str, int] = self.__dict__.setdefault("_quota_counts", {})
-        if limit is not None and counts.get(periods[0][0], 0) >= limit:
-            return None
-        for name, _ in periods:
-            counts[name] = counts.get(name, 0) + 1
-        return counts[periods[0][0]]
+        return QuotaCounts(self.epoch, *self._quota_book.claim(periods, limit))
 
     async def quota_give_back(self, periods: Sequence[str]) -> None:
         """Uncount one request of each of ``periods`` the service did not charge for (a 429)."""
-        counts: dict[str, int] = self.__dict__.setdefault("_quota_counts", {})
-        for name in periods:
-            counts[name] = max(0, counts.get(name, 0) - 1)
+        self._quota_book.give_back(periods)
 
     async def quota_used(self, period: str) -> int:
         """Requests counted in ``period`` so far (``--dry-run``, ``batchsum limits``)."""
-        return int(self.__dict__.get("_quota_counts", {}).get(period, 0))
+        return self._quota_book.counts.get(period, 0)
 
-    async def quota_restore(self, period: str, at_least: int, keep: float) -> None:
-        """``period``'s count raised to ``at_least`` (never lowered), kept ``keep`` seconds: what a run
-        saw counted there, written again into a budget that came back empty."""
-        counts: dict[str, int] = self.__dict__.setdefault("_quota_counts", {})
-        counts[period] = max(counts.get(period, 0), at_least)
+    async def quota_restore(self, into: str, old: str, counts: Sequence[tuple[str, int, float]]) -> None:
+        """What a run saw counted on the epoch ``old`` (each period's name, its count, and the seconds
+        it must be kept) added to the counts of the budget's epoch now, ``into`` (on another,
+        ``BudgetReset``: it came back empty again), less what was restored of ``old`` already: each old
+        epoch's count is restored once, however many runs remember it (the most any of them saw)."""
+        if into != self.epoch:
+            raise BudgetReset(self.epoch)
+        self._quota_book.restore(old, counts)
+
+    @property
+    def _quota_book(self) -> QuotaBook:
+        book: QuotaBook = self.__dict__.setdefault("_quota_book", QuotaBook())
+        return book
 
     # The runs' registry: who is on the key (published with the calls a run makes anyway: ``Report.entry``),
     # and a job's stop (``Slot.stop``, for the run named by ``Report.run``).

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from ..service.errors import BudgetError
 from ..service.keys import ADJECTIVES, PERIODS, Quota, period_window
 from ..service.retry import MAX_RETRY_AFTER
-from .exchange import Budget, BudgetReset
+from .exchange import Budget, BudgetReset, QuotaCounts
 
-__all__ = ["Spent", "StatedQuota", "CountedQuota", "LONG_RETRY_AFTER", "utc", "window_name"]
+__all__ = ["Spent", "StatedQuota", "CountedQuota", "SeenCounts", "LONG_RETRY_AFTER", "utc", "window_name"]
 
 log = logging.getLogger("batchsum")
 
@@ -153,31 +153,114 @@ class StatedQuota:
 
 
 CLAIMS_AT_ONCE = 8  # a run's count calls on one key's budget at once
+RESTORED = "the quota's counts this run saw there are restored: "
+
+
+class SeenCounts:
+    """What a run saw counted on its key's ``budget``, every period (its most, less what it gave back
+    since), and on which ``epoch``: told another epoch (``heard``, from any call of the run: a claim,
+    the pacer's, the entry's keep-alive), the budget came back empty, and what it saw is restored at
+    once, added to what the new epoch counted since (``Budget.quota_restore``: each old epoch's count
+    once, however many runs remember it). ``wall``: the Unix time now."""
+
+    __slots__ = ("budget", "wall", "epoch", "counts", "_restoring")
+
+    def __init__(self, budget: Budget, wall: Callable[[], float]) -> None:
+        self.budget = budget
+        self.wall = wall
+        self.epoch: str | None = None  # the budget's epoch the counts were seen on (None: none seen yet)
+        self.counts: dict[str, tuple[int, float]] = {}  # period -> (its count as seen, when the count may go)
+        self._restoring: asyncio.Task[None] | None = None
+
+    def saw(self, found: QuotaCounts, periods: list[tuple[str, float]]) -> None:
+        """A claim's answer: each period's count (kept ``periods``' seconds)."""
+        self.epoch = self.epoch or found.epoch
+        wall = self.wall()
+        for (name, keep), count in zip(periods, found.counts):
+            self.counts[name] = (max(self.counts.get(name, (0, 0.0))[0], count), wall + keep)
+
+    def gave_back(self, periods: tuple[str, ...]) -> None:
+        for name in periods:
+            if name in self.counts:
+                count, until = self.counts[name]
+                self.counts[name] = (max(0, count - 1), until)
+
+    def heard(self, epoch: str) -> None:
+        """The budget answered a call of the run's with ``epoch``: another than the one the counts were
+        seen on means it came back empty, and they are restored at once (in a task of their own)."""
+        if not epoch or epoch == self.epoch:
+            return
+        if self.epoch is None:  # nothing counted yet: nothing to restore
+            self.epoch = epoch
+            return
+        if self._restoring is None or self._restoring.done():
+            self._restoring = asyncio.ensure_future(self._restore(epoch))
+            self._restoring.add_done_callback(_looked_at)
+
+    async def restored(self) -> None:
+        """Once a restore under way is done (one that failed raises its error here, as a claim's call
+        would, and the next claim on the old epoch tries it again)."""
+        restoring = self._restoring
+        if restoring is not None:
+            if restoring.done():
+                self._restoring = None
+            await asyncio.shield(restoring)
+
+    async def _restore(self, into: str) -> None:
+        """What was seen on our epoch, every period still running, added to the budget's now (``into``,
+        or a later one if it came back empty again meanwhile); then ours is ``into``."""
+        while into != self.epoch:
+            old, counts = self.epoch, self._running()
+            try:
+                if old is not None and counts:
+                    await self.budget.quota_restore(into, old, counts)
+            except BudgetReset as reset:
+                into = reset.epoch
+                continue
+            self.epoch = into
+            if counts:
+                said = ", ".join(f"{count} in {name}" for name, count, _ in counts)
+                log.warning("batchsum: the rate budget at %s came back empty: %s", self.budget.where, RESTORED + said)
+
+    def _running(self) -> list[tuple[str, int, float]]:
+        """Each period still running seen counted: its name, its count, the seconds it is kept."""
+        wall = self.wall()
+        self.counts = {name: seen for name, seen in self.counts.items() if seen[1] > wall}
+        return [(name, count, until - wall) for name, (count, until) in self.counts.items() if count > 0]
+
+    async def close(self) -> None:
+        if self._restoring is not None:
+            await asyncio.gather(self._restoring, return_exceptions=True)
 
 
 class CountedQuota:
     """Paid requests counted on the key's ``budget`` in UTC calendar periods (its hour, day and
     month), by every run on the key, whether it configured a quota or not, so that the count a
     configured ``quota`` (``Quota``) is held to is everything the key's runs paid: ``claim`` counts one
-    paid request before it starts (None: the quota is spent), ``give_back`` uncounts one the service
-    did not bill (``engine.tally.charge``). With no ``quota``, it counts and never refuses. ``wall``: the
-    Unix time now, the periods' clock. Each claim carries the budget's epoch as this run knows it: a
-    budget that came back empty refuses it (``BudgetReset``), and the quota's count is restored to at
-    least what this run last saw counted before it counts again."""
+    paid request before it starts (None: the quota is spent), ``settle`` tells what its answer was
+    (not billed, ``engine.tally.charge``: the count given back). With no ``quota``, it counts and never
+    refuses. ``wall``: the Unix time now, the periods' clock. One per run and key: every batch of the
+    run on the key (DuckDB's threads) claims through it, so ``pending`` is every claim of the run that
+    may still be given back. What it saw counted is ``seen``'s, restored to a budget that came back
+    empty; a claim carries the epoch it was seen on and counts nothing on another, so no claim is
+    counted from zero before the restore is done."""
 
-    __slots__ = ("quota", "budget", "used", "wall", "epoch", "_seen", "_one")
+    __slots__ = ("quota", "budget", "used", "wall", "seen", "pending", "returned", "_one", "_giving", "_moved")
 
     def __init__(self, quota: Quota | None, budget: Budget, wall: Callable[[], float] = time.time) -> None:
         self.quota = quota
         self.budget = budget
         self.used: int | None = None  # the count of the quota's period after our last claim (every run's)
         self.wall = wall
-        self.epoch: str | None = None  # the budget's epoch at our first claim
-        self._seen: tuple[str, int] | None = None  # the first period's name and its count after our last claim
+        self.seen = SeenCounts(budget, wall)
+        self.pending = 0  # our claims counted and not settled: each may still be given back
+        self.returned = 0  # our claims given back so far: a refusal before one may be wrong now
         # A few counts at a time: a batch's attempts all claim at once, and each call is a command on
         # the budget (a Redis connection each, of a pool of 100); a few keep a far budget's round
         # trips from capping the pace (one at a time, 30 ms apart, is 2000 a minute).
         self._one = asyncio.Semaphore(CLAIMS_AT_ONCE)
+        self._giving: set[asyncio.Task[None]] = set()  # counts given back, under way
+        self._moved: asyncio.Future[None] | None = None  # resolved when a count comes back or none is pending
 
     def _periods(self) -> list[tuple[str, float]]:
         """The periods now, the quota's first: each's name and the seconds its count is kept."""
@@ -195,30 +278,68 @@ class CountedQuota:
         periods = self._periods()
         limit = self.quota.limit if self.quota is not None else None
         async with self._one:
-            try:
-                used = await self.budget.quota_claim(periods, limit, self.epoch)
-            except BudgetReset as reset:  # it came back empty: what we saw counted goes back first
-                if self._seen is not None and self._seen[0] == periods[0][0]:
-                    await self.budget.quota_restore(periods[0][0], self._seen[1], periods[0][1])
-                self.epoch = reset.epoch
-                used = await self.budget.quota_claim(periods, limit, self.epoch)
-            self.epoch = self.epoch or self.budget.epoch or None
-            self._seen = (periods[0][0], limit if used is None and limit is not None else used or 0)
-        if used is None:
-            self.used = limit
+            while True:
+                await self.seen.restored()
+                try:
+                    found = await self.budget.quota_claim(periods, limit, self.seen.epoch)
+                    break
+                except BudgetReset as reset:  # back empty: what we saw counted goes back first
+                    self.seen.heard(reset.epoch)
+        self.seen.saw(found, periods)
+        self.used = found.counts[0]
+        if not found.counted:
             return None
-        self.used = used
+        self.pending += 1
         return tuple(name for name, _ in periods)
 
-    async def give_back(self, periods: tuple[str, ...]) -> None:
+    def settle(self, periods: tuple[str, ...], *, paid: bool) -> None:
+        """A claimed request ended: paid (its count stays), or not billed and given back on the budget,
+        in a task of its own (the attempt's end does not wait for it)."""
+        if paid:
+            self._settled(returned=False)
+            return
+        task = asyncio.ensure_future(self._give_back(periods))
+        self._giving.add(task)
+        task.add_done_callback(self._giving.discard)
+
+    async def _give_back(self, periods: tuple[str, ...]) -> None:
         """Uncount one request; a budget out of reach keeps it counted (one too many: never one too few)."""
-        async with self._one:
-            try:
+        returned = False
+        try:
+            async with self._one:
                 await self.budget.quota_give_back(periods)
-            except BudgetError as exc:
-                log.debug("a count could not be given back to the budget: %s", exc)
+            returned = True
+            self.seen.gave_back(periods)
+        except BudgetError as exc:
+            log.debug("a count could not be given back to the budget: %s", exc)
+        finally:
+            self._settled(returned)
+
+    def _settled(self, returned: bool) -> None:
+        self.pending -= 1
+        self.returned += returned
+        if (returned or not self.pending) and self._moved is not None:
+            if not self._moved.done():
+                self._moved.set_result(None)
+            self._moved = None
+
+    async def moved(self, timeout: float) -> None:
+        """Until a count of ours comes back or none is pending any more, or ``timeout`` seconds."""
+        if self._moved is None:
+            self._moved = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._moved), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    async def close(self) -> None:
+        """Wait for the give-backs and a restore under way: done before the run's budget closes."""
+        while self._giving:
+            await asyncio.gather(*self._giving, return_exceptions=True)
+        await self.seen.close()
 
     def spent(self) -> Spent:
+        """The configured quota, spent: what it is and when it comes back."""
         assert self.quota is not None
         _, _, end = self.quota.window(self.wall())
         return Spent(f"{self.quota.name} (configured)", end)
@@ -230,3 +351,9 @@ class CountedQuota:
         _, _, end = self.quota.window(self.wall())
         used = "?" if self.used is None else max(0, self.quota.limit - self.used)
         return f"{used} left in the {self.quota.name} until {utc(end)}"
+
+
+def _looked_at(task: asyncio.Task[None]) -> None:
+    """A restore's failure is the next claim's to raise (and it tries again); here it is only read."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("a quota's counts could not be restored yet: %s", task.exception())

@@ -6,6 +6,7 @@ for (``outage.Outage``), not a stop, until the run's ``budget_wait``.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -29,6 +30,7 @@ from .exchange import (
     BudgetUnreachable,
     Lead,
     Member,
+    QuotaCounts,
     Remembered,
     Report,
     RunEntry,
@@ -295,7 +297,7 @@ class RedisBudget(_RedisConnection):
 
     async def quota_claim(
         self, periods: Sequence[tuple[str, float]], limit: int | None, epoch: str | None = None
-    ) -> int | None:
+    ) -> QuotaCounts:
         keys = [self._keys[0], *(self._quota(name) for name, _ in periods)]
         args = [
             "" if limit is None else str(limit),
@@ -303,15 +305,20 @@ class RedisBudget(_RedisConnection):
             os.urandom(8).hex(),
             *(str(int(keep)) for _, keep in periods),
         ]
-        used, now_epoch = await self._redis(lambda: self._client()[1].eval(QUOTA, len(keys), *keys, *args))
-        self.epoch = _text(now_epoch)
-        if int(used) == -2:
+        raw = await self._redis(self._eval(QUOTA, keys, args))
+        counted, self.epoch = int(raw[0]), _text(raw[1])
+        if counted == -2:
             raise BudgetReset(self.epoch)
-        return None if int(used) < 0 else int(used)
+        return QuotaCounts(self.epoch, tuple(int(n) for n in raw[2:]), counted == 1)
 
-    async def quota_restore(self, period: str, at_least: int, keep: float) -> None:
-        key, args = self._quota(period), [str(int(at_least)), str(max(1.0, keep))]
-        await self._redis(lambda: self._client()[1].eval(RESTORE, 1, key, *args))
+    async def quota_restore(self, into: str, old: str, counts: Sequence[tuple[str, int, float]]) -> None:
+        keys = [self._keys[0], f"{self._keys[0]}:quota_restored", *(self._quota(name) for name, _, _ in counts)]
+        args = [into, old, os.urandom(8).hex()]
+        for name, count, keep in counts:
+            args += [name, str(int(count)), str(max(1, math.ceil(keep)))]
+        done, self.epoch = (_text(v) for v in await self._redis(self._eval(RESTORE, keys, args)))
+        if done == "-2":
+            raise BudgetReset(self.epoch)
 
     async def runs(self) -> list[RunEntry]:
         budget = self._keys[0]

@@ -229,9 +229,9 @@ return {held, published, string.format('%.6f', at), string.format('%.6f', now)}
 """
 
 # The key's paid requests per period: one more in each period KEYS[i + 1] (kept ARGV[i + 3] seconds)
-# unless the first holds the limit ARGV[1] already ('' none): -1; or unless the budget's epoch (a field of
-# KEYS[1], made ARGV[3] when missing) is not ARGV[2], the one the caller knows ('' any): -2. Returns the
-# first's count and the epoch.
+# unless the first holds the limit ARGV[1] already ('' none); or, before anything, unless the budget's
+# epoch (a field of KEYS[1], made ARGV[3] when missing) is not ARGV[2], the one the caller knows ('' any):
+# {-2, epoch}. Returns {1 if it counted else 0, the epoch, then each period's count}.
 QUOTA = """
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
 if not epoch then
@@ -240,21 +240,49 @@ if not epoch then
   redis.call('EXPIRE', KEYS[1], 86400)
 end
 if ARGV[2] ~= '' and ARGV[2] ~= epoch then return {-2, epoch} end
-local used = tonumber(redis.call('GET', KEYS[2]) or '0')
-if ARGV[1] ~= '' and used >= tonumber(ARGV[1]) then return {-1, epoch} end
+local counted = 1
+if ARGV[1] ~= '' and tonumber(redis.call('GET', KEYS[2]) or '0') >= tonumber(ARGV[1]) then counted = 0 end
+local out = {counted, epoch}
 for i = 2, #KEYS do
-  local n = redis.call('INCR', KEYS[i])
-  if i == 2 then used = n end
-  redis.call('EXPIRE', KEYS[i], math.ceil(tonumber(ARGV[i + 2])))
+  local n
+  if counted == 1 then
+    n = redis.call('INCR', KEYS[i])
+    redis.call('EXPIRE', KEYS[i], math.ceil(tonumber(ARGV[i + 2])))
+  else
+    n = tonumber(redis.call('GET', KEYS[i]) or '0')
+  end
+  out[#out + 1] = n
 end
-return {used, epoch}
+return out
 """
 
-# A period's count raised to ARGV[1] (never lowered), kept ARGV[2] seconds.
+# What a run saw counted on an old epoch ARGV[2], added to the counts now, once: KEYS[1] the budget's
+# hash (its epoch must be ARGV[1], else {-2, epoch}; made ARGV[3] when missing), KEYS[2] what was restored
+# of each old epoch (a hash of "EPOCH PERIOD" -> the count added for it), KEYS[i + 2] the period
+# ARGV[3i + 1]'s count, raised by what ARGV[3i + 2] holds beyond what was restored of it already, kept
+# ARGV[3i + 3] seconds. Returns {1, epoch}.
 RESTORE = """
-if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then
-  redis.call('SET', KEYS[1], ARGV[1], 'EX', math.ceil(tonumber(ARGV[2])))
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if not epoch then
+  epoch = ARGV[3]
+  redis.call('HSET', KEYS[1], 'epoch', epoch)
+  redis.call('EXPIRE', KEYS[1], 86400)
 end
+if ARGV[1] ~= epoch then return {-2, epoch} end
+local longest = 1
+for i = 3, #KEYS do
+  local at = 3 * (i - 2) + 1
+  local field, count, keep = ARGV[2] .. ' ' .. ARGV[at], tonumber(ARGV[at + 1]), math.ceil(tonumber(ARGV[at + 2]))
+  local done = tonumber(redis.call('HGET', KEYS[2], field) or '0')
+  if count > done then
+    redis.call('INCRBY', KEYS[i], count - done)
+    if redis.call('TTL', KEYS[i]) < keep then redis.call('EXPIRE', KEYS[i], keep) end
+    redis.call('HSET', KEYS[2], field, count)
+  end
+  longest = math.max(longest, keep)
+end
+if redis.call('TTL', KEYS[2]) < longest then redis.call('EXPIRE', KEYS[2], longest) end
+return {1, epoch}
 """
 
 GIVE_BACK = """

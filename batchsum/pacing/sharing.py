@@ -106,9 +106,9 @@ class Sharing:
         """The budget answered with another epoch: it came back empty (a Redis restarted without its
         data). What lived there is given again from what this run holds: the pace starts again as
         after a pause (the gentle restart, no burst), a pause in force and a shared pace are told
-        again, and the key's record is written again with its stamps. (A configured quota's counts
-        are restored by the quota's own claim, ``quota.CountedQuota``; the search's lead is asked
-        again by ``lead.Lead`` and its state published.)"""
+        again, and the key's record is written again with its stamps. (The quota's counts this run
+        saw are restored by ``quota.CountedQuota``, which hears the epoch through the run's presence
+        and its own claims; the search's lead is asked again by ``lead.Lead`` and its state published.)"""
         now = self.clock()
         self.resets += 1
         log.warning("batchsum: %s at %s; what this run holds of it is written again", EMPTY, self.budget.where)

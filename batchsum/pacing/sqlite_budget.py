@@ -25,6 +25,7 @@ from .exchange import (
     BudgetReset,
     Lead,
     Member,
+    QuotaCounts,
     Report,
     RunEntry,
     Share,
@@ -156,22 +157,21 @@ class SQLiteBudget(SQLiteFile):
 
     async def quota_claim(
         self, periods: Sequence[tuple[str, float]], limit: int | None, epoch: str | None = None
-    ) -> int | None:
-        def claim(db: sqlite3.Connection) -> int | None:
+    ) -> QuotaCounts:
+        def claim(db: sqlite3.Connection) -> QuotaCounts:
             if epoch is not None and epoch != self.epoch:
                 raise BudgetReset(self.epoch)
-            return _quota_claim(db, self.id, periods, limit)
+            return QuotaCounts(self.epoch, *_quota_claim(db, self.id, periods, limit))
 
         return await self._transaction(claim)
 
-    async def quota_restore(self, period: str, at_least: int, keep: float) -> None:
-        await self._transaction(
-            lambda db: db.execute(
-                "INSERT INTO quota_counts VALUES (?, ?, ?, ?) ON CONFLICT (id, period) DO UPDATE SET "
-                "used = MAX(used, excluded.used)",
-                (self.id, period, at_least, time.time() + keep),
-            )
-        )
+    async def quota_restore(self, into: str, old: str, counts: Sequence[tuple[str, int, float]]) -> None:
+        def restore(db: sqlite3.Connection) -> None:
+            if into != self.epoch:
+                raise BudgetReset(self.epoch)
+            _quota_restore(db, self.id, old, counts)
+
+        await self._transaction(restore)
 
     async def quota_give_back(self, periods: Sequence[str]) -> None:
         await self._transaction(lambda db: db.executemany(_GIVE_BACK, [(self.id, name) for name in periods]))
@@ -220,16 +220,36 @@ def _quota_used(db: sqlite3.Connection, key_id: str, period: str) -> int:
 
 def _quota_claim(
     db: sqlite3.Connection, key_id: str, periods: Sequence[tuple[str, float]], limit: int | None
-) -> int | None:
+) -> tuple[tuple[int, ...], bool]:
     """One more request counted in each of ``periods`` (each kept its seconds) unless the first holds
-    ``limit`` (None)."""
-    used = _quota_used(db, key_id, periods[0][0])
-    if limit is not None and used >= limit:
-        return None
+    ``limit``: each period's count after it, and whether it counted."""
+    counted = limit is None or _quota_used(db, key_id, periods[0][0]) < limit
+    if counted:
+        now = time.time()
+        db.executemany(
+            "INSERT INTO quota_counts VALUES (?, ?, 1, ?) ON CONFLICT (id, period) DO UPDATE SET used = used + 1",
+            [(key_id, name, now + keep) for name, keep in periods],
+        )
+        db.execute("DELETE FROM quota_counts WHERE expires < ?", (now,))
+    return tuple(_quota_used(db, key_id, name) for name, _ in periods), counted
+
+
+def _quota_restore(db: sqlite3.Connection, key_id: str, old: str, counts: Sequence[tuple[str, int, float]]) -> None:
+    """What a run saw counted on the old epoch ``old`` added to each period's count, beyond what was
+    restored of that epoch already (the table ``quota_restored``: each old epoch once, the most seen)."""
     now = time.time()
-    db.executemany(
-        "INSERT INTO quota_counts VALUES (?, ?, 1, ?) ON CONFLICT (id, period) DO UPDATE SET used = used + 1",
-        [(key_id, name, now + keep) for name, keep in periods],
-    )
-    db.execute("DELETE FROM quota_counts WHERE expires < ?", (now,))
-    return used + 1
+    for name, count, keep in counts:
+        row = db.execute(
+            "SELECT used FROM quota_restored WHERE id=? AND epoch=? AND period=?", (key_id, old, name)
+        ).fetchone()
+        done = int(row[0]) if row else 0
+        if count > done:
+            db.execute(
+                "INSERT INTO quota_counts VALUES (?, ?, ?, ?) ON CONFLICT (id, period) DO UPDATE SET "
+                "used = used + excluded.used, expires = MAX(expires, excluded.expires)",
+                (key_id, name, count - done, now + keep),
+            )
+            db.execute(
+                "INSERT OR REPLACE INTO quota_restored VALUES (?, ?, ?, ?, ?)", (key_id, old, name, count, now + keep)
+            )
+    db.execute("DELETE FROM quota_restored WHERE expires < ?", (now,))

@@ -77,6 +77,10 @@ CREATE TABLE IF NOT EXISTS tallies (
 CREATE TABLE IF NOT EXISTS quota_counts (
     id TEXT NOT NULL, period TEXT NOT NULL, used INTEGER NOT NULL, expires REAL NOT NULL, PRIMARY KEY (id, period)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS quota_restored (
+    id TEXT NOT NULL, epoch TEXT NOT NULL, period TEXT NOT NULL, used INTEGER NOT NULL, expires REAL NOT NULL,
+    PRIMARY KEY (id, epoch, period)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS leads (
     id TEXT PRIMARY KEY, holder TEXT, until REAL NOT NULL, state TEXT, state_at REAL NOT NULL
 );
@@ -92,7 +96,8 @@ CREATE TABLE IF NOT EXISTS stops (
     id TEXT NOT NULL, run_id TEXT NOT NULL, cause TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (id, run_id)
 ) WITHOUT ROWID;
 """
-SCHEMA_VERSION = "3"  # 3: the epoch, the runs' registry and a job's stops (tables made in older files as they open)
+# 3: the epoch, the runs' registry and a job's stops; 4: the quotas' restores (tables made in older files as they open)
+SCHEMA_VERSION = "4"
 _COLUMNS = {"last": "REAL NOT NULL DEFAULT 0", "pace_at": "REAL NOT NULL DEFAULT 0"}  # added to old files
 
 
@@ -106,6 +111,7 @@ class SQLiteFile(Budget):
         self.where = f"this machine ({self.path})" if default else f"the file {self.path}"
         self._default = default
         self._db: sqlite3.Connection | None = None
+        self._file: tuple[int, int] | None = None  # the device and inode the connection has open
         self._lock = threading.Lock()
 
     def _fail(self, problem: object) -> BudgetError:
@@ -117,7 +123,12 @@ class SQLiteFile(Budget):
 
     def _connect(self) -> sqlite3.Connection:
         if self._db is not None:
-            return self._db
+            if self._file == _identity(self.path):
+                return self._db
+            # The file was removed (and maybe made again by another process): the connection holds
+            # the old one, which nobody else sees. The budget came back empty: open the new one.
+            self._db.close()
+            self._db = None
         try:
             if self._default:  # the cache folder; a folder the user named must exist (a typo makes none)
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -140,7 +151,7 @@ class SQLiteFile(Budget):
             except sqlite3.Error as exc:
                 db.close()
                 raise self._error(exc) from None
-        self._db = db
+        self._db, self._file = db, _identity(self.path)
         self.epoch = _epoch(db)
         return db
 
@@ -266,6 +277,15 @@ def _set_up(db: sqlite3.Connection) -> None:
     except BaseException:
         db.execute("ROLLBACK")
         raise
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The file at ``path`` (its device and inode; None: there is none)."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
 
 
 def _epoch(db: sqlite3.Connection) -> str:

@@ -80,6 +80,7 @@ class RunView:
     eta_s: float | None
     started_at: float | None
     pace: float | None = None
+    waiting: str | None = None  # every key's quota spent: what it waits for (``waits for the ...``)
 
     @classmethod
     def of(cls, entries: Sequence[RunEntry]) -> RunView:
@@ -110,6 +111,7 @@ class RunView:
             eta_s=max(etas) if known and etas and len(etas) == len(data) else None,
             started_at=min(starts) if starts else None,
             pace=_number(first.get("pace")),
+            waiting=next((str(d["waiting"]) for d in data if isinstance(d.get("waiting"), str)), None),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -130,6 +132,7 @@ class RunView:
             "rate_1m": self.rate_1m,
             "eta_s": None if self.eta_s is None else round(self.eta_s, 1),
             "started_at": self.started_at,
+            "waiting": self.waiting,
         }
 
 

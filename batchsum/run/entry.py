@@ -1,6 +1,7 @@
 """What a run publishes of itself on each of its keys' budgets (``Entry``: its entry in the runs'
 registry, which ``batchsum top`` reads): host, pid, door, output (redacted), its limit and source,
-share, sent, reused, 429s, rows left and ETA where it knows its size, its own rate, when it started.
+share, sent, reused, 429s, rows left and ETA where it knows its size, its own rate, when it started,
+and what it waits for when every key's quota is spent.
 
 It goes with the calls the run's pacer makes anyway, at most once a second (``pacing.presence``); a
 run whose pacer is quiet (a pause, rows the store answers, a wait on a claim) publishes on a call of
@@ -21,7 +22,7 @@ from contextlib import AsyncExitStack, suppress
 from typing import TYPE_CHECKING, Any
 
 from ..engine.tally import BatchStats
-from ..pacing.exchange import NO_REPORT, RUN_LEASE_SECONDS, Budget
+from ..pacing.exchange import NO_REPORT, RUN_LEASE_SECONDS, Budget, Slot
 from ..pacing.presence import Presence, member_of
 from ..service.errors import BudgetError, redact_location
 from ..service.settings import environment
@@ -142,7 +143,17 @@ class Entry(Presence):
             "rows_left": left,
             "rate_1m": rate,
             "eta_s": eta,
+            "waiting": stats.waiting,  # every key's quota spent: what the run waits for
         }
+
+    def heard(self, slot: Slot) -> None:
+        """What the budget answered a call of the run's (the pacer's, or the keep-alive's): its job's
+        stop, and its epoch, which the key's quota counts hear at once (a budget back empty gets back
+        what this run saw counted, even while the run waits on a spent quota and its pacer is quiet)."""
+        super().heard(slot)
+        counted = self.lane.counted if self.lane is not None else None
+        if counted is not None:
+            counted.seen.heard(slot.epoch)
 
     async def keep_alive(self) -> None:
         """Publish on a call of the run's own whenever its pacer made none for ``KEEP_ALIVE_SECONDS``."""

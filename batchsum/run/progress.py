@@ -75,7 +75,9 @@ class ProgressBar:
         state = stats.pacer_state()
         pacer = state.describe() if state is not None else "no pacing"
         store = f" · from the store {stats.from_store}" if stats.from_store else ""
-        return f"ok {stats.ok}{store} · skipped {stats.skipped} · failed {stats.failed} · 429s {stats.rate_limited} · {pacer}"
+        waits = f" · {stats.waiting}" if stats.waiting else ""  # every key's quota spent: until when
+        counts = f"ok {stats.ok}{store} · skipped {stats.skipped} · failed {stats.failed} · 429s {stats.rate_limited}"
+        return f"{counts}{waits} · {pacer}"
 
     async def follow(self, stats: BatchStats, every: float = 1.0) -> None:
         """Refresh the line while no row finishes (a pause, slow answers), so it never looks frozen."""

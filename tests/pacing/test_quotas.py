@@ -1,36 +1,53 @@
 """Quotas longer than a minute, on virtual time: a quota the service states never passes for a
 per-minute limit (issue 40: under ``rpm="auto"`` it never raises the pace, and nothing remembers it
-as the key's limit), and quotas stated or configured take their key out of a run until their reset."""
+as the key's limit), and quotas stated or configured take their key out of a run until their reset,
+said once. On every kind of budget (a SQLite file, a real redis-server): the counts, and what a
+budget that comes back empty gets back from the runs that saw them; and through the command line."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as _dt
+import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import threading
 import time
+import uuid
+from pathlib import Path
 
 import httpx
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import batchsum
 from batchsum.engine import summarize_stream
 from batchsum.engine.keys import KeyLane
+from batchsum.engine.tally import BatchStats
 from batchsum.errors import QuotaSpent
 from batchsum.local.state import SlidingWindow
 from batchsum.pacing import Pacer
-from batchsum.pacing.budget import ProcessBudget
-from batchsum.pacing.quota import StatedQuota
+from batchsum.pacing.budget import Budget, ProcessBudget, RedisBudget, SQLiteBudget
+from batchsum.pacing.quota import CountedQuota, StatedQuota
 from batchsum.pacing.record import LIMIT, QUOTA, QUOTA_SPENT
+from batchsum.run.progress import ProgressBar
 from batchsum.service import contract
 from batchsum.service.contract import Messages
 from batchsum.service.keys import Quota, parse_quota, period_window
 from tests import virtual_clock
+from tests.conftest import KEY as PREMIUM
+from tests.conftest import article
 from tests.engine.test_keys import KeyedService
 from tests.engine.test_keys import keys as team_keys
 from tests.pacing.test_pace_conformance import most_in_any_window
 from tests.pacing.test_short_job import KEY, Service, record_of, told, uniform
 
 KEYS = team_keys(1)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def texts(n: int, seed: int = 0) -> list[str]:
@@ -494,6 +511,89 @@ def test_a_configured_quota_is_counted_on_the_keys_budget_by_every_run_on_it():
     assert sum(error.remaining for error in stopped) == 200 - 120
 
 
+@pytest.mark.parametrize("rpm", [60, 600])
+def test_batches_of_one_run_on_a_key_spend_a_configured_quota_whole(rpm):
+    """Issue 52: four batches of one run on one key at once (DuckDB's threads: one lane, its pacer and
+    its count), 15 texts each, a daily quota of 30: the service admits 30. A batch refused by the
+    quota judged the key spent from its own claims alone, while the others' waited for their turns;
+    out of the run, those were given back unsent (3 of 30 admitted at 60/min)."""
+    service = KeyedService({KEYS[0]: rpm})
+    quota = Quota(30, "day")
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        budget = ProcessBudget(loop.time, shared=True)
+        client = batchsum.AsyncClient(KEYS[0], "http://127.0.0.1:9", transport=httpx.MockTransport(service))
+        lane = KeyLane(client, Pacer(rpm, budget=budget), quota=quota, budget=budget)
+
+        async def batch(part: int) -> list[str]:
+            rows = []
+            try:
+                async for row in summarize_stream(texts(15, part), client, lanes=[lane]):
+                    rows.append(row.status)
+            except QuotaSpent:
+                pass
+            return rows
+
+        try:
+            done = await asyncio.gather(*(batch(part) for part in range(4)))
+            return done, await budget.quota_used(quota.window(time.time())[0])
+        finally:
+            await client.aclose()
+
+    done, used = virtual_clock.run(main())
+    ok = sum(rows.count("ok") for rows in done)
+    assert ok == service.admitted[KEYS[0]] == used == 30 and service.refused == 0
+
+
+@pytest.mark.parametrize("keys", [1, 2])
+def test_a_run_waiting_on_spent_quotas_says_so_once_then_shows_it(keys):
+    """Issue 52: a run of 30 texts whose keys' hourly quotas of 5 are spent after 5 (``max_wait``
+    beyond the reset) said that it waits once per attempt that had claimed when the quotas ran out
+    (3 to 7 times). On the virtual clock, 30 s of the wait cost no test time: each key's line that
+    it leaves the run and the run's line that it waits are said once, and the wait is on the stats
+    (the bar's line and the run's entry read it) until a key sends again."""
+    from batchsum.app.run_view import describe_progress
+
+    service = KeyedService({key: 600 for key in team_keys(keys)})
+    quota = Quota(5, "hour")
+    told: list[str] = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        lanes, clients = [], []
+        for key in team_keys(keys):
+            budget = ProcessBudget(loop.time, shared=True)
+            client = batchsum.AsyncClient(key, "http://127.0.0.1:9", transport=httpx.MockTransport(service))
+            lane = KeyLane(client, Pacer(600, budget=budget), quota=quota, budget=budget, tell=told.append)
+            lanes.append(lane)
+            clients.append(client)
+        stats = BatchStats(total=30)
+        rows = []
+
+        async def consume():
+            async for row in summarize_stream(texts(30), clients[0], lanes=lanes, stats=stats, max_wait=7200):
+                rows.append(row)
+
+        try:
+            await asyncio.wait_for(consume(), 30.0 + 5)  # 30 s of the wait, after the 5 a key sends
+        except asyncio.TimeoutError:
+            pass
+        waiting = (stats.waiting, ProgressBar.describe(stats), describe_progress(stats))
+        for client in clients:
+            await client.aclose()
+        return rows, waiting
+
+    rows, waiting = virtual_clock.run(main())
+    assert sum(service.admitted[key] for key in team_keys(keys)) == 5 * keys and service.refused == 0
+    assert len(rows) <= 5 * keys  # in input order: those before the first row left unsent
+    assert sum("it leaves the run until then" in line for line in told) == keys, told
+    assert sum("quota spent; the run waits for the hourly quota of 5 (configured)" in line for line in told) == 1, told
+    waits, bar, app = waiting
+    assert waits is not None and waits.startswith("waits for the hourly quota of 5 (configured)")
+    assert f"429s 0 · {waits} · " in bar and waits in app  # the bar's line, the apps' state line
+
+
 class SlowGiveBack(ProcessBudget):
     """A budget whose give-back takes a second to answer, as a Redis across a network may."""
 
@@ -538,9 +638,11 @@ def test_quota_counts_hold_their_limit_across_connections_and_count_every_period
         return got, unbounded, again, other, used
 
     got, unbounded, again, other, used = asyncio.run(main())
-    assert got == [1, 2, 3, 4, 5, None, None] and unbounded == 6  # the hour's count, past the day's limit
-    assert again is None  # the day holds 5 again after the give-back: still spent
-    assert other == 1 and used == [5, 5, 5]
+    assert [(c.counts[0] if c.counted else None) for c in got] == [1, 2, 3, 4, 5, None, None]
+    assert got[4].counts == (5, 5, 5) and got[5].counts == (5, 5, 5)  # a refusal counts nothing, and says each
+    assert unbounded.counted and unbounded.counts == (6, 6, 6)  # past the day's limit: a run with no quota
+    assert not again.counted and again.counts == (5, 5, 5)  # the day holds 5 again after the give-back: spent
+    assert other.counts == (1,) and used == [5, 5, 5]
 
 
 @pytest.mark.parametrize(
@@ -606,3 +708,222 @@ def test_counting_on_a_far_budget_does_not_slow_the_pace():
     after_first = service.arrivals[KEYS[0]][1:]  # the key's first request goes alone, by design
     assert counted == 600 and all(row.status == "ok" for row in rows)
     assert (len(after_first) - 1) / (after_first[-1] - after_first[0]) * 60 >= 0.95 * 6000
+
+
+# -- a budget that comes back empty: what its runs counted is restored ----------------------------------
+
+
+class Emptied:
+    """A budget runs share (``kind``: a SQLite file, or a real redis-server) and how it comes back
+    empty: the file removed with its log (as a person clearing the cache folder does), or Redis
+    flushed (as a restart without persistence does)."""
+
+    def __init__(self, kind: str, tmp_path, redis_url: str | None) -> None:
+        self.kind, self.path, self.url = kind, tmp_path / "budget.sqlite", redis_url
+        self.identity = uuid.uuid4().hex
+        self.location = f"sqlite://{self.path}" if kind == "sqlite" else str(redis_url)
+
+    def user(self) -> Budget:
+        """Another connection to it (as another process has)."""
+        if self.kind == "sqlite":
+            return SQLiteBudget(self.path, self.identity)
+        return RedisBudget(str(self.url), self.identity)
+
+    def empty(self) -> None:
+        if self.kind == "sqlite":
+            for made in self.path.parent.glob(self.path.name + "*"):
+                made.unlink()
+        else:
+            import redis
+
+            redis.Redis.from_url(str(self.url)).flushall()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def emptied(request, tmp_path):
+    return Emptied(request.param, tmp_path, request.getfixturevalue("redis_url") if request.param == "redis" else None)
+
+
+MID_HOUR = math.floor(time.time() / 3600) * 3600 + 1800.0  # the periods' clock: no hour ends mid-test
+
+
+@pytest.mark.parametrize("survivors", [0, 1, 2])
+@pytest.mark.parametrize("path", ["claiming", "waiting"])
+def test_an_emptied_budget_gets_back_every_period_of_what_its_surviving_runs_saw_counted_once(emptied, path, survivors):
+    """Run A paid 6 of a quota of 10 an hour, then run C 3 (it saw 9 counted); the budget comes back
+    empty and a new run B counts one before anyone restores. Each surviving run restores what it saw,
+    every period (the hour, the day, the month), added to B's, and the old epoch's count once (the
+    most any run saw): through its next claim, or, waiting, as soon as a call of its hears the new
+    epoch (the entry's keep-alive look). With no survivor, nobody remembers: B's count is all there is."""
+    quota = Quota(10, "hour")
+
+    def run() -> CountedQuota:
+        return CountedQuota(quota, emptied.user(), wall=lambda: MID_HOUR)
+
+    async def main():
+        a, c, b = run(), run(), run()
+        for who, times in ((a, 6), (c, 3)):
+            for _ in range(times):
+                who.settle(await who.claim(), paid=True)
+        emptied.empty()
+        assert await b.claim() is not None  # counted on the new epoch before any restore: it stays
+        for who in {0: [], 1: [a], 2: [c, a]}[survivors]:  # with two, the one that saw more first
+            if path == "claiming":
+                await who.claim()  # restored first, then counted if the hour has room
+            else:
+                who.seen.heard((await who.budget.reserve(0.0, start=False)).epoch)  # the keep-alive's look
+                await who.close()  # the restore it began at once
+        names = [name for name, _ in b._periods()]
+        counts = [await b.budget.quota_used(name) for name in names]
+        for who in (a, b, c):
+            await who.close()
+            await who.budget.aclose()
+        return counts
+
+    counts = asyncio.run(main())
+    # A alone: B's 1 and the 6 A saw (and A's claim after: 8); A and C: B's 1 and the 9 C saw, once
+    # (their claims refused on the 10 restored).
+    expected = {0: 1, 1: 1 + 6 + (path == "claiming"), 2: 1 + 9}[survivors]
+    assert counts == [expected] * 3, (path, survivors, counts)
+
+
+# -- through the command line: a run waiting on a spent quota, its budget emptied -----------------------
+
+
+class Said:
+    """A process's stderr, read as it comes on a thread of its own (its lines kept)."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, args=(process,), daemon=True)
+        self._reader.start()
+
+    def _read(self, process: subprocess.Popen[str]) -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            self.lines.append(line)
+
+    def count(self, words: str) -> int:
+        return sum(words in line for line in list(self.lines))
+
+    def ended(self) -> str:
+        self._reader.join(60)
+        return "".join(self.lines)
+
+
+def waits_for(condition, what: str, seconds: float = 120.0):
+    """``condition()``, once true (a guard of ``seconds`` against a hang, not a timing)."""
+    deadline = time.monotonic() + seconds
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.1)
+    return found
+
+
+def hour_now() -> str:
+    return period_window("hour", time.time())[0]
+
+
+WAITS = "quota spent; the run waits for the hourly quota of 10 (configured)"
+
+
+@pytest.mark.heavy
+def test_a_run_waiting_on_a_spent_quota_restores_it_to_a_budget_back_empty_and_says_its_wait_once(
+    emptied, svc, tmp_path
+):
+    """Issue 52, through ``batchsum summarize``: run A (``--quota 10/hour --max-wait 7200``) sends 10
+    and waits for the hour's reset, saying so once, then on its bar and in ``batchsum top``. The
+    budget comes back empty (Redis flushed; the SQLite file removed): A, whose pacer is quiet, hears
+    it on its entry's keep-alive and restores what it saw counted, every period, before any claim.
+    Then run B (``--quota 10/hour``) sends 0, a run with ``--quota 12/day`` sends 2 (the day holds A's
+    10), and a later ``--quota 10/hour`` run 0: the service admitted 12 in the hour, never 20. A waits
+    through all of it, having said its wait once (its repeats came in the wait's first moments, one
+    per attempt that had claimed when the quota ran out: the run's entry shows the wait within a
+    keep-alive, 5 s, by which time every such attempt has been refused). An hour that turns during
+    the scenario spoils it (A's quota resets): it is run again."""
+    from batchsum import Client
+
+    with Client(api_key=PREMIUM, base_url=svc.url) as client:
+        emptied.identity = client.identity
+    for attempt in range(2):
+        hour = hour_now()
+        outcome = _waiting_run_and_an_emptied_budget(emptied, svc, tmp_path / f"try{attempt}")
+        if hour_now() == hour:
+            break
+    sent, lines, waiting = outcome
+    assert sent == {"A": 10, "B": 0, "a day's 12": 2, "an hour's 10": 0}, sent
+    assert sum(WAITS in line for line in lines) == 1, lines
+    assert sum("it leaves the run until then" in line for line in lines) == 1, lines
+    assert sum("counts this run saw there are restored" in line for line in lines) == 1, lines
+    assert waiting.startswith("waits for the hourly quota of 10 (configured) to reset at "), waiting
+
+
+def _waiting_run_and_an_emptied_budget(emptied: Emptied, svc, folder):
+    """The scenario once, in ``folder``: what each run sent (at the service), A's lines, and what
+    ``batchsum top`` showed A waiting for."""
+    folder.mkdir()
+    svc.state.reset_stats()
+    emptied.empty()
+    env = {
+        **os.environ,
+        "BATCHSUM_API_KEY": PREMIUM,
+        "BATCHSUM_BASE_URL": svc.url,
+        "BATCHSUM_BUDGET": emptied.location,
+        "BATCHSUM_RPM": "600",
+        "XDG_CACHE_HOME": str(folder / "cache"),
+        "PYTHONPATH": str(ROOT),
+    }
+
+    def summarize(name: str, seed: int, texts: int, *flags: str) -> list[str]:
+        pq.write_table(pa.table({"text": [article(20, seed=seed * 1000 + i) for i in range(texts)]}), folder / name)
+        return [sys.executable, "-m", "batchsum", "summarize", name, "-o", f"out-{name}", "--column", "text", *flags]
+
+    def requests() -> int:
+        return int(svc.stats()["requests"])
+
+    a = subprocess.Popen(
+        summarize("a.parquet", 1, 15, "--quota", "10/hour", "--max-wait", "7200"),
+        env=env, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    said, sent = Said(a), {}
+    try:
+        waits_for(lambda: said.count(WAITS), "A's wait")
+        sent["A"] = requests()
+
+        def top_shows_a_waiting() -> str | None:
+            done = subprocess.run(
+                [sys.executable, "-m", "batchsum", "top", "--once", "--json"], env=env, cwd=folder,
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            keys = json.loads(done.stdout)["keys"] if done.returncode == 0 else []
+            return next((run["waiting"] for key in keys for run in key["runs"] if run.get("waiting")), None)
+
+        waiting = waits_for(top_shows_a_waiting, "A's wait in top")
+        emptied.empty()
+        hour = period_window("hour", time.time())[0]
+
+        async def counted() -> int:
+            budget = emptied.user()
+            try:
+                return await budget.quota_used(hour)
+            finally:
+                await budget.aclose()
+
+        waits_for(lambda: asyncio.run(counted()) >= 10, "A's counts restored")  # A's keep-alive heard it
+        for name, seed, quota in (("B", 2, "10/hour"), ("a day's 12", 3, "12/day"), ("an hour's 10", 4, "10/hour")):
+            before = requests()
+            done = subprocess.run(
+                summarize(f"{seed}.parquet", seed, 10, "--quota", quota, "--max-wait", "5"),
+                env=env, cwd=folder, capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            assert done.returncode == 1 and "quota" in done.stderr, done.stderr
+            sent[name] = requests() - before
+        a.send_signal(signal.SIGINT)
+        assert a.wait(120) == 130
+    finally:
+        if a.poll() is None:
+            a.kill()
+            a.wait()
+    said.ended()
+    assert requests() == sum(sent.values())  # A sent nothing more while it waited
+    return sent, said.lines, waiting

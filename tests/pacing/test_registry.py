@@ -1,7 +1,8 @@
-"""The budget's schema 3 on every kind of budget (in this process, a SQLite file, a real redis-server):
+"""The budget's schema 4 on every kind of budget (in this process, a SQLite file, a real redis-server):
 the runs' registry (entries published with a call, listed, lapsed, removed), a job's stop seen by its
 runs and no other, and the epoch (the same for every user; another once the budget came back empty,
-when a quota claim on the old one counts nothing and the counts are restored, never lowered)."""
+when a quota claim on the old one counts nothing and what a run saw counted on the old one is added,
+once however many runs remember it)."""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def test_every_user_sees_one_epoch_and_a_quota_claim_on_it_counts(users):
 
     first, second, counted = run(main())
     assert first.epoch and first.epoch == second.epoch
-    assert counted == 1
+    assert counted.counts == (1, 1) and counted.counted and counted.epoch == first.epoch
 
 
 def test_a_quota_claim_on_an_epoch_the_budget_does_not_have_counts_nothing(users):
@@ -122,22 +123,32 @@ def test_a_quota_claim_on_an_epoch_the_budget_does_not_have_counts_nothing(users
     assert refused.epoch == budget.epoch and used == 1
 
 
-def test_restored_counts_are_raised_to_what_a_run_saw_and_never_lowered(users):
-    budget = users()
+def test_an_old_epochs_counts_are_added_to_the_new_ones_once_the_most_any_run_saw(users):
+    """Three runs remember the old epoch's counts (5, then 7, then 6 in the day): what the new epoch
+    counted stays, and the old epoch's day is added once, the most any of them saw; a restore into an
+    epoch the budget no longer has counts nothing (``BudgetReset``)."""
+    a, b = users(), users()
 
     async def main():
-        for _ in range(5):
-            await budget.quota_claim([DAY], None)
-        await budget.quota_restore(DAY[0], 3, DAY[1])  # lower than what is there: unchanged
-        kept = await budget.quota_used(DAY[0])
-        await budget.quota_restore(DAY[0], 9, DAY[1])
-        raised = await budget.quota_used(DAY[0])
-        await budget.quota_restore(HOUR[0], 4, HOUR[1])  # a period with no count yet
-        new = await budget.quota_used(HOUR[0])
-        await closing(budget)
-        return kept, raised, new
+        for _ in range(2):  # claims on the new epoch before any run restored: they stay
+            now = await a.quota_claim([DAY], None)
+        await a.quota_restore(now.epoch, "old", [(DAY[0], 5, DAY[1]), (HOUR[0], 4, HOUR[1])])
+        first = [await a.quota_used(name) for name in (DAY[0], HOUR[0])]
+        await b.quota_restore(now.epoch, "old", [(DAY[0], 7, DAY[1])])  # a run that saw more: the rest
+        await a.quota_restore(now.epoch, "old", [(DAY[0], 6, DAY[1]), (HOUR[0], 4, HOUR[1])])  # nothing new
+        again = [await b.quota_used(name) for name in (DAY[0], HOUR[0])]
+        await b.quota_restore(now.epoch, "older", [(DAY[0], 3, DAY[1])])  # another old epoch: its own
+        other = await b.quota_used(DAY[0])
+        with pytest.raises(BudgetReset):
+            await a.quota_restore("not-the-budgets-epoch", "old", [(DAY[0], 9, DAY[1])])
+        last = await a.quota_used(DAY[0])
+        await closing(a, b)
+        return first, again, other, last
 
-    assert run(main()) == (5, 9, 4)
+    first, again, other, last = run(main())
+    assert first == [2 + 5, 4]
+    assert again == [2 + 7, 4]
+    assert other == last == 2 + 7 + 3
 
 
 def test_a_redis_that_comes_back_empty_answers_with_another_epoch_and_refuses_the_old_ones_claims(redis_url):
@@ -251,7 +262,7 @@ def test_a_budget_file_of_an_earlier_schema_opens_with_its_state_and_gains_the_r
     assert slot.pace_version == 3 and slot.epoch
     assert [e.member for e in runs] == ["m1"]
     schema = sqlite3.connect(path).execute("SELECT value FROM meta WHERE name='schema'").fetchone()
-    assert schema == ("3",)
+    assert schema == ("4",)  # with the quotas' restores (a table of its own)
 
 
 def test_a_pacer_publishes_its_runs_entry_at_most_once_a_second_and_hears_its_jobs_stop_once():
