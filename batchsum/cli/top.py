@@ -135,6 +135,13 @@ def _key_lines(key: KeyView, width: int) -> list[str]:
     return lines
 
 
+def _waits(run: RunView) -> str:
+    """A gateway's requests' wait for their turn in the last minute: ``0.01s/0.4s`` (p50/p95)."""
+    if run.wait_p50_s is None or run.wait_p95_s is None:
+        return "-"
+    return f"{run.wait_p50_s:.2g}s/{run.wait_p95_s:.2g}s"
+
+
 # A run's columns, in order: header, the cell, and its priority (the lowest go first when the width is short).
 _COLUMNS: list[tuple[str, Callable[[RunView], str], int]] = [
     ("RUN", lambda r: r.run_id, 9),
@@ -145,9 +152,11 @@ _COLUMNS: list[tuple[str, Callable[[RunView], str], int]] = [
     ("SENT", lambda r: str(r.sent), 8),
     ("REUSED", lambda r: str(r.reused), 2),
     ("429S", lambda r: str(r.rate_limited), 7),
-    ("LEFT", lambda r: str(r.rows_left), 8),
+    ("LEFT", lambda r: "-" if r.rows_left is None else str(r.rows_left), 8),
     ("RATE", lambda r: str(r.rate_1m), 7),
-    ("ETA", lambda r: _eta(r.eta_s) if r.rows_left != UNKNOWN else "-", 6),
+    ("ETA", lambda r: _eta(r.eta_s) if r.rows_left not in (UNKNOWN, None) else "-", 6),
+    ("QUEUE", lambda r: "-" if r.queue is None else str(r.queue), 3),
+    ("WAIT", _waits, 2),
     ("OUTPUT", lambda r: r.output or "-", 1),
 ]
 _FLEX = "OUTPUT"  # the one column cut to fit (its middle), never dropped while it has room for a few
