@@ -394,6 +394,13 @@ def add_gateway(commands: Any, add_options: Callable[[Any, Sequence[str]], None]
     gateway.add_argument(
         "--metrics-address", default="127.0.0.1", metavar="ADDRESS", help="the metrics' address (default 127.0.0.1)"
     )
+    gateway.add_argument(
+        "--log-format",
+        choices=["human", "json"],
+        default="human",
+        type=str.lower,
+        help="json: each key's run's events (start, pause, resume, pace, progress, end) as JSON lines on stderr",
+    )
 
 
 def gateway_options(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> GatewayOptions:

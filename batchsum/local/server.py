@@ -111,13 +111,15 @@ def address(host: str, port: int) -> str:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host`` and ``port`` (0: any free port; ``getsockname`` says which), before
-    the server starts, so its address is known at once. ``OSError`` when it cannot be bound."""
+    """A socket listening on ``host`` and ``port`` (0: any free port; ``getsockname`` says which),
+    before the server starts, so its address is known and can be said at once. ``OSError`` when it
+    cannot be bound."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+        sock.listen(2048)  # connections wait in the backlog until the server takes them: none is refused
     except OSError:
         sock.close()
         raise

@@ -230,13 +230,8 @@ class ServedRun:
             reset = min(s.until for s in spent if s is not None) - time.time()
             what = "; ".join(s.describe() for s in spent if s is not None)
             return Served(status=LATE, retry_after=reset, why=f"the key's {what}")
-        share = self.run.spec.share
-        turns = [
-            lane.pacer.state().paused_for + self.waits.waiting * lane.pacer.interval / share
-            for lane in lanes
-            if lane.out_until <= now
-        ]
-        turn = min(turns, default=1.0)
+        waiting = max(1, self.waits.waiting // len(lanes))
+        turn = min((lane.pacer.turn_in(waiting) for lane in lanes if lane.out_until <= now), default=1.0)
         return Served(
             status=LATE, retry_after=turn, why=f"the key's next turn for it is in {turn:.1f} s, past its wait"
         )
