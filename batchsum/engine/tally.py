@@ -7,6 +7,7 @@ from __future__ import annotations
 import bisect
 import math
 import operator
+import random
 import time
 from array import array
 from collections import Counter
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["BatchStats", "LongWork", "Waits", "Telemetry", "Charge", "charge", "WAITS_SECONDS"]
 
 WAITS_SECONDS = 60.0  # the waits a door's percentiles are of: those of the trailing minute
+WAITS_KEPT = 100_000  # past this many, the report's waits are a uniform sample of them (its memory bounded)
 
 _STATUS = operator.attrgetter("status")
 
@@ -129,7 +131,9 @@ class Waits:
     unavailable: int = 0
     _at: list[float] = field(default_factory=list)  # when each recent wait ended (monotonic), in order
     _seconds: list[float] = field(default_factory=list)
-    _all: array[float] = field(default_factory=lambda: array("d"))  # every wait, for the report
+    _all: array[float] = field(default_factory=lambda: array("d"))  # the waits the report's percentiles are of
+    _count: int = 0
+    _draw: random.Random = field(default_factory=lambda: random.Random(0))
 
     @property
     def waiting(self) -> int:
@@ -141,7 +145,11 @@ class Waits:
         now = time.monotonic() if now is None else now
         self._at.append(now)
         self._seconds.append(seconds)
-        self._all.append(seconds)
+        self._count += 1
+        if len(self._all) < WAITS_KEPT:
+            self._all.append(seconds)
+        elif (slot := self._draw.randrange(self._count)) < WAITS_KEPT:  # a uniform sample of them all
+            self._all[slot] = seconds
         if self._at[0] < now - 2 * WAITS_SECONDS:
             gone = bisect.bisect_left(self._at, now - WAITS_SECONDS)
             del self._at[:gone], self._seconds[:gone]
@@ -156,8 +164,14 @@ class Waits:
 
     @property
     def every(self) -> array[float]:
-        """Every wait since the door opened (the run report's percentiles)."""
+        """The waits since the door opened (every one, or past ``WAITS_KEPT`` a uniform sample of
+        them): the run report's percentiles."""
         return self._all
+
+    @property
+    def count(self) -> int:
+        """Requests whose wait ended since the door opened."""
+        return self._count
 
 
 def _by(counter: Counter[str]) -> str:

@@ -205,7 +205,7 @@ def _gateway(stats: BatchStats) -> dict[str, Any] | None:
         "answered": waits.answered,
         "late": waits.late,
         "unavailable": waits.unavailable,
-        "wait": {"count": len(waits.every), **wait},
+        "wait": {"count": waits.count, **wait},
     }
 
 

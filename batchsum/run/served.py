@@ -28,11 +28,12 @@ from .report import write_report
 from .run import Run
 from .spec import RunSpec
 
-__all__ = ["Served", "ServedRun", "KeyRuns", "IDLE_SECONDS", "WIRE_LOOK"]
+__all__ = ["Served", "ServedRun", "KeyRuns", "IDLE_SECONDS", "RENEW_SECONDS", "WIRE_LOOK"]
 
 log = logging.getLogger("batchsum")
 
 IDLE_SECONDS = 300.0  # a key with no request this long has its run closed (its entry leaves top)
+RENEW_SECONDS = 86_400.0  # a key's run is renewed daily: what a run keeps of its day (timeline, latencies) let go
 WIRE_LOOK = 0.25  # seconds between looks at a request past its deadline that is on the wire (its answer is awaited)
 LATE, UNAVAILABLE = 429, 503
 
@@ -137,7 +138,7 @@ class ServedRun:
         self.run = Run(spec, stats=BatchStats(waits=self.waits), client=_Relay)
         self.report = report
         self.busy = 0  # requests in it now
-        self.used = time.monotonic()  # when the last one left
+        self.used = self.opened = time.monotonic()  # when the last one left; when it opened
         self._batches: dict[int, OpenBatch] = {}
         self._waiters: dict[asyncio.Task[Answer], int] = {}
 
@@ -274,7 +275,9 @@ class ServedRun:
 class KeyRuns:
     """``ServedRun``s by key, on one event loop: a key's opened on its first request from
     ``spec_for(key)``, closed once idle ``idle_seconds`` (``kept``, a key never closed: the held
-    keys'), every one at ``close``. ``report``: where each merges its run report."""
+    keys'), every one at ``close``. A run older than ``RENEW_SECONDS`` is renewed: the next request
+    opens the key's next run, and the old one closes once its last request is answered (so what a
+    run keeps as it goes stays a day's). ``report``: where each merges its run report."""
 
     def __init__(
         self,
@@ -286,6 +289,7 @@ class KeyRuns:
     ) -> None:
         self.spec_for, self.idle_seconds, self.report, self.kept = spec_for, idle_seconds, report, kept
         self._runs: dict[str, ServedRun] = {}
+        self._old: list[ServedRun] = []  # renewed: closed once idle
         self._opening: dict[str, asyncio.Task[ServedRun]] = {}
         self._reaper: asyncio.Task[None] | None = None
 
@@ -317,9 +321,15 @@ class KeyRuns:
             await asyncio.sleep(min(self.idle_seconds / 4, 30.0))
             now = time.monotonic()
             for key, run in list(self._runs.items()):
-                if key != self.kept and not run.busy and now - run.used > self.idle_seconds:
+                if now - run.opened > RENEW_SECONDS:
                     del self._runs[key]
-                    await run.close()
+                    self._old.append(run)
+                elif key != self.kept and not run.busy and now - run.used > self.idle_seconds:
+                    del self._runs[key]
+                    self._old.append(run)
+            for run in [run for run in self._old if not run.busy]:
+                self._old.remove(run)
+                await _close(run)
 
     async def close(self) -> None:
         """Every key's run closed (answers on the wire kept, their entries gone from ``top``)."""
@@ -327,12 +337,16 @@ class KeyRuns:
             self._reaper.cancel()
             await asyncio.gather(self._reaper, return_exceptions=True)
         await asyncio.gather(*self._opening.values(), return_exceptions=True)
-        runs, self._runs = list(self._runs.values()), {}
+        runs, self._runs, self._old = [*self._runs.values(), *self._old], {}, []
         for run in runs:
-            try:
-                await run.close()
-            except Exception:  # noqa: BLE001 - one key's close never keeps the others open
-                log.warning("batchsum: a key's run did not close cleanly", exc_info=True)
+            await _close(run)
+
+
+async def _close(run: ServedRun) -> None:
+    try:
+        await run.close()
+    except Exception:  # noqa: BLE001 - one key's close never keeps the others open, nor stops the gateway
+        log.warning("batchsum: a key's run did not close cleanly", exc_info=True)
 
 
 def _said(task: asyncio.Future[Any]) -> None:
