@@ -13,15 +13,26 @@ kept-alive connections (a few lines of asyncio: a client's own CPU is kept off t
   requests a second, and the gateway process's CPU per request (its user + system time over the
   requests), so requests a second per core is 1000 / (CPU ms per request).
 
-By hand: ``python -m benchmarks.gateway [--requests 2000] [--clients 32] [--seconds 20] [--json F]``.
+- **replicas** (the issue's must-show): three gateways on one ``redis://`` budget at ``--rpm 600``, in
+  front of the local service strict at 600/min in a sliding minute (answers 0.3-0.7 s); 30 clients
+  offering 1200/min between them for 90 s (each a request every 1.5 s, round robin over the
+  gateways, whatever came back), each honouring a 429's or 503's ``Retry-After`` and asking again:
+  429s the service sent, the most starts at the service in any 1/10/60 s against ceil(600 w/60),
+  the plan's use while the offer exceeded it, and every request's end (200, in the end).
+
+By hand: ``python -m benchmarks.gateway [--parts latency replicas] [--requests 2000] [--clients 32]
+[--seconds 20] [--json F]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
+import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -74,6 +85,7 @@ class Connection:
         self.host, self.port = host, port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.retry_after = 1.0
 
     async def post(self, path: str, body: bytes) -> tuple[int, float]:
         if self.writer is None:
@@ -90,8 +102,16 @@ class Connection:
         while (line := await self.reader.readline()) not in (b"\r\n", b""):
             if line.lower().startswith(b"content-length:"):
                 length = int(line.split(b":")[1])
+            elif line.lower().startswith(b"retry-after:"):
+                self.retry_after = float(line.split(b":")[1])
         await self.reader.readexactly(length)
         return int(status_line.split()[1]), time.perf_counter() - began
+
+    async def post_waiting(self, path: str, body: bytes) -> tuple[int, float, float]:
+        """``post``, and the answer's Retry-After in seconds (1 when it has none)."""
+        self.retry_after = 1.0
+        status, seconds = await self.post(path, body)
+        return status, seconds, self.retry_after
 
     def close(self) -> None:
         if self.writer is not None:
@@ -108,12 +128,15 @@ def cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_gateway(upstream: int, cache: str, *flags: str) -> tuple[subprocess.Popen[str], int]:
-    env = {**os.environ, "XDG_CACHE_HOME": cache, "PYTHONPATH": str(ROOT)}
-    env = {k: v for k, v in env.items() if not (k.startswith("BATCHSUM_") and k != "BATCHSUM_HOST")} | {
-        "XDG_CACHE_HOME": cache
-    }
-    argv = ["gateway", "--upstream", f"http://127.0.0.1:{upstream}", "--port", "0", "--rpm", "600000", *flags]
+def start_gateway(
+    upstream: int, cache: str, *flags: str, upstream_url: str | None = None
+) -> tuple[subprocess.Popen[str], int]:
+    """``batchsum gateway`` in a process of its own (keys passed through, at ``--rpm 600000`` unless
+    ``flags`` say): the process and its port, from its first line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHSUM_")}
+    env |= {"XDG_CACHE_HOME": cache, "PYTHONPATH": str(ROOT)}
+    url = upstream_url or f"http://127.0.0.1:{upstream}"
+    argv = ["gateway", "--upstream", url, "--port", "0", "--rpm", "600000", *flags]
     process = subprocess.Popen([sys.executable, "-m", "batchsum", *argv], env=env, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
     line = process.stdout.readline()
@@ -139,7 +162,9 @@ async def latency(upstream: int, gateway: int, requests: int) -> dict[str, Any]:
         times["gateway"].append(seconds)
     direct.close()
     through.close()
-    out = {name: {"p50_ms": 1000 * statistics.median(v), "p99_ms": 1000 * percentile(v, 0.99)} for name, v in times.items()}
+    out = {
+        name: {"p50_ms": 1000 * statistics.median(v), "p99_ms": 1000 * percentile(v, 0.99)} for name, v in times.items()
+    }
     out["added_p50_ms"] = out["gateway"]["p50_ms"] - out["direct"]["p50_ms"]
     out["added_p99_ms"] = out["gateway"]["p99_ms"] - out["direct"]["p99_ms"]
     return out
@@ -172,17 +197,135 @@ async def throughput(gateway: int, pid: int, clients: int, seconds: float, offse
     }
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def busiest(times: list[float], window: float) -> int:
+    """The most of ``times`` in any half-open window of ``window`` seconds."""
+    times = sorted(times)
+    return max((bisect.bisect_left(times, t + window) - i for i, t in enumerate(times)), default=0)
+
+
+async def offered(urls: list[tuple[str, int]], clients: int, per_minute: float, seconds: float) -> dict[str, Any]:
+    """``clients`` offering ``per_minute`` between them for ``seconds`` (each request a task of its own,
+    round robin over ``urls``), each asking again after a 429's or 503's Retry-After until answered."""
+    ends: dict[int, int] = {}
+    refused = {"429": 0, "503": 0}
+    every = 60.0 * clients / per_minute
+
+    async def one(n: int) -> None:
+        connection = Connection(*urls[n % len(urls)])
+        try:
+            while True:
+                status, _, wait = await connection.post_waiting("/api/user/summarize", body(n))
+                if status not in (429, 503):
+                    ends[status] = ends.get(status, 0) + 1
+                    return
+                refused[str(status)] += 1
+                await asyncio.sleep(wait)
+        finally:
+            connection.close()
+
+    async def client(c: int) -> list[asyncio.Task[None]]:
+        tasks, n = [], c
+        start = time.monotonic() + c * every / clients
+        while (at := start + (n // clients) * every) < began + seconds:
+            await asyncio.sleep(max(0.0, at - time.monotonic()))
+            tasks.append(asyncio.ensure_future(one(n)))
+            n += clients
+        return tasks
+
+    began = time.monotonic()
+    tasks = [task for batch in await asyncio.gather(*(client(c) for c in range(clients))) for task in batch]
+    await asyncio.gather(*tasks)
+    return {
+        "requests": len(tasks),
+        "ends": ends,
+        "refusals": refused,
+        "offer_ended": began + seconds,
+        "ended": time.monotonic(),
+    }
+
+
+def replicas(args: argparse.Namespace) -> dict[str, Any]:
+    import redis as redis_client
+
+    from batchsum.local import Faults, LocalService
+
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise SystemExit("needs redis-server: apt-get install redis-server")
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        LocalService([KEY], rpm=600, faults=Faults(latency=0.3, latency_spread=0.4)) as service,
+    ):
+        port = free_port()
+        argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", folder]
+        redis = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+        gateways = []
+        try:
+            for _ in range(100):
+                try:
+                    redis_client.Redis(port=port).ping()
+                    break
+                except redis_client.ConnectionError:
+                    time.sleep(0.05)
+            flags = ["--budget", f"redis://127.0.0.1:{port}/0", "--rpm", "600", "--max-queue-wait", "30"]
+            gateways = [start_gateway(service.port, folder, *flags, upstream_url=service.url) for _ in range(3)]
+            urls = [("127.0.0.1", gateway_port) for _, gateway_port in gateways]
+            got = asyncio.run(offered(urls, 30, 1200.0, args.offer_seconds))
+        finally:
+            for process, _ in gateways:
+                process.terminate()
+                process.wait(60)
+            redis.terminate()
+        admitted = list(service.state.admitted)
+        stats = service.stats()
+    first = min(admitted)
+    busy = [t for t in admitted if first + 5 <= t <= got["offer_ended"]]
+    return {
+        "requests": got["requests"],
+        "ends": got["ends"],
+        "gateway_refusals": got["refusals"],
+        "upstream_429": stats["by_status"].get("429", 0),
+        "answered_twice": stats["answered_twice"],
+        "most_starts": {f"{w}s": busiest(admitted, w) for w in (1, 10, 60)},
+        "allowed": {f"{w}s": math.ceil(600 * w / 60) + 1 for w in (1, 10, 60)},
+        "use_while_offered": len(busy) / ((got["offer_ended"] - first - 5) * 10.0),
+        "seconds_to_the_last": got["ended"] - (got["offer_ended"] - args.offer_seconds),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parts", nargs="+", default=["latency", "replicas"], choices=["latency", "replicas"])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--offer-seconds", type=float, default=90.0)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    results: dict[str, Any] = {"load_at_start": os.getloadavg()[0]}
+    if "latency" in args.parts:
+        results.update(latency_and_throughput(args))
+    if "replicas" in args.parts:
+        results["replicas"] = replicas(args)
+        print(json.dumps({"replicas": results["replicas"]}, indent=1), flush=True)
+    results["load_at_end"] = os.getloadavg()[0]
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+def latency_and_throughput(args: argparse.Namespace) -> dict[str, Any]:
     upstream_process = subprocess.Popen([sys.executable, "-c", UPSTREAM], stdout=subprocess.PIPE, text=True)
     assert upstream_process.stdout is not None
     upstream = int(upstream_process.stdout.readline())
-    results: dict[str, Any] = {"load_at_start": os.getloadavg()[0]}
+    results: dict[str, Any] = {}
     try:
         for store in ("machine", "none"):
             with tempfile.TemporaryDirectory() as cache:
@@ -197,9 +340,7 @@ def main() -> None:
                 print(json.dumps({f"store {store}": cell}, indent=1), flush=True)
     finally:
         upstream_process.terminate()
-    results["load_at_end"] = os.getloadavg()[0]
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+    return results
 
 
 if __name__ == "__main__":

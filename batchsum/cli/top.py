@@ -159,6 +159,7 @@ _COLUMNS: list[tuple[str, Callable[[RunView], str], int]] = [
     ("WAIT", _waits, 2),
     ("OUTPUT", lambda r: r.output or "-", 1),
 ]
+_GATEWAY = ("QUEUE", "WAIT")  # a gateway's own columns (its queue, its waits for a turn)
 _FLEX = "OUTPUT"  # the one column cut to fit (its middle), never dropped while it has room for a few
 
 
@@ -173,9 +174,11 @@ def _cut(text: str, width: int) -> str:
 
 def _table(runs: Sequence[RunView], width: int) -> list[str]:
     """The runs as a table within ``width``: the lowest-priority columns dropped until it fits, the
-    output cut in its middle; the run id cut last."""
-    rows = [[cell(run) for _, cell, _ in _COLUMNS] for run in runs]
-    names = [name for name, _, _ in _COLUMNS]
+    output cut in its middle; the run id cut last. A gateway's columns only where a gateway is."""
+    gateway = any(run.queue is not None for run in runs)
+    columns = [column for column in _COLUMNS if gateway or column[0] not in _GATEWAY]
+    rows = [[cell(run) for _, cell, _ in columns] for run in runs]
+    names = [name for name, _, _ in columns]
     widths = [max([len(name)] + [len(row[i]) for row in rows]) for i, name in enumerate(names)]
     shown = list(range(len(names)))
 
@@ -192,7 +195,7 @@ def _table(runs: Sequence[RunView], width: int) -> list[str]:
         if not droppable:
             widths[0] = max(4, widths[0] - need)  # the run id, cut
             break
-        shown.remove(min(droppable, key=lambda i: _COLUMNS[i][2]))
+        shown.remove(min(droppable, key=lambda i: columns[i][2]))
     last = shown[-1]
     dropped = [i for i in range(len(names)) if i not in shown]
 

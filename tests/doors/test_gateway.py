@@ -187,6 +187,22 @@ def test_a_429_from_the_service_pauses_the_key_for_every_client_and_run_and_the_
     assert min(svc.state.admitted_by_key[KEY]) >= refused_at + 5
 
 
+def test_rpm_auto_and_the_room_a_service_states_hold_through_the_gateway(tmp_path):
+    """A key whose plan (300/min, counted in clock-aligned 10 s windows) the service states in its
+    headers, through a gateway at ``--rpm auto``: every request answered, not one 429 from the service,
+    and the gateway's report says the limit was stated."""
+    key = "gateway-auto-key-0123456789"
+    with LocalService([key], rpm=300, room_headers="ratelimit", limit_kind="clock-10s") as service:
+        flags = ["--upstream", service.url, "--rpm", "auto", "--report", str(tmp_path / "gateway.json")]
+        with gateway(*flags) as url, ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(lambda i: ask(url, article(30, i), key=key).status_code, range(40)))
+        stats = service.stats()
+    report = json.loads((tmp_path / "gateway.json").read_text())
+    assert statuses == [200] * 40 and stats["by_status"] == {"200": 40}
+    [described] = report["keys"]
+    assert (described["limit"], described["limit_source"]) == (300, "stated")
+
+
 # -- pay once ----------------------------------------------------------------------------------------
 
 
@@ -269,6 +285,15 @@ def test_the_command_says_its_address_is_a_run_in_top_and_never_shows_a_key(svc,
         answers += [ask(url, article(30, 9), key=wrong).status_code, ask(url, "too short").status_code]
         assert answers == [200, 200, 200, 401, 422]
         view, shown = until_value(lambda: gateways_in_top(svc))
+        table = subprocess.run(
+            [sys.executable, "-m", "batchsum", "top", "--once"],
+            env=cli_env(svc) | {"COLUMNS": "160"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+        assert "gateway" in table and "QUEUE" in table and "WAIT" in table, table
+        shown += table
         scraped = until_value(lambda: scrape(metrics, "batchsum_run_wait_p95_seconds"))
     finally:
         process.send_signal(signal.SIGTERM)
