@@ -98,6 +98,8 @@ class Connection:
         began = time.perf_counter()
         self.writer.write(head + body)
         status_line = await self.reader.readline()
+        if not status_line:
+            raise ConnectionResetError("the server closed the connection")
         length = 0
         while (line := await self.reader.readline()) not in (b"\r\n", b""):
             if line.lower().startswith(b"content-length:"):
@@ -219,17 +221,19 @@ async def offered(urls: list[tuple[str, int]], clients: int, per_minute: float, 
     every = 60.0 * clients / per_minute
 
     async def one(n: int) -> None:
-        connection = Connection(*urls[n % len(urls)])
-        try:
-            while True:
+        while True:  # a connection of its own each time: a Retry-After's wait outlasts a kept-alive one
+            connection = Connection(*urls[n % len(urls)])
+            try:
                 status, _, wait = await connection.post_waiting("/api/user/summarize", body(n))
-                if status not in (429, 503):
-                    ends[status] = ends.get(status, 0) + 1
-                    return
-                refused[str(status)] += 1
-                await asyncio.sleep(wait)
-        finally:
-            connection.close()
+            except OSError:  # a connection refused or reset on a loaded machine: asked again
+                status, wait = 0, 1.0
+            finally:
+                connection.close()
+            if status not in (0, 429, 503):
+                ends[status] = ends.get(status, 0) + 1
+                return
+            refused[str(status)] = refused.get(str(status), 0) + 1
+            await asyncio.sleep(wait)
 
     async def client(c: int) -> list[asyncio.Task[None]]:
         tasks, n = [], c

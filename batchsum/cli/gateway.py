@@ -455,7 +455,11 @@ def gateway_command(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        serve(create_app(gateway, metrics), sock, lifespan="on")
+        # A signal: what waits for a turn is answered at once (503, ask again), what is on the wire
+        # gets its answer within the drain time, then each key's run closes.
+        serve(
+            create_app(gateway, metrics), sock, lifespan="on", on_signal=gateway.runs.stop, graceful=spec.drain_seconds
+        )
     finally:
         if metrics is not None:
             metrics.close()

@@ -4,10 +4,11 @@ served is here once (``listen``, ``ThreadServer``, ``serve``): ``batchsum gatewa
 
 from __future__ import annotations
 
+import math
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import uvicorn
@@ -131,13 +132,32 @@ def listen(host: str, port: int) -> socket.socket:
 Lifespan = Literal["on", "off"]
 
 
-def _config(app: Any, lifespan: Lifespan, log_level: str) -> uvicorn.Config:
-    return uvicorn.Config(app, log_level=log_level, lifespan=lifespan, timeout_graceful_shutdown=1)
+def _config(app: Any, lifespan: Lifespan, log_level: str, graceful: float = 1.0) -> uvicorn.Config:
+    return uvicorn.Config(app, log_level=log_level, lifespan=lifespan, timeout_graceful_shutdown=math.ceil(graceful))
 
 
-def serve(app: Any, sock: socket.socket, *, lifespan: Lifespan = "off", log_level: str = "warning") -> None:
-    """Serve ``app`` on ``sock`` in the foreground until a signal (SIGINT, SIGTERM) ends it."""
-    uvicorn.Server(_config(app, lifespan, log_level)).run(sockets=[sock])
+def serve(
+    app: Any,
+    sock: socket.socket,
+    *,
+    lifespan: Lifespan = "off",
+    log_level: str = "warning",
+    on_signal: Callable[[], None] | None = None,
+    graceful: float = 1.0,
+) -> None:
+    """Serve ``app`` on ``sock`` in the foreground until a signal (SIGINT, SIGTERM) ends it.
+    ``on_signal``: told first, on the main thread, when the signal comes (the app answers what
+    waits before the server stops); ``graceful``: seconds the requests under way then get to end."""
+    server = uvicorn.Server(_config(app, lifespan, log_level, graceful))
+    if on_signal is not None:
+        handle_exit = server.handle_exit
+
+        def told_first(sig: int, frame: Any) -> None:
+            on_signal()
+            handle_exit(sig, frame)
+
+        server.handle_exit = told_first  # type: ignore[method-assign]  # uvicorn's signal handler while it serves
+    server.run(sockets=[sock])
 
 
 class ThreadServer:

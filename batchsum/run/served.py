@@ -118,6 +118,10 @@ class _Late(Exception):
     """A request's deadline came before its turn."""
 
 
+class _Stopping(Exception):
+    """The door stops: a request not on the wire yet is answered at once (to ask another)."""
+
+
 def _now() -> float:
     return asyncio.get_running_loop().time()
 
@@ -133,7 +137,8 @@ class ServedRun:
     not proven in mode 2 is served no mode-2 answer another key paid for); ``answer`` takes one
     request through it within its deadline; ``report``: where its run report is merged at its end."""
 
-    def __init__(self, spec: RunSpec, report: str | None = None) -> None:
+    def __init__(self, spec: RunSpec, report: str | None = None, stopping: asyncio.Future[None] | None = None) -> None:
+        self.stopping = stopping  # resolved when the door stops: what waits for a turn is answered then
         self.waits = Waits()
         self.run = Run(spec, stats=BatchStats(waits=self.waits), client=_Relay)
         self.report = report
@@ -178,6 +183,10 @@ class ServedRun:
                 except _Late:
                     waits.waited(time.monotonic() - arrived)
                     return self._late()
+                except _Stopping:
+                    waits.unavailable += 1
+                    why = "the gateway is stopping; nothing was sent for this request: ask again"
+                    return Served(status=UNAVAILABLE, retry_after=1.0, why=why)
                 told = _TOLD.get(item) or _Told()
                 waits.waited(max(0.0, (told.started or time.monotonic()) - arrived))
                 return self._answered(batch, answer, told)
@@ -193,11 +202,14 @@ class ServedRun:
         """``task``'s answer; ``_Late`` when it has not started by ``deadline`` (once on the wire, its
         answer is awaited); what stopped the batch, raised, when it never went."""
         self._waiters[task] = self._waiters.get(task, 0) + 1
+        awaited: set[asyncio.Future[Any]] = {task} if self.stopping is None else {task, self.stopping}
         try:
             while not task.done():
                 left = deadline - _now()
+                if self.stopping is not None and self.stopping.done() and not batch.on_wire(task):
+                    raise _Stopping
                 if left > 0:
-                    await asyncio.wait({task}, timeout=left)
+                    await asyncio.wait(awaited, timeout=left, return_when=asyncio.FIRST_COMPLETED)
                 elif batch.on_wire(task):
                     await asyncio.wait({task}, timeout=WIRE_LOOK)
                 else:
@@ -292,6 +304,7 @@ class KeyRuns:
         self._old: list[ServedRun] = []  # renewed: closed once idle
         self._opening: dict[str, asyncio.Task[ServedRun]] = {}
         self._reaper: asyncio.Task[None] | None = None
+        self._stopping: asyncio.Future[None] | None = None
 
     async def get(self, key: str) -> ServedRun:
         """The key's run, opened on its first request (what opening raises: its budget unusable)."""
@@ -305,13 +318,14 @@ class KeyRuns:
         return await asyncio.shield(opening)
 
     async def _open(self, key: str) -> ServedRun:
-        run = await ServedRun(self.spec_for(key), self.report).open()
+        run = await ServedRun(self.spec_for(key), self.report, self._stopping).open()
         self._runs[key] = run  # kept even when every request that asked for it has gone
         return run
 
     def start(self) -> None:
         """The watch for idle keys, and the kept key's run opened now (a failure said in one line:
         its first request tries again)."""
+        self._stopping = asyncio.get_running_loop().create_future()
         self._reaper = asyncio.ensure_future(self._reap())
         if self.kept is not None:
             asyncio.ensure_future(self.get(self.kept)).add_done_callback(_said)
@@ -331,6 +345,18 @@ class KeyRuns:
                 self._old.remove(run)
                 await _close(run)
 
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for their turn now, every key's."""
+        return sum(run.waits.waiting for run in self._runs.values())
+
+    def stop(self) -> None:
+        """The door stops (from any thread): every request waiting for its turn is answered now
+        (a 503 with Retry-After, nothing sent), those on the wire get their answers."""
+        stopping = self._stopping
+        if stopping is not None:
+            stopping.get_loop().call_soon_threadsafe(_resolve, stopping)
+
     async def close(self) -> None:
         """Every key's run closed (answers on the wire kept, their entries gone from ``top``)."""
         if self._reaper is not None:
@@ -340,6 +366,11 @@ class KeyRuns:
         runs, self._runs, self._old = [*self._runs.values(), *self._old], {}, []
         for run in runs:
             await _close(run)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 async def _close(run: ServedRun) -> None:

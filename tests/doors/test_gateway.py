@@ -152,6 +152,27 @@ def test_a_request_past_its_deadline_gets_a_429_saying_when_its_turn_would_come(
     assert svc.stats()["requests"] == 2  # the late one never went
 
 
+def test_a_gateway_that_stops_answers_what_waits_at_once_and_sends_nothing_for_it(svc):
+    """At 6/min (a start every 10 s) a request waits for its turn; the gateway is told to stop (as
+    its signal handler tells it): the request is answered 503 with Retry-After at once, never sent."""
+    options = gateway_options(
+        build_parser().parse_args(["gateway", "--port", "0", "--upstream", svc.url, "--rpm", "6"])
+    )
+    door = Gateway(options)
+    server = ThreadServer(create_app(door), lifespan="on", name="batchsum-gateway").start()
+    try:
+        assert ask(server.url, article(30, 1)).status_code == 200
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(ask, server.url, article(30, 2))
+            until(lambda: door.runs.waiting == 1)
+            door.runs.stop()
+            stopped = waiting.result()
+    finally:
+        server.stop(60)
+    assert stopped.status_code == 503 and stopped.headers["Retry-After"] == "1"
+    assert "the gateway is stopping" in stopped.json()["error"] and svc.stats()["requests"] == 1
+
+
 def test_a_spent_quota_is_a_429_until_its_reset_and_the_gateways_requests_count_in_it(svc, tmp_path):
     with gateway("--upstream", svc.url, "--rpm", "6000", "--quota", "2/day") as url:
         assert [ask(url, article(30, i)).status_code for i in range(2)] == [200, 200]
