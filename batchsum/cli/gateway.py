@@ -42,7 +42,7 @@ from ..service.errors import (
     redact_location,
 )
 from ..service.keys import KeyPlan, read_key_file
-from ..service.settings import Secret, check_key, is_loopback, key_hash
+from ..service.settings import Secret, check_key, check_path, is_loopback, key_hash
 from .console import EXIT_OK, EXIT_USAGE, Stop
 
 if TYPE_CHECKING:  # the command line imports this module for every command: the web stack when it runs
@@ -423,7 +423,8 @@ def gateway_options(args: argparse.Namespace, environ: Mapping[str, str] | None 
             f"refusing to serve on {args.host} (not loopback) without a token: give --token-file FILE "
             "(and put TLS in front, in a reverse proxy)"
         )
-    return GatewayOptions(spec, args.hold_key, tokens, float(args.max_queue_wait), plans, report=args.report)
+    report = None if args.report is None else check_path("report", args.report)
+    return GatewayOptions(spec, args.hold_key, tokens, float(args.max_queue_wait), plans, report=report)
 
 
 def gateway_command(args: argparse.Namespace) -> int:

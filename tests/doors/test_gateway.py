@@ -286,12 +286,17 @@ def first_line(process: subprocess.Popen[str]) -> str:
 
 
 def test_the_command_says_its_address_is_a_run_in_top_and_never_shows_a_key(svc, tmp_path):
-    """The command in a process of its own (keys passed through): its first line, its requests (one
-    with a wrong key), ``top --once --json`` and the metrics showing it as a run of door gateway, its
-    report when SIGTERM ends it; no piece of a key anywhere, the budget's file included."""
+    """The command in a process of its own (keys passed through, a token of its own): its first line,
+    its requests (one with a wrong key, one without the token), ``top --once --json``, ``top``'s table
+    and the metrics showing it as a run of door gateway, its report when SIGTERM ends it; no piece of
+    a key or the token anywhere, the budget's file included."""
     wrong = "sk-wrong-key-0123456789abcdef"
     metrics = free_port()
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text(TOKEN + "\n")
+    tokens.chmod(0o600)
     argv = ["gateway", "--port", "0", "--rpm", "600", "--metrics-port", str(metrics), "--log-format", "json"]
+    argv += ["--token-file", str(tokens)]
     process = subprocess.Popen(
         [sys.executable, "-m", "batchsum", *argv, "--report", str(tmp_path / "gateway.json")],
         env=cli_env(svc, key="not-this-one-0123456789"),
@@ -302,9 +307,14 @@ def test_the_command_says_its_address_is_a_run_in_top_and_never_shows_a_key(svc,
     try:
         line = first_line(process)
         url = line.split()[3]
-        answers = [ask(url, article(30, i)).status_code for i in range(3)]
-        answers += [ask(url, article(30, 9), key=wrong).status_code, ask(url, "too short").status_code]
-        assert answers == [200, 200, 200, 401, 422]
+        token = {TOKEN_HEADER: TOKEN}
+        answers = [ask(url, article(30, i), **token).status_code for i in range(3)]
+        answers += [
+            ask(url, article(30, 9), key=wrong, **token).status_code,
+            ask(url, "too short", **token).status_code,
+        ]
+        answers += [ask(url, article(30, 10)).status_code]  # without the gateway's token
+        assert answers == [200, 200, 200, 401, 422, 401]
         view, shown = until_value(lambda: gateways_in_top(svc))
         table = subprocess.run(
             [sys.executable, "-m", "batchsum", "top", "--once"],
@@ -328,7 +338,7 @@ def test_the_command_says_its_address_is_a_run_in_top_and_never_shows_a_key(svc,
     assert report["door"] == "gateway" and report["gateway"]["answered"] == 4 and report["partitions"] == 2
     budget = (Path(os.environ["XDG_CACHE_HOME"]) / "batchsum" / "budget.sqlite").read_bytes().decode("latin-1")
     seen = line + out + err + shown + scraped + json.dumps(report) + budget
-    for secret in (KEY, wrong):
+    for secret in (KEY, wrong, TOKEN):
         assert not any(secret[i : i + 8] in seen for i in range(len(secret) - 7)), secret
 
 
