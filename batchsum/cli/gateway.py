@@ -14,6 +14,7 @@ idle); with ``--hold-key`` the gateway's own key (or keys), for clients holding 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import dataclasses
 import math
@@ -186,8 +187,6 @@ class Gateway:
 
 
 def _loop_time() -> float:
-    import asyncio
-
     return asyncio.get_running_loop().time()
 
 
@@ -299,8 +298,6 @@ def create_app(gateway: Gateway, metrics: Any = None) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        import asyncio
-
         gateway.runs.start()
         watching = asyncio.ensure_future(_show(gateway, metrics)) if metrics is not None else None
         try:
@@ -317,8 +314,6 @@ def create_app(gateway: Gateway, metrics: Any = None) -> Starlette:
 async def _show(gateway: Gateway, metrics: Any) -> None:
     """``--metrics-port``: the gateway's budget as ``batchsum top`` reads it, shown to the metrics every
     ``top`` refresh (the keys it serves, every run on them, the gateway's queue and waits among them)."""
-    import asyncio
-
     from ..run.top import Watcher
     from .top import REFRESH_SECONDS
 
