@@ -207,7 +207,7 @@ def runs_table(runs: Sequence[RunView], colors: Mapping[str, str]) -> str:
 
     def cells(run: RunView) -> list[str]:
         who = f"{run.host}/{run.pid}" if run.pid is not None else f"{run.host} ({run.processes} processes)"
-        eta = "-" if run.eta_s is None or run.rows_left == UNKNOWN else f"{run.eta_s:.0f} s"
+        eta = "-" if run.eta_s is None or run.rows_left in (UNKNOWN, None) else f"{run.eta_s:.0f} s"
         values = [
             run.run_id,
             who,
@@ -218,7 +218,7 @@ def runs_table(runs: Sequence[RunView], colors: Mapping[str, str]) -> str:
             str(run.sent),
             str(run.reused),
             str(run.rate_limited),
-            str(run.rows_left),
+            "-" if run.rows_left is None else str(run.rows_left),
             f"{run.rate_1m}/min",
             eta,
         ]

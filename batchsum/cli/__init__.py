@@ -1,4 +1,5 @@
-"""The ``batchsum`` command: ``summarize`` Parquet files, summarize one ``text``, ``serve`` locally.
+"""The ``batchsum`` command: ``summarize`` Parquet files, summarize one ``text``, ``serve`` locally,
+``gateway`` for any HTTP client of a key.
 
 Exit codes (docs/cli.md's table): 0 the run finished (per-row failures are in the output), 1 stopped
 after it began (wrong key, expired plan, a journal that cannot be written, an input broken midway, the
@@ -8,7 +9,7 @@ terminated (SIGTERM; after two signals, the last one's code). Every stop says ho
 
 The command lives by idea: ``parser`` (the commands and their flags), ``summarize`` (a dataset, one
 text), ``show`` (report, journal, limits, store), ``top`` (the keys on a budget, live), ``serve`` (the
-local service), ``signals`` (how a signal stops a run) and ``console`` (what the command says, its exit
+local service), ``gateway`` (the interface served to any HTTP client, paced), ``signals`` (how a signal stops a run) and ``console`` (what the command says, its exit
 codes); this module runs the command.
 """
 
@@ -56,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "limits": limits_command,
         "store": store_command,
         "top": top_command,
+        "gateway": _gateway,
     }
     args.argv = list(argv) if argv is not None else sys.argv[1:]
     args.own_process = argv is None
@@ -77,6 +79,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return signals.code
     except KeyboardInterrupt:  # a signal while the logs were being put back
         return signals.code
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    from .gateway import gateway_command  # the web stack, loaded when the gateway runs
+
+    return gateway_command(args)
 
 
 def _stdout_gone() -> bool:

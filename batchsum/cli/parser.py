@@ -14,6 +14,7 @@ from ..service.keys import ENV_API_KEYS
 from ..service.settings import ENCODINGS, ENV_API_KEY, LONG_TEXT_POLICIES
 from ..service.version import __version__
 from .console import EXIT_USAGE, say
+from .gateway import add_gateway
 
 __all__ = ["as_flags", "build_parser"]
 
@@ -379,6 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     one.add_argument("text", nargs="?", default="-", help="the text; '-' or nothing reads standard input")
     _add_options(one, _REQUEST)
+
+    add_gateway(commands, _add_options, _number)
 
     serve = commands.add_parser(
         "serve",

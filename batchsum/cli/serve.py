@@ -13,10 +13,9 @@ __all__ = ["serve_command"]
 
 def serve_command(args: argparse.Namespace) -> int:
     try:
-        import uvicorn
-
         from ..local import Faults, ServiceState
         from ..local.app import create_app
+        from ..local.server import listen, serve
         from ..local.state import new_key
     except ImportError as exc:
         raise Stop(EXIT_USAGE, str(exc)) from None
@@ -39,7 +38,12 @@ def serve_command(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise Stop(EXIT_USAGE, str(exc)) from None
-    shown = f"{args.host}:{args.port}" if ":" not in args.host else f"[{args.host}]:{args.port}"
+    try:
+        sock = listen(args.host, args.port)
+    except OSError as exc:
+        raise Stop(EXIT_USAGE, f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    port = sock.getsockname()[1]
+    shown = f"{args.host}:{port}" if ":" not in args.host else f"[{args.host}]:{port}"
     limit = f"{args.rpm} requests/min per key, {args.limit_kind}" if args.rpm else "no limit"
     stated = f"; answers state the room left ({args.room_headers})" if args.room_headers and args.rpm else ""
     print(f"batchsum local service on http://{shown} ({limit}{stated})", flush=True)
@@ -49,5 +53,5 @@ def serve_command(args: argparse.Namespace) -> int:
         print(f"  export {ENV_API_KEY}={state.key} BATCHSUM_BASE_URL=http://{shown}", flush=True)
     if state.admin_key is not None:
         print(f"  test controls on /_local/* with admin key: {state.admin_key}", flush=True)
-    uvicorn.run(create_app(state), host=args.host, port=args.port, log_level="warning")
+    serve(create_app(state), sock)
     return EXIT_OK

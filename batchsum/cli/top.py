@@ -135,6 +135,13 @@ def _key_lines(key: KeyView, width: int) -> list[str]:
     return lines
 
 
+def _waits(run: RunView) -> str:
+    """A gateway's requests' wait for their turn in the last minute: ``0.01s/0.4s`` (p50/p95)."""
+    if run.wait_p50_s is None or run.wait_p95_s is None:
+        return "-"
+    return f"{run.wait_p50_s:.2g}s/{run.wait_p95_s:.2g}s"
+
+
 # A run's columns, in order: header, the cell, and its priority (the lowest go first when the width is short).
 _COLUMNS: list[tuple[str, Callable[[RunView], str], int]] = [
     ("RUN", lambda r: r.run_id, 9),
@@ -145,11 +152,14 @@ _COLUMNS: list[tuple[str, Callable[[RunView], str], int]] = [
     ("SENT", lambda r: str(r.sent), 8),
     ("REUSED", lambda r: str(r.reused), 2),
     ("429S", lambda r: str(r.rate_limited), 7),
-    ("LEFT", lambda r: str(r.rows_left), 8),
+    ("LEFT", lambda r: "-" if r.rows_left is None else str(r.rows_left), 8),
     ("RATE", lambda r: str(r.rate_1m), 7),
-    ("ETA", lambda r: _eta(r.eta_s) if r.rows_left != UNKNOWN else "-", 6),
+    ("ETA", lambda r: _eta(r.eta_s) if r.rows_left not in (UNKNOWN, None) else "-", 6),
+    ("QUEUE", lambda r: "-" if r.queue is None else str(r.queue), 3),
+    ("WAIT", _waits, 2),
     ("OUTPUT", lambda r: r.output or "-", 1),
 ]
+_GATEWAY = ("QUEUE", "WAIT")  # a gateway's own columns (its queue, its waits for a turn)
 _FLEX = "OUTPUT"  # the one column cut to fit (its middle), never dropped while it has room for a few
 
 
@@ -164,9 +174,11 @@ def _cut(text: str, width: int) -> str:
 
 def _table(runs: Sequence[RunView], width: int) -> list[str]:
     """The runs as a table within ``width``: the lowest-priority columns dropped until it fits, the
-    output cut in its middle; the run id cut last."""
-    rows = [[cell(run) for _, cell, _ in _COLUMNS] for run in runs]
-    names = [name for name, _, _ in _COLUMNS]
+    output cut in its middle; the run id cut last. A gateway's columns only where a gateway is."""
+    gateway = any(run.queue is not None for run in runs)
+    columns = [column for column in _COLUMNS if gateway or column[0] not in _GATEWAY]
+    rows = [[cell(run) for _, cell, _ in columns] for run in runs]
+    names = [name for name, _, _ in columns]
     widths = [max([len(name)] + [len(row[i]) for row in rows]) for i, name in enumerate(names)]
     shown = list(range(len(names)))
 
@@ -183,7 +195,7 @@ def _table(runs: Sequence[RunView], width: int) -> list[str]:
         if not droppable:
             widths[0] = max(4, widths[0] - need)  # the run id, cut
             break
-        shown.remove(min(droppable, key=lambda i: _COLUMNS[i][2]))
+        shown.remove(min(droppable, key=lambda i: columns[i][2]))
     last = shown[-1]
     dropped = [i for i in range(len(names)) if i not in shown]
 

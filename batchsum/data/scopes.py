@@ -11,6 +11,7 @@ decides what the store may serve it."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Collection, Iterable
@@ -171,6 +172,13 @@ class Scopes:
         self.where = getattr(store, "where", None)
         self._out_until = 0.0  # a store that failed is left until then (``time.monotonic()``)
         self._backoff = RETRY_FIRST
+
+    def trusting(self, trust: Trust) -> Scopes:
+        """These scopes as another asker is served them (``trust``: a door whose requests come in any
+        mode, the gateway's): the same own scope and store, the store's answers by that trust."""
+        view = copy.copy(self)
+        view.trust = trust
+        return view
 
     @property
     def writable(self) -> bool:

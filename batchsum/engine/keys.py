@@ -4,6 +4,7 @@ its own counts, whether it was refused or its quota spent), and the run's pace o
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -14,10 +15,13 @@ from ..pacing.exchange import Budget
 from ..pacing.quota import CountedQuota, Spent, StatedQuota, utc
 from ..pacing.sources import Source
 from ..service.client import AsyncClient
+from ..service.errors import BudgetError
 from ..service.keys import Quota
 from ..service.settings import ENV_API_KEY
 
-__all__ = ["KeyLane", "Pacers", "KeysState"]
+__all__ = ["KeyLane", "Pacers", "KeysState", "finish_lanes"]
+
+log = logging.getLogger("batchsum")
 
 
 @dataclass(eq=False)
@@ -193,3 +197,17 @@ class _Wire:
     @property
     def on_wire(self) -> int:
         return sum(lane.pacer.in_flight.on_wire for lane in self.lanes)
+
+
+async def finish_lanes(lanes: Sequence[KeyLane]) -> None:
+    """What a batch's keys tell at its end: each key's quota as it ends (not one that resets within a
+    pause) to its record, and its pacer's last words to its budget. A budget gone is only said: its
+    counts are advice."""
+    for lane in lanes:
+        try:
+            stated = lane.stated
+            if lane.record is not None and stated.left is not None and stated.lasts(lane.pacer.now()):
+                lane.record.quota_stated(lane.stated)
+            await lane.pacer.flush()
+        except BudgetError as exc:
+            log.warning("%s", exc)

@@ -24,13 +24,13 @@ from ..data.stores import AnswerStore, MemoryStore
 from ..pacing import Pacer
 from ..service import contract
 from ..service.client import AsyncClient, validate_params
-from ..service.errors import BrokenInputError, BudgetError, RequestCapReached
+from ..service.errors import BrokenInputError, RequestCapReached
 from ._batch import Batch
 from ._stop import NOT_SENT
 from ._window import Known, Pending, Window, as_row
 from .fingerprints import fingerprint as fingerprint
 from .fingerprints import text_fingerprint as text_fingerprint
-from .keys import KeyLane, Pacers
+from .keys import KeyLane, Pacers, finish_lanes
 from .options import RunOptions as RunOptions
 from .plan import BatchPlan as BatchPlan
 from .plan import plan_batch as plan_batch
@@ -253,14 +253,7 @@ async def stream_results(
         stop_waiter.cancel()
         await batch.close(window.items)
         await asyncio.gather(stop_waiter, return_exceptions=True)
-        for lane in lanes:
-            try:
-                stated = lane.stated  # the quota as the run ends (not one that resets within a pause)
-                if lane.record is not None and stated.left is not None and stated.lasts(lane.pacer.now()):
-                    lane.record.quota_stated(lane.stated)
-                await lane.pacer.flush()
-            except BudgetError as exc:  # the budget is gone: its counts are only advice
-                log.warning("%s", exc)
+        await finish_lanes(lanes)
         await rows.aclose()  # type: ignore[attr-defined]  # closes the input (an open file) on an early stop too
 
 

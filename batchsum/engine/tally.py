@@ -4,11 +4,14 @@ read by progress bars, the one-line account and the run report."""
 
 from __future__ import annotations
 
+import bisect
+import math
 import operator
+import random
 import time
 from array import array
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -27,7 +30,10 @@ if TYPE_CHECKING:
     from ..pacing import Pacer, PacerState
     from .keys import Pacers
 
-__all__ = ["BatchStats", "LongWork", "Telemetry", "Charge", "charge"]
+__all__ = ["BatchStats", "LongWork", "Waits", "Telemetry", "Charge", "charge", "WAITS_SECONDS"]
+
+WAITS_SECONDS = 60.0  # the waits a door's percentiles are of: those of the trailing minute
+WAITS_KEPT = 100_000  # past this many, the report's waits are a uniform sample of them (its memory bounded)
 
 _STATUS = operator.attrgetter("status")
 
@@ -111,6 +117,63 @@ class LongWork:
         )
 
 
+@dataclass
+class Waits:
+    """A door that answers requests as they come (``batchsum gateway``): how many wait for their turn
+    now (``waiting``: in the door and not on the wire), how long the requests of the trailing minute waited for it (their start on the
+    key, or their answer from the store), and what was answered otherwise: ``late`` (a 429 at the
+    request's deadline), ``unavailable`` (a 503: the key's budget out of reach). A batch run has none."""
+
+    open: int = 0  # requests in the door, not yet answered
+    wire: Callable[[], int] = lambda: 0  # of its requests, those on the wire now
+    answered: int = 0
+    late: int = 0
+    unavailable: int = 0
+    _at: list[float] = field(default_factory=list)  # when each recent wait ended (monotonic), in order
+    _seconds: list[float] = field(default_factory=list)
+    _all: array[float] = field(default_factory=lambda: array("d"))  # the waits the report's percentiles are of
+    _count: int = 0
+    _draw: random.Random = field(default_factory=lambda: random.Random(0))
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for their turn now: in the door, not on the wire."""
+        return max(0, self.open - self.wire())
+
+    def waited(self, seconds: float, now: float | None = None) -> None:
+        """A request's wait for its turn ended after ``seconds``."""
+        now = time.monotonic() if now is None else now
+        self._at.append(now)
+        self._seconds.append(seconds)
+        self._count += 1
+        if len(self._all) < WAITS_KEPT:
+            self._all.append(seconds)
+        elif (slot := self._draw.randrange(self._count)) < WAITS_KEPT:  # a uniform sample of them all
+            self._all[slot] = seconds
+        if self._at[0] < now - 2 * WAITS_SECONDS:
+            gone = bisect.bisect_left(self._at, now - WAITS_SECONDS)
+            del self._at[:gone], self._seconds[:gone]
+
+    def percentiles(self, now: float | None = None) -> tuple[float | None, float | None]:
+        """The p50 and p95 of the trailing minute's waits, in seconds (None: no request in it)."""
+        now = time.monotonic() if now is None else now
+        recent = sorted(self._seconds[bisect.bisect_left(self._at, now - WAITS_SECONDS) :])
+        if not recent:
+            return None, None
+        return recent[math.ceil(0.5 * len(recent)) - 1], recent[math.ceil(0.95 * len(recent)) - 1]
+
+    @property
+    def every(self) -> array[float]:
+        """The waits since the door opened (every one, or past ``WAITS_KEPT`` a uniform sample of
+        them): the run report's percentiles."""
+        return self._all
+
+    @property
+    def count(self) -> int:
+        """Requests whose wait ended since the door opened."""
+        return self._count
+
+
 def _by(counter: Counter[str]) -> str:
     return " (" + ", ".join(f"{k} {v}" for k, v in sorted(counter.items())) + ")" if counter else ""
 
@@ -141,6 +204,7 @@ class BatchStats:
     latencies: array[float] = field(default_factory=lambda: array("d"))  # of answered attempts, seconds
     telemetry: Telemetry | None = None
     waiting: str | None = None  # every key out: what the run waits for ("waits for the daily quota ...")
+    waits: Waits | None = None  # a door answering requests as they come (the gateway): its queue and waits
 
     @property
     def skipped(self) -> int:

@@ -1,6 +1,8 @@
 """The routes of the local reference service: the interface's one operation, answered as the
 interface says, its OpenAPI document at ``/openapi.json``, plus ``/_local/*`` for tests and
-benchmarks (stats, faults, reset), off unless an admin key is set.
+benchmarks (stats, faults, reset), off unless an admin key is set. What any server of the interface
+shares is public here (``service_routes``, ``read_request``, ``word_limits``, the two error shapes):
+``batchsum gateway`` serves the same routes, parses requests and refuses them with the same bodies.
 
 Order of checks on the summarize route: injected fault, key, expired plan, rate limit (every
 request with a valid key counts, valid body or not), body, plan vs mode, word limits, summary. The
@@ -28,18 +30,29 @@ from .openapi import openapi_document
 from .state import Faults, Plan, ServiceState
 from .summarizer import summarize
 
-__all__ = ["create_app"]
+__all__ = [
+    "create_app",
+    "service_routes",
+    "read_request",
+    "word_limits",
+    "shape_a",
+    "shape_b",
+    "validation_error",
+    "MAX_BODY_BYTES",
+]
 
 
-def _shape_a(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def shape_a(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """An error body of the interface's shape A: ``{"error": message}``."""
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-def _shape_b(status: int, message: str) -> JSONResponse:
+def shape_b(status: int, message: str) -> JSONResponse:
+    """An error body of the interface's shape B: ``{"type": "invalid_request", "message": message}``."""
     return JSONResponse({"type": contract.ERROR_TYPE_INVALID_REQUEST, "message": message}, status_code=status)
 
 
-def _validation_error(*problems: tuple[list[Any], str, str]) -> JSONResponse:
+def validation_error(*problems: tuple[list[Any], str, str]) -> JSONResponse:
     """FastAPI's own 422 body, which the interface calls "Validation Error"."""
     detail = [{"loc": loc, "msg": msg, "type": kind} for loc, msg, kind in problems]
     return JSONResponse({"detail": detail}, status_code=422)
@@ -69,7 +82,7 @@ MAX_BODY_BYTES = 1024 * 1024  # a 5000-word text is about 40 KB: 25 times that i
 
 
 def _too_large() -> JSONResponse:
-    return _shape_a(413, f"Payload Too Large: the body may hold at most {MAX_BODY_BYTES} bytes")
+    return shape_a(413, f"Payload Too Large: the body may hold at most {MAX_BODY_BYTES} bytes")
 
 
 async def _read_body(request: Request) -> bytes | None:
@@ -97,14 +110,14 @@ async def _read_fields(request: Request) -> dict[str, Any] | JSONResponse:
         try:
             form = await request.form()
         except Exception:  # a malformed form: the interface's 422, not a 500
-            return _validation_error((["body"], "Invalid form data", "value_error"))
+            return validation_error((["body"], "Invalid form data", "value_error"))
         return {k: v for k, v in form.items() if isinstance(v, str)}
     try:
         data = json.loads(raw) if raw.strip() else {}
     except (ValueError, RecursionError) as exc:
-        return _validation_error((["body", getattr(exc, "pos", 0)], "JSON decode error", "json_invalid"))
+        return validation_error((["body", getattr(exc, "pos", 0)], "JSON decode error", "json_invalid"))
     if not isinstance(data, dict):
-        return _validation_error((["body"], "Input should be a valid dictionary", "model_attributes_type"))
+        return validation_error((["body"], "Input should be a valid dictionary", "model_attributes_type"))
     return data
 
 
@@ -131,8 +144,49 @@ def _validate(fields: dict[str, Any]) -> tuple[str, contract.Params] | JSONRespo
     if kind is not None and kind not in allowed:
         problems.append((["body", "type"], "Input should be " + ", ".join(repr(a) for a in allowed), "literal_error"))
     if problems or not isinstance(text, str):
-        return _validation_error(*problems)
+        return validation_error(*problems)
     return text, contract.parse_params(mode, percentage, kind)
+
+
+async def read_request(request: Request) -> tuple[str, contract.Params] | JSONResponse:
+    """The text and parameters of a summarize request (JSON, multipart or url-encoded), or the
+    answer that refuses it: 413 when too large, FastAPI's 422 when unreadable or mistyped."""
+    fields = await _read_fields(request)
+    if isinstance(fields, JSONResponse):
+        return fields
+    return _validate(fields)
+
+
+def word_limits(text: str) -> JSONResponse | None:
+    """The interface's 422 for a text outside its word limits (shape B too short, shape A too long), or None."""
+    words = contract.count_words(text)
+    if words < contract.MIN_WORDS:
+        return shape_b(422, Messages.TOO_SHORT)
+    if words > contract.MAX_WORDS:
+        return shape_a(422, Messages.TOO_LONG)
+    return None
+
+
+def service_routes(summarize_route: Any, name: str, document: dict[str, Any] | None = None) -> list[Route]:
+    """The interface's routes, served by ``summarize_route``: the one operation, a short description
+    of the server (``name``) at ``/``, and the OpenAPI document at ``/openapi.json`` (``document``:
+    the interface's, with what a server adds to it)."""
+
+    async def index_route(request: Request) -> Response:
+        return JSONResponse(
+            {"service": name, "endpoint": f"POST {contract.SUMMARIZE_PATH}", "openapi": "/openapi.json"}
+        )
+
+    document = document if document is not None else openapi_document()
+
+    async def openapi_route(request: Request) -> Response:
+        return JSONResponse(document)
+
+    return [
+        Route(contract.SUMMARIZE_PATH, summarize_route, methods=["POST"]),
+        Route("/", index_route, methods=["GET"]),
+        Route("/openapi.json", openapi_route, methods=["GET"]),
+    ]
 
 
 def create_app(state: ServiceState) -> Starlette:
@@ -145,7 +199,7 @@ def create_app(state: ServiceState) -> Starlette:
             return JSONResponse({"error": "Not Found"}, status_code=404)
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(key.strip(), state.admin_key):
-            return _shape_b(401, Messages.INVALID_KEY)
+            return shape_b(401, Messages.INVALID_KEY)
         return None
 
     async def summarize_route(request: Request) -> Response:
@@ -172,22 +226,22 @@ def create_app(state: ServiceState) -> Starlette:
             await asyncio.sleep(faults.delay(number))
         if fault == "429":
             headers = {} if faults.retry_after is None else {"Retry-After": f"{faults.retry_after:g}"}
-            return _shape_a(429, Messages.RATE_LIMITED, headers), None
+            return shape_a(429, Messages.RATE_LIMITED, headers), None
         if fault == "500":
-            return _shape_a(500, Messages.SERVER), None
+            return shape_a(500, Messages.SERVER), None
         if fault == "502":
             return HTMLResponse(_BAD_GATEWAY, status_code=502), None
         if fault == "drop":
             return _DroppedConnection(), None
         if fault == "422":
-            return _shape_a(422, Messages.TOO_LONG), None
+            return shape_a(422, Messages.TOO_LONG), None
         if fault == "garbled":
             return Response(b'{"result": "The summ', media_type="application/json"), None
         if fault == "hang":
             await asyncio.sleep(faults.hang_seconds)
         refusal, plan, room, _ = admission if admission is not None else _admission(request)
         if refusal is not None or plan is None:
-            return refusal or _shape_b(401, Messages.INVALID_KEY), None
+            return refusal or shape_b(401, Messages.INVALID_KEY), None
         response, fields = await _admitted(request, plan)
         response.headers.update(room)
         return response, fields
@@ -199,43 +253,37 @@ def create_app(state: ServiceState) -> Starlette:
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
         plan = state.plans.get(key.strip()) if scheme.lower() == "bearer" else None
         if plan is None:
-            return _shape_b(401, Messages.INVALID_KEY), None, {}, False
+            return shape_b(401, Messages.INVALID_KEY), None, {}, False
         if plan is Plan.EXPIRED:
-            return _shape_b(401, Messages.NOT_PREMIUM), plan, {}, False
+            return shape_b(401, Messages.NOT_PREMIUM), plan, {}, False
         refused = state.refusal(key.strip())
         if refused is not None:
             status, headers = refused
             answer = (
-                _shape_b(401, Messages.NOT_PREMIUM) if status == 401 else _shape_a(429, Messages.RATE_LIMITED, headers)
+                shape_b(401, Messages.NOT_PREMIUM) if status == 401 else shape_a(429, Messages.RATE_LIMITED, headers)
             )
             return answer, plan, {}, True
         wait, room = state.admit(key.strip())
         if wait is not None:
-            return _shape_a(429, Messages.RATE_LIMITED, {"Retry-After": str(wait), **room}), plan, room, False
+            return shape_a(429, Messages.RATE_LIMITED, {"Retry-After": str(wait), **room}), plan, room, False
         return None, plan, room, False
 
     async def _admitted(request: Request, plan: Plan) -> tuple[Response, dict[str, Any] | None]:
         """The answer to a request the key, plan and limit admitted."""
-        fields = await _read_fields(request)
-        if isinstance(fields, Response):
-            return fields, None
-        valid = _validate(fields)
+        valid = await read_request(request)
         if isinstance(valid, Response):
             return valid, None
         text, params = valid
         if plan is Plan.BASIC and params.mode == contract.Mode.ADVANCED:
-            return _shape_b(401, Messages.NOT_PREMIUM), None
-        words = contract.count_words(text)
-        if words < contract.MIN_WORDS:
-            return _shape_b(422, Messages.TOO_SHORT), None
-        if words > contract.MAX_WORDS:
-            return _shape_a(422, Messages.TOO_LONG), None
+            return shape_b(401, Messages.NOT_PREMIUM), None
+        if (refused := word_limits(text)) is not None:
+            return refused, None
         try:
             result = await run_in_threadpool(
                 summarize, text, params.mode, params.percentage, params.type and params.type.value
             )
         except Exception:  # the summarizer must never take the service down
-            return _shape_a(500, Messages.SERVER), None
+            return shape_a(500, Messages.SERVER), None
         return JSONResponse({contract.FIELD_RESULT: result}), {"text": text, **params.fields()}
 
     async def stats_route(request: Request) -> Response:
@@ -259,27 +307,11 @@ def create_app(state: ServiceState) -> Starlette:
         state.faults = Faults()
         return JSONResponse({"ok": True})
 
-    async def index_route(request: Request) -> Response:
-        return JSONResponse(
-            {
-                "service": "batchsum local reference service",
-                "endpoint": f"POST {contract.SUMMARIZE_PATH}",
-                "openapi": "/openapi.json",
-            }
-        )
-
-    document = openapi_document()
-
-    async def openapi_route(request: Request) -> Response:
-        return JSONResponse(document)
-
     return Starlette(
         routes=[
-            Route(contract.SUMMARIZE_PATH, summarize_route, methods=["POST"]),
+            *service_routes(summarize_route, "batchsum local reference service"),
             Route("/_local/stats", stats_route, methods=["GET"]),
             Route("/_local/faults", faults_route, methods=["POST"]),
             Route("/_local/reset", reset_route, methods=["POST"]),
-            Route("/", index_route, methods=["GET"]),
-            Route("/openapi.json", openapi_route, methods=["GET"]),
         ]
     )

@@ -182,6 +182,17 @@ class Pacer:
             await self._answers.lead.start()  # under auto: the key's level before the first start
         return await self._turn.take(at_turn)
 
+    def turn_in(self, waiting: int) -> float:
+        """Seconds until the start of the last of ``waiting`` attempts waiting for a turn now: the
+        shared pause, then the interval in force (wider during the ramp; a share's, on a share) after
+        the last start this pacer made, one interval each (what a gateway's 429 says in Retry-After)."""
+        now = self._clock()
+        interval = self._paces.interval * self._pause.ramp
+        if self._turn.share is not None:
+            interval = self._turn.share.own_interval(interval)
+        first = max(self._pause.left(now), self._turn.last_start + interval - now, 0.0)
+        return first + max(0, waiting - 1) * interval
+
     def room_left(self, now: float) -> int:
         """Starts the service's headers still allow before their reset, beyond the pace, ours to use."""
         return self._turn.room_left(now)

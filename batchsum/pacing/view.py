@@ -75,12 +75,15 @@ class RunView:
     sent: int
     reused: int
     rate_limited: int
-    rows_left: int | str  # UNKNOWN when a process of it does not know its size
+    rows_left: int | str | None  # UNKNOWN when a process of it does not know its size; None: it has no rows (a gateway)
     rate_1m: int
     eta_s: float | None
     started_at: float | None
     pace: float | None = None
     waiting: str | None = None  # every key's quota spent: what it waits for (``waits for the ...``)
+    queue: int | None = None  # a gateway: requests waiting for their turn now (None: a run of rows)
+    wait_p50_s: float | None = None  # a gateway: its requests' wait for their turn in the trailing minute
+    wait_p95_s: float | None = None
 
     @classmethod
     def of(cls, entries: Sequence[RunEntry]) -> RunView:
@@ -93,6 +96,7 @@ class RunView:
         etas = [eta for d in data if (eta := _number(d.get("eta_s"))) is not None]
         starts = [started for d in data if (started := _number(d.get("started_at"))) is not None]
         pid = first.get("pid") if len(data) == 1 and isinstance(first.get("pid"), int) else None
+        queues = [queue for d in data if isinstance(queue := d.get("queue"), int) and not isinstance(queue, bool)]
         return cls(
             run_id=entries[0].run_id,
             host=", ".join(hosts),
@@ -106,12 +110,19 @@ class RunView:
             sent=sum(_whole(d.get("sent")) for d in data),
             reused=sum(_whole(d.get("reused")) for d in data),
             rate_limited=sum(_whole(d.get("rate_limited")) for d in data),
-            rows_left=sum(int(left) for left in lefts if isinstance(left, int)) if known else UNKNOWN,
+            rows_left=None
+            if queues
+            else sum(int(left) for left in lefts if isinstance(left, int))
+            if known
+            else UNKNOWN,
             rate_1m=sum(_whole(d.get("rate_1m")) for d in data),
             eta_s=max(etas) if known and etas and len(etas) == len(data) else None,
             started_at=min(starts) if starts else None,
             pace=_number(first.get("pace")),
             waiting=next((str(d["waiting"]) for d in data if isinstance(d.get("waiting"), str)), None),
+            queue=sum(queues) if queues else None,
+            wait_p50_s=max((w for d in data if (w := _number(d.get("wait_p50_s"))) is not None), default=None),
+            wait_p95_s=max((w for d in data if (w := _number(d.get("wait_p95_s"))) is not None), default=None),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -133,6 +144,9 @@ class RunView:
             "eta_s": None if self.eta_s is None else round(self.eta_s, 1),
             "started_at": self.started_at,
             "waiting": self.waiting,
+            "queue": self.queue,
+            "wait_p50_s": self.wait_p50_s,
+            "wait_p95_s": self.wait_p95_s,
         }
 
 

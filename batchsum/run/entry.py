@@ -1,7 +1,8 @@
 """What a run publishes of itself on each of its keys' budgets (``Entry``: its entry in the runs'
 registry, which ``batchsum top`` reads): host, pid, door, output (redacted), its limit and source,
 share, sent, reused, 429s, rows left and ETA where it knows its size, its own rate, when it started,
-and what it waits for when every key's quota is spent.
+and what it waits for when every key's quota is spent; a gateway's queue and its requests' waits
+for their turn instead of rows.
 
 It goes with the calls the run's pacer makes anyway, at most once a second (``pacing.presence``); a
 run whose pacer is quiet (a pause, rows the store answers, a wait on a claim) publishes on a call of
@@ -131,6 +132,7 @@ class Entry(Presence):
         eta = None if left is None or done <= 0 else round(left * seconds / done, 1)
         source = lane.limit_source() if lane is not None else None
         return {
+            **self._waits(now),
             **self._fixed,
             "rpm": lane.limit() if lane is not None else self._rpm,
             "source": None if source is None else source.kind,
@@ -154,6 +156,19 @@ class Entry(Presence):
         counted = self.lane.counted if self.lane is not None else None
         if counted is not None:
             counted.seen.heard(slot.epoch)
+
+    def _waits(self, now: float) -> dict[str, Any]:
+        """A gateway's own figures (``stats.waits``): its queue and its requests' waits for their turn
+        in the trailing minute; nothing for a run of rows."""
+        waits = self.stats.waits
+        if waits is None:
+            return {}
+        p50, p95 = waits.percentiles(now)
+        return {
+            "queue": waits.waiting,
+            "wait_p50_s": None if p50 is None else round(p50, 4),
+            "wait_p95_s": None if p95 is None else round(p95, 4),
+        }
 
     async def keep_alive(self) -> None:
         """Publish on a call of the run's own whenever its pacer made none for ``KEEP_ALIVE_SECONDS``."""

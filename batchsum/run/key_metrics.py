@@ -10,7 +10,8 @@ Gauges, each the latest view's (Prometheus' names):
   ``batchsum_key_quota_left`` (``batchsum_quota``: its name);
 - per run: ``batchsum_run_limit_per_min``, ``batchsum_run_share``, ``batchsum_run_sent``,
   ``batchsum_run_reused``, ``batchsum_run_rate_limited``, ``batchsum_run_starts_1m``, ``batchsum_run_processes``,
-  ``batchsum_run_rows_left`` and ``batchsum_run_eta_seconds`` (only where the run knows its size).
+  ``batchsum_run_rows_left`` and ``batchsum_run_eta_seconds`` (only where the run knows its size);
+  a gateway's ``batchsum_run_queue``, ``batchsum_run_wait_p50_seconds``, ``batchsum_run_wait_p95_seconds``.
 """
 
 from __future__ import annotations
@@ -52,9 +53,12 @@ RUN_GAUGES: list[tuple[str, str, str, Callable[[RunView], float | None]]] = [
         "batchsum.run.rows_left",
         "{row}",
         "rows the run has left",
-        lambda r: None if r.rows_left == UNKNOWN else float(r.rows_left),
+        lambda r: None if r.rows_left == UNKNOWN or r.rows_left is None else float(r.rows_left),
     ),
     ("batchsum.run.eta", "s", "seconds the run has left at its rate", lambda r: r.eta_s),
+    ("batchsum.run.queue", "{request}", "a gateway's requests waiting for their turn", lambda r: r.queue),
+    ("batchsum.run.wait_p50", "s", "a gateway's median wait for a turn, last 60 s", lambda r: r.wait_p50_s),
+    ("batchsum.run.wait_p95", "s", "a gateway's 95th percentile wait for a turn, last 60 s", lambda r: r.wait_p95_s),
 ]
 
 

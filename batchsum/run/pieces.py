@@ -57,7 +57,7 @@ class Pieces:
     ``locks``: files the run owns while it runs (``RunLock``), ``wait``: wait for another run holding
     them. ``output``: makes the dataset output, after the locks are taken and before the journal is
     opened, so that a refused journal leaves no temporary output behind; the journal records the
-    location it served.
+    location it served. ``client``: the client each key sends with.
     """
 
     def __init__(
@@ -66,7 +66,9 @@ class Pieces:
         *,
         wait: bool = False,
         output: Callable[[], DatasetOutput] | None = None,
+        client: type[AsyncClient] = AsyncClient,
     ) -> None:
+        self._client_type = client
         self._locks = locks
         self._wait = wait
         self._make_output = output
@@ -107,7 +109,7 @@ class Pieces:
                 raise InvalidParameterError(
                     "a Budget object paces one key: with several keys, name the budget (machine, ...)"
                 )
-            opened = [await _open_key(self._stack, spec, plan) for plan in plans]
+            opened = [await _open_key(self._stack, spec, plan, self._client_type) for plan in plans]
             self.client, self.budget = opened[0][0], opened[0][1]
             for path, what in self._locks:
                 stack.enter_context(RunLock(path, what, wait=self._wait))
@@ -208,7 +210,7 @@ def _watch_keys(lanes: list[KeyLane], records: list[KeyRecord], stats: BatchStat
 
 
 async def _open_key(
-    stack: AsyncExitStack, spec: RunSpec, plan: KeyPlan | None
+    stack: AsyncExitStack, spec: RunSpec, plan: KeyPlan | None, client_type: type[AsyncClient] = AsyncClient
 ) -> tuple[AsyncClient, Budget, str, KeyPlan | None]:
     """One key's client and budget (checked: an unusable budget is one line before anything is
     sent; then one that cannot be reached is waited for up to ``budget_wait``), closed with the
@@ -216,7 +218,7 @@ async def _open_key(
     kwargs = spec.client.client_kwargs()
     if plan is not None:
         kwargs["api_key"] = plan.key.reveal()
-    client = AsyncClient(**kwargs)
+    client = client_type(**kwargs)
     stack.push_async_callback(client.aclose)
     budget = open_budget(spec.budget, client.identity)
     stack.push_async_callback(budget.aclose)

@@ -50,8 +50,9 @@ __all__ = [
 ]
 
 # Bumped only by a change that breaks a reader (2: several keys; 3: a stop's ``cause``, ``paid`` what
-# was billed beside ``used_rate``). Reports of the schemas before are still read (merged, described).
-REPORT_SCHEMA = "batchsum-run-report/3"
+# was billed beside ``used_rate``; 4: the ``door``, a gateway's ``gateway``). Reports of the schemas
+# before are still read (merged, described).
+REPORT_SCHEMA = "batchsum-run-report/4"
 
 # Why a stopped run stopped (the report's ``cause``), by the type of the error that stopped it: the
 # nearest class of the error's own (its MRO) named here. A new kind of stop is one line here (and its
@@ -126,9 +127,11 @@ def run_report(
     ended_at: float,
     error: BaseException | None = None,
     keys: Sequence[dict[str, Any]] = (),
+    door: str | None = None,
 ) -> dict[str, Any]:
     """The run report as plain data (JSON-able), schema ``docs/run-report.schema.json``.
     ``keys``: each key of the run as ``engine.keys.KeyLane.describe`` gives it (its hash, never the key).
+    ``door``: the front-end the run went through.
 
     ``started_at`` / ``ended_at``: wall-clock times. ``error``: what ended the run, if not its end:
     a stop (``stopped``, its ``cause`` by ``STOP_CAUSES``: a signal, the request cap, a refused key, a
@@ -147,6 +150,7 @@ def run_report(
     return {
         "schema": REPORT_SCHEMA,
         "run_id": run_id,
+        "door": door,
         "versions": _versions(),
         "options": options,
         "started_at": _iso(started_at),
@@ -183,9 +187,25 @@ def run_report(
         ],
         "utilization": _utilization(rpm, share, stats.paid, stats.used_rate, ended_at - started_at),
         "latency": _latency(stats.latencies),
+        "gateway": _gateway(stats),
         "pace": _pace(stats),
         "keys": list(keys),
         "timeline": timeline,
+    }
+
+
+def _gateway(stats: BatchStats) -> dict[str, Any] | None:
+    """A gateway's requests: answered, late (429 at their deadline), unavailable (503), their waits."""
+    waits = stats.waits
+    if waits is None:
+        return None
+    wait = _latency(waits.every)
+    wait.pop("count")
+    return {
+        "answered": waits.answered,
+        "late": waits.late,
+        "unavailable": waits.unavailable,
+        "wait": {"count": waits.count, **wait},
     }
 
 
@@ -289,6 +309,7 @@ def merge_reports(reports: Sequence[dict[str, Any]], *, run_id: str) -> dict[str
         "limit_detail": next((p["limit_detail"] for p in paces if p.get("limit_detail")), None),
         "probe_rate_limited": sum(p.get("probe_rate_limited", 0) for p in paces),
     }
+    merged["gateway"] = _merged_gateway([r["gateway"] for r in reports if r.get("gateway") is not None])
     merged["keys"] = _merged_keys([r.get("keys") or [] for r in reports])
     merged["timeline"] = None
     merged["partitions"] = len(reports)
@@ -296,19 +317,37 @@ def merge_reports(reports: Sequence[dict[str, Any]], *, run_id: str) -> dict[str
 
 
 def upgrade_report(report: dict[str, Any]) -> dict[str, Any]:
-    """A report as schema 3 reads it: one of schema 2 (or earlier) gets its ``cause`` (null: not
-    known), ``requests.used_rate`` (its ``paid``: what schema 2 counted, every attempt but its 429s)
-    and ``utilization.used_per_minute``; its ``paid`` stays as it was counted then. A report of
-    schema 3 comes back as it is."""
+    """A report as schema 4 reads it: one of schema 3 (or earlier) gets its ``door`` and ``gateway``
+    (null: not known, and no gateway); one of schema 2 (or earlier) its ``cause`` (null: not known),
+    ``requests.used_rate`` (its ``paid``: what schema 2 counted, every attempt but its 429s) and
+    ``utilization.used_per_minute``; its ``paid`` stays as it was counted then. A report of schema 4
+    comes back as it is."""
     if report.get("schema") == REPORT_SCHEMA:
         return report
     upgraded = dict(report)
+    upgraded.setdefault("door", None)
+    upgraded.setdefault("gateway", None)
     upgraded.setdefault("cause", None)
     requests = upgraded["requests"] = dict(report["requests"])
     requests.setdefault("used_rate", requests["paid"])
     utilization = upgraded["utilization"] = dict(report["utilization"])
     utilization.setdefault("used_per_minute", utilization["paid_per_minute"])
     return upgraded
+
+
+def _merged_gateway(parts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A gateway's parts (one a key, or a replica's) as one: counts summed, each wait percentile the
+    largest of the parts' (an upper bound)."""
+    if not parts:
+        return None
+    waits = [part["wait"] for part in parts]
+    return {name: sum(part[name] for part in parts) for name in ("answered", "late", "unavailable")} | {
+        "wait": {"count": sum(w["count"] for w in waits)}
+        | {
+            name: max((w[name] for w in waits if w[name] is not None), default=None)
+            for name in ("p50", "p90", "p99", "max")
+        }
+    }
 
 
 def _merged_keys(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -374,6 +413,13 @@ def _key_line(key: dict[str, Any]) -> str:
     return line
 
 
+def _gateway_line(gateway: dict[str, Any]) -> str:
+    """``1200 answered, 3 late (429), 0 unavailable (503); waited p50 0.012s, p99 1.900s``."""
+    wait = gateway["wait"]
+    waited = f"; waited p50 {wait['p50']:.3f}s, p99 {wait['p99']:.3f}s" if wait["count"] else ""
+    return f"{gateway['answered']} answered, {gateway['late']} late (429), {gateway['unavailable']} unavailable (503){waited}"
+
+
 def describe_report(report: dict[str, Any]) -> str:
     """The report for a person (``batchsum report run.json``; a report of schema 2 as well)."""
     report = upgrade_report(report)
@@ -416,6 +462,7 @@ def describe_report(report: dict[str, Any]) -> str:
         f"pauses:       {len(report['pauses'])}",
         f"utilization:  {use}",
         f"latency:      {latencies}",
+        *(f"gateway:      {_gateway_line(report['gateway'])}" for _ in [0] if report.get("gateway") is not None),
         *(
             f"key:          {_key_line(key)}"
             for key in report.get("keys") or []

@@ -78,7 +78,8 @@ class Run:
     stats after each row. ``locks``: files this run owns while it runs (``RunLock``), ``wait``: wait
     for another run holding them. ``output``: makes the dataset output (``write_dataset``), after the
     locks are taken and before the journal is opened, so that a refused journal leaves no temporary
-    output behind; the journal records the location it served.
+    output behind; the journal records the location it served. ``client``: the client each key sends
+    with (an ``AsyncClient`` subclass: the gateway's hands the service's answers on as they came).
     """
 
     def __init__(
@@ -92,6 +93,7 @@ class Run:
         locks: Sequence[tuple[str | os.PathLike[str], str]] = (),
         wait: bool = False,
         output: Callable[[], DatasetOutput] | None = None,
+        client: type[AsyncClient] = AsyncClient,
     ) -> None:
         self.spec = spec
         self.shared = shared
@@ -99,7 +101,7 @@ class Run:
         if total is not None:
             self.stats.total = total
         self._on_result = on_result
-        self.pieces = Pieces(locks, wait=wait, output=output)
+        self.pieces = Pieces(locks, wait=wait, output=output, client=client)
         self.watch: Watch
         self.opened = False
         self.late_stop: BaseException | None = None  # a stop that came after every row was done

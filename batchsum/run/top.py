@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 HISTORY_SECONDS = 180.0  # what a budget keeps of its ledger: the monitor's first look reads all of it
-SCHEMA = "batchsum-top/1"  # ``batchsum top --json``'s shape (docs/top.schema.json)
+SCHEMA = "batchsum-top/2"  # ``batchsum top --json``'s shape (docs/top.schema.json)
 
 
 def _labels(keys: str | Path | None, environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -72,8 +72,7 @@ class Watch:
         and its report."""
         if self._metrics is not None:
             self._metrics.close()
-        if isinstance(error, GeneratorExit):
-            error = None
+        error = None if isinstance(error, GeneratorExit) else error
         return run_report(
             self.stats,
             run_id=self.run_id,
@@ -82,6 +81,7 @@ class Watch:
             ended_at=time.time(),
             error=error,
             keys=[lane.describe() for lane in self.pieces.lanes],
+            door=self.spec.door,
         )
 
     def end(self, report: dict[str, Any]) -> None:

@@ -66,7 +66,7 @@ NOT_RUN = re.compile(r"^\*Not run:(.*)\*\s*$")
 PLACEHOLDER_KEY = re.compile(r"^\s*export BATCHSUM_API_KEY=(\.\.\.|<[^>]*>)\s*(#.*)?$")
 INSTALL = re.compile(r"^.*&&\s*\.venv/bin/(batchsum\b.*)$", re.DOTALL)
 # What cannot run here: a block that matches one of these must be marked *Not run: ...*.
-TOOLS = {"curl": "curl", "timeout": "coreutils"}  # programs blocks call, beyond bash and the venv
+TOOLS = {"curl": "curl", "timeout": "coreutils", "node": "nodejs"}  # programs blocks call, beyond bash and the venv
 CANNOT_RUN = {
     r"\b(s3|gs|abfs)://": "an object store",
     r"\b(redis|rediss|unix)://": "a Redis server",

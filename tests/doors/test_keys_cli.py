@@ -95,7 +95,7 @@ def test_three_keys_in_a_key_file_share_out_the_run_each_at_its_own_limit(team, 
     assert_spacing_per_key(team, KEYS)
     report = json.loads((tmp_path / "run.json").read_text())
     jsonschema.validate(report, SCHEMA)
-    assert report["schema"] == "batchsum-run-report/3"
+    assert report["schema"] == "batchsum-run-report/4"
     assert [k["hash"] for k in report["keys"]] == [key_hash(k) for k in KEYS]
     assert [k["source"] for k in report["keys"]] == ["keys.txt line 1", "keys.txt line 2", "keys.txt line 3"]
     assert [k["limit"] for k in report["keys"]] == [600, 900, 1500]

@@ -562,10 +562,10 @@ def test_a_report_of_schema_2_is_still_read_described_and_merged(fresh: LocalSer
     spec = RunSpec.from_kwargs(rpm=PLAN, budget="none", progress=False, report=path)
     asyncio.run(run_texts(spec, texts(6, seed=21)))
     now = validate(json.loads(path.read_text()))
-    assert now["schema"] == "batchsum-run-report/3"
+    assert now["schema"] == "batchsum-run-report/4" and now["door"] == "python" and now["gateway"] is None
     old = json.loads(path.read_text())
     old["schema"] = "batchsum-run-report/2"
-    del old["cause"], old["requests"]["used_rate"], old["utilization"]["used_per_minute"]
+    del old["cause"], old["requests"]["used_rate"], old["utilization"]["used_per_minute"], old["door"], old["gateway"]
     shown = describe_report(old)
     assert "outcome:      finished" in shown and "6 paid, 6 used the rate" in shown
     merged = validate(merge_reports([old, now], run_id=now["run_id"]))
