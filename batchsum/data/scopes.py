@@ -24,7 +24,7 @@ from .results import OK, Answer
 from .store_link import RETRY_FIRST, RETRY_MOST, StoreLink
 from .stores import AnswerStore, StoreError
 
-__all__ = ["Scopes", "AsyncScopes", "Trust", "Proof", "open_store", "look_at_store", "store_path"]
+__all__ = ["Scopes", "AsyncScopes", "Trust", "Proof", "trusting", "open_store", "look_at_store", "store_path"]
 
 log = logging.getLogger("batchsum")
 
@@ -103,33 +103,39 @@ class Trust:
     fingerprint); and of a mode a plan may refuse (mode 2), only while a key of the run is proven in
     that mode: its record shows the service answered it there within the day (``of``), or this run's
     own request in that mode was answered (``prove``). A key whose plan refuses mode 2 is never served
-    an answer another key paid for. ``Trust()``, who asks not said: nothing of the store is served.
+    an answer another key paid for. ``strangers``: the askers are not the store's own user but the
+    clients of a door open to others (the gateway's, whose keys are theirs): nothing is served, in
+    any mode, before a key of theirs is proven in it, so a key the service never accepted gets nothing.
+    ``Trust()``, who asks not said: nothing of the store is served.
 
     The rule's one place: ``Scopes`` asks ``serves`` before every read of the store, so a caller (a
     run, a dry run, an estimate, a gateway) says who asks and never applies the rule itself."""
 
-    __slots__ = ("mode", "proven")
+    __slots__ = ("mode", "proven", "strangers")
 
-    def __init__(self, mode: int | None = None, proven: bool = False) -> None:
+    def __init__(self, mode: int | None = None, proven: bool = False, *, strangers: bool = False) -> None:
         self.mode = mode
         self.proven = proven
+        self.strangers = strangers
 
     @classmethod
-    def of(cls, mode: int, keys: Iterable[Proof | None]) -> Trust:
+    def of(cls, mode: int, keys: Iterable[Proof | None], *, strangers: bool = False) -> Trust:
         """The trust of a run in ``mode`` on ``keys`` (their records; None: a key with none)."""
-        return cls(mode, any(key is not None and key.proven(mode) is not None for key in keys))
+        return cls(mode, any(key is not None and key.proven(mode) is not None for key in keys), strangers=strangers)
 
     @property
     def serves(self) -> bool:
         """Whether the store's answers may be served now."""
-        return self.mode == contract.Mode.STANDARD or (self.mode is not None and self.proven)
+        if self.mode is None:
+            return False
+        return self.proven or (self.mode == contract.Mode.STANDARD and not self.strangers)
 
     def prove(self) -> None:
         """A key of the run was answered in its mode: the store's answers may be served from now on."""
         self.proven = True
 
     def __repr__(self) -> str:
-        return f"Trust(mode={self.mode}, proven={self.proven})"
+        return f"Trust(mode={self.mode}, proven={self.proven}, strangers={self.strangers})"
 
 
 def _claimer(scope: Any) -> bool:
@@ -172,13 +178,6 @@ class Scopes:
         self.where = getattr(store, "where", None)
         self._out_until = 0.0  # a store that failed is left until then (``time.monotonic()``)
         self._backoff = RETRY_FIRST
-
-    def trusting(self, trust: Trust) -> Scopes:
-        """These scopes as another asker is served them (``trust``: a door whose requests come in any
-        mode, the gateway's): the same own scope and store, the store's answers by that trust."""
-        view = copy.copy(self)
-        view.trust = trust
-        return view
 
     @property
     def writable(self) -> bool:
@@ -293,6 +292,14 @@ class Scopes:
     def close(self) -> None:
         if self.store is not None:
             self.store.close()
+
+
+def trusting(scopes: Scopes, trust: Trust) -> Scopes:
+    """``scopes`` as another asker is served them (``trust``: a door whose requests come in any mode,
+    the gateway's): the same own scope and store, the store's answers by that trust."""
+    view = copy.copy(scopes)
+    view.trust = trust
+    return view
 
 
 class AsyncScopes:

@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from ..data.results import Answer
-from ..data.scopes import Scopes, Trust
+from ..data.scopes import Scopes, Trust, trusting
 from ..data.stores import AnswerStore
 from ..service import contract
 from ..service.errors import BatchsumError
@@ -37,8 +37,8 @@ class OpenBatch:
         self.stats = stats
         # Its keys are its clients': the store answers a key only once it is proven in the mode (its
         # record, or this batch's first answer), so a key the service never accepted is served nothing.
-        trust = Trust.of(mode, (lane.record for lane in lanes))
-        scopes = store.trusting(trust) if isinstance(store, Scopes) else Scopes(store, trust=trust)
+        trust = Trust.of(mode, (lane.record for lane in lanes), strangers=True)
+        scopes = trusting(store, trust) if isinstance(store, Scopes) else Scopes(store, trust=trust)
         self._batch = Batch(list(lanes), contract.parse_params(mode), options, scopes, stats)
 
     @property

@@ -472,6 +472,15 @@ def test_trust_serves_mode_1_always_mode_2_to_a_run_with_a_key_proven_in_it_and_
     assert not Trust().serves and not Scopes(None, MemoryStore()).trust.serves  # who asks not said: nothing
 
 
+def test_strangers_are_served_nothing_in_any_mode_before_a_key_of_theirs_is_proven_in_it():
+    """A gateway's clients bring keys of their own: a key the service never accepted gets nothing."""
+    assert not Trust.of(1, [], strangers=True).serves and not Trust.of(1, [_Record(2)], strangers=True).serves
+    assert Trust.of(1, [_Record(1)], strangers=True).serves and Trust.of(2, [_Record(2)], strangers=True).serves
+    stranger = Trust.of(1, [None], strangers=True)
+    stranger.prove()  # its own request was answered: the service accepted the key
+    assert stranger.serves
+
+
 @pytest.mark.parametrize("where", ["machine", "redis"])
 def test_every_read_of_the_store_asks_the_trust_and_a_run_whose_key_is_not_proven_in_mode_2_is_served_none(
     where, tmp_path, request
