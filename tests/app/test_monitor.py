@@ -20,16 +20,9 @@ from batchsum.pacing.budget import Report, SQLiteBudget
 from batchsum.pacing.exchange import Member
 from batchsum.pacing.view import KeyView, RunView
 from batchsum.service.settings import key_hash
-from tests.conftest import KEY, article
+from tests.support import KEY, article, wait_for
 
 SERVICE = "http://127.0.0.1:9"
-
-
-def wait_for(condition, seconds: float = 60.0, what: str = ""):
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.05)
 
 
 def run_view(run_id: str, sent: int) -> RunView:

@@ -36,7 +36,7 @@ from batchsum.local.state import Account
 from batchsum.run.run import run_texts
 from batchsum.run.spec import RunSpec
 from batchsum.service import contract
-from tests.conftest import BASIC_KEY, KEY, article, free_port, need
+from tests.support import BASIC_KEY, KEY, RedisServer, article, need, wait_for, wait_for_count
 
 ROOT = Path(__file__).parents[2]
 PARAMS = contract.parse_params(1, contract.PERCENTAGE_DEFAULT, None)
@@ -104,8 +104,8 @@ def test_texts_set_aside_are_looked_at_together_not_one_by_one(svc, where, reque
         async with batchsum.AsyncClient(KEY, svc.url) as client:
             stream = summarize_stream(rows, client, stats=stats, rpm=600, store=Scopes(MemoryStore(), counted))
             task = asyncio.ensure_future(_collect(stream))
-            while sum(counted.keys.get("take_many", [])) < len(keys):  # each text reached its turn
-                await asyncio.sleep(0.05)
+            turns = lambda: sum(counted.keys.get("take_many", [])) >= len(keys)  # noqa: E731
+            await asyncio.to_thread(wait_for, turns, what="each text to reach its turn")  # the loop runs on
             waited_from = time.monotonic()
             looks_before = counted.calls.get("look_many", 0)
             await asyncio.sleep(2.0)  # every text waits on the other run
@@ -155,53 +155,13 @@ def test_two_runs_on_two_keys_through_the_machine_store_split_the_texts_and_each
     assert stats["answered_unique"] == 60 and stats["answered"] <= 60 + 2  # at most the texts on the wire twice
 
 
-class OwnRedis:
-    """A redis-server of the test's own on ``port``, started and stopped by the test (empty when
-    started again: nothing saved)."""
-
-    def __init__(self, folder: Path) -> None:
-        exe = shutil.which("redis-server")
-        if exe is None:
-            need("a real redis-server", "apt-get install redis-server (Debian's package)")
-        self.exe = exe
-        self.port = free_port()
-        self.folder = folder
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        import redis
-
-        self.process = subprocess.Popen(
-            [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-            + ["--dir", str(self.folder)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                redis.Redis.from_url(self.url).ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(10)
-            self.process = None
-
-
 def test_a_redis_store_restarted_mid_run_is_used_again(svc, tmp_path, caplog, monkeypatch):
     """Redis stopped mid-run and started again empty: the run says once that the store failed, goes
     on, and uses the store again once it answers (the answers kept meanwhile put there then); every row
     ok, nothing paid twice; a later job pays only for what was lost with the restart."""
     pytest.importorskip("redis")
     monkeypatch.setattr(store_link, "RETRY_FIRST", 0.2)
-    redis = OwnRedis(tmp_path)
+    redis = RedisServer(tmp_path)
     redis.start()
     svc.faults = Faults(latency=0.1, latency_spread=0.1)
     rows = texts(5000, 5080)
@@ -211,8 +171,7 @@ def test_a_redis_store_restarted_mid_run_is_used_again(svc, tmp_path, caplog, mo
         with caplog.at_level(logging.INFO, logger="batchsum"):
             runner = threading.Thread(target=lambda: outcome.append(asyncio.run(run_texts(spec, rows))))
             runner.start()
-            while svc.stats()["requests"] < 20:
-                time.sleep(0.01)
+            wait_for_count(svc, 20)
             redis.stop()
             time.sleep(1.0)
             redis.start()

@@ -47,7 +47,7 @@ from typing import IO, Any
 import pytest
 
 from batchsum.local import LocalService
-from tests.conftest import need
+from tests.support import need
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [

@@ -7,7 +7,6 @@ from __future__ import annotations
 import gc
 import json
 import threading
-import time
 import warnings
 
 import pyarrow as pa
@@ -20,7 +19,7 @@ import batchsum.duckdb  # noqa: E402
 from batchsum.data.stores import clear_process_caches  # noqa: E402
 from batchsum.errors import InvalidParameterError  # noqa: E402
 from batchsum.local import Faults  # noqa: E402
-from tests.conftest import EXPIRED_KEY, KEY, article  # noqa: E402
+from tests.support import EXPIRED_KEY, KEY, article, wait_for, wait_for_count  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -126,7 +125,7 @@ def test_with_store_none_two_threads_chunks_claim_their_texts(con, svc):
 def test_a_run_that_cannot_open_fails_each_query_in_one_line_and_leaves_no_thread(con, svc):
     import threading
 
-    from tests.conftest import free_port
+    from tests.support import free_port
 
     register(con, svc, budget=f"redis://127.0.0.1:{free_port()}/0")  # no Redis there
 
@@ -154,10 +153,8 @@ def test_the_run_closes_after_a_minute_idle_and_the_next_call_opens_another(con,
     monkeypatch.setattr(batchsum.duckdb, "IDLE_SECONDS", 0.3)
     registration = register(con, svc, report=str(tmp_path / "run.json"))
     con.execute(f"SELECT batchsum_summarize('{article(20)}')").fetchall()
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "run.json").exists() and time.monotonic() < deadline:  # written as the run closes
-        time.sleep(0.05)
-    assert repr(registration).endswith("closed)") and (tmp_path / "run.json").exists()
+    wait_for((tmp_path / "run.json").exists, what="the run's report, written as it closes")
+    assert repr(registration).endswith("closed)")
     con.execute(f"SELECT batchsum_summarize('{article(21)}')").fetchall()
     assert registration.runs == 2
 
@@ -318,16 +315,6 @@ def test_a_cap_and_a_sample_are_refused(con, svc):
 AFTER_STOP = 25  # at most this many requests admitted after a stop (at 600/min: the turns already due, the wire)
 
 
-def wait_for_requests(service, count: int, process=None) -> int:
-    """Wait until ``count`` requests reached the service (a guard against a hang, not a timing)."""
-    deadline = time.monotonic() + 120
-    while service.stats()["requests"] < count:
-        assert time.monotonic() < deadline, "the requests never came"
-        assert process is None or process.poll() is None, process.communicate()
-        time.sleep(0.02)
-    return service.stats()["requests"]
-
-
 def texts_file(tmp_path, rows: int, seed: int) -> str:
     """Distinct texts in row groups of 100, so that each of DuckDB's threads has chunks of its own."""
     path = tmp_path / "texts.parquet"
@@ -365,7 +352,7 @@ def test_interrupt_stops_the_runs_on_the_connection_then_its_query_and_keeps_eve
 
     worker = threading.Thread(target=query, daemon=True)
     worker.start()
-    at = wait_for_requests(svc, 30)
+    at = wait_for_count(svc, 30)
     assert batchsum.duckdb.interrupt(connection) == 1  # returns once the answers on the wire are in
     worker.join(120)  # a guard against a hang, not a timing
     assert not worker.is_alive(), "the query went on"
@@ -430,7 +417,7 @@ def test_sigint_stops_a_query_in_another_process_and_keeps_every_answer(svc, tmp
         stderr=subprocess.PIPE,
         text=True,
     )
-    at = wait_for_requests(svc, 30, child)
+    at = wait_for_count(svc, 30, alive=child)
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=120)  # a guard against a hang, not a timing
     assert child.returncode == 0, err

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,8 +25,8 @@ import pytest
 
 from batchsum.cli import main
 from batchsum.local import Faults, LocalService
-from tests.conftest import EXPIRED_KEY, KEY, article, free_port, need
 from tests.run.test_stops import corrupt_last_row_group
+from tests.support import EXPIRED_KEY, KEY, RedisServer, article, free_port, refuse_the_final_rename, wait_for_count
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 
@@ -79,10 +78,8 @@ def when_answered(service: LocalService, count: int, then: Callable[[], None]) -
     faults = service.faults = replace(service.faults, hold_after=count)
 
     def watch() -> None:
-        deadline = time.monotonic() + 60
-        while service.stats()["answered"] < count and time.monotonic() < deadline:
-            time.sleep(0.01)
         try:
+            wait_for_count(service, count, "answered")
             then()
         finally:
             faults.release()
@@ -146,44 +143,10 @@ def request_cap(service, tmp_path, capsys, monkeypatch):
     return summarize(source(tmp_path), "-o", str(tmp_path / "out.parquet"), "--max-requests", "5", capsys=capsys)
 
 
-class OwnRedis:
-    """A redis-server of the test's own on a free port: stopped and started again (empty) at will."""
-
-    def __init__(self, folder: Path) -> None:
-        self.exe = shutil.which("redis-server")
-        if self.exe is None:
-            need("a real redis-server", "apt-get install redis-server (Debian's package)")
-        self.folder, self.port = folder, free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> str:
-        import redis
-
-        argv = [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        self.process = subprocess.Popen(
-            [*argv, "--dir", str(self.folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        url = f"redis://127.0.0.1:{self.port}/0"
-        deadline = time.monotonic() + 30  # a guard, not a timing assertion
-        while True:
-            try:
-                redis.Redis.from_url(url).ping()
-                return url
-            except redis.ConnectionError:
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
-
-
 def budget_lost(service, tmp_path, capsys, monkeypatch):
     """A Redis budget whose server goes away mid-run for longer than --budget-wait."""
-    redis = OwnRedis(tmp_path)
-    url = redis.start()
+    redis = RedisServer(tmp_path).start()
+    url = redis.url
     try:
         service.faults = Faults(latency=0.05)
         when_answered(service, 10, redis.stop)
@@ -198,8 +161,8 @@ def budget_lost(service, tmp_path, capsys, monkeypatch):
 
 def budget_back(service, tmp_path, capsys, monkeypatch):
     """A Redis budget whose server goes away mid-run and comes back empty within --budget-wait: a pause."""
-    redis = OwnRedis(tmp_path)
-    url = redis.start()
+    redis = RedisServer(tmp_path).start()
+    url = redis.url
 
     def start_later() -> None:
         time.sleep(3.0)  # the outage the run waits out (nothing starts meanwhile: the run cannot end first)
@@ -226,16 +189,7 @@ def budget_back(service, tmp_path, capsys, monkeypatch):
 
 
 def output_refused_at_the_end(service, tmp_path, capsys, monkeypatch):
-    # The final rename refused, as a folder made read-only refuses it (root, who runs CI here, writes to
-    # read-only folders, so chmod cannot produce it).
-    real = os.replace
-
-    def refuse(src, dst, *args, **kwargs):
-        if str(dst).endswith("out.parquet"):
-            raise PermissionError(13, "Permission denied")
-        return real(src, dst, *args, **kwargs)
-
-    monkeypatch.setattr(os, "replace", refuse)
+    refuse_the_final_rename(monkeypatch)
     code, err = summarize(source(tmp_path), "-o", str(tmp_path / "out.parquet"), capsys=capsys)
     assert "cannot write" in err and "every answer is in the journal" in err and service.stats()["answered"] == 30
     return code, err

@@ -20,7 +20,7 @@ import pytest
 
 from batchsum.local import Account, Faults, LocalService
 from batchsum.service.settings import key_hash
-from tests.conftest import budget_ledger, ticks_before
+from tests.support import budget_ledger, stderr_until, ticks_before
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "docs" / "run-report.schema.json").read_text())
@@ -243,23 +243,6 @@ def test_the_dry_run_names_each_key_its_limit_and_the_time_at_their_summed_limit
 # -- issue 48: the dry run says what the run does; paid is what the service billed -----------------------
 
 
-def waits_for_line(proc: subprocess.Popen[str], needle: str) -> list[str]:
-    """The lines of ``proc``'s stderr up to the first holding ``needle`` (a guard of two minutes
-    against a run that never says it, not a timing)."""
-    import selectors
-
-    lines: list[str] = []
-    with selectors.DefaultSelector() as selector:
-        assert proc.stderr is not None
-        selector.register(proc.stderr, selectors.EVENT_READ)
-        while not any(needle in line for line in lines):
-            assert selector.select(timeout=120), f"no line with {needle!r}: {lines}"
-            line = proc.stderr.readline()
-            assert line, f"the run ended without a line holding {needle!r}: {lines}"
-            lines.append(line)
-    return lines
-
-
 def test_after_an_hourly_quota_is_spent_the_dry_run_says_a_long_max_wait_waits_and_a_short_one_stops(tmp_path):
     """An hourly quota the service states, spent by a run (which stopped: its reset is about an hour
     away, beyond the default max_wait of 30 minutes). The dry run with ``--max-wait 7200`` says the
@@ -295,8 +278,8 @@ def test_after_an_hourly_quota_is_spent_the_dry_run_says_a_long_max_wait_waits_a
             env=env, cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
         )  # fmt: skip
         try:
-            lines = waits_for_line(waiting, "the run waits for")
-            said = json.loads(lines[-1])["message"]
+            lines = stderr_until(waiting, "the run waits for")
+            said = next(json.loads(line)["message"] for line in lines if "the run waits for" in line)
             assert "hourly quota of 20 (stated by the service)" in said and "within max_wait 7200 s" in said
             waiting.send_signal(signal.SIGINT)
             assert waiting.wait(timeout=120) == 130

@@ -14,7 +14,7 @@ from batchsum.data.results import result_columns  # noqa: E402
 from batchsum.errors import InputError  # noqa: E402
 from batchsum.local import Faults  # noqa: E402
 from batchsum.pandas_ext import clear_cache  # noqa: E402
-from tests.conftest import KEY, article  # noqa: E402
+from tests.support import KEY, article, wait_for_count  # noqa: E402
 
 TEXTS = [article(30, seed=i) for i in range(5)] + [None, "too short", article(30, seed=0), "   "]
 
@@ -325,7 +325,6 @@ def test_sigint_while_collecting_stops_the_run_and_keeps_every_answer(svc, opts,
     import signal
     import subprocess
     import sys
-    import time
 
     rows = 800
     path = tmp_path / "in.parquet"
@@ -339,11 +338,7 @@ def test_sigint_while_collecting_stops_the_run_and_keeps_every_answer(svc, opts,
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 120  # a guard against a hang, not a timing
-    while svc.stats()["requests"] < 30:
-        assert time.monotonic() < deadline and child.poll() is None, child.communicate()
-        time.sleep(0.02)
-    at = svc.stats()["requests"]
+    at = wait_for_count(svc, 30, alive=child)
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=120)
     assert child.returncode == 0, err

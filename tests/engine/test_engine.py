@@ -10,7 +10,7 @@ from batchsum.local import Faults, LocalService
 from batchsum.local.summarizer import summarize as local_summary
 from batchsum.pacing import Pacer
 from batchsum.service.client import PreparedRequest, validate_params
-from tests.conftest import EXPIRED_KEY, KEY, article
+from tests.support import EXPIRED_KEY, KEY, article
 
 
 def texts(n, words=40):

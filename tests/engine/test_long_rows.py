@@ -19,7 +19,7 @@ from batchsum.engine.fingerprints import text_fingerprint
 from batchsum.engine.tally import BatchStats
 from batchsum.local import Faults
 from batchsum.service import contract
-from tests.conftest import KEY, article
+from tests.support import KEY, article, wait_for
 
 LATE = (
     "The airship crew moored the zeppelin at the mast while helium tanks were refilled. "
@@ -161,8 +161,8 @@ async def test_a_stop_in_the_middle_of_a_long_row_keeps_its_finished_parts(svc, 
             await collect(svc, [DOC_31K], store=journal, stats=stats, long_texts="split", concurrency=2)
 
     task = asyncio.ensure_future(run())
-    while stats.sent_by_kind["part"] < 3:
-        await asyncio.sleep(0.02)
+    three = lambda: stats.sent_by_kind["part"] >= 3  # noqa: E731
+    await asyncio.to_thread(wait_for, three, what="three parts sent")  # the loop runs on
     task.cancel()
     svc.faults.release()  # the parts on the wire answer the stop's wait for them
     with pytest.raises(asyncio.CancelledError):

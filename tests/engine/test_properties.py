@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import batchsum
 from batchsum.engine import summarize_stream
 from batchsum.service.contract import count_words
-from tests.conftest import KEY
+from tests.support import KEY
 
 WORDY = st.lists(
     st.sampled_from("the river council budget school market bridge museum a of".split()), min_size=8, max_size=40

@@ -27,7 +27,7 @@ from batchsum.engine.tally import BatchStats
 from batchsum.local import Faults
 from batchsum.service import contract
 from batchsum.service.client import PreparedRequest, validate_params
-from tests.conftest import KEY, article
+from tests.support import KEY, article
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 

@@ -13,7 +13,7 @@ import pytest
 import batchsum
 from batchsum.engine import summarize_stream
 from batchsum.local import Faults, LocalService
-from tests.conftest import KEY, article
+from tests.support import KEY, article, wait_for
 
 
 def post(client: httpx.Client, key: str = KEY) -> httpx.Response:
@@ -85,21 +85,11 @@ def _send_in_threads(service: LocalService, count: int) -> tuple[list, list]:
     return threads, answers
 
 
-def _until(condition, what: str) -> None:
-    """Wait for ``condition`` (a guard against a hang, not a timing)."""
-    import time
-
-    deadline = time.monotonic() + 60
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
-
-
 @pytest.mark.parametrize("how", ["release", "replace"])
 def test_requests_after_hold_after_wait_unanswered_until_released_or_the_faults_are_replaced(how):
     with LocalService([KEY], faults=Faults(hold_after=2)) as service:
         threads, answers = _send_in_threads(service, 4)
-        _until(lambda: len(answers) == 2 and service.state.in_progress == 2, "2 answered, 2 held")
+        wait_for(lambda: len(answers) == 2 and service.state.in_progress == 2, what="2 answered, 2 held")
         assert service.stats()["answered"] == 2  # the other two are held in the service, unanswered
         if how == "release":
             service.faults.release()
@@ -113,7 +103,7 @@ def test_requests_after_hold_after_wait_unanswered_until_released_or_the_faults_
 def test_a_request_that_arrived_before_the_counts_were_reset_is_not_counted_after():
     with LocalService([KEY], faults=Faults(hold_after=0)) as service:
         threads, answers = _send_in_threads(service, 1)
-        _until(lambda: service.state.in_progress == 1, "the request held")
+        wait_for(lambda: service.state.in_progress == 1, what="the request held")
         service.state.reset_stats()  # the next test's counts begin
         service.faults.release()
         threads[0].join(60)

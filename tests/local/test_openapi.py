@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from batchsum.local import LocalService  # noqa: E402
-from tests.conftest import KEY  # noqa: E402
+from tests.support import KEY  # noqa: E402
 
 
 @pytest.fixture(scope="module")

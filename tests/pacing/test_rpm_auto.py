@@ -169,7 +169,7 @@ def test_the_cli_runs_auto_against_the_local_service_and_reports_where_the_limit
     import pandas as pd
 
     from batchsum.cli import main
-    from tests.conftest import article
+    from tests.support import article
 
     src, out = tmp_path / "in.parquet", tmp_path / "out.parquet"
     pd.DataFrame({"text": [article(60, seed=i) for i in range(4)]}).to_parquet(src)
@@ -282,7 +282,7 @@ def test_cli_processes_started_together_under_auto_share_one_lead(budget, tmp_pa
 
     from batchsum.local import LocalService
     from batchsum.pacing.budget import open_budget
-    from tests.conftest import article
+    from tests.support import article
 
     key = "bs-auto-lead-key-0123456789"
     flag = [] if budget == "default" else ["--budget", request.getfixturevalue("redis_url")]

@@ -2,18 +2,16 @@
 without sending any answered request twice. Counted at the service."""
 
 import os
-import selectors
 import signal
 import sqlite3
 import subprocess
 import sys
-import time
 
 import pandas as pd
 import pytest
 
 from batchsum.local import Faults, LocalService
-from tests.conftest import KEY, article
+from tests.support import KEY, article, stderr_until, summarize_argv, wait_for
 
 ROWS = 300
 
@@ -24,53 +22,14 @@ def setup(tmp_path):
         texts = [article(15, seed=i) + f" Row {i}." for i in range(ROWS)]
         pd.DataFrame({"n": range(ROWS), "text": texts}).to_parquet(tmp_path / "in.parquet")
         env = {**os.environ, "BATCHSUM_API_KEY": KEY, "BATCHSUM_BASE_URL": service.url}
-        argv = [
-            sys.executable,
-            "-m",
-            "batchsum.cli",
-            "summarize",
-            str(tmp_path / "in.parquet"),
-            "-o",
-            str(tmp_path / "out.parquet"),
-            "--column",
-            "text",
-            "--rpm",
-            "0",
-            "--concurrency",
-            "4",
-            "--quiet",
-        ]
+        argv = summarize_argv(
+            tmp_path / "in.parquet", tmp_path / "out.parquet", "--rpm", "0", "--concurrency", "4", "--quiet"
+        )
         yield service, argv, env, tmp_path
 
 
 def wait_for_answers(service, count, proc):
-    """Until the service has answered ``count`` requests (a guard against a hang, not a timing)."""
-    deadline = time.monotonic() + 60
-    while service.stats()["answered"] < count:
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-
-
-def wait_for_line(proc, words, seen):
-    """Read ``proc``'s stderr into ``seen`` until a line holds ``words`` (a guard against a hang, not a
-    timing): what the process has done by then, it has said. Read from its descriptor, never through
-    the buffered stream (a line held in that buffer would never wake the selector again); what comes
-    after the line is left to ``communicate()``."""
-    fd = proc.stderr.fileno()
-    selector = selectors.DefaultSelector()
-    selector.register(fd, selectors.EVENT_READ)
-    deadline, partial = time.monotonic() + 60, ""
-    while not any(words in line for line in seen):
-        assert time.monotonic() < deadline, f"no line with {words!r}: {seen}"
-        if selector.select(timeout=0.1):
-            chunk = os.read(fd, 65536).decode()
-            assert chunk, f"stderr ended with no line with {words!r}: {seen}"
-            *lines, partial = (partial + chunk).split("\n")
-            seen.extend(line + "\n" for line in lines)
-    if partial:
-        seen.append(partial)
-    selector.close()
+    wait_for(lambda: service.stats()["answered"] >= count, what=f"{count} answers", alive=proc)
 
 
 def answered_then_refused(answers):
@@ -82,10 +41,8 @@ def answered_then_refused(answers):
 def journaled(tmp_path, count):
     """Until the journal holds ``count`` answers: each answer the service gave reached the client and
     was kept, so what a kill loses is then only what the journal lost (a guard, not a timing)."""
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "out.parquet.journal.sqlite").exists() or journal_rows(tmp_path) < count:
-        assert time.monotonic() < deadline, f"the journal never held {count} answers"
-        time.sleep(0.02)
+    held = lambda: (tmp_path / "out.parquet.journal.sqlite").exists() and journal_rows(tmp_path) >= count  # noqa: E731
+    wait_for(held, what=f"the journal to hold {count} answers")
 
 
 def finish(service, argv, env, tmp_path):
@@ -150,8 +107,7 @@ def test_a_second_signal_aborts_at_once(setup):
     wait_for_answers(service, 20, proc)
     journaled(tmp_path, 20)  # every answer given is kept: what the abort leaves is only what was never answered
     proc.send_signal(signal.SIGTERM)
-    seen: list[str] = []
-    wait_for_line(proc, "SIGTERM: stopping; waiting for answers on the wire", seen)
+    seen = stderr_until(proc, "SIGTERM: stopping; waiting for answers on the wire")  # what it did, it said
     proc.send_signal(signal.SIGTERM)
     _, rest = proc.communicate(timeout=60)  # a guard against a hang: what the drain would take is 100 s
     err = "".join(seen) + rest

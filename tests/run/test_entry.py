@@ -19,7 +19,7 @@ from batchsum.run import entry as entry_module
 from batchsum.run.entry import Entry, _shown
 from batchsum.run.run import Run
 from batchsum.run.spec import RunSpec
-from tests.conftest import KEY, article
+from tests.support import KEY, article, wait_for
 
 
 class Recording(ProcessBudget):
@@ -33,14 +33,6 @@ class Recording(ProcessBudget):
         if report.entry is not None:
             self.published.append((time.monotonic(), json.loads(report.entry)))
         return await super()._call(what, interval, report, share)
-
-
-def wait_for(condition, seconds: float = 60.0, what: str = "") -> None:
-    """Wait for ``condition`` (a guard against a hang, not a timing assertion)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting for {what or condition}"
-        time.sleep(0.05)
 
 
 def test_a_run_publishes_its_whole_entry_while_it_runs_and_removes_it_when_it_ends(svc, tmp_path, monkeypatch):
@@ -109,10 +101,8 @@ def test_an_entry_goes_at_most_once_a_second_and_a_quiet_run_publishes_on_its_ow
     entry = Entry("run-1", budget, spec, BatchStats(total=10), shared=False, clock=lambda: clock[0])
 
     async def published_after(count: int) -> int:
-        for _ in range(300):  # a guard, not a timing assertion
-            if len(budget.published) > count:
-                break
-            await asyncio.sleep(0.01)
+        more = lambda: len(budget.published) > count  # noqa: E731
+        await asyncio.to_thread(wait_for, more, 60, f"an entry after the first {count}")  # the loop runs on
         return len(budget.published)
 
     async def main():

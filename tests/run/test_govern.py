@@ -22,7 +22,7 @@ from batchsum.pacing import JITTER_MARGIN
 from batchsum.pacing.budget import RESERVE, RESERVE_ONLY, ProcessBudget, Report, Share, Slot, SQLiteBudget
 from batchsum.run import run_texts
 from batchsum.run.report import BatchStats
-from tests.conftest import EXPIRED_KEY, KEY, article
+from tests.support import EXPIRED_KEY, KEY, article
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "run-report.schema.json").read_text())
 PLAN = 600  # the strict service's 60 per 6 seconds, per minute

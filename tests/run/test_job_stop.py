@@ -6,7 +6,6 @@ computation's, and does not stop it."""
 from __future__ import annotations
 
 import threading
-import time
 
 from batchsum.data.results import RowResult
 from batchsum.errors import JobStopped
@@ -15,7 +14,7 @@ from batchsum.run import job_stop
 from batchsum.run.background import run_in_worker
 from batchsum.run.run import prepare_shared, run_texts
 from batchsum.run.spec import RunSpec
-from tests.conftest import KEY, article
+from tests.support import KEY, article, wait_for_count
 
 
 def job(svc, **options) -> RunSpec:
@@ -43,11 +42,7 @@ def test_a_posted_stop_stops_every_run_of_the_job_and_keeps_what_was_on_the_wire
     spec = job(svc)
     outs: list[dict] = [{}, {}]
     threads = [worker_run(spec, [article(20, seed=52000 + 500 * n + i) for i in range(300)], outs[n]) for n in (0, 1)]
-    deadline = time.monotonic() + 120  # guards against a hang, not timings
-    while svc.stats()["requests"] < 20:
-        assert time.monotonic() < deadline, "the requests never came"
-        time.sleep(0.02)
-    at = svc.stats()["requests"]
+    at = wait_for_count(svc, 20)
     job_stop.post(spec, job_stop.cause("the job was cancelled"))
     for thread in threads:
         thread.join(120)
@@ -69,10 +64,7 @@ def test_a_stop_posted_before_a_run_first_called_is_an_earlier_computations(svc)
     assert [r.status for r in results] == ["ok"] * 15
     out: dict = {}
     thread = worker_run(spec, [article(20, seed=53100 + i) for i in range(300)], out)
-    deadline = time.monotonic() + 120
-    while svc.stats()["requests"] < 25:
-        assert time.monotonic() < deadline, "the requests never came"
-        time.sleep(0.02)
+    wait_for_count(svc, 25)
     job_stop.post(spec, job_stop.cause("the first computation was cancelled"))  # the same words, a stop of its own
     thread.join(120)
     assert isinstance(out.get("error"), JobStopped)
@@ -88,10 +80,7 @@ def test_a_stop_reaches_the_runs_of_this_process_on_a_process_budget(svc):
     spec = job(svc, budget="none")
     out: dict = {}
     thread = worker_run(spec, [article(20, seed=54000 + i) for i in range(300)], out)
-    deadline = time.monotonic() + 120
-    while svc.stats()["requests"] < 10:
-        assert time.monotonic() < deadline, "the requests never came"
-        time.sleep(0.02)
+    wait_for_count(svc, 10)
     job_stop.post(spec, job_stop.cause("interrupted"))
     thread.join(120)
     assert isinstance(out.get("error"), JobStopped)

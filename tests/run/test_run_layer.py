@@ -26,7 +26,7 @@ from batchsum.options import EXCEPTIONS, OPTIONS, Secret
 from batchsum.pandas_ext import DataFrameAccessor, SeriesAccessor
 from batchsum.polars import DataFrameNamespace, SeriesNamespace
 from batchsum.widgets import FrameApp
-from tests.conftest import KEY, article
+from tests.support import KEY, article
 
 PACKAGE = Path(batchsum.__file__).resolve().parent
 SPEC_OPTIONS = {

@@ -29,7 +29,7 @@ from batchsum.local import Faults, LocalService
 from batchsum.run.run import run_texts
 from batchsum.run.spec import RunSpec
 from batchsum.service import contract
-from tests.conftest import KEY, article
+from tests.support import KEY, article, wait_for, wait_for_count
 
 ROOT = Path(__file__).parents[2]
 
@@ -171,8 +171,8 @@ def test_refresh_pays_once_for_a_text_that_repeats_in_the_run(svc):
 
         async def rows():
             yield text
-            while written() < begun:  # the first is answered and kept: the repeat is looked up, not joined
-                await asyncio.sleep(0.02)
+            kept = lambda: written() >= begun  # noqa: E731  (the first answered and kept: the repeat is looked up, not joined)
+            await asyncio.to_thread(wait_for, kept, what="the first answer kept")  # the loop runs on
             yield text
 
         spec = RunSpec.from_kwargs(api_key=KEY, base_url=svc.url, progress=False, refresh=refresh, journal=journal)
@@ -308,15 +308,15 @@ def test_a_killed_process_leaves_no_claim_that_holds_anyone_up(env, tmp_path):
     env.faults = Faults(latency=30)  # every request hangs: the claims are held when it dies
     source = parquet(tmp_path / "in.parquet", texts(0, 8))
     run = _cli(tmp_path, source, str(tmp_path / "a.parquet"), "--rpm", "0")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # a text is claimed at its turn: the claims are those on the wire
+
+    def claimed() -> bool:  # a text is claimed at its turn: the claims are those on the wire
         try:
             with sqlite3.connect(f"file:{default_store_path()}?mode=ro", uri=True) as db:  # made by the run
-                if db.execute("SELECT COUNT(*) FROM claims").fetchone()[0] >= 4 and env.state.in_progress >= 4:
-                    break
+                return db.execute("SELECT COUNT(*) FROM claims").fetchone()[0] >= 4 and env.state.in_progress >= 4
         except sqlite3.Error:  # not made yet
-            pass
-        time.sleep(0.05)
+            return False
+
+    wait_for(claimed, what="4 texts claimed and on the wire", every=0.05)
     run.send_signal(signal.SIGKILL)
     run.wait()
     env.faults = Faults()
@@ -422,14 +422,9 @@ def test_claims_hold_with_the_wall_clock_stepped_forward_and_back_mid_run(env, t
     runs = [threading.Thread(target=one_run) for _ in range(2)]
     for run in runs:
         run.start()
-    deadline = time.monotonic() + 120  # a guard against a hang, not a timing
-    while env.stats()["requests"] < 4:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_for_count(env, 4)
     wall.offset = 30.0  # NTP steps the clock forward while claims are held
-    while env.stats()["requests"] < 8:  # claims taken and looked at on the stepped clock
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_for_count(env, 8)  # claims taken and looked at on the stepped clock
     wall.offset = 30.0 - 300.0  # then five minutes back
     for run in runs:
         run.join(120)

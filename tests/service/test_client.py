@@ -12,7 +12,7 @@ import pytest
 import batchsum
 from batchsum import errors
 from batchsum.local import Faults
-from tests.conftest import BASIC_KEY, EXPIRED_KEY, KEY, article
+from tests.support import BASIC_KEY, EXPIRED_KEY, KEY, article
 
 TEXT = article(60)
 
@@ -113,54 +113,25 @@ def test_every_encoding_and_type_gets_a_summary(svc, encoding, kind):
         assert c.summarize(TEXT, mode=2, percentage=3, type=kind).strip()
 
 
+def curl(url: str, *arguments: str) -> tuple[str, dict]:
+    """curl's POST to ``url`` with the key and ``arguments``: the status and the JSON answered."""
+    auth = ("--header", f"Authorization: Bearer {KEY}")
+    done = subprocess.run(
+        ["curl", "-sS", url, *auth, *arguments, "-w", "\n%{http_code}"], capture_output=True, text=True, check=True
+    )
+    body, status = done.stdout.rsplit("\n", 1)
+    return status, json.loads(body)
+
+
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_the_live_docs_curl_examples_are_answered_200(svc):
     url = svc.url + "/api/user/summarize"
-    form = subprocess.run(
-        [
-            "curl",
-            "-sS",
-            "--location",
-            url,
-            "--header",
-            f"Authorization: Bearer {KEY}",
-            "--form",
-            'mode="2"',
-            "--form",
-            f'text="{TEXT}"',
-            "--form",
-            'percentage="4"',
-            "--form",
-            'type="bullets"',
-            "-w",
-            "\n%{http_code}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    body, status = form.rsplit("\n", 1)
-    assert status == "200" and json.loads(body)["result"].startswith("- ")
-    as_json = subprocess.run(
-        [
-            "curl",
-            "-sS",
-            url,
-            "--header",
-            f"Authorization: Bearer {KEY}",
-            "--header",
-            "Content-Type: application/json",
-            "--data",
-            json.dumps({"text": TEXT, "mode": 1}),
-            "-w",
-            "\n%{http_code}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    body, status = as_json.rsplit("\n", 1)
-    assert status == "200" and json.loads(body)["result"]
+    form = ("--form", 'mode="2"', "--form", f'text="{TEXT}"', "--form", 'percentage="4"', "--form", 'type="bullets"')
+    status, answer = curl(url, "--location", *form)
+    assert status == "200" and answer["result"].startswith("- ")
+    as_json = ("--header", "Content-Type: application/json", "--data", json.dumps({"text": TEXT, "mode": 1}))
+    status, answer = curl(url, *as_json)
+    assert status == "200" and answer["result"]
 
 
 # --- the client's errors -------------------------------------------------------------------

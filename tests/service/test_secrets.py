@@ -42,7 +42,7 @@ from batchsum.errors import (
     redact,
     redact_location,
 )
-from tests.conftest import article
+from tests.support import article
 
 PIECE = 10  # the promise: no 10 consecutive characters of the key anywhere
 
