@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from batchsum.local import Faults, LocalService
+from batchsum.local import LocalService
 from tests.support import BASIC_KEY, EXPIRED_KEY, KEY, RedisServer, free_port
 
 
@@ -22,18 +22,19 @@ def clean_environ(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Temp
 
 @pytest.fixture(scope="session")
 def service():
-    """One local service for the session, no rate limit; tests reset its faults and counts."""
+    """One local service for the session, no rate limit, shared by its tests through ``svc``."""
     with LocalService([KEY, f"{BASIC_KEY}:basic", f"{EXPIRED_KEY}:expired"]) as running:
         yield running
 
 
 @pytest.fixture
-def svc(service: LocalService) -> LocalService:
-    service.state.reset_stats()
-    service.faults = Faults()
-    service.state.rpm = 0
+def svc(service: LocalService):
+    """The session's local service as it was made, whatever the tests before left in it (a limit, a
+    key's window made at that limit, a plan, faults holding requests, counts): reset before each test,
+    and after it (what it held goes on)."""
+    service.state.reset()
     yield service
-    service.faults = Faults()
+    service.state.reset()
 
 
 @pytest.fixture

@@ -153,7 +153,7 @@ def create_app(state: ServiceState) -> Starlette:
         try:
             response, fields = await _answer(request)
         finally:
-            state.end()
+            state.end(generation)
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
         state.record(response.status_code, fields, key.strip(), generation)
         return response
@@ -255,8 +255,7 @@ def create_app(state: ServiceState) -> Starlette:
     async def reset_route(request: Request) -> Response:
         if (refused := admin(request)) is not None:
             return refused
-        state.reset_stats()
-        state.faults = Faults()
+        state.reset()
         return JSONResponse({"ok": True})
 
     async def index_route(request: Request) -> Response:

@@ -12,7 +12,7 @@ import pytest
 
 import batchsum
 from batchsum.engine import summarize_stream
-from batchsum.local import Faults, LocalService
+from batchsum.local import Account, Faults, LocalService
 from tests.support import KEY, article, wait_for
 
 
@@ -101,14 +101,47 @@ def test_requests_after_hold_after_wait_unanswered_until_released_or_the_faults_
 
 
 def test_a_request_that_arrived_before_the_counts_were_reset_is_not_counted_after():
+    """Nor in progress: a test's hung request is not the next test's (a run killed mid-way leaves
+    its requests at the service until they end)."""
     with LocalService([KEY], faults=Faults(hold_after=0)) as service:
         threads, answers = _send_in_threads(service, 1)
         wait_for(lambda: service.state.in_progress == 1, what="the request held")
         service.state.reset_stats()  # the next test's counts begin
+        assert service.state.in_progress == 0 and service.stats()["most_in_progress"] == 0
         service.faults.release()
         threads[0].join(60)
         assert answers[0].status_code == 200
         assert service.stats()["requests"] == 0 and service.state.in_progress == 0
+
+
+@pytest.mark.parametrize("how", ["state", "route"])
+def test_a_reset_puts_the_service_back_as_it_was_made_whatever_a_test_left_in_it(how):
+    """What a test leaves in a service it shares with the next (a key's window made at a limit of 1,
+    the limit, a plan added, an account's quota spent, faults holding a request, counts) is gone after
+    ``state.reset()`` or ``POST /_local/reset``: a limit set then is the one in force."""
+    quota_key = "test-key-quota-0123456789"
+    with LocalService([KEY, quota_key], rpm=600, accounts={quota_key: Account(quota=1)}) as service:
+        admin = {"Authorization": f"Bearer {service.state.admin_key}"}
+        with httpx.Client(base_url=service.url, timeout=60) as client:
+            service.state.rpm = 1
+            assert [post(client).status_code for _ in range(2)] == [200, 429]
+            assert [post(client, quota_key).status_code for _ in range(2)] == [200, 429]
+            service.state.plans["test-key-added-0123456789"] = service.state.plans[KEY]
+            service.state.rpm = 0  # the held request is admitted
+            service.faults = Faults(hold_after=0)
+            threads, answers = _send_in_threads(service, 1)
+            wait_for(lambda: service.state.in_progress == 1, what="the request held")
+            if how == "state":
+                service.state.reset()
+            else:
+                assert client.post("/_local/reset", headers=admin).status_code == 200
+            threads[0].join(60)
+            assert [a.status_code for a in answers] == [200]  # the faults that held it are gone
+            assert service.stats()["requests"] == 0 and service.state.rpm == 600
+            assert post(client, "test-key-added-0123456789").status_code == 401
+            assert post(client, quota_key).status_code == 200  # a quota whole again
+            service.state.rpm = 2  # the limit set after the reset is the one the key meets
+            assert [post(client).status_code for _ in range(3)] == [200, 200, 429]
 
 
 async def _run(service: LocalService, n: int, key: str = KEY) -> list:

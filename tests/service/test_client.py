@@ -82,7 +82,6 @@ def test_422_for_text_outside_the_word_limits_in_both_shapes(svc):
 
 def test_429_with_retry_after_in_shape_a(svc):
     svc.state.rpm = 2
-    svc.state._windows.clear()
     statuses = [raw_post(svc, json={"text": TEXT, "mode": 1}) for _ in range(3)]
     assert [r.status_code for r in statuses] == [200, 200, 429]
     assert statuses[2].json() == {"error": "Too Many Requests"}
@@ -97,7 +96,6 @@ def test_500_in_shape_a(svc):
 
 def test_the_key_is_checked_before_the_limit_and_the_limit_before_the_body(svc):
     svc.state.rpm = 1
-    svc.state._windows.clear()
     assert raw_post(svc, json={"mode": 7}).status_code == 422  # counts: the key was valid
     assert raw_post(svc, json={"text": TEXT, "mode": 1}).status_code == 429
     assert raw_post(svc, key="nope", json={"mode": 7}).status_code == 401
