@@ -9,6 +9,17 @@ import pytest
 from batchsum.local import LocalService
 from tests.support import BASIC_KEY, EXPIRED_KEY, KEY, RedisServer, free_port
 
+# What the fast lane (`pytest -m "not slow"`, README.md) leaves out: a test marked ``slow`` starts a
+# process (batchsum's command, voila, a kernel) or waits on the wall clock; the heavy, Spark and Ray
+# tests are slow by their own marker.
+SLOW_BY_MARKER = ("heavy", "spark", "ray")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(item.get_closest_marker(name) for name in SLOW_BY_MARKER):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(autouse=True)
 def clean_environ(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:

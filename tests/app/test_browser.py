@@ -32,10 +32,13 @@ FLAGS = [
     "--disable-quic",
 ]
 
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="Chromium is not installed: `apt-get install chromium` (Debian's package) to run the browser test",
-)
+pytestmark = [
+    pytest.mark.slow,  # voila and Chromium
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="Chromium is not installed: `apt-get install chromium` (Debian's package) to run the browser test",
+    ),
+]
 
 
 def serve(notebook: Path, theme: str, tmp_path: Path):

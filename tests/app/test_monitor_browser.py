@@ -18,7 +18,10 @@ from tests.support import KEY, wait_for
 
 NOTEBOOK = ROOT / "tests" / "apps" / "monitor.ipynb"
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed: `apt-get install chromium`")
+pytestmark = [
+    pytest.mark.slow,  # voila, Chromium and two runs
+    pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed: `apt-get install chromium`"),
+]
 
 
 @pytest.fixture(params=["light", "dark"])

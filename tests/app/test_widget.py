@@ -235,6 +235,7 @@ def test_widget_refuses_other_data():
         batchsum.widget([1, 2, 3])
 
 
+@pytest.mark.slow
 def test_the_frame_app_takes_auto_per_minute_and_says_where_the_limit_came_from(frame):
     """The "Per minute" field takes ``auto``; the state line then names the limit in force and its
     source, as the progress line does."""

@@ -105,6 +105,7 @@ def test_a_file_that_is_not_a_store_is_refused_and_left_as_it_was(tmp_path):
     assert other.read_bytes() == before and garbage.read_bytes() == b"not a database at all" * 100
 
 
+@pytest.mark.slow
 def test_many_processes_opening_a_new_store_at_once_all_open_it(tmp_path):
     path = tmp_path / "store.sqlite"
     code = textwrap.dedent(

@@ -67,6 +67,7 @@ def overlap(service, first_argv, second_argv, *, then_wait=True):
     return rest
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spelling", ["symlink", "dotdot", "hardlink"])
 def test_a_journal_under_another_name_is_locked_against_a_run_naming_it(svc, tmp_path, source, spelling):
     (tmp_path / "real" / "inner").mkdir(parents=True)
@@ -90,6 +91,7 @@ def test_a_journal_under_another_name_is_locked_against_a_run_naming_it(svc, tmp
     assert pd.read_parquet(tmp_path / "b.parquet")["summary_status"].eq("ok").all()
 
 
+@pytest.mark.slow
 def test_an_output_through_a_symlink_is_locked_and_shares_its_journal(svc, tmp_path, source):
     output = tmp_path / "out.parquet"
     link = tmp_path / "link.parquet"
@@ -99,6 +101,7 @@ def test_an_output_through_a_symlink_is_locked_and_shares_its_journal(svc, tmp_p
     assert not (tmp_path / "link.parquet.journal.sqlite").exists()
 
 
+@pytest.mark.slow
 def test_an_output_through_a_symlink_is_locked_whatever_the_journals(svc, tmp_path, source):
     output = tmp_path / "out.parquet"
     link = tmp_path / "link.parquet"

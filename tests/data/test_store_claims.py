@@ -84,6 +84,7 @@ def _store(where: str, service: str, request: pytest.FixtureRequest) -> Any:
     return MachineStore(default_store_path(), service)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["machine", "redis"])
 def test_texts_set_aside_are_looked_at_together_not_one_by_one(svc, where, request):
     """Another run holds every text (it has them on the wire): this run claims each once, at its turn,
@@ -128,6 +129,7 @@ async def _collect(stream: Any) -> list[Any]:
     return [row async for row in stream]
 
 
+@pytest.mark.slow
 def test_two_runs_on_two_keys_through_the_machine_store_split_the_texts_and_each_goes_at_its_pace(tmp_path):
     """Two runs over the same 60 texts, one on a key at 60/min, the other on a key at 600/min started
     a second later, sharing the machine's store (two processes' worth: two holders): every row ok in
@@ -155,6 +157,7 @@ def test_two_runs_on_two_keys_through_the_machine_store_split_the_texts_and_each
     assert stats["answered_unique"] == 60 and stats["answered"] <= 60 + 2  # at most the texts on the wire twice
 
 
+@pytest.mark.slow
 def test_a_redis_store_restarted_mid_run_is_used_again(svc, tmp_path, caplog, monkeypatch):
     """Redis stopped mid-run and started again empty: the run says once that the store failed, goes
     on, and uses the store again once it answers (the answers kept meanwhile put there then); every row
@@ -237,6 +240,7 @@ def _summarize(source: Path, output: Path, store: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_a_store_in_a_read_only_folder_is_read_and_new_answers_go_to_the_journal_alone(env, tmp_path):
     """A store the user cannot write (a read-only file system here): its answers are used, with one
     line that new answers go to the journal alone, whether its owner has it open to write (its -shm
@@ -393,6 +397,7 @@ def test_a_redis_store_prefix_keeps_teams_apart_and_never_reaches_the_client(red
             store.close()
 
 
+@pytest.mark.slow
 def test_a_budget_url_with_a_prefix_prefixes_the_store_that_follows_it_never_the_budget(redis_url):
     """``--budget redis://...?prefix=NAME``: the store that follows the budget keeps its keys under
     ``NAME:``; the budget's keys are the key's, unprefixed; redis-py never sees the prefix."""

@@ -62,6 +62,7 @@ def test_a_series_on_the_local_scheduler_in_one_process(limited):
     assert limited.state.stats()["by_status"] == {"200": 6}
 
 
+@pytest.mark.slow
 def test_sigint_on_the_local_scheduler_stops_the_partitions_running_in_this_process(tmp_path):
     """Without a distributed client (this test runs before the cluster's) the partitions run in this
     process's threads, which the interrupt of ``compute`` leaves running: SIGINT is heard (the wakeup
@@ -85,6 +86,7 @@ def test_sigint_on_the_local_scheduler_stops_the_partitions_running_in_this_proc
         assert stopped["outcome"] == "stopped" and stopped["error"]["type"] == "RunInterrupted"
 
 
+@pytest.mark.slow
 def test_two_workers_share_one_budget_and_pay_once_per_text(cluster, limited, redis_url):
     data = frame(80, 50)
     ddf = dd.from_pandas(data, npartitions=4)
@@ -114,6 +116,7 @@ def test_two_workers_share_one_budget_and_pay_once_per_text(cluster, limited, re
     assert again["summary"].tolist() == result["summary"].tolist()
 
 
+@pytest.mark.slow
 def test_the_machine_budget_is_the_default_and_to_parquet_writes_the_results(cluster, limited, tmp_path):
     data = frame(24, 20)
     out = dd.from_pandas(data, npartitions=3).batchsum.summarize(
@@ -126,6 +129,7 @@ def test_the_machine_budget_is_the_default_and_to_parquet_writes_the_results(clu
     assert (Path(os.environ["XDG_CACHE_HOME"]) / "batchsum" / "budget.sqlite").exists()
 
 
+@pytest.mark.slow
 def test_a_budget_the_workers_cannot_share_is_refused_before_anything_is_sent(cluster, limited):
     ddf = dd.from_pandas(frame(8, 8), npartitions=2)
     with pytest.raises(BudgetError) as caught:
@@ -135,6 +139,7 @@ def test_a_budget_the_workers_cannot_share_is_refused_before_anything_is_sent(cl
     assert limited.state.stats()["requests"] == 0
 
 
+@pytest.mark.slow
 def test_bad_input_is_refused_when_summarize_is_called(cluster, limited):
     ddf = dd.from_pandas(frame(4, 4), npartitions=1)
     with pytest.raises(InputError, match="no column 'body'"):
@@ -146,6 +151,7 @@ def test_bad_input_is_refused_when_summarize_is_called(cluster, limited):
     assert limited.state.stats()["requests"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.heavy
 def test_a_killed_worker_costs_seconds_and_pays_only_what_was_on_the_wire(cluster, tmp_path):
     """The machine budget, a strict 1200/min window, 150 distinct texts, 0.3 s answers; one worker
@@ -167,6 +173,7 @@ def test_a_killed_worker_costs_seconds_and_pays_only_what_was_on_the_wire(cluste
     print(f"killed a worker at {killer.at} requests; {killer.took:.1f} s; {stats}")
 
 
+@pytest.mark.slow
 def test_a_cancelled_compute_stops_every_partitions_run_and_the_next_pays_for_none_of_it(cluster, tmp_path):
     """Dask cannot interrupt a running task: the scheduler marks it cancelled on its worker, and the
     partition's run stops on that (nothing new starts; the answers on the wire are awaited and kept).

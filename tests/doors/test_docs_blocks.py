@@ -379,6 +379,7 @@ def workspace(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         service.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", BLOCKS, ids=[block.id for block in BLOCKS])
 def test_block(block: Block, workspace: Workspace) -> None:
     if block.not_run is not None:

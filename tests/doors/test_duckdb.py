@@ -78,6 +78,7 @@ def test_a_refused_key_fails_the_query_with_the_services_message(con, svc):
     assert svc.stats()["requests"] == 1  # a new key's first request goes alone
 
 
+@pytest.mark.slow
 def test_duckdbs_threads_call_it_at_once_and_each_text_is_paid_once(con, svc):
     con.execute("SET threads = 4")
     svc.faults = Faults(latency=0.01)
@@ -122,6 +123,7 @@ def test_with_store_none_two_threads_chunks_claim_their_texts(con, svc):
     assert svc.stats()["requests"] == 10 and svc.stats()["answered_twice"] == 0
 
 
+@pytest.mark.slow
 def test_a_run_that_cannot_open_fails_each_query_in_one_line_and_leaves_no_thread(con, svc):
     import threading
 
@@ -159,6 +161,7 @@ def test_the_run_closes_after_a_minute_idle_and_the_next_call_opens_another(con,
     assert registration.runs == 2
 
 
+@pytest.mark.slow
 def test_the_run_ends_when_the_connection_is_let_go(svc, tmp_path):
     con = duckdb.connect()
     register(con, svc, report=str(tmp_path / "run.json"))
@@ -199,6 +202,7 @@ def test_the_estimates_time_is_at_the_keys_summed_limits(con, svc):
     assert svc.stats()["requests"] == 0
 
 
+@pytest.mark.slow
 def test_the_estimate_leaves_a_spent_keys_rate_out_and_says_where_a_quota_stops_the_query(con, svc, tmp_path):
     """Key one's daily quota of 3 is spent by a query: the estimate over both keys (120/min each)
     times 8 requests at the other key's 120/min, not their summed 240; a registration on the spent
@@ -269,6 +273,7 @@ def test_a_quota_spent_gives_every_row_back_with_a_warning_and_the_next_query_se
     assert again == rows and svc.stats()["requests"] == 3
 
 
+@pytest.mark.slow
 def test_a_quota_spent_while_duckdbs_threads_call_at_once_ends_the_query_with_every_row(svc, tmp_path):
     """Four DuckDB threads in one run, each with its own chunks: the quota spent in one thread's
     batch ends the others' too (they looked only at their own answers, and waited forever), and a
@@ -335,6 +340,7 @@ def query_again_pays_none_twice(svc, path: str, rows: int) -> None:
     assert svc.stats()["answered_unique"] == rows and svc.stats()["answered_twice"] == 0
 
 
+@pytest.mark.slow
 def test_interrupt_stops_the_runs_on_the_connection_then_its_query_and_keeps_every_answer(svc, tmp_path):
     path = texts_file(tmp_path, 800, seed=31000)
     connection = duckdb.connect()
@@ -390,6 +396,7 @@ except KeyboardInterrupt:  # the interrupt raised again on the main thread, once
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "settings",
     [

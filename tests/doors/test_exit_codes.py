@@ -40,12 +40,14 @@ def docs_rows() -> dict[int, str]:
 @dataclass
 class Case:
     """One way to stop: ``drive(service, tmp_path)`` runs the command and returns its exit code and
-    what it said; ``code`` is what the docs promise; ``docs`` are words of that code's row."""
+    what it said; ``code`` is what the docs promise; ``docs`` are words of that code's row; ``slow``:
+    it starts a process or waits on the wall clock (left out of the fast lane)."""
 
     name: str
     drive: Callable[[LocalService, Path], tuple[int, str]]
     code: int
     docs: str
+    slow: bool = False
 
 
 def texts(n: int, seed: int = 0) -> list[str]:
@@ -293,15 +295,16 @@ CASES = [
     Case("finished, a row failed", finished_with_failed_rows, 0, "per-row failures are in the output"),
     Case("a refused key", refused_key, 1, "wrong key"),
     Case("an expired plan", expired_plan, 1, "expired plan"),
-    Case("a journal that cannot be written", journal_not_written, 1, "a journal that cannot be written"),
+    Case("a journal that cannot be written", journal_not_written, 1, "a journal that cannot be written", slow=True),
     Case("an input that breaks midway", input_breaks_midway, 1, "an input that breaks midway"),
     Case("the request cap", request_cap, 1, "the request cap"),
-    Case("a budget back mid-run", budget_back, 0, "finished"),
+    Case("a budget back mid-run", budget_back, 0, "finished", slow=True),
     Case(
         "a budget lost mid-run",
         budget_lost,
         1,
         "a rate budget that could not be reached for longer than `--budget-wait`",
+        slow=True,
     ),
     Case("an output refused at the end", output_refused_at_the_end, 1, "an output that cannot be written at the end"),
     Case("`batchsum text`, service unreachable", unreachable_for_one_text, 1, "service unreachable"),
@@ -313,12 +316,14 @@ CASES = [
     Case("result columns the input has", output_column_taken, 2, "nothing sent, no file created"),
     Case("`batchsum store`, its Redis out of reach", store_out_of_reach, 2, "a one-line message"),
     Case("`batchsum store`, its file damaged", store_damaged, 2, "a one-line message"),
-    Case("SIGINT", signalled(signal.SIGINT), 130, "interrupted (Ctrl-C, SIGINT)"),
-    Case("SIGTERM", signalled(signal.SIGTERM), 143, "terminated (SIGTERM)"),
+    Case("SIGINT", signalled(signal.SIGINT), 130, "interrupted (Ctrl-C, SIGINT)", slow=True),
+    Case("SIGTERM", signalled(signal.SIGTERM), 143, "terminated (SIGTERM)", slow=True),
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+@pytest.mark.parametrize(
+    "case", [pytest.param(case, marks=[pytest.mark.slow] * case.slow, id=case.name) for case in CASES]
+)
 def test_each_stop_exits_with_the_code_the_docs_state(case, env, tmp_path, capsys, monkeypatch):
     rows = docs_rows()
     assert case.docs in rows[case.code], f"docs/cli.md's row {case.code} does not say {case.docs!r}"

@@ -83,6 +83,7 @@ def test_calling_again_reuses_every_answer(svc, opts):
     assert svc.stats()["requests"] == 8
 
 
+@pytest.mark.slow
 def test_an_interrupt_stops_sending_and_the_rerun_sends_only_what_was_not_finished(svc, opts, tmp_path):
     # The first 10 answered at once, the rest in 1.5 s each: the 50 rows left take 18 s at 4 at a
     # time, so the interrupt sent after the 10th answer lands before the run can end, however late a

@@ -200,6 +200,7 @@ def test_a_lazy_plan_holds_no_piece_of_the_key_serialized_explained_or_printed(s
     assert svc.state.stats()["requests"] == 6  # loaded back, it found the same answers
 
 
+@pytest.mark.slow
 def test_a_lazy_plan_run_in_another_process_reads_the_key_there_or_says_so(svc, opts, tmp_path):
     import os
     import subprocess
@@ -238,6 +239,7 @@ def test_the_polars_result_types_are_the_arrow_ones():
     assert tuple(empty.schema.values()) == batchsum.polars._RESULT_TYPES
 
 
+@pytest.mark.slow
 def test_a_lazy_run_loads_neither_pyarrow_nor_pandas_and_cuts_polars_chunks_small(svc, tmp_path):
     """pandas (about 40 MB, loaded by pyarrow's first conversion of Python values) and pyarrow
     (about 40 MB) stay out of a process that streams a LazyFrame; a chunk as large as a Parquet
@@ -315,6 +317,7 @@ except KeyboardInterrupt:  # Polars raises the interrupt, and Python raises it o
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["lazy", "eager"])
 def test_sigint_while_collecting_stops_the_run_and_keeps_every_answer(svc, opts, tmp_path, how):
     """A lazy collect runs the source on Polars' threads while the main thread waits in Polars' code:

@@ -96,6 +96,7 @@ def top_json(env: dict[str, str], *flags: str) -> tuple[dict, float, float, str]
     return json.loads(done.stdout), asked, answered, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.heavy
 @pytest.mark.parametrize("where", ["machine", "redis"])
 def test_two_runs_on_one_key_are_seen_40_s_in_as_the_service_counted_them(where, svc, tmp_path, request):

@@ -48,6 +48,7 @@ CELLS = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cells=st.lists(CELLS, max_size=12))
 def test_any_values_in_a_column_give_one_result_per_row_in_order_and_never_raise(svc, cells):
@@ -103,6 +104,7 @@ def http(service):
         yield client
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     fields=FIELDS,

@@ -155,6 +155,7 @@ async def _run(service: LocalService, n: int, key: str = KEY) -> list:
     return rows
 
 
+@pytest.mark.slow
 def test_batchsum_uses_the_room_a_service_states_at_once_and_no_more():
     faults = Faults(latency=1.0)  # 1 s answers: 20 on the wire needs 20 starts in a second, any machine's
     with LocalService([KEY], rpm=600, limit_kind="fixed", room_headers="x-ratelimit", faults=faults) as service:

@@ -61,6 +61,7 @@ async def reserve(budget, *args, **kwargs):
 # -- the budget itself -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_reservations_are_one_interval_apart_whoever_asks(users):
     a, b = users(), users()
 
@@ -222,6 +223,7 @@ def test_a_share_of_one_start_an_hour_waits_its_turn_instead_of_taking_it_for_a_
     assert second.deferred and second.wait > 2900  # its own turn, 50 minutes after its first
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
 def test_two_processes_reserving_at_once_never_share_a_slot(kind, tmp_path, request):
     """Real processes, each with its own connection, racing for 150 reservations each."""
@@ -373,6 +375,7 @@ def test_a_limit_truly_half_of_rpm_is_found_by_batches_sharing_the_budget():
 # -- real processes on one key ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("budget", ["default", "redis"])
 def test_two_cli_runs_with_one_key_hold_the_plan_between_them(budget, tmp_path, request):
     """Two ``batchsum summarize`` processes started together with the same key (and, by default, no
@@ -517,6 +520,7 @@ def test_a_lone_run_on_a_far_budget_reserves_several_starts_a_call_at_a_high_rat
     assert most_in_any_window(outcome.arrivals, 1) <= max_starts(rpm, 1) + 1
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(
     runs=st.sampled_from([1, 2, 3, 8]),
@@ -726,6 +730,7 @@ def test_a_quota_counted_on_a_budget_that_came_back_empty_is_restored_before_it_
     assert virtual_clock.run(main()) == 8
 
 
+@pytest.mark.slow
 def test_a_budget_file_locked_is_a_wait_off_the_event_loop(tmp_path, monkeypatch):
     """Another process holds the budget's file locked: the call waits (an outage, said, bounded by
     budget_wait) on the file's own thread while the event loop goes on; it answers once the lock goes."""
@@ -812,6 +817,7 @@ def a_run_whose_redis_stops(tmp_path, key: str, seed: int, budget_wait: int, ans
 RESTART_RPM = 1200
 
 
+@pytest.mark.slow
 def test_a_redis_restarted_empty_mid_run_is_a_pause_and_the_run_finishes(tmp_path):
     """The budget and the store on a Redis of the test's own, killed after 40 answers and started
     again empty a few seconds later: the run waits (one line says so), rebuilds what lived there,
@@ -835,6 +841,7 @@ def test_a_redis_restarted_empty_mid_run_is_a_pause_and_the_run_finishes(tmp_pat
         assert most_in_any_window(arrivals, width) <= max_starts(RESTART_RPM, width) + 1, width
 
 
+@pytest.mark.slow
 def test_a_redis_gone_for_good_stops_the_run_after_budget_wait_with_the_command_to_resume(tmp_path):
     with a_run_whose_redis_stops(tmp_path, "bs-gone-key-0123456789", 6000, 2, 30) as (process, argv, service, _):
         _, err = process.communicate(timeout=300)

@@ -56,6 +56,7 @@ def finish(service, argv, env, tmp_path):
     return done
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_then_the_same_command_sends_no_answered_request_twice(setup):
     service, argv, env, tmp_path = setup
     service.faults = answered_then_refused(60)
@@ -76,6 +77,7 @@ def journal_rows(tmp_path):
         return db.execute("SELECT COUNT(*) FROM answers").fetchone()[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "signum, code, words", [(signal.SIGINT, 130, "interrupted: "), (signal.SIGTERM, 143, "terminated (SIGTERM): ")]
 )
@@ -98,6 +100,7 @@ def test_sigint_and_sigterm_stop_alike_and_keep_every_answer_on_the_wire(setup, 
     finish(service, argv, env, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_second_signal_aborts_at_once(setup):
     """The first SIGTERM waits for the answers on the wire (here: 100 s away); the second leaves at once,
     which the run says. The second is sent once the first was acted on (its line said), never before."""
@@ -140,6 +143,7 @@ sys.exit(code)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "where, first, second, code",
     [("main", signal.SIGINT, "SIGINT", 130)]  # the Ctrl-C twice of issue 41: a raw -2 before

@@ -11,6 +11,7 @@ import os
 import time
 
 import pandas as pd
+import pytest
 
 from batchsum.pacing.budget import ProcessBudget
 from batchsum.pacing.exchange import Report
@@ -35,6 +36,7 @@ class Recording(ProcessBudget):
         return await super()._call(what, interval, report, share)
 
 
+@pytest.mark.slow
 def test_a_run_publishes_its_whole_entry_while_it_runs_and_removes_it_when_it_ends(svc, tmp_path, monkeypatch):
     monkeypatch.setenv("BATCHSUM_HOST", "batch-host-7")
     svc.state.rpm = 0
@@ -89,6 +91,7 @@ def test_an_output_is_shown_as_every_message_shows_a_location():
     assert len(long) == entry_module.OUTPUT_CHARS - 1 and long.endswith("/out.parquet") and "…" in long
 
 
+@pytest.mark.slow
 def test_an_entry_goes_at_most_once_a_second_and_a_quiet_run_publishes_on_its_own(monkeypatch):
     """On a clock the test moves: the pacer's calls stamp an entry only a second after the last; a run
     whose pacer makes no call publishes on a call of its own every KEEP_ALIVE_SECONDS (shortened here)."""

@@ -61,6 +61,7 @@ def digest(path):
 # -- paying twice, losing paid answers ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_two_runs_on_one_output_the_second_is_refused_naming_the_first_or_waits(env, tmp_path):
     src = parquet(tmp_path, 30)
     out = str(tmp_path / "out.parquet")
@@ -204,12 +205,14 @@ def dripping_server():
     sock.close()
 
 
+@pytest.mark.slow
 def test_the_timeout_bounds_the_whole_answer_not_each_read_sync(dripping_server):
     with batchsum.Client(KEY, dripping_server, timeout=1.0, max_retries=0) as client:
         with pytest.raises(APITimeoutError, match="no whole answer within the timeout of 1 s"):
             client.summarize(article(20))
 
 
+@pytest.mark.slow
 async def test_the_timeout_bounds_the_whole_answer_not_each_read_async(dripping_server):
     async with batchsum.AsyncClient(KEY, dripping_server, timeout=1.0, max_retries=0) as client:
         with pytest.raises(APITimeoutError, match="no whole answer within the timeout of 1 s"):
@@ -328,6 +331,7 @@ def test_the_journal_may_not_be_the_output(env, tmp_path, capsys):
     one_line_error(capsys, "is the output file")
 
 
+@pytest.mark.slow
 def test_a_journal_with_a_damaged_page_is_a_one_line_error(env, tmp_path, capsys):
     src = parquet(tmp_path, 200)
     out = str(tmp_path / "out.parquet")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from batchsum.data.results import RowResult
 from batchsum.errors import JobStopped
 from batchsum.local import Faults
@@ -37,6 +39,7 @@ def worker_run(spec: RunSpec, texts: list[str], out: dict) -> threading.Thread:
     return thread
 
 
+@pytest.mark.slow
 def test_a_posted_stop_stops_every_run_of_the_job_and_keeps_what_was_on_the_wire(svc):
     svc.faults = Faults(latency=0.2)  # answers spend a while on the wire
     spec = job(svc)
@@ -53,6 +56,7 @@ def test_a_posted_stop_stops_every_run_of_the_job_and_keeps_what_was_on_the_wire
     assert svc.stats()["answered"] == svc.stats()["requests"]  # every answer on the wire came back: awaited
 
 
+@pytest.mark.slow
 def test_a_stop_posted_before_a_run_first_called_is_an_earlier_computations(svc):
     """A lazy plan computed again runs with the same run id: the stop its first computation was
     given (kept a day) must not stop it; a stop posted while it runs does."""
@@ -74,6 +78,7 @@ def test_the_causes_of_two_stops_never_read_the_same():
     assert job_stop.cause("cancelled") != job_stop.cause("cancelled")
 
 
+@pytest.mark.slow
 def test_a_stop_reaches_the_runs_of_this_process_on_a_process_budget(svc):
     """With ``budget="none"`` (Dask's local scheduler: the partitions run in the driver's threads)
     the stop is posted on the process's budget for the key, which those runs share."""

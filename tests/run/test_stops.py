@@ -51,6 +51,7 @@ def limit_file_size(limit: int):
     return apply
 
 
+@pytest.mark.slow
 def test_answers_the_journal_could_not_take_survive_to_the_rerun(service, tmp_path):
     rows = texts(200)
     pd.DataFrame({"n": range(200), "text": rows}).to_parquet(tmp_path / "in.parquet")
@@ -87,6 +88,7 @@ def corrupt_last_row_group(path: Path) -> None:
         file.write(bytes(range(256)) * (size // 512 + 1))
 
 
+@pytest.mark.slow
 def test_an_input_that_breaks_midway_keeps_the_answers_and_writes_the_rows_read(service, tmp_path):
     """10,000 rows (100 distinct texts) in five row groups; the last one corrupt. The run stops
     there: exit 1 (a stopped run, not a usage error), every row read written in order (answered ones
@@ -143,6 +145,7 @@ sys.exit(batchsum.cli.main())
 """
 
 
+@pytest.mark.slow
 def test_a_signal_while_rows_come_from_the_journal_stops_at_once(service, tmp_path):
     """100,000 rows answered from the journal: a SIGTERM while they are walked is acted on promptly
     (the run stops before the end), and the partial output is not left behind. The walk is held busy

@@ -214,6 +214,7 @@ def test_every_fault_kind_is_retried_and_then_succeeds(svc, fault, code):
     assert len(delays) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "fault, cls",
     [
