@@ -20,7 +20,7 @@ from tests.support import free_port, wait_for
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "widget.ipynb"
-FRAME_RUN = ROOT / "tests" / "apps" / "frame_run.ipynb"
+FRAME_RUN = ROOT / "tests" / "app" / "notebooks" / "frame_run.ipynb"
 FLAGS = [
     "--headless",
     "--no-sandbox",

@@ -1,4 +1,4 @@
-"""``batchsum.monitor()`` in a real browser: voila serves tests/apps/monitor.ipynb on loopback, in the
+"""``batchsum.monitor()`` in a real browser: voila serves tests/app/notebooks/monitor.ipynb on loopback, in the
 light and the dark theme, while two ``batchsum summarize`` runs share a key's budget against the local
 service's limit of 600/min; headless Chromium sees the chart drawn (each run's part stacked) and the
 runs in the table, sees it update, and closes it: the widget goes and its polling stops. Screenshots go
@@ -16,7 +16,7 @@ from tests.app.test_browser import CHROMIUM, ROOT, keep, page_at, serve, widest_
 from tests.doors.test_top import start_run, stop_runs
 from tests.support import KEY, wait_for
 
-NOTEBOOK = ROOT / "tests" / "apps" / "monitor.ipynb"
+NOTEBOOK = ROOT / "tests" / "app" / "notebooks" / "monitor.ipynb"
 
 pytestmark = [
     pytest.mark.slow,  # voila, Chromium and two runs
