@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from batchsum.local import Faults, LocalService
-from tests.support import KEY, article, stderr_until, summarize_argv, wait_for
+from tests.support import KEY, article, stderr_until, summarize_argv, wait_for, wait_for_count
 
 ROWS = 300
 
@@ -26,10 +26,6 @@ def setup(tmp_path):
             tmp_path / "in.parquet", tmp_path / "out.parquet", "--rpm", "0", "--concurrency", "4", "--quiet"
         )
         yield service, argv, env, tmp_path
-
-
-def wait_for_answers(service, count, proc):
-    wait_for(lambda: service.stats()["answered"] >= count, what=f"{count} answers", alive=proc)
 
 
 def answered_then_refused(answers):
@@ -61,7 +57,7 @@ def test_sigkill_mid_run_then_the_same_command_sends_no_answered_request_twice(s
     service, argv, env, tmp_path = setup
     service.faults = answered_then_refused(60)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_answers(service, 60, proc)
+    wait_for_count(service, 60, "answered", alive=proc)
     journaled(tmp_path, 60)
     proc.send_signal(signal.SIGKILL)
     proc.wait(60)
@@ -87,7 +83,7 @@ def test_sigint_and_sigterm_stop_alike_and_keep_every_answer_on_the_wire(setup, 
     # the run cannot end first. The signal reaches the run's loop before the answers let go after it.
     service.faults = Faults(latency=0.4, hold_after=20)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_answers(service, 20, proc)
+    wait_for_count(service, 20, "answered", alive=proc)
     proc.send_signal(signum)
     service.faults.release()
     _, err = proc.communicate(timeout=60)
@@ -107,7 +103,7 @@ def test_a_second_signal_aborts_at_once(setup):
     service, argv, env, tmp_path = setup
     service.faults = Faults(latency=100, latency_after=20)  # after the 20th, what is on the wire keeps a drain waiting
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_answers(service, 20, proc)
+    wait_for_count(service, 20, "answered", alive=proc)
     journaled(tmp_path, 20)  # every answer given is kept: what the abort leaves is only what was never answered
     proc.send_signal(signal.SIGTERM)
     seen = stderr_until(proc, "SIGTERM: stopping; waiting for answers on the wire")  # what it did, it said
@@ -157,7 +153,7 @@ def test_a_second_signal_right_after_the_run_returns_leaves_with_its_code_never_
     service.faults = Faults(latency=0.2, hold_after=20)  # the run cannot end before the first signal
     script = [sys.executable, "-c", SECOND_SIGNAL, where, second, *argv[3:]]  # argv[:3]: python -m batchsum.cli
     proc = subprocess.Popen(script, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_answers(service, 20, proc)
+    wait_for_count(service, 20, "answered", alive=proc)
     proc.send_signal(first)
     service.faults.release()
     _, err = proc.communicate(timeout=60)
