@@ -117,7 +117,7 @@ def texts_file(folder: Path, count: int, seed: int) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tests.conftest import article
+    from tests.support import article
 
     path = folder / f"texts-{seed}.parquet"
     pq.write_table(pa.table({"text": [article(20, seed=seed + i) for i in range(count)]}), path, row_group_size=100)

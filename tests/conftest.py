@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import subprocess
-import time
 
 import pytest
 
-from batchsum.local import Faults, LocalService
+from batchsum.local import LocalService
+from tests.support import BASIC_KEY, EXPIRED_KEY, KEY, RedisServer, free_port
 
-KEY = "test-key-premium-0123456789"
-BASIC_KEY = "test-key-basic-0123456789"
-EXPIRED_KEY = "test-key-expired-0123456789"
+# What the fast lane (`pytest -m "not slow"`, README.md) leaves out: a test marked ``slow`` starts a
+# process (batchsum's command, voila, a kernel) or waits on the wall clock; the heavy, Spark and Ray
+# tests are slow by their own marker.
+SLOW_BY_MARKER = ("heavy", "spark", "ray")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(item.get_closest_marker(name) for name in SLOW_BY_MARKER):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)
@@ -29,18 +33,19 @@ def clean_environ(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Temp
 
 @pytest.fixture(scope="session")
 def service():
-    """One local service for the session, no rate limit; tests reset its faults and counts."""
+    """One local service for the session, no rate limit, shared by its tests through ``svc``."""
     with LocalService([KEY, f"{BASIC_KEY}:basic", f"{EXPIRED_KEY}:expired"]) as running:
         yield running
 
 
 @pytest.fixture
-def svc(service: LocalService) -> LocalService:
-    service.state.reset_stats()
-    service.faults = Faults()
-    service.state.rpm = 0
+def svc(service: LocalService):
+    """The session's local service as it was made, whatever the tests before left in it (a limit, a
+    key's window made at that limit, a plan, faults holding requests, counts): reset before each test,
+    and after it (what it held goes on)."""
+    service.state.reset()
     yield service
-    service.faults = Faults()
+    service.state.reset()
 
 
 @pytest.fixture
@@ -51,70 +56,14 @@ def env(svc: LocalService, monkeypatch: pytest.MonkeyPatch) -> LocalService:
     return svc
 
 
-def article(words: int, seed: int = 0) -> str:
-    """A text of exactly ``words`` words in sentences of about twelve."""
-    vocabulary = (
-        "river council budget school market station harbour bridge museum garden library festival "
-        "factory railway hospital stadium theatre college village airport"
-    ).split()
-    out = []
-    for i in range(words):
-        word = vocabulary[(i * 7 + seed * 13 + i // 12) % len(vocabulary)]
-        out.append(word.capitalize() if i % 12 == 0 else word)
-        if i == 0:
-            out[0] = f"Case{seed}"  # every seed its own text
-        if i % 12 == 11 or i == words - 1:
-            out[-1] += "."
-    return " ".join(out)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def need(what: str, install: str) -> None:
-    """Skip for want of a real server, with what to install; CI sets BATCHSUM_TEST_SERVERS=required
-    (read before ``clean_environ``) so that a missing server fails there instead of hiding."""
-    message = f"needs {what}: {install}"
-    if _SERVERS_REQUIRED:
-        pytest.fail(message)
-    pytest.skip(message)
-
-
-_SERVERS_REQUIRED = os.environ.get("BATCHSUM_TEST_SERVERS") == "required"
-
-
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory):
     """A real redis-server (Debian's package) on a free loopback port, for the session."""
-    exe = shutil.which("redis-server")
-    if exe is None:
-        need("a real redis-server", "apt-get install redis-server (Debian's package)")
-    redis = pytest.importorskip("redis")
-    port = free_port()
-    folder = tmp_path_factory.mktemp("redis")
-    process = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                redis.Redis.from_url(url).ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
-        yield url
+        yield server.url
     finally:
-        process.terminate()
-        process.wait(10)
+        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -146,45 +95,3 @@ def s3(s3_server, monkeypatch):
     for bucket in ("data", "secretdata"):
         filesystem.create_dir(bucket)
     return filesystem
-
-
-def budget_ledger(budget: str, key: str, base_url: str):
-    """``key``'s ledger on ``budget``: every process's starts of the last two minutes, by the tick."""
-    import asyncio
-
-    from batchsum import Client
-    from batchsum.pacing.budget import open_budget
-
-    with Client(api_key=key, base_url=base_url) as client:
-        identity = client.identity
-
-    async def read():
-        opened = open_budget(budget, identity)
-        try:
-            return await opened.ledger(120)
-        finally:
-            await opened.aclose()
-
-    return asyncio.run(read())
-
-
-def ticks_before(now: float, seconds: float) -> list[float]:
-    """Each tenth of a second in the ``seconds`` before ``now``: where a window may begin."""
-    return [now - seconds + i / 10 for i in range(int(seconds * 10))]
-
-
-def merged_report(path, parts: int, seconds: float = 60.0) -> dict:
-    """The merged report of a shared job at ``path`` once it holds ``parts`` parts (each part is
-    written beside it before it is merged in: a part on disk is not yet in the merged file)."""
-    import json
-
-    deadline = time.monotonic() + seconds  # a guard against a hang, not a timing
-    while True:
-        try:
-            merged = json.loads(open(path, encoding="utf-8").read())
-        except (OSError, ValueError):
-            merged = {}
-        if merged.get("partitions") == parts:
-            return merged
-        assert time.monotonic() < deadline, f"the merged report never held {parts} parts: {merged.get('partitions')}"
-        time.sleep(0.05)

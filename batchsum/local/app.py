@@ -207,7 +207,7 @@ def create_app(state: ServiceState) -> Starlette:
         try:
             response, fields = await _answer(request)
         finally:
-            state.end()
+            state.end(generation)
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
         state.record(response.status_code, fields, key.strip(), generation)
         return response
@@ -303,8 +303,7 @@ def create_app(state: ServiceState) -> Starlette:
     async def reset_route(request: Request) -> Response:
         if (refused := admin(request)) is not None:
             return refused
-        state.reset_stats()
-        state.faults = Faults()
+        state.reset()
         return JSONResponse({"ok": True})
 
     return Starlette(

@@ -59,8 +59,8 @@ class LocalService:
             admin_key=admin_key,
             limit_kind=limit_kind,
             room_headers=room_headers,
+            accounts=accounts,
         )
-        self.state.accounts.update(accounts or {})
         self.host = host
         self.port = port
         self._server: ThreadServer | None = None

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = [
@@ -370,6 +370,7 @@ class ServiceState:
         admin_key: str | None = None,
         limit_kind: str = "sliding",
         room_headers: str | None = None,
+        accounts: dict[str, Account] | None = None,
     ) -> None:
         if limit_kind not in LIMIT_KINDS:
             raise ValueError(f"invalid limit_kind {limit_kind!r}: use {', '.join(LIMIT_KINDS)}")
@@ -379,18 +380,24 @@ class ServiceState:
             keys = {new_key(): Plan.PREMIUM}
         elif not isinstance(keys, dict):
             keys = dict(parse_key_spec(spec) for spec in keys)
-        self.plans: dict[str, Plan] = dict(keys)
         self.admin_key = admin_key  # the test controls (/_local/*) need it; None: they are off
-        self.rpm = rpm  # requests allowed per key in any `window` seconds (0 = no limit)
-        self.window = window
+        self._lock = threading.Lock()
+        self._made = dict(keys), rpm, window, limit_kind, room_headers, clock, replace(faults or Faults())
+        self._made_accounts = {key: replace(account) for key, account in (accounts or {}).items()}  # copies
+        self.reset()  # then the faults and accounts given are served as they are (their maker may act on them):
+        self.faults, self.accounts = faults or Faults(), dict(accounts or {})
+
+    def reset(self) -> None:
+        """Back as it was made: keys, plans, limit, clock, faults, accounts, counts; each key's window gone."""
+        plans, rpm, window, limit_kind, room_headers, clock, faults = self._made
+        self.plans: dict[str, Plan] = dict(plans)
+        self.rpm, self.window = rpm, window  # requests allowed per key in any `window` seconds (0 = no limit)
         self.limit_kind = limit_kind  # how the per-key limit counts: sliding, fixed, bucket
         self.room_headers = room_headers  # state the room left in every answer's headers (None: never)
-        self.faults = faults or Faults()
         self.clock = clock
-        self._lock = threading.Lock()
-        self._windows: dict[str, Limit] = {}
-        self.accounts: dict[str, Account] = {}  # keys with limits of their own (``Account``)
-        self.in_progress = 0  # requests being answered now
+        self._windows: dict[str, Limit] = {}  # each key's, made at its first request with the limit then
+        self.accounts = {key: replace(account) for key, account in self._made_accounts.items()}
+        self.faults = replace(faults)  # a fresh copy: a request the last ones held goes on
         self.reset_stats()
 
     @property
@@ -399,8 +406,8 @@ class ServiceState:
         return next(iter(self.plans))
 
     def reset_stats(self) -> None:
-        """Counts from zero. A request that arrived before is not counted when it ends after (a test's
-        hung request, answered during the next test)."""
+        """Counts from zero. A request that arrived before is not counted when it ends after, nor in
+        progress meanwhile (a test's hung request, answered during the next test)."""
         with self._lock:
             self._generation = getattr(self, "_generation", 0) + 1
             self.requests = 0
@@ -408,7 +415,7 @@ class ServiceState:
             self.admitted: deque[float] = deque(maxlen=1_000_000)  # clock() of each request the limit let through
             self.by_status: Counter[int] = Counter()
             self.answered: Counter[str] = Counter()
-            self.most_in_progress = self.in_progress
+            self.in_progress = self.most_in_progress = 0  # requests being answered now (since), the most at once
             self.admitted_by_key: dict[str, list[float]] = {}  # clock() of each request the limit let through
             self.status_by_key: dict[str, Counter[int]] = {}
 
@@ -461,9 +468,10 @@ class ServiceState:
             self.most_in_progress = max(self.most_in_progress, self.in_progress)
             return self._generation
 
-    def end(self) -> None:
+    def end(self, generation: int | None = None) -> None:
         with self._lock:
-            self.in_progress -= 1
+            if generation is None or generation == self._generation:  # counted in progress by these counts
+                self.in_progress -= 1
 
     def record(
         self, status: int, fields: dict[str, Any] | None = None, key: str | None = None, generation: int | None = None

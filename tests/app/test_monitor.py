@@ -20,16 +20,9 @@ from batchsum.pacing.budget import Report, SQLiteBudget
 from batchsum.pacing.exchange import Member
 from batchsum.pacing.view import KeyView, RunView
 from batchsum.service.settings import key_hash
-from tests.conftest import KEY, article
+from tests.support import KEY, article, wait_for
 
 SERVICE = "http://127.0.0.1:9"
-
-
-def wait_for(condition, seconds: float = 60.0, what: str = ""):
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.05)
 
 
 def run_view(run_id: str, sent: int) -> RunView:
@@ -82,6 +75,7 @@ def test_the_chart_stacks_each_runs_starts_per_10_s_and_keeps_what_no_run_accoun
     assert sum(history.series()["total"]) == 0
 
 
+@pytest.mark.slow
 def test_the_monitor_shows_the_key_and_its_runs_updates_and_stops_when_closed(tmp_path):
     path = tmp_path / "budget.sqlite"
     budget = SQLiteBudget(path, uuid.uuid4().hex)
@@ -117,6 +111,7 @@ def test_the_monitor_shows_the_key_and_its_runs_updates_and_stops_when_closed(tm
     asyncio.run(budget.aclose())
 
 
+@pytest.mark.slow
 def test_the_run_app_says_how_much_of_the_key_the_other_runs_use(svc, tmp_path):
     budget_path = tmp_path / "budget.sqlite"
     frame = pd.DataFrame({"text": [article(25, seed=300 + i) for i in range(40)]})

@@ -1,4 +1,4 @@
-"""``batchsum.monitor()`` in a real browser: voila serves tests/apps/monitor.ipynb on loopback, in the
+"""``batchsum.monitor()`` in a real browser: voila serves tests/app/notebooks/monitor.ipynb on loopback, in the
 light and the dark theme, while two ``batchsum summarize`` runs share a key's budget against the local
 service's limit of 600/min; headless Chromium sees the chart drawn (each run's part stacked) and the
 runs in the table, sees it update, and closes it: the widget goes and its polling stops. Screenshots go
@@ -7,44 +7,21 @@ to the test's temporary folder, and to docs/ (docs/python.md's pictures) when BA
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.app.test_browser import CHROMIUM, ROOT, browse, free_port, keep, widest_overflow
-from tests.conftest import KEY
+from tests.app.test_browser import CHROMIUM, ROOT, keep, page_at, serve, widest_overflow
 from tests.doors.test_top import start_run, stop_runs
+from tests.support import KEY, wait_for
 
-NOTEBOOK = ROOT / "tests" / "apps" / "monitor.ipynb"
+NOTEBOOK = ROOT / "tests" / "app" / "notebooks" / "monitor.ipynb"
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed: `apt-get install chromium`")
-
-
-def serve(notebook: Path, theme: str, tmp_path: Path):
-    """voila on a free loopback port, once it listens (asked nothing: each page it answers runs a kernel)."""
-    pytest.importorskip("voila")
-    port = free_port()
-    log = (tmp_path / "voila.log").open("w")
-    command = [sys.executable, "-m", "voila", str(notebook), "--no-browser", f"--port={port}", f"--theme={theme}"]
-    command += ["--Voila.ip=127.0.0.1", "--VoilaConfiguration.file_allowlist=[]"]
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=notebook.parent)
-    try:
-        deadline = time.monotonic() + 120  # a guard against a hang, not a timing assertion
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "voila.log").read_text()
-                time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}/"
-    finally:  # voila and its kernels go, whatever happened (a kernel outlives a voila killed outright)
-        process.terminate()
-        process.wait(20)
+pytestmark = [
+    pytest.mark.slow,  # voila, Chromium and two runs
+    pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed: `apt-get install chromium`"),
+]
 
 
 @pytest.fixture(params=["light", "dark"])
@@ -84,56 +61,44 @@ def closed_one(base: Path) -> tuple[str, int] | None:
 
 
 def test_the_monitor_draws_the_key_updates_live_and_stops_when_closed(watched, tmp_path, request):
-    sync_api = pytest.importorskip("playwright.sync_api")
     url, polls = watched
     theme = request.node.theme
-    with sync_api.sync_playwright() as playwright:
-        browser, page = browse(playwright)
-        try:
-            page.goto(url, timeout=120_000)
-            monitor = page.locator(".batchsum-monitor").first
-            monitor.wait_for(timeout=120_000)
-            table = monitor.locator(".batchsum-runs")
-            page.wait_for_function(
-                "() => document.querySelectorAll('.batchsum-runs tr').length === 3", timeout=120_000
-            )  # the head and the two runs
-            state = monitor.locator(".batchsum-monitor-state")
-            first = state.inner_text()
-            bars = lambda: page.evaluate(  # noqa: E731  (the bars drawn taller than nothing)
-                "() => [...document.querySelectorAll('.batchsum-monitor-chart rect.bar')]"
-                ".filter(r => parseFloat(r.getAttribute('height') || '0') > 0.5).length"
-            )
-            page.wait_for_function(
-                "(before) => { const s = document.querySelector('.batchsum-monitor-state');"
-                " return s && s.innerText !== before; }",
-                arg=first,
-                timeout=60_000,
-            )  # the figures moved: it reads the budget as the runs go
-            second = state.inner_text()
-            drawn = bars()
-            runs_text = table.inner_text()
-            page.wait_for_function(  # a 10 s bar further, the chart has more to draw (a guard, not a timing)
-                "(before) => [...document.querySelectorAll('.batchsum-monitor-chart rect.bar')]"
-                ".filter(r => parseFloat(r.getAttribute('height') || '0') > 0.5).length > before",
-                arg=drawn,
-                timeout=120_000,
-            )
-            later = bars()
-            clipped = widest_overflow(page, ".batchsum-monitor")
-            shot = tmp_path / f"monitor-{theme}.png"
-            monitor.evaluate("element => element.scrollIntoView({block: 'start'})")
-            page.screenshot(path=str(shot))
-            monitor.locator("button", has_text="Close").click()
-            page.wait_for_function(
-                "() => !document.querySelector('.batchsum-monitor')", timeout=30_000
-            )  # the widget is gone
-        finally:
-            browser.close()
-    deadline = time.monotonic() + 30  # a guard against a hang, not a timing assertion
-    while (closed := closed_one(polls)) is None:
-        assert time.monotonic() < deadline, "the monitor never said it was closed"
-        time.sleep(0.2)
-    name, stopped = closed
+    with page_at(url, ".batchsum-monitor") as (page, monitor):
+        table = monitor.locator(".batchsum-runs")
+        page.wait_for_function(
+            "() => document.querySelectorAll('.batchsum-runs tr').length === 3", timeout=120_000
+        )  # the head and the two runs
+        state = monitor.locator(".batchsum-monitor-state")
+        first = state.inner_text()
+        bars = lambda: page.evaluate(  # noqa: E731  (the bars drawn taller than nothing)
+            "() => [...document.querySelectorAll('.batchsum-monitor-chart rect.bar')]"
+            ".filter(r => parseFloat(r.getAttribute('height') || '0') > 0.5).length"
+        )
+        page.wait_for_function(
+            "(before) => { const s = document.querySelector('.batchsum-monitor-state');"
+            " return s && s.innerText !== before; }",
+            arg=first,
+            timeout=60_000,
+        )  # the figures moved: it reads the budget as the runs go
+        second = state.inner_text()
+        drawn = bars()
+        runs_text = table.inner_text()
+        page.wait_for_function(  # a 10 s bar further, the chart has more to draw (a guard, not a timing)
+            "(before) => [...document.querySelectorAll('.batchsum-monitor-chart rect.bar')]"
+            ".filter(r => parseFloat(r.getAttribute('height') || '0') > 0.5).length > before",
+            arg=drawn,
+            timeout=120_000,
+        )
+        later = bars()
+        clipped = widest_overflow(page, ".batchsum-monitor")
+        shot = tmp_path / f"monitor-{theme}.png"
+        monitor.evaluate("element => element.scrollIntoView({block: 'start'})")
+        page.screenshot(path=str(shot))
+        monitor.locator("button", has_text="Close").click()
+        page.wait_for_function(
+            "() => !document.querySelector('.batchsum-monitor')", timeout=30_000
+        )  # the widget is gone
+    name, stopped = wait_for(lambda: closed_one(polls), what="the monitor to say it was closed", every=0.2)
     time.sleep(3)  # three polls' worth: none comes
     assert polls_of(polls)[name] == (stopped, True) and stopped > 0
     assert first != second and "started in 10 s" in second and "limit 600/min (configured)" in second

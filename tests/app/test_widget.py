@@ -10,7 +10,7 @@ from batchsum.local import Faults
 from batchsum.local.summarizer import summarize as local_summary
 from batchsum.pandas_ext import clear_cache
 from batchsum.widgets import FrameApp, TextApp, render_summary
-from tests.conftest import BASIC_KEY, EXPIRED_KEY, KEY, article
+from tests.support import BASIC_KEY, EXPIRED_KEY, KEY, article, wait_for_count
 
 TEXT = article(80)
 
@@ -208,11 +208,7 @@ def test_cancel_keeps_what_finished_and_run_again_reuses_it(svc, frame):
     svc.faults = Faults(hold_after=3)
     app = batchsum.widget(frame, api_key=KEY, base_url=svc.url, rpm=0, concurrency=1)
     app.run_button.click()
-    import time
-
-    deadline = time.monotonic() + 60  # a guard against a hang, not a timing
-    while svc.stats()["answered"] < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for_count(svc, 3, "answered")
     app.cancel_button.click()
     svc.faults.release()  # the answer on the wire comes, and is kept
     app.wait()
@@ -239,6 +235,7 @@ def test_widget_refuses_other_data():
         batchsum.widget([1, 2, 3])
 
 
+@pytest.mark.slow
 def test_the_frame_app_takes_auto_per_minute_and_says_where_the_limit_came_from(frame):
     """The "Per minute" field takes ``auto``; the state line then names the limit in force and its
     source, as the progress line does."""

@@ -25,6 +25,7 @@ from batchsum.data.results import FAILED, OK, Answer
 from batchsum.data.scopes import Scopes, Trust, look_at_store, open_store
 from batchsum.data.store_upkeep import MachineUpkeep
 from batchsum.data.stores import MemoryStore, StoreError
+from tests.support import wait_for
 
 ROOT = Path(__file__).parents[2]
 SUMMARY = Answer("a summary", OK, None, None, 200, 1)
@@ -106,6 +107,7 @@ def test_a_file_that_is_not_a_store_is_refused_and_left_as_it_was(tmp_path):
     assert other.read_bytes() == before and garbage.read_bytes() == b"not a database at all" * 100
 
 
+@pytest.mark.slow
 def test_many_processes_opening_a_new_store_at_once_all_open_it(tmp_path):
     path = tmp_path / "store.sqlite"
     code = textwrap.dedent(
@@ -345,24 +347,17 @@ def test_a_store_that_fails_mid_run_is_said_once_left_and_used_again_once_it_ans
 
     store.put_many, store.ping = put_many, ping
 
-    async def until(condition):
-        for _ in range(2000):
-            if condition():
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("never came")  # a hang guard, not a pace
-
     async def main():
         scopes = AsyncScopes(Scopes(memory, store, keeps_all=False, trust=MODE_1))
         scopes.put("ok", SUMMARY)
-        await until(lambda: not scopes.link.attached)
+        await asyncio.to_thread(wait_for, lambda: not scopes.link.attached, 60, "the store left")  # the loop runs on
         assert memory.get("ok") == SUMMARY  # what the store did not take, kept in memory
         assert await scopes.take("k") is True  # no claims while it is out: the run sends
         assert (await scopes.lookup(["ok"]))[0] == {"ok": SUMMARY}
         scopes.put("other", SUMMARY)
         assert memory.get("other") == SUMMARY
         full["disk"] = False
-        await until(lambda: scopes.link.attached)
+        await asyncio.to_thread(wait_for, lambda: scopes.link.attached, 60, "the store used again")
         assert store.get("ok") == SUMMARY  # the answers kept meanwhile, put when it answered again
         assert await scopes.take("k") is True and await scopes.take("k2") is True
         await scopes.aclose()

@@ -20,7 +20,7 @@ import pytest
 import batchsum
 from batchsum.cli import main
 from batchsum.data.datasets import DatasetInput
-from tests.conftest import KEY, article
+from tests.support import KEY, article
 
 
 def run(*argv):

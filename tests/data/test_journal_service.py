@@ -16,7 +16,7 @@ from batchsum.cli import main
 from batchsum.data.journal import Journal
 from batchsum.data.results import Answer
 from batchsum.service.contract import LOCAL_SERVICE, service_identity
-from tests.conftest import KEY, article
+from tests.support import KEY, article, refuse_the_final_rename
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 
@@ -117,18 +117,7 @@ def test_messages_say_what_is_true(svc, tmp_path, monkeypatch, capsys):
 def test_a_folder_that_refuses_the_output_ends_in_one_line_naming_it(tmp_path, monkeypatch, capsys):
     """The final rename refused (the folder made read-only at the end): one line naming the output,
     no traceback; the journal keeps every answer, so the rerun pays nothing."""
-    import os
-
-    # The rename itself refused, as a folder made read-only refuses it (root, who runs CI here,
-    # writes to read-only folders, so chmod cannot produce it).
-    real = os.replace
-
-    def refuse(src, dst, *args, **kwargs):
-        if str(dst).endswith("out.parquet"):
-            raise PermissionError(13, "Permission denied")
-        return real(src, dst, *args, **kwargs)
-
-    monkeypatch.setattr(os, "replace", refuse)
+    refuse_the_final_rename(monkeypatch)
     src, out = source(tmp_path), tmp_path / "out.parquet"
     assert summarize(str(src), "-o", str(out), "--local") != 0
     err = capsys.readouterr().err

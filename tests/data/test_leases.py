@@ -36,7 +36,7 @@ from batchsum.data.leases import (
 from batchsum.data.redis_store import RedisStore
 from batchsum.data.results import OK, Answer
 from batchsum.service.errors import JournalError
-from tests.conftest import need
+from tests.support import need
 
 ANSWER = Answer("a summary", OK, None, None, 200, 1)
 ROOT = Path(__file__).parents[2]

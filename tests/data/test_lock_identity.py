@@ -8,10 +8,8 @@ the second run has been refused and the third is waiting), so the runs overlap w
 from __future__ import annotations
 
 import os
-import selectors
 import subprocess
 import sys
-import time
 
 import pandas as pd
 import pytest
@@ -19,7 +17,7 @@ import pytest
 from batchsum.data.journal import Journal, RunLock
 from batchsum.errors import InputError
 from batchsum.local import Faults
-from tests.conftest import KEY, article
+from tests.support import KEY, article, stderr_until, summarize_argv, wait_for
 
 ROWS = 24
 
@@ -32,34 +30,7 @@ def source(tmp_path):
 
 
 def command(source, output, *extra):
-    return [
-        sys.executable,
-        "-m",
-        "batchsum.cli",
-        "summarize",
-        str(source),
-        "-o",
-        str(output),
-        "--column",
-        "text",
-        "--rpm",
-        "0",
-        "--concurrency",
-        "2",
-        "--quiet",
-        *map(str, extra),
-    ]
-
-
-def first_line(proc, deadline_seconds=60):
-    """The first line ``proc`` writes to stderr (it must write one before the deadline)."""
-    selector = selectors.DefaultSelector()
-    selector.register(proc.stderr, selectors.EVENT_READ)
-    deadline = time.monotonic() + deadline_seconds
-    while not selector.select(timeout=0.1):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "no line on stderr"
-    return proc.stderr.readline()
+    return summarize_argv(source, output, "--rpm", "0", "--concurrency", "2", "--quiet", *extra)
 
 
 def overlap(service, first_argv, second_argv, *, then_wait=True):
@@ -70,9 +41,7 @@ def overlap(service, first_argv, second_argv, *, then_wait=True):
     service.faults = Faults(hold_after=1)  # every request after the first held until released below
     first = subprocess.Popen(first_argv, env=environ, stderr=subprocess.PIPE, text=True)
     try:
-        while service.stats()["requests"] < 1:  # it holds its locks before it sends
-            assert first.poll() is None, first.communicate()
-            time.sleep(0.02)
+        wait_for(lambda: service.stats()["requests"] >= 1, what="its first request", alive=first)  # its locks held
         refused = subprocess.run(second_argv, env=environ, capture_output=True, text=True, timeout=60)
         assert first.poll() is None, "the first run ended before the second was tried"
         assert refused.returncode == 2, refused.stderr
@@ -83,10 +52,11 @@ def overlap(service, first_argv, second_argv, *, then_wait=True):
             assert first.wait(60) == 0, first.communicate()
             return refused.stderr
         waiting = subprocess.Popen(second_argv + ["--wait"], env=environ, stderr=subprocess.PIPE, text=True)
-        assert "waiting for the other run" in first_line(waiting)
+        said = stderr_until(waiting, "waiting for the other run")
+        assert "waiting for the other run" in said[0], said  # the first thing it says
         service.faults = Faults()
         assert first.wait(60) == 0, first.communicate()
-        _, rest = waiting.communicate(timeout=120)
+        rest = "".join(said) + waiting.communicate(timeout=120)[1]
         assert waiting.returncode == 0, rest
     finally:
         service.faults = Faults()
@@ -97,6 +67,7 @@ def overlap(service, first_argv, second_argv, *, then_wait=True):
     return rest
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spelling", ["symlink", "dotdot", "hardlink"])
 def test_a_journal_under_another_name_is_locked_against_a_run_naming_it(svc, tmp_path, source, spelling):
     (tmp_path / "real" / "inner").mkdir(parents=True)
@@ -120,6 +91,7 @@ def test_a_journal_under_another_name_is_locked_against_a_run_naming_it(svc, tmp
     assert pd.read_parquet(tmp_path / "b.parquet")["summary_status"].eq("ok").all()
 
 
+@pytest.mark.slow
 def test_an_output_through_a_symlink_is_locked_and_shares_its_journal(svc, tmp_path, source):
     output = tmp_path / "out.parquet"
     link = tmp_path / "link.parquet"
@@ -129,6 +101,7 @@ def test_an_output_through_a_symlink_is_locked_and_shares_its_journal(svc, tmp_p
     assert not (tmp_path / "link.parquet.journal.sqlite").exists()
 
 
+@pytest.mark.slow
 def test_an_output_through_a_symlink_is_locked_whatever_the_journals(svc, tmp_path, source):
     output = tmp_path / "out.parquet"
     link = tmp_path / "link.parquet"

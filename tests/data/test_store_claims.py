@@ -36,7 +36,7 @@ from batchsum.local.state import Account
 from batchsum.run.run import run_texts
 from batchsum.run.spec import RunSpec
 from batchsum.service import contract
-from tests.conftest import BASIC_KEY, KEY, article, free_port, need
+from tests.support import BASIC_KEY, KEY, RedisServer, article, need, wait_for, wait_for_count
 
 ROOT = Path(__file__).parents[2]
 PARAMS = contract.parse_params(1, contract.PERCENTAGE_DEFAULT, None)
@@ -84,6 +84,7 @@ def _store(where: str, service: str, request: pytest.FixtureRequest) -> Any:
     return MachineStore(default_store_path(), service)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["machine", "redis"])
 def test_texts_set_aside_are_looked_at_together_not_one_by_one(svc, where, request):
     """Another run holds every text (it has them on the wire): this run claims each once, at its turn,
@@ -106,8 +107,8 @@ def test_texts_set_aside_are_looked_at_together_not_one_by_one(svc, where, reque
                 rows, client, stats=stats, rpm=600, store=Scopes(MemoryStore(), counted, trust=Trust(1))
             )
             task = asyncio.ensure_future(_collect(stream))
-            while sum(counted.keys.get("take_many", [])) < len(keys):  # each text reached its turn
-                await asyncio.sleep(0.05)
+            turns = lambda: sum(counted.keys.get("take_many", [])) >= len(keys)  # noqa: E731
+            await asyncio.to_thread(wait_for, turns, what="each text to reach its turn")  # the loop runs on
             waited_from = time.monotonic()
             looks_before = counted.calls.get("look_many", 0)
             await asyncio.sleep(2.0)  # every text waits on the other run
@@ -130,6 +131,7 @@ async def _collect(stream: Any) -> list[Any]:
     return [row async for row in stream]
 
 
+@pytest.mark.slow
 def test_two_runs_on_two_keys_through_the_machine_store_split_the_texts_and_each_goes_at_its_pace(tmp_path):
     """Two runs over the same 60 texts, one on a key at 60/min, the other on a key at 600/min started
     a second later, sharing the machine's store (two processes' worth: two holders): every row ok in
@@ -157,53 +159,14 @@ def test_two_runs_on_two_keys_through_the_machine_store_split_the_texts_and_each
     assert stats["answered_unique"] == 60 and stats["answered"] <= 60 + 2  # at most the texts on the wire twice
 
 
-class OwnRedis:
-    """A redis-server of the test's own on ``port``, started and stopped by the test (empty when
-    started again: nothing saved)."""
-
-    def __init__(self, folder: Path) -> None:
-        exe = shutil.which("redis-server")
-        if exe is None:
-            need("a real redis-server", "apt-get install redis-server (Debian's package)")
-        self.exe = exe
-        self.port = free_port()
-        self.folder = folder
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        import redis
-
-        self.process = subprocess.Popen(
-            [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-            + ["--dir", str(self.folder)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                redis.Redis.from_url(self.url).ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(10)
-            self.process = None
-
-
+@pytest.mark.slow
 def test_a_redis_store_restarted_mid_run_is_used_again(svc, tmp_path, caplog, monkeypatch):
     """Redis stopped mid-run and started again empty: the run says once that the store failed, goes
     on, and uses the store again once it answers (the answers kept meanwhile put there then); every row
     ok, nothing paid twice; a later job pays only for what was lost with the restart."""
     pytest.importorskip("redis")
     monkeypatch.setattr(store_link, "RETRY_FIRST", 0.2)
-    redis = OwnRedis(tmp_path)
+    redis = RedisServer(tmp_path)
     redis.start()
     svc.faults = Faults(latency=0.1, latency_spread=0.1)
     rows = texts(5000, 5080)
@@ -213,8 +176,7 @@ def test_a_redis_store_restarted_mid_run_is_used_again(svc, tmp_path, caplog, mo
         with caplog.at_level(logging.INFO, logger="batchsum"):
             runner = threading.Thread(target=lambda: outcome.append(asyncio.run(run_texts(spec, rows))))
             runner.start()
-            while svc.stats()["requests"] < 20:
-                time.sleep(0.01)
+            wait_for_count(svc, 20)
             redis.stop()
             time.sleep(1.0)
             redis.start()
@@ -280,6 +242,7 @@ def _summarize(source: Path, output: Path, store: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_a_store_in_a_read_only_folder_is_read_and_new_answers_go_to_the_journal_alone(env, tmp_path):
     """A store the user cannot write (a read-only file system here): its answers are used, with one
     line that new answers go to the journal alone, whether its owner has it open to write (its -shm
@@ -436,6 +399,7 @@ def test_a_redis_store_prefix_keeps_teams_apart_and_never_reaches_the_client(red
             store.close()
 
 
+@pytest.mark.slow
 def test_a_budget_url_with_a_prefix_prefixes_the_store_that_follows_it_never_the_budget(redis_url):
     """``--budget redis://...?prefix=NAME``: the store that follows the budget keeps its keys under
     ``NAME:``; the budget's keys are the key's, unprefixed; redis-py never sees the prefix."""

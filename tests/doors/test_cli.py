@@ -17,7 +17,7 @@ from batchsum.cli import build_parser, main
 from batchsum.data.journal import Journal
 from batchsum.data.results import result_columns
 from batchsum.local.summarizer import summarize as local_summary
-from tests.conftest import EXPIRED_KEY, KEY, article, free_port
+from tests.support import EXPIRED_KEY, KEY, RESULT_COLUMNS, article, free_port, wait_for
 
 
 def frame(n=30):
@@ -43,18 +43,7 @@ def test_a_file_is_summarized_into_every_column_plus_the_results(env, tmp_path, 
     out = tmp_path / "out.parquet"
     assert run(src, "-o", str(out), "--column", "text", "--mode", "2", "--type", "best_line", "--rpm", "0") == 0
     result = pd.read_parquet(out)
-    assert list(result.columns) == [
-        "id",
-        "text",
-        "score",
-        "summary",
-        "summary_status",
-        "summary_error",
-        "summary_message",
-        "summary_http_status",
-        "summary_attempts",
-        "summary_requests",
-    ]
+    assert list(result.columns) == ["id", "text", "score", *RESULT_COLUMNS]
     assert list(result["id"]) == list(df["id"]) and list(result["score"]) == list(range(30))
     for text, summary, status in zip(df["text"], result["summary"], result["summary_status"]):
         if status == "ok":
@@ -330,11 +319,7 @@ def test_journal_keeps_answers_across_opens_and_refuses_other_files(tmp_path):
 
 
 def test_serve_starts_and_answers(tmp_path):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "batchsum.cli", "serve", "--port", str(port), "--key", "k1"]
         + ["--rpm", "5", "--limit-kind", "fixed", "--room-headers", "x-ratelimit"],
@@ -345,20 +330,18 @@ def test_serve_starts_and_answers(tmp_path):
     try:
         line = proc.stdout.readline()
         assert "batchsum local service on http://127.0.0.1:" in line and "5 requests/min per key, fixed" in line
-        import time
 
-        deadline = time.monotonic() + 60  # until it answers: a guard against a hang, not a timing
-        while True:
+        def answer() -> httpx.Response | None:
             try:
-                response = httpx.post(
+                return httpx.post(
                     f"http://127.0.0.1:{port}/api/user/summarize",
                     headers={"Authorization": "Bearer k1"},
                     json={"text": article(30), "mode": 1},
                 )
-                break
             except httpx.ConnectError:
-                assert proc.poll() is None and time.monotonic() < deadline, "the service never answered"
-                time.sleep(0.05)
+                return None
+
+        response = wait_for(answer, what="the service to answer", every=0.05, alive=proc)
         assert response.status_code == 200 and response.json()["result"]
         assert response.headers["X-RateLimit-Limit"] == "5" and response.headers["X-RateLimit-Remaining"] == "4"
     finally:

@@ -18,7 +18,7 @@ import batchsum.dask  # noqa: E402,F401  (registers ddf.batchsum)
 from batchsum.errors import BudgetError, InputError  # noqa: E402
 from batchsum.local import LocalService  # noqa: E402
 from batchsum.pacing import max_starts  # noqa: E402
-from tests.conftest import article, budget_ledger, merged_report, ticks_before  # noqa: E402
+from tests.support import article, budget_ledger, interrupt_after, merged_report, ticks_before, wait_for, wait_for_count  # noqa: E402
 
 KEY = "bs-dask-test-key"
 
@@ -62,15 +62,13 @@ def test_a_series_on_the_local_scheduler_in_one_process(limited):
     assert limited.state.stats()["by_status"] == {"200": 6}
 
 
+@pytest.mark.slow
 def test_sigint_on_the_local_scheduler_stops_the_partitions_running_in_this_process(tmp_path):
     """Without a distributed client (this test runs before the cluster's) the partitions run in this
     process's threads, which the interrupt of ``compute`` leaves running: SIGINT is heard (the wakeup
     fd) and their runs stop."""
     import glob
     import json
-    import signal
-    import threading
-    import time
 
     data = frame(160, 160)
     report = tmp_path / "run.json"
@@ -78,27 +76,17 @@ def test_sigint_on_the_local_scheduler_stops_the_partitions_running_in_this_proc
         out = dd.from_pandas(data, npartitions=4).batchsum.summarize(
             "text", rpm=600, api_key=KEY, base_url=service.url, progress=False, budget="none", report=str(report)
         )
-        counted: dict = {}
-
-        def interrupt() -> None:
-            deadline = time.monotonic() + 120  # guards against a hang, not timings
-            while service.state.stats()["requests"] < 20 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            counted["at"] = service.state.stats()["requests"]
-            signal.raise_signal(signal.SIGINT)  # as Ctrl-C: Python's handler raises in compute
-
-        threading.Thread(target=interrupt, daemon=True).start()
+        counted = interrupt_after(service, 20)
         with pytest.raises(KeyboardInterrupt):
             out.compute(scheduler="threads", num_workers=4)
-        deadline = time.monotonic() + 120
-        while len(glob.glob(str(tmp_path / "run.part-*.json"))) < 4:  # each partition's run wrote its report
-            assert time.monotonic() < deadline, "the partitions' runs went on"
-            time.sleep(0.05)
+        parts = lambda: len(glob.glob(str(tmp_path / "run.part-*.json")))  # noqa: E731
+        wait_for(lambda: parts() >= 4, what="each partition's run to write its report")
         assert service.state.stats()["requests"] - counted["at"] <= 25
         stopped = json.loads(report.read_text())
         assert stopped["outcome"] == "stopped" and stopped["error"]["type"] == "RunInterrupted"
 
 
+@pytest.mark.slow
 def test_two_workers_share_one_budget_and_pay_once_per_text(cluster, limited, redis_url):
     data = frame(80, 50)
     ddf = dd.from_pandas(data, npartitions=4)
@@ -128,6 +116,7 @@ def test_two_workers_share_one_budget_and_pay_once_per_text(cluster, limited, re
     assert again["summary"].tolist() == result["summary"].tolist()
 
 
+@pytest.mark.slow
 def test_the_machine_budget_is_the_default_and_to_parquet_writes_the_results(cluster, limited, tmp_path):
     data = frame(24, 20)
     out = dd.from_pandas(data, npartitions=3).batchsum.summarize(
@@ -140,6 +129,7 @@ def test_the_machine_budget_is_the_default_and_to_parquet_writes_the_results(clu
     assert (Path(os.environ["XDG_CACHE_HOME"]) / "batchsum" / "budget.sqlite").exists()
 
 
+@pytest.mark.slow
 def test_a_budget_the_workers_cannot_share_is_refused_before_anything_is_sent(cluster, limited):
     ddf = dd.from_pandas(frame(8, 8), npartitions=2)
     with pytest.raises(BudgetError) as caught:
@@ -149,6 +139,7 @@ def test_a_budget_the_workers_cannot_share_is_refused_before_anything_is_sent(cl
     assert limited.state.stats()["requests"] == 0
 
 
+@pytest.mark.slow
 def test_bad_input_is_refused_when_summarize_is_called(cluster, limited):
     ddf = dd.from_pandas(frame(4, 4), npartitions=1)
     with pytest.raises(InputError, match="no column 'body'"):
@@ -160,43 +151,34 @@ def test_bad_input_is_refused_when_summarize_is_called(cluster, limited):
     assert limited.state.stats()["requests"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.heavy
 def test_a_killed_worker_costs_seconds_and_pays_only_what_was_on_the_wire(cluster, tmp_path):
     """The machine budget, a strict 1200/min window, 150 distinct texts, 0.3 s answers; one worker
     process SIGKILLed once 40 requests reached the service. Its nanny starts it again and Dask runs
     its partitions again; their claims' holder is gone, so the retries go on at once."""
-    import time
 
-    from batchsum.local import Faults
-    from tests.killing import KillAfter
+    from tests.killing import KillAfter, assert_the_kill_cost_only_the_wire, service_for_a_kill
 
     data = frame(150, 150)
     pids = sorted(cluster.run(os.getpid).values())
-    with LocalService([KEY], rpm=1200, faults=Faults(latency=0.3)) as service:
-        out = dd.from_pandas(data, npartitions=4).batchsum.summarize(
-            "text", rpm=1200, api_key=KEY, base_url=service.url, progress=False, journal=tmp_path / "answers.sqlite"
-        )
-        killer = KillAfter(service, 40, lambda: pids[:1])
-        killer.start()
-        started = time.monotonic()
-        result = out.compute()
-        seconds = time.monotonic() - started
-        killer.finish()
+    with service_for_a_kill(KEY, tmp_path) as (service, options):
+        out = dd.from_pandas(data, npartitions=4).batchsum.summarize("text", **options)
+        with KillAfter(service, 40, lambda: pids[:1]) as killer:
+            result = out.compute()
         stats = service.state.stats()
     assert killer.killed == pids[:1]
     assert len(result) == 150 and (result["summary_status"] == "ok").all()
-    assert stats["by_status"] == {"200": stats["answered"]}, stats  # 0 429s
-    assert stats["answered_unique"] == 150
-    assert stats["answered_twice"] <= 10, stats  # at most the texts on the wire at the kill
-    print(f"killed a worker at {killer.at} requests; {seconds:.1f} s; {stats}")
+    assert_the_kill_cost_only_the_wire(stats, 150)
+    print(f"killed a worker at {killer.at} requests; {killer.took:.1f} s; {stats}")
 
 
+@pytest.mark.slow
 def test_a_cancelled_compute_stops_every_partitions_run_and_the_next_pays_for_none_of_it(cluster, tmp_path):
     """Dask cannot interrupt a running task: the scheduler marks it cancelled on its worker, and the
     partition's run stops on that (nothing new starts; the answers on the wire are awaited and kept).
     The same frame computed again pays only for the rest."""
     import glob
-    import time
 
     data = frame(160, 160)
     report = tmp_path / "run.json"
@@ -205,15 +187,10 @@ def test_a_cancelled_compute_stops_every_partitions_run_and_the_next_pays_for_no
             "text", rpm=600, api_key=KEY, base_url=service.url, progress=False, report=str(report)
         )
         future = cluster.compute(out)
-        deadline = time.monotonic() + 120  # guards against a hang, not timings
-        while service.state.stats()["requests"] < 20:
-            assert time.monotonic() < deadline, "the requests never came"
-            time.sleep(0.02)
-        at = service.state.stats()["requests"]
+        at = wait_for_count(service, 20)
         cluster.cancel(future)
-        while len(glob.glob(str(tmp_path / "run.part-*.json"))) < 4:  # each partition's run wrote its report
-            assert time.monotonic() < deadline, "the partitions' runs went on"
-            time.sleep(0.05)
+        parts = lambda: len(glob.glob(str(tmp_path / "run.part-*.json")))  # noqa: E731
+        wait_for(lambda: parts() >= 4, what="each partition's run to write its report")
         # Stopped long before the rest of its rows (140 at the stop, 14 s at the plan): how soon is the
         # machine's pace, measured in benchmarks/, not here.
         assert service.state.stats()["requests"] - at <= 60

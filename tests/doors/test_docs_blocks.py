@@ -47,7 +47,7 @@ from typing import IO, Any
 import pytest
 
 from batchsum.local import LocalService
-from tests.conftest import need
+from tests.support import need
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [
@@ -379,6 +379,7 @@ def workspace(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         service.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", BLOCKS, ids=[block.id for block in BLOCKS])
 def test_block(block: Block, workspace: Workspace) -> None:
     if block.not_run is not None:

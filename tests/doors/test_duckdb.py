@@ -7,7 +7,6 @@ from __future__ import annotations
 import gc
 import json
 import threading
-import time
 import warnings
 
 import pyarrow as pa
@@ -20,7 +19,7 @@ import batchsum.duckdb  # noqa: E402
 from batchsum.data.stores import clear_process_caches  # noqa: E402
 from batchsum.errors import InvalidParameterError  # noqa: E402
 from batchsum.local import Faults  # noqa: E402
-from tests.conftest import EXPIRED_KEY, KEY, article  # noqa: E402
+from tests.support import EXPIRED_KEY, KEY, article, wait_for, wait_for_count  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -79,6 +78,7 @@ def test_a_refused_key_fails_the_query_with_the_services_message(con, svc):
     assert svc.stats()["requests"] == 1  # a new key's first request goes alone
 
 
+@pytest.mark.slow
 def test_duckdbs_threads_call_it_at_once_and_each_text_is_paid_once(con, svc):
     con.execute("SET threads = 4")
     svc.faults = Faults(latency=0.01)
@@ -123,10 +123,11 @@ def test_with_store_none_two_threads_chunks_claim_their_texts(con, svc):
     assert svc.stats()["requests"] == 10 and svc.stats()["answered_twice"] == 0
 
 
+@pytest.mark.slow
 def test_a_run_that_cannot_open_fails_each_query_in_one_line_and_leaves_no_thread(con, svc):
     import threading
 
-    from tests.conftest import free_port
+    from tests.support import free_port
 
     register(con, svc, budget=f"redis://127.0.0.1:{free_port()}/0")  # no Redis there
 
@@ -154,14 +155,13 @@ def test_the_run_closes_after_a_minute_idle_and_the_next_call_opens_another(con,
     monkeypatch.setattr(batchsum.duckdb, "IDLE_SECONDS", 0.3)
     registration = register(con, svc, report=str(tmp_path / "run.json"))
     con.execute(f"SELECT batchsum_summarize('{article(20)}')").fetchall()
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "run.json").exists() and time.monotonic() < deadline:  # written as the run closes
-        time.sleep(0.05)
-    assert repr(registration).endswith("closed)") and (tmp_path / "run.json").exists()
+    wait_for((tmp_path / "run.json").exists, what="the run's report, written as it closes")
+    assert repr(registration).endswith("closed)")
     con.execute(f"SELECT batchsum_summarize('{article(21)}')").fetchall()
     assert registration.runs == 2
 
 
+@pytest.mark.slow
 def test_the_run_ends_when_the_connection_is_let_go(svc, tmp_path):
     con = duckdb.connect()
     register(con, svc, report=str(tmp_path / "run.json"))
@@ -202,6 +202,7 @@ def test_the_estimates_time_is_at_the_keys_summed_limits(con, svc):
     assert svc.stats()["requests"] == 0
 
 
+@pytest.mark.slow
 def test_the_estimate_leaves_a_spent_keys_rate_out_and_says_where_a_quota_stops_the_query(con, svc, tmp_path):
     """Key one's daily quota of 3 is spent by a query: the estimate over both keys (120/min each)
     times 8 requests at the other key's 120/min, not their summed 240; a registration on the spent
@@ -272,6 +273,7 @@ def test_a_quota_spent_gives_every_row_back_with_a_warning_and_the_next_query_se
     assert again == rows and svc.stats()["requests"] == 3
 
 
+@pytest.mark.slow
 def test_a_quota_spent_while_duckdbs_threads_call_at_once_ends_the_query_with_every_row(svc, tmp_path):
     """Four DuckDB threads in one run, each with its own chunks: the quota spent in one thread's
     batch ends the others' too (they looked only at their own answers, and waited forever), and a
@@ -333,16 +335,6 @@ def test_a_cap_and_a_sample_are_refused(con, svc):
 AFTER_STOP = 25  # at most this many requests admitted after a stop (at 600/min: the turns already due, the wire)
 
 
-def wait_for_requests(service, count: int, process=None) -> int:
-    """Wait until ``count`` requests reached the service (a guard against a hang, not a timing)."""
-    deadline = time.monotonic() + 120
-    while service.stats()["requests"] < count:
-        assert time.monotonic() < deadline, "the requests never came"
-        assert process is None or process.poll() is None, process.communicate()
-        time.sleep(0.02)
-    return service.stats()["requests"]
-
-
 def texts_file(tmp_path, rows: int, seed: int) -> str:
     """Distinct texts in row groups of 100, so that each of DuckDB's threads has chunks of its own."""
     path = tmp_path / "texts.parquet"
@@ -363,6 +355,7 @@ def query_again_pays_none_twice(svc, path: str, rows: int) -> None:
     assert svc.stats()["answered_unique"] == rows and svc.stats()["answered_twice"] == 0
 
 
+@pytest.mark.slow
 def test_interrupt_stops_the_runs_on_the_connection_then_its_query_and_keeps_every_answer(svc, tmp_path):
     path = texts_file(tmp_path, 800, seed=31000)
     connection = duckdb.connect()
@@ -380,7 +373,7 @@ def test_interrupt_stops_the_runs_on_the_connection_then_its_query_and_keeps_eve
 
     worker = threading.Thread(target=query, daemon=True)
     worker.start()
-    at = wait_for_requests(svc, 30)
+    at = wait_for_count(svc, 30)
     assert batchsum.duckdb.interrupt(connection) == 1  # returns once the answers on the wire are in
     worker.join(120)  # a guard against a hang, not a timing
     assert not worker.is_alive(), "the query went on"
@@ -418,6 +411,7 @@ except KeyboardInterrupt:  # the interrupt raised again on the main thread, once
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "settings",
     [
@@ -445,7 +439,7 @@ def test_sigint_stops_a_query_in_another_process_and_keeps_every_answer(svc, tmp
         stderr=subprocess.PIPE,
         text=True,
     )
-    at = wait_for_requests(svc, 30, child)
+    at = wait_for_count(svc, 30, alive=child)
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=120)  # a guard against a hang, not a timing
     assert child.returncode == 0, err

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,8 +25,8 @@ import pytest
 
 from batchsum.cli import main
 from batchsum.local import Faults, LocalService
-from tests.conftest import EXPIRED_KEY, KEY, article, free_port, need
 from tests.run.test_stops import corrupt_last_row_group
+from tests.support import EXPIRED_KEY, KEY, RedisServer, article, free_port, refuse_the_final_rename, wait_for_count
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 
@@ -41,12 +40,14 @@ def docs_rows() -> dict[int, str]:
 @dataclass
 class Case:
     """One way to stop: ``drive(service, tmp_path)`` runs the command and returns its exit code and
-    what it said; ``code`` is what the docs promise; ``docs`` are words of that code's row."""
+    what it said; ``code`` is what the docs promise; ``docs`` are words of that code's row; ``slow``:
+    it starts a process or waits on the wall clock (left out of the fast lane)."""
 
     name: str
     drive: Callable[[LocalService, Path], tuple[int, str]]
     code: int
     docs: str
+    slow: bool = False
 
 
 def texts(n: int, seed: int = 0) -> list[str]:
@@ -79,10 +80,8 @@ def when_answered(service: LocalService, count: int, then: Callable[[], None]) -
     faults = service.faults = replace(service.faults, hold_after=count)
 
     def watch() -> None:
-        deadline = time.monotonic() + 60
-        while service.stats()["answered"] < count and time.monotonic() < deadline:
-            time.sleep(0.01)
         try:
+            wait_for_count(service, count, "answered")
             then()
         finally:
             faults.release()
@@ -146,44 +145,10 @@ def request_cap(service, tmp_path, capsys, monkeypatch):
     return summarize(source(tmp_path), "-o", str(tmp_path / "out.parquet"), "--max-requests", "5", capsys=capsys)
 
 
-class OwnRedis:
-    """A redis-server of the test's own on a free port: stopped and started again (empty) at will."""
-
-    def __init__(self, folder: Path) -> None:
-        self.exe = shutil.which("redis-server")
-        if self.exe is None:
-            need("a real redis-server", "apt-get install redis-server (Debian's package)")
-        self.folder, self.port = folder, free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> str:
-        import redis
-
-        argv = [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        self.process = subprocess.Popen(
-            [*argv, "--dir", str(self.folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        url = f"redis://127.0.0.1:{self.port}/0"
-        deadline = time.monotonic() + 30  # a guard, not a timing assertion
-        while True:
-            try:
-                redis.Redis.from_url(url).ping()
-                return url
-            except redis.ConnectionError:
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
-
-
 def budget_lost(service, tmp_path, capsys, monkeypatch):
     """A Redis budget whose server goes away mid-run for longer than --budget-wait."""
-    redis = OwnRedis(tmp_path)
-    url = redis.start()
+    redis = RedisServer(tmp_path).start()
+    url = redis.url
     try:
         service.faults = Faults(latency=0.05)
         when_answered(service, 10, redis.stop)
@@ -198,8 +163,8 @@ def budget_lost(service, tmp_path, capsys, monkeypatch):
 
 def budget_back(service, tmp_path, capsys, monkeypatch):
     """A Redis budget whose server goes away mid-run and comes back empty within --budget-wait: a pause."""
-    redis = OwnRedis(tmp_path)
-    url = redis.start()
+    redis = RedisServer(tmp_path).start()
+    url = redis.url
 
     def start_later() -> None:
         time.sleep(3.0)  # the outage the run waits out (nothing starts meanwhile: the run cannot end first)
@@ -226,16 +191,7 @@ def budget_back(service, tmp_path, capsys, monkeypatch):
 
 
 def output_refused_at_the_end(service, tmp_path, capsys, monkeypatch):
-    # The final rename refused, as a folder made read-only refuses it (root, who runs CI here, writes to
-    # read-only folders, so chmod cannot produce it).
-    real = os.replace
-
-    def refuse(src, dst, *args, **kwargs):
-        if str(dst).endswith("out.parquet"):
-            raise PermissionError(13, "Permission denied")
-        return real(src, dst, *args, **kwargs)
-
-    monkeypatch.setattr(os, "replace", refuse)
+    refuse_the_final_rename(monkeypatch)
     code, err = summarize(source(tmp_path), "-o", str(tmp_path / "out.parquet"), capsys=capsys)
     assert "cannot write" in err and "every answer is in the journal" in err and service.stats()["answered"] == 30
     return code, err
@@ -339,15 +295,16 @@ CASES = [
     Case("finished, a row failed", finished_with_failed_rows, 0, "per-row failures are in the output"),
     Case("a refused key", refused_key, 1, "wrong key"),
     Case("an expired plan", expired_plan, 1, "expired plan"),
-    Case("a journal that cannot be written", journal_not_written, 1, "a journal that cannot be written"),
+    Case("a journal that cannot be written", journal_not_written, 1, "a journal that cannot be written", slow=True),
     Case("an input that breaks midway", input_breaks_midway, 1, "an input that breaks midway"),
     Case("the request cap", request_cap, 1, "the request cap"),
-    Case("a budget back mid-run", budget_back, 0, "finished"),
+    Case("a budget back mid-run", budget_back, 0, "finished", slow=True),
     Case(
         "a budget lost mid-run",
         budget_lost,
         1,
         "a rate budget that could not be reached for longer than `--budget-wait`",
+        slow=True,
     ),
     Case("an output refused at the end", output_refused_at_the_end, 1, "an output that cannot be written at the end"),
     Case("`batchsum text`, service unreachable", unreachable_for_one_text, 1, "service unreachable"),
@@ -359,12 +316,14 @@ CASES = [
     Case("result columns the input has", output_column_taken, 2, "nothing sent, no file created"),
     Case("`batchsum store`, its Redis out of reach", store_out_of_reach, 2, "a one-line message"),
     Case("`batchsum store`, its file damaged", store_damaged, 2, "a one-line message"),
-    Case("SIGINT", signalled(signal.SIGINT), 130, "interrupted (Ctrl-C, SIGINT)"),
-    Case("SIGTERM", signalled(signal.SIGTERM), 143, "terminated (SIGTERM)"),
+    Case("SIGINT", signalled(signal.SIGINT), 130, "interrupted (Ctrl-C, SIGINT)", slow=True),
+    Case("SIGTERM", signalled(signal.SIGTERM), 143, "terminated (SIGTERM)", slow=True),
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+@pytest.mark.parametrize(
+    "case", [pytest.param(case, marks=[pytest.mark.slow] * case.slow, id=case.name) for case in CASES]
+)
 def test_each_stop_exits_with_the_code_the_docs_state(case, env, tmp_path, capsys, monkeypatch):
     rows = docs_rows()
     assert case.docs in rows[case.code], f"docs/cli.md's row {case.code} does not say {case.docs!r}"

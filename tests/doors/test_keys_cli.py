@@ -20,7 +20,7 @@ import pytest
 
 from batchsum.local import Account, Faults, LocalService
 from batchsum.service.settings import key_hash
-from tests.conftest import budget_ledger, ticks_before
+from tests.support import budget_ledger, stderr_until, ticks_before
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "docs" / "run-report.schema.json").read_text())
@@ -81,6 +81,7 @@ def team(tmp_path_factory):
         yield service
 
 
+@pytest.mark.slow
 def test_three_keys_in_a_key_file_share_out_the_run_each_at_its_own_limit(team, tmp_path):
     env = setting(team, tmp_path, 300, keys=KEYS)
     done = batchsum_cli(
@@ -107,6 +108,7 @@ def test_three_keys_in_a_key_file_share_out_the_run_each_at_its_own_limit(team, 
     assert no_piece_of(KEYS, done.stdout, done.stderr, files_text(tmp_path))
 
 
+@pytest.mark.slow
 def test_a_key_whose_plan_expires_mid_run_leaves_with_one_line_and_the_others_finish(team, tmp_path):
     two = list(KEYS)[1]
     team.state.accounts[two].expires_after = 50
@@ -132,6 +134,7 @@ def test_a_key_whose_plan_expires_mid_run_leaves_with_one_line_and_the_others_fi
     assert no_piece_of(KEYS, done.stdout, done.stderr, files_text(tmp_path))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stated", [True, False], ids=["stated in the list form", "a Retry-After of a day"])
 def test_a_daily_quota_spent_stops_the_run_with_every_row_and_the_same_command_continues(tmp_path, stated):
     key = "team-key-quota-0123456789"
@@ -166,6 +169,7 @@ def test_a_daily_quota_spent_stops_the_run_with_every_row_and_the_same_command_c
         assert out["summary_status"].count("ok") == 200 and service.stats()["answered_twice"] == 0
 
 
+@pytest.mark.slow
 def test_a_configured_quota_spent_binds_only_the_runs_that_set_it(tmp_path):
     """``--quota 5/day`` spent stops that run; the same key in a run with no quota, or a larger one,
     sends what it needs: a run is bound only by the quota it sets, and the budget counts what every
@@ -243,23 +247,7 @@ def test_the_dry_run_names_each_key_its_limit_and_the_time_at_their_summed_limit
 # -- issue 48: the dry run says what the run does; paid is what the service billed -----------------------
 
 
-def waits_for_line(proc: subprocess.Popen[str], needle: str) -> list[str]:
-    """The lines of ``proc``'s stderr up to the first holding ``needle`` (a guard of two minutes
-    against a run that never says it, not a timing)."""
-    import selectors
-
-    lines: list[str] = []
-    with selectors.DefaultSelector() as selector:
-        assert proc.stderr is not None
-        selector.register(proc.stderr, selectors.EVENT_READ)
-        while not any(needle in line for line in lines):
-            assert selector.select(timeout=120), f"no line with {needle!r}: {lines}"
-            line = proc.stderr.readline()
-            assert line, f"the run ended without a line holding {needle!r}: {lines}"
-            lines.append(line)
-    return lines
-
-
+@pytest.mark.slow
 def test_after_an_hourly_quota_is_spent_the_dry_run_says_a_long_max_wait_waits_and_a_short_one_stops(tmp_path):
     """An hourly quota the service states, spent by a run (which stopped: its reset is about an hour
     away, beyond the default max_wait of 30 minutes). The dry run with ``--max-wait 7200`` says the
@@ -295,8 +283,8 @@ def test_after_an_hourly_quota_is_spent_the_dry_run_says_a_long_max_wait_waits_a
             env=env, cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
         )  # fmt: skip
         try:
-            lines = waits_for_line(waiting, "the run waits for")
-            said = json.loads(lines[-1])["message"]
+            lines = stderr_until(waiting, "the run waits for")
+            said = next(json.loads(line)["message"] for line in lines if "the run waits for" in line)
             assert "hourly quota of 20 (stated by the service)" in said and "within max_wait 7200 s" in said
             waiting.send_signal(signal.SIGINT)
             assert waiting.wait(timeout=120) == 130
@@ -306,6 +294,7 @@ def test_after_an_hourly_quota_is_spent_the_dry_run_says_a_long_max_wait_waits_a
         assert service.stats()["requests"] == paid  # it waited: nothing was sent before the reset
 
 
+@pytest.mark.slow
 def test_two_keys_one_with_its_configured_quota_spent_the_dry_run_times_the_job_at_the_others_rate(team, tmp_path):
     """Key A (600/min, ``quota=5/day``) spent by a run of its own, key B (900/min): the dry run of
     both times 91 requests at 900 requests/min (it said 1500 before A was spent), and the run sends
@@ -349,6 +338,7 @@ def revoked_run(team, tmp_path: Path, n: int, *extra: str) -> tuple[subprocess.C
     return done, report, two
 
 
+@pytest.mark.slow
 def test_three_keys_one_revoked_mid_run_the_reports_paid_is_what_the_service_answered(team, tmp_path):
     """Counted at the service: ``paid`` is its 200s (it said 151 for 150 answered), ``used_rate``
     every request but none of its 429s (there are none), the revoked key's refusals sent again on
@@ -365,6 +355,7 @@ def test_three_keys_one_revoked_mid_run_the_reports_paid_is_what_the_service_ans
     assert f"{150 + refusals} sent, 150 paid, {150 + refusals} used the rate" in shown
 
 
+@pytest.mark.slow
 def test_three_keys_one_revoked_mid_run_max_requests_holds_what_the_service_billed(team, tmp_path):
     done, report, two = revoked_run(team, tmp_path, 120, "--max-requests", "60")
     assert done.returncode == 1 and team.state.status_by_key[two][401] >= 1
@@ -372,6 +363,7 @@ def test_three_keys_one_revoked_mid_run_max_requests_holds_what_the_service_bill
     assert (report["outcome"], report["cause"]) == ("stopped", "request_cap")
 
 
+@pytest.mark.slow
 def test_three_keys_one_revoked_mid_run_a_configured_quota_counts_what_the_service_billed(team, tmp_path):
     """``--quota 20/day`` on each key: the revoked key's refusals are given back on its budget, so a
     dry run after says 5 left of its day (15 billed), and every key sent at most its quota."""

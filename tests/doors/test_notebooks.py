@@ -139,6 +139,7 @@ def executed(request, tmp_path_factory):
     return path, notebook, temporary
 
 
+@pytest.mark.slow
 def test_the_notebook_runs_without_errors(executed):
     _, notebook, _ = executed
     errors = [o for cell in code_cells(notebook) for o in cell.outputs if o.output_type == "error"]
@@ -148,6 +149,7 @@ def test_the_notebook_runs_without_errors(executed):
     assert "Traceback" not in text
 
 
+@pytest.mark.slow
 def test_every_saved_progress_bar_reads_100_percent(executed):
     _, notebook, _ = executed
     lines = [bar for text in outputs_text(notebook) for bar in BAR.findall(text)]
@@ -157,12 +159,14 @@ def test_every_saved_progress_bar_reads_100_percent(executed):
     assert all(value == maximum for value, maximum in widgets), widgets
 
 
+@pytest.mark.slow
 def test_the_notebook_leaves_no_temporary_folder(executed):
     _, _, temporary = executed
     left = [p.name for p in temporary.iterdir() if not p.name.startswith("ipykernel_")]  # the kernel's own
     assert left == []
 
 
+@pytest.mark.slow
 def test_the_parquet_run_is_interrupted_and_resumes_paying_for_nothing_twice(executed):
     path, notebook, _ = executed
     if path.stem != "batch-parquet":

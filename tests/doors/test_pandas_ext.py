@@ -4,7 +4,6 @@ import _thread
 import asyncio
 import json
 import threading
-import time
 
 import numpy as np
 import pandas as pd
@@ -14,17 +13,7 @@ import batchsum
 from batchsum.local import Faults
 from batchsum.local.summarizer import summarize as local_summary
 from batchsum.pandas_ext import clear_cache
-from tests.conftest import EXPIRED_KEY, KEY, article
-
-RESULT_COLUMNS = [
-    "summary",
-    "summary_status",
-    "summary_error",
-    "summary_message",
-    "summary_http_status",
-    "summary_attempts",
-    "summary_requests",
-]
+from tests.support import EXPIRED_KEY, KEY, RESULT_COLUMNS, article, wait_for_count
 
 
 @pytest.fixture
@@ -94,6 +83,7 @@ def test_calling_again_reuses_every_answer(svc, opts):
     assert svc.stats()["requests"] == 8
 
 
+@pytest.mark.slow
 def test_an_interrupt_stops_sending_and_the_rerun_sends_only_what_was_not_finished(svc, opts, tmp_path):
     # The first 10 answered at once, the rest in 1.5 s each: the 50 rows left take 18 s at 4 at a
     # time, so the interrupt sent after the 10th answer lands before the run can end, however late a
@@ -102,9 +92,7 @@ def test_an_interrupt_stops_sending_and_the_rerun_sends_only_what_was_not_finish
     df = pd.DataFrame({"text": texts(60)})
 
     def press_stop_after_answers(count):
-        deadline = time.monotonic() + 60  # a guard against a hang, not a timing
-        while svc.stats()["answered"] < count and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for_count(svc, count, "answered")
         _thread.interrupt_main()  # what Jupyter's stop button and Ctrl-C do
 
     threading.Thread(target=press_stop_after_answers, args=(10,), daemon=True).start()

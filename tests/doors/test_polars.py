@@ -14,7 +14,7 @@ from batchsum.data.results import result_columns  # noqa: E402
 from batchsum.errors import InputError  # noqa: E402
 from batchsum.local import Faults  # noqa: E402
 from batchsum.pandas_ext import clear_cache  # noqa: E402
-from tests.conftest import KEY, article  # noqa: E402
+from tests.support import KEY, article, wait_for_count  # noqa: E402
 
 TEXTS = [article(30, seed=i) for i in range(5)] + [None, "too short", article(30, seed=0), "   "]
 
@@ -200,6 +200,7 @@ def test_a_lazy_plan_holds_no_piece_of_the_key_serialized_explained_or_printed(s
     assert svc.state.stats()["requests"] == 6  # loaded back, it found the same answers
 
 
+@pytest.mark.slow
 def test_a_lazy_plan_run_in_another_process_reads_the_key_there_or_says_so(svc, opts, tmp_path):
     import os
     import subprocess
@@ -238,6 +239,7 @@ def test_the_polars_result_types_are_the_arrow_ones():
     assert tuple(empty.schema.values()) == batchsum.polars._RESULT_TYPES
 
 
+@pytest.mark.slow
 def test_a_lazy_run_loads_neither_pyarrow_nor_pandas_and_cuts_polars_chunks_small(svc, tmp_path):
     """pandas (about 40 MB, loaded by pyarrow's first conversion of Python values) and pyarrow
     (about 40 MB) stay out of a process that streams a LazyFrame; a chunk as large as a Parquet
@@ -315,6 +317,7 @@ except KeyboardInterrupt:  # Polars raises the interrupt, and Python raises it o
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["lazy", "eager"])
 def test_sigint_while_collecting_stops_the_run_and_keeps_every_answer(svc, opts, tmp_path, how):
     """A lazy collect runs the source on Polars' threads while the main thread waits in Polars' code:
@@ -325,7 +328,6 @@ def test_sigint_while_collecting_stops_the_run_and_keeps_every_answer(svc, opts,
     import signal
     import subprocess
     import sys
-    import time
 
     rows = 800
     path = tmp_path / "in.parquet"
@@ -339,11 +341,7 @@ def test_sigint_while_collecting_stops_the_run_and_keeps_every_answer(svc, opts,
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 120  # a guard against a hang, not a timing
-    while svc.stats()["requests"] < 30:
-        assert time.monotonic() < deadline and child.poll() is None, child.communicate()
-        time.sleep(0.02)
-    at = svc.stats()["requests"]
+    at = wait_for_count(svc, 30, alive=child)
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=120)
     assert child.returncode == 0, err

@@ -16,8 +16,6 @@ import os
 import shutil
 import tempfile
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -31,8 +29,14 @@ import batchsum.ray  # noqa: E402
 from batchsum.data.results import result_columns  # noqa: E402
 from batchsum.errors import AuthenticationError, BudgetError, InputError, InvalidParameterError  # noqa: E402
 from batchsum.local import Faults, LocalService  # noqa: E402
-from tests.conftest import article  # noqa: E402
-from tests.killing import KillAfter, cmdline_has, descendants  # noqa: E402
+from tests.killing import (  # noqa: E402
+    KillAfter,
+    assert_the_kill_cost_only_the_wire,
+    cmdline_has,
+    descendants,
+    service_for_a_kill,
+)
+from tests.support import article, interrupt_after, report_when, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ray
 KEY = "bs-ray-test-key-0123456789abcdef"
@@ -64,17 +68,6 @@ def dataset(frame: pd.DataFrame, blocks: int = 8) -> ray.data.Dataset:
     a block at a time: one block would keep every other worker idle)."""
     size = -(-len(frame) // blocks)
     return ray.data.from_pandas([frame.iloc[start : start + size] for start in range(0, len(frame), size)])
-
-
-def report_when(path: Path, done: Callable[[dict], bool], seconds: float = 60) -> dict:
-    """The merged report at ``path`` once ``done`` holds for it, or as it stands after ``seconds``
-    (each actor writes its part when Ray shuts it down, which Ray does after the last rows are out)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        report = json.loads(path.read_text()) if path.exists() else {"rows": {"total": 0}}
-        if done(report) or time.monotonic() > deadline:
-            return report
-        time.sleep(0.2)
 
 
 def consume(out: ray.data.Dataset, seconds: float = 300) -> list[dict]:
@@ -151,31 +144,16 @@ def test_a_killed_worker_costs_seconds_and_pays_only_what_was_on_the_wire(local_
     """The machine budget, a strict 1200/min window, 150 distinct texts, 0.3 s answers; one worker
     process SIGKILLed once 40 requests reached the service: Ray restarts the actor and retries its
     batch, which reuses every answer that arrived and takes over the dead run's claims at once."""
-    with LocalService([KEY], rpm=1200, faults=Faults(latency=0.3)) as service:
-        out = batchsum.ray.summarize(
-            dataset(texts(150, 15_000)),
-            "text",
-            rpm=1200,
-            api_key=KEY,
-            base_url=service.url,
-            progress=False,
-            journal=tmp_path / "answers.sqlite",
-            batch_rows=50,
-        )
-        killer = KillAfter(service, 40, lambda: _ray_workers()[:1])
-        killer.start()
-        started = time.monotonic()
-        rows = out.take_all()
-        seconds = time.monotonic() - started
-        killer.finish()
+    with service_for_a_kill(KEY, tmp_path) as (service, options):
+        out = batchsum.ray.summarize(dataset(texts(150, 15_000)), "text", batch_rows=50, **options)
+        with KillAfter(service, 40, lambda: _ray_workers()[:1]) as killer:
+            rows = out.take_all()
         stats = service.state.stats()
     assert killer.killed, "no worker process was found to kill"
     assert [row["id"] for row in rows] == list(range(150))
     assert all(row["summary_status"] == "ok" for row in rows)
-    assert stats["by_status"] == {"200": stats["answered"]}, stats  # 0 429s
-    assert stats["answered_unique"] == 150
-    assert stats["answered_twice"] <= 10, stats  # at most the texts on the wire at the kill
-    print(f"ray: killed {killer.killed} at {killer.at} requests; {seconds:.1f} s; {stats}")
+    assert_the_kill_cost_only_the_wire(stats, 150)
+    print(f"ray: killed {killer.killed} at {killer.at} requests; {killer.took:.1f} s; {stats}")
 
 
 def test_a_read_that_takes_every_cpu_of_the_cluster_still_feeds_the_actors(local_ray, tmp_path):
@@ -315,7 +293,6 @@ def test_an_interrupted_driver_stops_every_actors_run_and_the_next_consumption_p
     """Ctrl-C in the driver (a notebook's stop) ends ``take_all`` but not the batches the actors
     hold, which Ray cannot interrupt: the driver posts the job's stop on the key's budget, and each
     actor's run stops on its next budget call, keeping what is on the wire."""
-    import signal
 
     frame = texts(240, seed=9100)
     report = tmp_path / "run.json"
@@ -330,22 +307,10 @@ def test_an_interrupted_driver_stops_every_actors_run_and_the_next_consumption_p
             batch_rows=40,
             report=str(report),
         )
-        counted: dict = {}
-
-        def interrupt() -> None:
-            deadline = time.monotonic() + 300  # guards against a hang, not timings
-            while service.state.stats()["requests"] < 20 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            counted["at"] = service.state.stats()["requests"]
-            signal.raise_signal(signal.SIGINT)  # as Ctrl-C: Python's handler raises in take_all
-
-        threading.Thread(target=interrupt, daemon=True).start()
+        counted = interrupt_after(service, 20, seconds=300)
         with pytest.raises(KeyboardInterrupt):
             out.take_all()
-        deadline = time.monotonic() + 120
-        while runs_on_the_key(service):  # each actor's run ended (and left the key's registry)
-            assert time.monotonic() < deadline, "the actors' runs went on"
-            time.sleep(0.1)
+        wait_for(lambda: not runs_on_the_key(service), what="each actor's run to end (and leave the key's registry)")
         assert service.state.stats()["requests"] - counted["at"] <= 25
         stopped = report_when(report, lambda r: r.get("outcome") == "stopped")
         assert stopped["outcome"] == "stopped" and stopped["error"]["type"] == "JobStopped"

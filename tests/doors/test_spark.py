@@ -19,7 +19,7 @@ from batchsum.data.results import result_columns  # noqa: E402
 from batchsum.errors import InputError, InvalidParameterError  # noqa: E402
 from batchsum.local import LocalService  # noqa: E402
 from batchsum.pacing import max_starts  # noqa: E402
-from tests.conftest import article, budget_ledger, merged_report, need, ticks_before  # noqa: E402
+from tests.support import article, budget_ledger, merged_report, need, ticks_before, wait_for, wait_for_count  # noqa: E402
 
 pytestmark = pytest.mark.spark
 KEY = "bs-spark-test-key-0123456789"
@@ -176,37 +176,21 @@ def test_killed_python_workers_cost_seconds_and_pay_only_what_was_on_the_wire(sp
     """The machine budget, a strict 1200/min window, 150 distinct texts, 0.3 s answers; every Python
     worker SIGKILLed once 40 requests reached the service. Spark runs the two tasks again; their
     claims' holders are gone, so the retries go on at once (before leases, they waited 600 s)."""
-    import time
 
     import batchsum.spark
-    from batchsum.local import Faults
-    from tests.killing import KillAfter
+    from tests.killing import KillAfter, assert_the_kill_cost_only_the_wire, service_for_a_kill
 
     data = pd.DataFrame({"id": range(150), "text": [article(25, seed=9000 + i) for i in range(150)]})
     sdf = spark.createDataFrame(data).repartition(2, "id")
-    with LocalService([KEY], rpm=1200, faults=Faults(latency=0.3)) as service:
-        out = batchsum.spark.summarize(
-            sdf,
-            "text",
-            rpm=1200,
-            api_key=KEY,
-            base_url=service.url,
-            progress=False,
-            journal=tmp_path / "answers.sqlite",
-        )
-        killer = KillAfter(service, 40, _python_workers)
-        killer.start()
-        started = time.monotonic()
-        rows = out.collect()
-        seconds = time.monotonic() - started
-        killer.finish()
+    with service_for_a_kill(KEY, tmp_path) as (service, options):
+        out = batchsum.spark.summarize(sdf, "text", **options)
+        with KillAfter(service, 40, _python_workers) as killer:
+            rows = out.collect()
         stats = service.state.stats()
     assert killer.killed, "no Python worker was found to kill"
     assert len(rows) == 150 and all(row.summary_status == "ok" for row in rows)
-    assert stats["by_status"] == {"200": stats["answered"]}, stats  # 0 429s
-    assert stats["answered_unique"] == 150
-    assert stats["answered_twice"] <= 10, stats  # at most the texts on the wire at the kill
-    print(f"killed {len(killer.killed)} workers at {killer.at} requests; {seconds:.1f} s; {stats}")
+    assert_the_kill_cost_only_the_wire(stats, 150)
+    print(f"killed {len(killer.killed)} workers at {killer.at} requests; {killer.took:.1f} s; {stats}")
 
 
 def test_a_budget_the_python_workers_cannot_share_is_refused_before_anything_is_sent(spark, limited):
@@ -262,7 +246,6 @@ def test_a_spark_jobs_executors_are_one_run_on_the_key_with_unknown_rows_left(sp
     workers) are one run, from the spark door, whose rows left no worker knows."""
     import asyncio
     import threading
-    import time
 
     import redis
 
@@ -278,11 +261,14 @@ def test_a_spark_jobs_executors_are_one_run_on_the_key_with_unknown_rows_left(sp
         job = threading.Thread(target=lambda: done.append(out.collect()), daemon=True)
         job.start()
         seen = []
-        deadline = time.monotonic() + 300  # a guard against a hang, not a timing assertion
-        while job.is_alive() and time.monotonic() < deadline:
+
+        def look() -> bool:
+            """What the key's view shows now; whether the job has ended."""
             view = asyncio.run(read_view(redis_url, "here"))
-            seen += [key.runs for key in view.keys if key.runs]
-            time.sleep(0.3)
+            seen.extend(key.runs for key in view.keys if key.runs)
+            return not job.is_alive()
+
+        wait_for(look, 300, "the job's end", every=0.3)
         job.join(60)
     assert len(done[0]) == 240 and all(row.summary_status == "ok" for row in done[0])
     assert seen, "the job was never seen on its key"
@@ -298,7 +284,6 @@ def test_cancelled_jobs_stop_every_tasks_run_before_spark_kills_it_and_the_next_
     its stop on the key's budget, and each task's run stops on its next budget call, keeping it."""
     import glob
     import threading
-    import time
 
     import batchsum.spark
 
@@ -319,18 +304,12 @@ def test_cancelled_jobs_stop_every_tasks_run_before_spark_kills_it_and_the_next_
 
         worker = threading.Thread(target=action, daemon=True)
         worker.start()
-        deadline = time.monotonic() + 300  # guards against a hang, not timings
-        while service.state.stats()["requests"] < 20:
-            assert time.monotonic() < deadline, "the requests never came"
-            time.sleep(0.02)
-        at = service.state.stats()["requests"]
+        at = wait_for_count(service, 20, seconds=300)
         spark.sparkContext.cancelAllJobs()
         worker.join(120)
         assert not worker.is_alive() and failed, "the job was not cancelled"
-        deadline = time.monotonic() + 120  # guards against a hang, not timings
-        while len(glob.glob(str(tmp_path / "run.part-*.json"))) < 2:  # each task's run ended, its report written
-            assert time.monotonic() < deadline, "the tasks' runs went on (or their workers were killed first)"
-            time.sleep(0.05)
+        parts = lambda: len(glob.glob(str(tmp_path / "run.part-*.json")))  # noqa: E731
+        wait_for(lambda: parts() >= 2, what="each task's run to end and write its report (not its worker killed first)")
         # Stopped long before the rest of its rows (100 at the stop, 10 s at the plan): how soon is the
         # machine's pace and Spark's, measured by hand, not here.
         assert service.state.stats()["requests"] - at <= 60

@@ -30,7 +30,7 @@ from batchsum.cli import main
 from batchsum.pacing.budget import Report, SQLiteBudget, default_budget_path
 from batchsum.pacing.exchange import Member
 from batchsum.service.settings import key_hash
-from tests.conftest import KEY, article
+from tests.support import KEY, article, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 LATE = 3.0  # how much later than its commit on the budget a start may reach the service on a loaded machine
@@ -50,17 +50,6 @@ def cli(*argv: str, env: dict[str, str], timeout: float = 120, **kwargs) -> subp
     return subprocess.run(
         [sys.executable, "-m", "batchsum", *argv], env=env, capture_output=True, text=True, timeout=timeout, **kwargs
     )
-
-
-def wait_for(condition, seconds: float = 120.0, what: str = ""):
-    """Wait for ``condition`` to give something true (a guard against a hang, not a timing assertion)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        found = condition()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.2)
 
 
 # -- two real runs on one key ---------------------------------------------------------------------
@@ -107,6 +96,7 @@ def top_json(env: dict[str, str], *flags: str) -> tuple[dict, float, float, str]
     return json.loads(done.stdout), asked, answered, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.heavy
 @pytest.mark.parametrize("where", ["machine", "redis"])
 def test_two_runs_on_one_key_are_seen_40_s_in_as_the_service_counted_them(where, svc, tmp_path, request):
@@ -130,11 +120,13 @@ def test_two_runs_on_one_key_are_seen_40_s_in_as_the_service_counted_them(where,
             keys = top_json(env)[0]["keys"]
             return bool(keys) and len(keys[0]["runs"]) == 2
 
-        wait_for(both_listed, what="both runs listed")
+        wait_for(both_listed, what="both runs listed", every=0.2)
         time.sleep(max(0.0, began + 40 - time.monotonic()))
         calls = [top_json(env) for _ in range(20)]
         assert all(process.poll() is None for process in processes), "a run ended before the last look"
-        wait_for(lambda: time.monotonic() > calls[0][2] + LATE, what="the starts committed by the first look")
+        wait_for(
+            lambda: time.monotonic() > calls[0][2] + LATE, what="the starts committed by the first look", every=0.2
+        )
     finally:
         stop_runs(*processes)
 

@@ -10,7 +10,7 @@ from batchsum.local import Faults, LocalService
 from batchsum.local.summarizer import summarize as local_summary
 from batchsum.pacing import Pacer
 from batchsum.service.client import PreparedRequest, validate_params
-from tests.conftest import EXPIRED_KEY, KEY, article
+from tests.support import EXPIRED_KEY, KEY, article
 
 
 def texts(n, words=40):
@@ -23,6 +23,7 @@ async def collect(rows, svc, key=KEY, **kwargs):
         return [r async for r in summarize_stream(rows, client, **kwargs)]
 
 
+@pytest.mark.slow
 async def test_rows_in_equal_rows_out_in_order_each_with_its_own_summary(svc):
     svc.faults = Faults(rates={"500": 0.1, "drop": 0.05}, retry_after=0, seed=3)
     rows = texts(120, words=30) + [article(400, seed=99)]
@@ -75,6 +76,7 @@ async def test_other_parameters_are_other_requests(svc):
     assert svc.stats()["requests"] == 4
 
 
+@pytest.mark.slow
 async def test_zero_429s_at_the_configured_rpm_against_a_sliding_window_of_the_same_rpm():
     # 25 per 5-second sliding window is the same rate as 300 per minute: several windows in 9 s.
     with LocalService([KEY], rpm=25, window=5.0) as service:
@@ -119,6 +121,7 @@ async def test_a_storm_longer_than_the_retries_costs_no_row_and_no_attempt(svc):
     assert svc.stats()["by_status"] == {"200": 20, "429": 12}
 
 
+@pytest.mark.slow
 async def test_every_fault_kind_mixed_in_loses_no_row(svc):
     svc.faults = Faults(
         rates={"500": 0.1, "502": 0.1, "drop": 0.1, "garbled": 0.1, "429": 0.1, "hang": 0.02},
@@ -220,6 +223,7 @@ def test_a_dry_run_counts_a_long_texts_reduce_requests_and_says_row_once():
     assert plan.reduce_max >= 1 and "1 row over the limit" in text and "1 rows" not in text
 
 
+@pytest.mark.slow
 async def test_in_flight_follows_rate_times_latency_instead_of_a_constant(svc):
     svc.faults = Faults(latency=3.0)
     stats = BatchStats()
@@ -230,12 +234,14 @@ async def test_in_flight_follows_rate_times_latency_instead_of_a_constant(svc):
     assert svc.stats()["most_in_progress"] > 16
 
 
+@pytest.mark.slow
 async def test_a_fixed_concurrency_is_a_cap(svc):
     svc.faults = Faults(latency=0.2)
     await collect(texts(40), svc, rpm=6000, concurrency=5)
     assert svc.stats()["most_in_progress"] <= 5
 
 
+@pytest.mark.slow
 async def test_a_storm_of_429s_that_ends_leaves_the_pace_where_it_was(svc):
     # The first 25 requests are refused with Retry-After 0.2: each text's first attempt, and then some.
     svc.faults = Faults(script=["429"] * 25, retry_after=0.2)
@@ -250,6 +256,7 @@ async def test_a_storm_of_429s_that_ends_leaves_the_pace_where_it_was(svc):
     assert not [c for c in changes if c.pace < c.previous]
 
 
+@pytest.mark.slow
 async def test_more_than_a_hundred_in_flight_when_rate_times_latency_needs_it(svc):
     # 60000/min at 3 s each: all 300 on the wire at once; more than 100 needs no more than 34 starts a
     # second before the first answers, however busy the machine.
@@ -259,6 +266,7 @@ async def test_more_than_a_hundred_in_flight_when_rate_times_latency_needs_it(sv
     assert svc.stats()["most_in_progress"] > 100  # the connection pool is no hidden cap
 
 
+@pytest.mark.slow
 async def test_answers_are_counted_when_they_arrive_while_a_held_row_waits_its_retry(svc):
     """Row 2 waits out a hung request (timeout 4 s) and its retry; results are yielded in order, but
     the counts (what the bar shows) take in the answers arriving behind it. The 28 other answers have

@@ -12,6 +12,7 @@ import math
 import random
 
 import httpx
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -125,6 +126,7 @@ def assert_spacing_per_key(service: KeyedService) -> None:
             assert most_in_any_window(times, width) <= allowed, (key, width)
 
 
+@pytest.mark.slow
 @SUITE
 @given(
     limits=st.lists(st.sampled_from(LIMITS), min_size=1, max_size=5),
@@ -153,6 +155,7 @@ def test_each_key_keeps_its_own_spacing_and_the_run_uses_the_summed_paces(limits
         assert per_minute >= 0.97 * total / 1.01, (per_minute, total)  # (the spacing's 1% margin)
 
 
+@pytest.mark.slow
 def test_overlapping_key_sets_in_two_runs_share_the_key_they_have_in_common():
     """Run 1 has keys A and B, run 2 has B alone: B's limit holds for both together, and run 1 sends
     more on A, where it has room."""
@@ -177,6 +180,7 @@ def test_every_keys_first_request_goes_alone_and_all_keys_at_once():
         assert times[1] >= times[0] + 2.0  # nothing more on a key before its first answer
 
 
+@pytest.mark.slow
 def test_a_key_whose_plan_expires_mid_run_leaves_and_the_others_finish_the_job():
     chosen = keys(3)
     service = KeyedService(dict(zip(chosen, (120, 180, 300))))
@@ -273,6 +277,7 @@ class OneQuota429(KeyedService):
         return await super().__call__(request)
 
 
+@pytest.mark.slow
 def test_a_key_back_from_a_quotas_reset_reports_no_quota_spent():
     """Key A's quota is spent for 130 s mid-run (B goes on), then A is back and sends again: the
     report's keys and the progress line say nothing of a quota spent any more."""

@@ -19,7 +19,7 @@ from batchsum.engine.fingerprints import text_fingerprint
 from batchsum.engine.tally import BatchStats
 from batchsum.local import Faults
 from batchsum.service import contract
-from tests.conftest import KEY, article
+from tests.support import KEY, article, wait_for
 
 LATE = (
     "The airship crew moored the zeppelin at the mast while helium tanks were refilled. "
@@ -54,6 +54,7 @@ async def collect(svc, rows, store=None, stats=None, **options):
         return [r async for r in summarize_stream(rows, client, store=store, stats=stats, **options)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", [None, "bullets"])
 async def test_long_texts_are_summarized_in_parts_into_one_answer_of_the_rows_type(svc, kind):
     stats = BatchStats()
@@ -149,6 +150,7 @@ async def test_a_reduce_round_not_kept_is_counted_exactly_and_only_the_rounds_af
     assert forgot_first.reduces <= sent <= forgot_first.reduces + forgot_first.reduce_max
 
 
+@pytest.mark.slow
 async def test_a_stop_in_the_middle_of_a_long_row_keeps_its_finished_parts(svc, tmp_path):
     # The service holds every part after the third until the stop is made: the row cannot finish
     # first, however late a busy machine lets this test look.
@@ -161,8 +163,8 @@ async def test_a_stop_in_the_middle_of_a_long_row_keeps_its_finished_parts(svc, 
             await collect(svc, [DOC_31K], store=journal, stats=stats, long_texts="split", concurrency=2)
 
     task = asyncio.ensure_future(run())
-    while stats.sent_by_kind["part"] < 3:
-        await asyncio.sleep(0.02)
+    three = lambda: stats.sent_by_kind["part"] >= 3  # noqa: E731
+    await asyncio.to_thread(wait_for, three, what="three parts sent")  # the loop runs on
     task.cancel()
     svc.faults.release()  # the parts on the wire answer the stop's wait for them
     with pytest.raises(asyncio.CancelledError):
@@ -196,6 +198,7 @@ async def test_truncate_sends_the_first_words_and_says_so_and_skip_says_what_spl
     assert "long_texts='split'" in stats.account() and "10 part requests" in stats.account()
 
 
+@pytest.mark.slow
 def test_a_split_job_done_then_its_dry_run_for_another_output_says_0_requests_and_the_run_sends_0(
     env, tmp_path, capsys
 ):
@@ -220,6 +223,7 @@ def test_a_split_job_done_then_its_dry_run_for_another_output_says_0_requests_an
     assert list(again["summary"]) == list(pd.read_parquet(tmp_path / "first.parquet")["summary"])
 
 
+@pytest.mark.slow
 def test_the_same_long_row_gives_the_same_answer_on_every_front_end(env, tmp_path):
     import dask.dataframe as dd
 

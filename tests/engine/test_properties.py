@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import batchsum
 from batchsum.engine import summarize_stream
 from batchsum.service.contract import count_words
-from tests.conftest import KEY
+from tests.support import KEY
 
 WORDY = st.lists(
     st.sampled_from("the river council budget school market bridge museum a of".split()), min_size=8, max_size=40
@@ -48,6 +48,7 @@ CELLS = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cells=st.lists(CELLS, max_size=12))
 def test_any_values_in_a_column_give_one_result_per_row_in_order_and_never_raise(svc, cells):
@@ -103,6 +104,7 @@ def http(service):
         yield client
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     fields=FIELDS,

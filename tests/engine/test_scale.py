@@ -27,11 +27,12 @@ from batchsum.engine.tally import BatchStats
 from batchsum.local import Faults
 from batchsum.service import contract
 from batchsum.service.client import PreparedRequest, validate_params
-from tests.conftest import KEY, article
+from tests.support import KEY, article
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", [False, True], ids=["rows", "blocks"])
 async def test_a_row_held_back_by_a_long_retry_bounds_the_window_by_bytes_and_reading_waits(svc, blocks):
     """The first row's request hangs until the client's timeout, then is tried again; the rows behind
@@ -77,6 +78,7 @@ async def test_a_row_held_back_by_a_long_retry_bounds_the_window_by_bytes_and_re
 POOL = [article(12 + i, seed=i) for i in range(6)] + ["", "too short", None, 3.5, "x\ud800 lone surrogate " * 3]
 
 
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(picks=st.lists(st.integers(0, len(POOL) - 1), min_size=1, max_size=40), known=st.sets(st.integers(0, 5)))
 def test_blocks_and_rows_give_the_same_results_and_counts(svc, picks, known):
@@ -165,6 +167,7 @@ def test_wide_rows_are_read_in_smaller_batches(tmp_path):
     assert list(narrow_input.texts()) == [article(12, seed=i) for i in range(3000)]
 
 
+@pytest.mark.slow
 def test_a_cli_run_over_parquet_never_imports_pandas(env, tmp_path):
     """The command reads and writes Parquet with pyarrow alone: pandas (and pyarrow.dataset, which
     imports it) stay unloaded, and the output still reads back into pandas with the result dtypes."""
@@ -265,6 +268,7 @@ RESULTS = st.builds(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.one_of(st.lists(RESULTS, max_size=40), st.builds(lambda r, n: [r] * n, RESULTS, st.integers(1, 40))))
 def test_result_columns_made_whole_are_the_columns_made_row_by_row(results):

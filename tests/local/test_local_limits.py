@@ -12,8 +12,8 @@ import pytest
 
 import batchsum
 from batchsum.engine import summarize_stream
-from batchsum.local import Faults, LocalService
-from tests.conftest import KEY, article
+from batchsum.local import Account, Faults, LocalService
+from tests.support import KEY, article, wait_for
 
 
 def post(client: httpx.Client, key: str = KEY) -> httpx.Response:
@@ -85,21 +85,11 @@ def _send_in_threads(service: LocalService, count: int) -> tuple[list, list]:
     return threads, answers
 
 
-def _until(condition, what: str) -> None:
-    """Wait for ``condition`` (a guard against a hang, not a timing)."""
-    import time
-
-    deadline = time.monotonic() + 60
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
-
-
 @pytest.mark.parametrize("how", ["release", "replace"])
 def test_requests_after_hold_after_wait_unanswered_until_released_or_the_faults_are_replaced(how):
     with LocalService([KEY], faults=Faults(hold_after=2)) as service:
         threads, answers = _send_in_threads(service, 4)
-        _until(lambda: len(answers) == 2 and service.state.in_progress == 2, "2 answered, 2 held")
+        wait_for(lambda: len(answers) == 2 and service.state.in_progress == 2, what="2 answered, 2 held")
         assert service.stats()["answered"] == 2  # the other two are held in the service, unanswered
         if how == "release":
             service.faults.release()
@@ -111,14 +101,47 @@ def test_requests_after_hold_after_wait_unanswered_until_released_or_the_faults_
 
 
 def test_a_request_that_arrived_before_the_counts_were_reset_is_not_counted_after():
+    """Nor in progress: a test's hung request is not the next test's (a run killed mid-way leaves
+    its requests at the service until they end)."""
     with LocalService([KEY], faults=Faults(hold_after=0)) as service:
         threads, answers = _send_in_threads(service, 1)
-        _until(lambda: service.state.in_progress == 1, "the request held")
+        wait_for(lambda: service.state.in_progress == 1, what="the request held")
         service.state.reset_stats()  # the next test's counts begin
+        assert service.state.in_progress == 0 and service.stats()["most_in_progress"] == 0
         service.faults.release()
         threads[0].join(60)
         assert answers[0].status_code == 200
         assert service.stats()["requests"] == 0 and service.state.in_progress == 0
+
+
+@pytest.mark.parametrize("how", ["state", "route"])
+def test_a_reset_puts_the_service_back_as_it_was_made_whatever_a_test_left_in_it(how):
+    """What a test leaves in a service it shares with the next (a key's window made at a limit of 1,
+    the limit, a plan added, an account's quota spent, faults holding a request, counts) is gone after
+    ``state.reset()`` or ``POST /_local/reset``: a limit set then is the one in force."""
+    quota_key = "test-key-quota-0123456789"
+    with LocalService([KEY, quota_key], rpm=600, accounts={quota_key: Account(quota=1)}) as service:
+        admin = {"Authorization": f"Bearer {service.state.admin_key}"}
+        with httpx.Client(base_url=service.url, timeout=60) as client:
+            service.state.rpm = 1
+            assert [post(client).status_code for _ in range(2)] == [200, 429]
+            assert [post(client, quota_key).status_code for _ in range(2)] == [200, 429]
+            service.state.plans["test-key-added-0123456789"] = service.state.plans[KEY]
+            service.state.rpm = 0  # the held request is admitted
+            service.faults = Faults(hold_after=0)
+            threads, answers = _send_in_threads(service, 1)
+            wait_for(lambda: service.state.in_progress == 1, what="the request held")
+            if how == "state":
+                service.state.reset()
+            else:
+                assert client.post("/_local/reset", headers=admin).status_code == 200
+            threads[0].join(60)
+            assert [a.status_code for a in answers] == [200]  # the faults that held it are gone
+            assert service.stats()["requests"] == 0 and service.state.rpm == 600
+            assert post(client, "test-key-added-0123456789").status_code == 401
+            assert post(client, quota_key).status_code == 200  # a quota whole again
+            service.state.rpm = 2  # the limit set after the reset is the one the key meets
+            assert [post(client).status_code for _ in range(3)] == [200, 200, 429]
 
 
 async def _run(service: LocalService, n: int, key: str = KEY) -> list:
@@ -132,6 +155,7 @@ async def _run(service: LocalService, n: int, key: str = KEY) -> list:
     return rows
 
 
+@pytest.mark.slow
 def test_batchsum_uses_the_room_a_service_states_at_once_and_no_more():
     faults = Faults(latency=1.0)  # 1 s answers: 20 on the wire needs 20 starts in a second, any machine's
     with LocalService([KEY], rpm=600, limit_kind="fixed", room_headers="x-ratelimit", faults=faults) as service:

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from batchsum.local import LocalService  # noqa: E402
-from tests.conftest import KEY  # noqa: E402
+from tests.support import KEY  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -20,6 +20,7 @@ def service():
         yield running
 
 
+@pytest.mark.slow
 def test_every_answer_is_as_documented(service):
     api = schemathesis.openapi.from_url(f"{service.url}/openapi.json")
     operations = [result.ok() for result in api.get_all_operations()]
@@ -58,6 +59,7 @@ word = st.text(st.characters(exclude_categories=["Cs", "Zs", "Zl", "Zp", "Cc"]),
 extra_name = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), min_size=1, max_size=12)
 
 
+@pytest.mark.slow
 @given(
     words=st.lists(word, min_size=10, max_size=40),
     extras=st.dictionaries(extra_name.filter(lambda name: name not in FIELDS), st.text(max_size=20), max_size=5),

@@ -144,6 +144,7 @@ def test_no_sentence_opens_with_a_reference_its_summary_leaves_unresolved(path, 
                 assert any(w[:1].isupper() for w in sentences[before].split()[1:]), sentences[i]
 
 
+@pytest.mark.slow
 @given(
     st.lists(
         st.sampled_from(

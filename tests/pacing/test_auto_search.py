@@ -58,6 +58,7 @@ GRID = [(kind, rpm) for rpm in (30, 240, 600) for kind in KINDS] + [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "rpm"), GRID)
 def test_the_first_search_finds_the_limit_and_the_next_run_holds_it(kind, rpm):
     """A job of four to ten minutes at the limit: every row ok, the search costing at most two minutes
@@ -82,6 +83,7 @@ def test_the_first_search_finds_the_limit_and_the_next_run_holds_it(kind, rpm):
     assert second.refused == 0 and second.rate() >= 0.95 * true, (second.refused, second.rate())
 
 
+@pytest.mark.slow
 def test_four_runs_started_together_search_once_and_use_the_whole_limit():
     """The issue's case on the virtual clock: four runs of 300 texts at once, a strict sliding 240/min
     that states nothing: one search (one leader), every row ok, few 429s, all four done within 1.3x of
@@ -102,6 +104,7 @@ def test_four_runs_started_together_search_once_and_use_the_whole_limit():
     assert fifth.refused == 0 and fifth.rate() >= 0.95 * 240
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runs", [1, 2, 4])
 def test_runs_on_one_key_search_once_whatever_their_number(runs):
     """However many runs share the key, what is found is the key's limit, not a share of it."""
@@ -116,6 +119,7 @@ def test_runs_on_one_key_search_once_whatever_their_number(runs):
     assert found is not None and 582 <= found.rpm <= 612
 
 
+@pytest.mark.slow
 def test_a_lowered_plan_is_found_and_the_lower_limit_remembered():
     """Found at 600 a minute on a sliding minute; then the service admits 300 a minute in fixed 10 s
     windows (50 per 10 s): every row ok, few 429s, the record says 291-306; the next run holds it."""
@@ -137,6 +141,7 @@ def test_a_lowered_plan_is_found_and_the_lower_limit_remembered():
     assert third.refused == 0 and third.rate() >= 0.95 * 300
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["10 s windows", "bucket"])
 def test_a_limit_remembered_twice_the_plan_is_corrected_not_taken_for_a_storm(kind):
     """A remembered limit twice the service's: every refusal comes a few seconds after a pause, as a
@@ -201,6 +206,7 @@ def test_a_storm_never_lowers_a_remembered_limit():
     assert out.pacers[0].auto.value == 240 and machine.limit().how == "found" and machine.limit().at == 1e12
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["clock minute", "bucket"])
 def test_a_probe_is_judged_long_enough_for_every_window_kind_to_refuse_it(kind):
     """A remembered limit that is right: the probe 5% above it every ten minutes is refused (a clock
@@ -219,6 +225,7 @@ def test_a_probe_is_judged_long_enough_for_every_window_kind_to_refuse_it(kind):
     assert machine.limit().at == 1e12  # nothing new to remember
 
 
+@pytest.mark.slow
 def test_a_found_limit_probes_upward_after_ten_minutes_and_finds_an_upgrade():
     service, machine = service_with(SlidingWindow(400, MINUTE)), Machine()  # the plan was upgraded since
     machine.entries["limit"] = Remembered("k", "s", "limit", Found(200, "found", 0).to_json(), 1e12)
@@ -231,6 +238,7 @@ def test_a_found_limit_probes_upward_after_ten_minutes_and_finds_an_upgrade():
     assert machine.limit().rpm > 200
 
 
+@pytest.mark.slow
 def test_auto_with_a_cap_paces_under_it_and_remembers_nothing():
     """``auto:120`` against a 600 plan: the pace stays at the cap, and a later uncapped run searches
     (it does not start at 120 and creep up by probes)."""
@@ -250,6 +258,7 @@ def test_auto_with_a_cap_paces_under_it_and_remembers_nothing():
     assert found is not None and 582 <= found.rpm <= 612
 
 
+@pytest.mark.slow
 def test_a_run_that_joins_a_search_in_progress_follows_it():
     """A second run starting forty seconds into the first's search does not start it again at 60/min:
     it takes the level the first reached at once, and one limit is found."""
@@ -272,6 +281,7 @@ def test_a_run_that_joins_a_search_in_progress_follows_it():
     assert machine.limit() is not None
 
 
+@pytest.mark.slow
 def test_a_run_that_joins_minutes_after_the_leader_settled_takes_its_limit():
     """The leader settled at its cap (``auto:600`` on a 1200 plan: its state moves no more) writes it
     again before it ages out, so a run joining 400 s later goes at it, not at the cautious 60/min."""
@@ -315,6 +325,7 @@ def test_a_fault_in_the_search_is_a_warning_never_a_run_that_hangs(when, monkeyp
     assert "the key's search under --rpm auto failed" in caplog.text
 
 
+@pytest.mark.slow
 def test_when_the_leader_dies_a_follower_carries_its_search_on():
     """The run leading the search is killed (it never lets the lead go); within 20 s a follower holds
     the lead, and carries the search on from the level proven, not from the cautious start."""
@@ -346,6 +357,7 @@ def test_when_the_leader_dies_a_follower_carries_its_search_on():
     assert machine.limit() is not None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runs", [1, 3])
 def test_the_spacing_rule_holds_under_auto_whatever_the_level(runs):
     """Every start of the key is an interval of the pace in force after the one before, while the
@@ -470,6 +482,7 @@ def test_a_refusal_with_a_long_wait_after_a_whole_minute_at_the_known_limit_lowe
     assert machine.limit().rpm == 240 and machine.limit().at == 1e12
 
 
+@pytest.mark.slow
 def test_a_run_with_a_share_alone_on_a_key_whose_limit_is_unknown_climbs_to_its_share_of_it():
     """Issue 48 item 7: ``--share 0.5`` alone on a key whose limit (600/min) nobody knows. The search
     judges what was sent by what the runs on the key may send together (here the run's own half): the
@@ -494,6 +507,7 @@ def test_a_run_with_a_share_alone_on_a_key_whose_limit_is_unknown_climbs_to_its_
     assert most_in_any_window(late, MINUTE) <= 300
 
 
+@pytest.mark.slow
 def test_runs_with_shares_alone_on_a_key_search_with_what_they_may_send_together():
     """Two runs with ``--share 0.3`` on a key of 600/min nobody knows, nobody else on it: the
     registry says they may send 0.6 of the key's pace together, so the level tried is what they

@@ -6,6 +6,7 @@ sent. Pacers sharing a budget run on virtual time (``tests/virtual_clock.py``); 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -39,9 +40,9 @@ from batchsum.pacing.budget import (
 from batchsum.pacing.exchange import BudgetUnreachable
 from batchsum.pacing.pacer import _loop_time
 from tests import virtual_clock
-from tests.conftest import article, free_port
 from tests.pacing import far_sim
-from tests.pacing.test_pacing import Sim, between, engine_hooks, most_in_any_window, send_one
+from tests.pacing.test_pacing import Sim, between, engine_hooks, every_third_turn_given, most_in_any_window, send_one
+from tests.support import RedisServer, article, free_port, summarize_args, summarize_argv, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,6 +61,7 @@ async def reserve(budget, *args, **kwargs):
 # -- the budget itself -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_reservations_are_one_interval_apart_whoever_asks(users):
     a, b = users(), users()
 
@@ -221,6 +223,7 @@ def test_a_share_of_one_start_an_hour_waits_its_turn_instead_of_taking_it_for_a_
     assert second.deferred and second.wait > 2900  # its own turn, 50 minutes after its first
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
 def test_two_processes_reserving_at_once_never_share_a_slot(kind, tmp_path, request):
     """Real processes, each with its own connection, racing for 150 reservations each."""
@@ -372,6 +375,7 @@ def test_a_limit_truly_half_of_rpm_is_found_by_batches_sharing_the_budget():
 # -- real processes on one key ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("budget", ["default", "redis"])
 def test_two_cli_runs_with_one_key_hold_the_plan_between_them(budget, tmp_path, request):
     """Two ``batchsum summarize`` processes started together with the same key (and, by default, no
@@ -444,7 +448,7 @@ async def _ledger(budget):
 
 
 def test_the_budget_never_holds_the_key(svc, tmp_path, monkeypatch):
-    from tests.conftest import KEY
+    from tests.support import KEY
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     frame = pd.DataFrame({"text": [article(20, seed=i) for i in range(3)]})
@@ -456,7 +460,7 @@ def test_the_budget_never_holds_the_key(svc, tmp_path, monkeypatch):
 
 def test_dry_run_names_the_budget_and_what_others_started_on_it(svc, tmp_path, monkeypatch, capsys):
     from batchsum.cli import main
-    from tests.conftest import KEY
+    from tests.support import KEY
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("BATCHSUM_API_KEY", KEY)
@@ -464,20 +468,7 @@ def test_dry_run_names_the_budget_and_what_others_started_on_it(svc, tmp_path, m
     frame = pd.DataFrame({"text": [article(20, seed=700 + i) for i in range(4)]})
     frame.batchsum.summarize("text", rpm=6000, progress=False)  # another run: 4 starts on the budget
     frame.to_parquet(tmp_path / "in.parquet")
-    assert (
-        main(
-            [
-                "summarize",
-                str(tmp_path / "in.parquet"),
-                "-o",
-                str(tmp_path / "out.parquet"),
-                "--column",
-                "text",
-                "--dry-run",
-            ]
-        )
-        == 0
-    )
+    assert main(summarize_args(tmp_path / "in.parquet", tmp_path / "out.parquet", "--dry-run")) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     line = next(line for line in lines if line.startswith("budget:"))
     assert str(tmp_path / "cache") in line
@@ -494,16 +485,7 @@ def test_the_budget_is_checked_before_any_file_is_created(tmp_path, monkeypatch,
     pd.DataFrame({"text": ["a b c"]}).to_parquet(tmp_path / "in.parquet")
     port = free_port()
     code = main(
-        [
-            "summarize",
-            str(tmp_path / "in.parquet"),
-            "-o",
-            str(tmp_path / "out.parquet"),
-            "--column",
-            "text",
-            "--budget",
-            f"redis://127.0.0.1:{port}/0",
-        ]
+        summarize_args(tmp_path / "in.parquet", tmp_path / "out.parquet", "--budget", f"redis://127.0.0.1:{port}/0")
     )
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -538,6 +520,7 @@ def test_a_lone_run_on_a_far_budget_reserves_several_starts_a_call_at_a_high_rat
     assert most_in_any_window(outcome.arrivals, 1) <= max_starts(rpm, 1) + 1
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(
     runs=st.sampled_from([1, 2, 3, 8]),
@@ -582,34 +565,18 @@ def test_on_a_far_budget_an_attempt_that_does_not_go_at_its_turn_gives_its_start
     """The turn's contract (``at_turn``) on a far budget: asked ahead of the start by the time it
     takes (a claim in a store a network away), a no raises ``TurnGiven`` and the next attempt goes in
     that start; the budget counts only the starts that went out, and they keep the spacing."""
-    from batchsum.pacing.pacer import TurnGiven
-
     inner = ProcessBudget(_loop_time, shared=True)
     budget = far_sim.Far(inner, rtt=0.02)
     pacer = Pacer(600, budget=budget)
-    given, starts = [], []
-
-    async def attempt(i):
-        async def at_turn():
-            await asyncio.sleep(0.02)  # a claim a round trip away
-            return i % 3 != 1
-
-        try:
-            starts.append(await pacer.before_attempt(at_turn))
-        except TurnGiven:
-            given.append(i)
 
     async def main():
-        await asyncio.gather(*(attempt(i) for i in range(30)))
+        _, _, starts = await every_third_turn_given(pacer, claim_seconds=0.02)  # a claim a round trip away
         await pacer.flush()
-        return (await inner.look()).starts
+        return starts, (await inner.look()).starts
 
-    counted = virtual_clock.run(main())
-    assert given == [i for i in range(30) if i % 3 == 1]
-    assert len(starts) == 20 and counted == 20
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
-    assert min(gaps) >= pacer.interval - 1e-9
-    assert max(gaps) <= 2 * pacer.interval  # a start given on is taken, not lost
+    starts, counted = virtual_clock.run(main())
+    assert counted == 20
+    assert max(b - a for a, b in zip(starts, starts[1:])) <= 2 * pacer.interval  # a start given on is taken, not lost
 
 
 # -- a budget out mid-run, or back empty, on virtual time ---------------------------------------------
@@ -800,6 +767,7 @@ def test_a_quota_counted_on_a_budget_that_came_back_empty_is_restored_before_it_
     assert virtual_clock.run(main()) == 8
 
 
+@pytest.mark.slow
 def test_a_budget_file_locked_is_a_wait_off_the_event_loop(tmp_path, monkeypatch):
     """Another process holds the budget's file locked: the call waits (an outage, said, bounded by
     budget_wait) on the file's own thread while the event loop goes on; it answers once the lock goes."""
@@ -849,113 +817,72 @@ def test_a_budget_file_locked_is_a_wait_off_the_event_loop(tmp_path, monkeypatch
 # -- a real Redis stopped and started mid-run (its own redis-server) ---------------------------------------
 
 
-class OwnRedis:
-    """A redis-server of the test's own on a free loopback port (not the suite's shared one): stopped
-    (SIGKILL, its data gone) and started again, empty, on the same port."""
-
-    def __init__(self, folder: Path) -> None:
-        import shutil
-
-        from tests.conftest import need
-
-        self.exe = shutil.which("redis-server")
-        if self.exe is None:
-            need("a real redis-server", "apt-get install redis-server (Debian's package)")
-        self.folder, self.port = folder, free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> OwnRedis:
-        import redis
-
-        argv = [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        self.process = subprocess.Popen(
-            [*argv, "--dir", str(self.folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        deadline = time.monotonic() + 30  # a guard, not a timing assertion
-        while True:
-            try:
-                redis.Redis.from_url(self.url).ping()
-                return self
-            except redis.ConnectionError:
-                assert time.monotonic() < deadline and self.process.poll() is None, "redis-server did not start"
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
-
-
-def until(condition, guard: float = 120.0) -> None:
-    """Wait for ``condition()`` (a guard against a hang, not a timing assertion)."""
-    deadline = time.monotonic() + guard
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never came"
-        time.sleep(0.02)
-
-
 def summarize_command(tmp_path, texts, rpm, *flags):
     pd.DataFrame({"text": texts}).to_parquet(tmp_path / "in.parquet")
-    return [
-        sys.executable,
-        *("-m", "batchsum.cli", "summarize", str(tmp_path / "in.parquet"), "-o", str(tmp_path / "out.parquet")),
-        *("--column", "text", "--rpm", str(rpm), "--quiet", *flags),
-    ]
+    return summarize_argv(tmp_path / "in.parquet", tmp_path / "out.parquet", "--rpm", rpm, "--quiet", *flags)
 
 
+@contextlib.contextmanager
+def a_run_whose_redis_stops(tmp_path, key: str, seed: int, budget_wait: int, answers: int):
+    """``batchsum summarize`` of 200 texts at 1200/min, its budget and store on a redis-server of the
+    test's own, which is stopped (SIGKILL, its data gone) once the service answered ``answers``:
+    yields the run, its argv, the service and the stopped server."""
+    redis = RedisServer(tmp_path).start()
+    texts = [article(25, seed=seed + i) + f" Row {i}." for i in range(200)]
+    env = {**os.environ, "BATCHSUM_API_KEY": key, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    try:
+        with LocalService([key], rpm=RESTART_RPM) as service:
+            env["BATCHSUM_BASE_URL"] = service.url
+            argv = summarize_command(
+                tmp_path, texts, RESTART_RPM, "--budget", redis.url, "--budget-wait", str(budget_wait)
+            )
+            process = subprocess.Popen(argv, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+            try:
+                wait_for(
+                    lambda: service.stats()["answered"] >= answers or process.poll() is not None,
+                    what=f"{answers} answers",
+                )
+                redis.stop()
+                yield process, argv, service, redis
+            finally:
+                process.kill()
+                process.wait()
+    finally:
+        redis.stop()
+
+
+RESTART_RPM = 1200
+
+
+@pytest.mark.slow
 def test_a_redis_restarted_empty_mid_run_is_a_pause_and_the_run_finishes(tmp_path):
     """The budget and the store on a Redis of the test's own, killed after 40 answers and started
     again empty a few seconds later: the run waits (one line says so), rebuilds what lived there,
     and finishes: exit 0, every row ok, no text paid twice, at most 2 429s, and at the service at
     most the plan + 1 in any 1 s or 10 s. (A smaller job at a faster rate than the must-show's
     600 at 600/min: the same path; benchmarks/outage.py runs that one.)"""
-    key, rpm = "bs-restart-key-0123456789", 1200
-    redis = OwnRedis(tmp_path).start()
-    texts = [article(25, seed=5000 + i) + f" Row {i}." for i in range(200)]
-    env = {**os.environ, "BATCHSUM_API_KEY": key, "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    try:
-        with LocalService([key], rpm=rpm) as service:
-            env["BATCHSUM_BASE_URL"] = service.url
-            argv = summarize_command(tmp_path, texts, rpm, "--budget", redis.url, "--budget-wait", "120")
-            process = subprocess.Popen(argv, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
-            until(lambda: service.state.stats()["answered"] >= 40 or process.poll() is not None)
-            redis.stop()
-            before = service.state.stats()["answered"]
-            time.sleep(3.0)  # the outage: the run must wait it out, whatever it lasts
-            assert service.state.stats()["answered"] <= before + 10  # what was on the wire, or reserved before
-            redis.start()  # back, empty
-            _, err = process.communicate(timeout=300)
-            stats = service.state.stats()
-            arrivals = sorted(service.state.admitted)
-    finally:
-        redis.stop()
+    with a_run_whose_redis_stops(tmp_path, "bs-restart-key-0123456789", 5000, 120, 40) as (process, _, service, redis):
+        before = service.stats()["answered"]
+        time.sleep(3.0)  # the outage: the run must wait it out, whatever it lasts
+        assert service.stats()["answered"] <= before + 10  # what was on the wire, or reserved before
+        redis.start()  # back, empty
+        _, err = process.communicate(timeout=300)
+        stats = service.stats()
+        arrivals = sorted(service.state.admitted)
     assert process.returncode == 0, err
     assert stats["answered_twice"] == 0 and stats["by_status"].get("429", 0) <= 2, stats
     assert (pd.read_parquet(tmp_path / "out.parquet")["summary_status"] == "ok").all()
     assert len([line for line in err.splitlines() if "waiting for the rate budget at redis://127.0.0.1:" in line]) == 1
     assert "came back empty" in err and "answers again" in err
     for width in (1, 10):
-        assert most_in_any_window(arrivals, width) <= max_starts(rpm, width) + 1, width
+        assert most_in_any_window(arrivals, width) <= max_starts(RESTART_RPM, width) + 1, width
 
 
+@pytest.mark.slow
 def test_a_redis_gone_for_good_stops_the_run_after_budget_wait_with_the_command_to_resume(tmp_path):
-    key, rpm = "bs-gone-key-0123456789", 1200
-    redis = OwnRedis(tmp_path).start()
-    texts = [article(25, seed=6000 + i) + f" Row {i}." for i in range(200)]
-    env = {**os.environ, "BATCHSUM_API_KEY": key, "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    try:
-        with LocalService([key], rpm=rpm) as service:
-            env["BATCHSUM_BASE_URL"] = service.url
-            argv = summarize_command(tmp_path, texts, rpm, "--budget", redis.url, "--budget-wait", "2")
-            process = subprocess.Popen(argv, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
-            until(lambda: service.state.stats()["answered"] >= 30 or process.poll() is not None)
-            redis.stop()
-            _, err = process.communicate(timeout=300)
-            answered = service.state.stats()["answered"]
-    finally:
-        redis.stop()
+    with a_run_whose_redis_stops(tmp_path, "bs-gone-key-0123456789", 6000, 2, 30) as (process, argv, service, _):
+        _, err = process.communicate(timeout=300)
+        answered = service.stats()["answered"]
     assert process.returncode == 1, err
     last = err.strip().splitlines()[-1]
     assert "has been unreachable since" in last and "longer than --budget-wait (2 s" in last

@@ -212,6 +212,7 @@ def test_a_quota_spent_earlier_in_the_hour_waits_from_the_start_with_a_long_max_
     assert_same(projection, rows, error, seconds, A_QUARTER_TO_TWO)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("max_wait", "stops"), [(7200, False), (600, True)])
 def test_a_quota_its_record_knows_spent_is_waited_for_within_max_wait_and_a_stop_beyond(tmp_path, max_wait, stops):
     """An hourly quota the service stated spent (an earlier run's, remembered on the key's budget)
@@ -266,6 +267,7 @@ def test_two_keys_each_with_room_go_at_their_summed_rate_until_one_is_spent(tmp_
 SUITE = settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
 
+@pytest.mark.slow
 @SUITE
 @given(
     rpm=st.sampled_from([60, 300, 600, 1200]),

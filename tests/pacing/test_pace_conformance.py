@@ -18,6 +18,7 @@ import math
 import random
 
 import httpx
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -114,6 +115,7 @@ RPMS = st.sampled_from([60, 120, 240, 600, 1200, 3000])
 LATENCIES = st.sampled_from([0.05, 0.3, 1.0, 5.0, 20.0])
 
 
+@pytest.mark.slow
 @SUITE
 @given(kind=st.sampled_from(KINDS), rpm=RPMS, low=LATENCIES, runs=st.integers(1, 3), seed=st.integers(0, 10**6))
 def test_a_silent_service_at_the_plan_sees_the_spacing_rule_and_no_429(kind, rpm, low, runs, seed):
@@ -168,6 +170,7 @@ class Storm:
         return await self.inner(request)
 
 
+@pytest.mark.slow
 @SUITE
 @given(
     rpm=st.sampled_from([120, 600]),
@@ -192,6 +195,7 @@ def test_a_storm_fails_no_row_and_the_spacing_holds_through_it(rpm, seconds, ret
     assert_spacing(inner.arrivals, rpm)
 
 
+@pytest.mark.slow
 @SUITE
 @given(
     rpm=st.sampled_from([120, 600]), truthful=st.booleans(), low=st.sampled_from([0.2, 0.5]), seed=st.integers(0, 10**6)

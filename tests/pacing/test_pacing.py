@@ -227,15 +227,35 @@ def test_an_attempt_that_does_not_go_at_its_turn_gives_its_start_to_the_next_and
     raises ``TurnGiven`` without a start committed on the budget, and the next attempt goes in the
     start it had reserved; the starts that went out keep the spacing, and the budget counts only them."""
     from batchsum.pacing.budget import ProcessBudget
-    from batchsum.pacing.pacer import TurnGiven
 
     budget = ProcessBudget(lambda: asyncio.get_running_loop().time())
     pacer = Pacer(600, budget=budget)
+
+    async def main():
+        asked, given, starts = await every_third_turn_given(pacer)
+        return asked, given, starts, (await budget.look()).starts
+
+    asked, given, starts, counted = virtual_clock.run(main())
+    assert counted == 20
+    # An attempt that took a start given on asked at the time it was due, not an interval later.
+    times = dict(asked)
+    assert all(times[i + 1] == times[i] for i in given if i + 1 < 30)
+
+
+async def every_third_turn_given(pacer: Pacer, claim_seconds: float = 0.0) -> tuple[list, list[int], list[float]]:
+    """Thirty attempts through ``pacer`` whose ``at_turn`` says no, after ``claim_seconds`` (a claim a
+    round trip away), for every third (its text claimed by another run): each of those raises
+    ``TurnGiven``, and the 20 starts that went out keep the spacing. Returns (attempt, when its turn
+    was asked) pairs, the attempts given on, and the starts."""
+    from batchsum.pacing.pacer import TurnGiven
+
     asked, given, starts = [], [], []
 
     async def attempt(i):
         async def at_turn():
             asked.append((i, asyncio.get_running_loop().time()))
+            if claim_seconds:
+                await asyncio.sleep(claim_seconds)
             return i % 3 != 1
 
         try:
@@ -243,19 +263,10 @@ def test_an_attempt_that_does_not_go_at_its_turn_gives_its_start_to_the_next_and
         except TurnGiven:
             given.append(i)
 
-    async def main():
-        await asyncio.gather(*(attempt(i) for i in range(30)))
-        slot = await budget.look()
-        return slot.starts
-
-    counted = virtual_clock.run(main())
-    assert given == [i for i in range(30) if i % 3 == 1]
-    assert len(starts) == 20 and counted == 20
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
-    assert min(gaps) >= pacer.interval - 1e-9
-    # An attempt that took a start given on asked at the time it was due, not an interval later.
-    times = dict(asked)
-    assert all(times[i + 1] == times[i] for i in given if i + 1 < 30)
+    await asyncio.gather(*(attempt(i) for i in range(30)))
+    assert given == [i for i in range(30) if i % 3 == 1] and len(starts) == 20
+    assert min(b - a for a, b in zip(starts, starts[1:])) >= pacer.interval - 1e-9
+    return asked, given, starts
 
 
 @pytest.mark.parametrize("share", [1e-5, 0.0002])

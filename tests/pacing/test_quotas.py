@@ -101,6 +101,7 @@ def run_auto(service: Service, n: int, record=None):
     return virtual_clock.run(main())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixed", [None, *LONG_ONLY.values()], ids=["X-RateLimit, reset hours away", *LONG_ONLY])
 def test_under_auto_a_stated_quota_with_no_window_and_a_reset_hours_away_is_no_per_minute_limit(fixed):
     """Issue 40: ``X-RateLimit-Limit: 10000`` with a reset hours away is a quota, and so is a limit
@@ -212,6 +213,7 @@ def run_quota(
     return virtual_clock.run(main())
 
 
+@pytest.mark.slow
 def test_a_quota_stated_in_the_list_form_stops_the_run_at_its_last_request_with_no_429():
     service = DailyQuota(600, 300, stated=True)
     rows, error, lane, wall = run_quota(service, 1000)
@@ -258,6 +260,7 @@ def test_a_stated_quota_another_machine_spends_stops_the_run_at_the_answer_sayin
     assert service.refused == 0 and lane.rate_limited == 0
 
 
+@pytest.mark.slow
 def test_two_runs_on_a_key_with_a_stated_quota_stop_at_its_last_answer_with_no_429():
     """Two runs on one key and budget: each answer's room counts what both spent, so together they
     send the quota and stop, neither refused."""
@@ -358,6 +361,7 @@ class Renewing(DailyQuota):
         self.used = 0
 
 
+@pytest.mark.slow
 def test_a_quota_that_resets_within_max_wait_is_waited_for_and_the_run_finishes():
     service = Renewing(600, 100, stated=False, retry_after=600)
     rows, error, lane, wall = run_quota(service, 150, max_wait=1800)

@@ -303,7 +303,7 @@ def test_a_run_is_on_its_keys_budget_while_it_runs_and_leaves_it_when_it_ends(sv
     """A real run through the run layer on a budget file: its entry is there while it runs (read from
     the callback each row calls) and gone once it ends."""
     import batchsum
-    from tests.conftest import KEY, article
+    from tests.support import KEY, article
 
     path = tmp_path / "budget.sqlite"
     seen: list[list[str]] = []
@@ -327,7 +327,7 @@ def test_a_run_is_on_its_keys_budget_while_it_runs_and_leaves_it_when_it_ends(sv
 
 def _identity(svc):
     from batchsum.service.client import Client
-    from tests.conftest import KEY
+    from tests.support import KEY
 
     with Client(api_key=KEY, base_url=svc.url) as client:
         return client.identity

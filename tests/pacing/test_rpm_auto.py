@@ -163,13 +163,14 @@ def test_the_environment_and_every_front_end_take_auto():
 # -- through the CLI, against the local service ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_cli_runs_auto_against_the_local_service_and_reports_where_the_limit_came_from(env, tmp_path):
     import json
 
     import pandas as pd
 
     from batchsum.cli import main
-    from tests.conftest import article
+    from tests.support import article
 
     src, out = tmp_path / "in.parquet", tmp_path / "out.parquet"
     pd.DataFrame({"text": [article(60, seed=i) for i in range(4)]}).to_parquet(src)
@@ -269,6 +270,7 @@ def test_batchsum_limits_forget_clears_the_keys_proof_and_its_budgets_shared_pac
     assert entries == [] and slot.pace is None and lead.state is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("budget", ["default", "redis"])
 def test_cli_processes_started_together_under_auto_share_one_lead(budget, tmp_path, request, monkeypatch):
     """Three ``batchsum summarize --rpm auto`` processes on one key, at once: one holds the lead of
@@ -282,7 +284,7 @@ def test_cli_processes_started_together_under_auto_share_one_lead(budget, tmp_pa
 
     from batchsum.local import LocalService
     from batchsum.pacing.budget import open_budget
-    from tests.conftest import article
+    from tests.support import article
 
     key = "bs-auto-lead-key-0123456789"
     flag = [] if budget == "default" else ["--budget", request.getfixturevalue("redis_url")]

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import batchsum
 
 PACKAGE = Path(batchsum.__file__).resolve().parent
@@ -212,6 +214,7 @@ def test_the_import_graph_has_no_cycle():
         visit(name, [])
 
 
+@pytest.mark.slow
 def test_each_module_imports_alone_in_a_fresh_interpreter():
     names = sorted(name for name, path in MODULES.items() if path.name != "__main__.py")
     running = {

@@ -2,18 +2,16 @@
 without sending any answered request twice. Counted at the service."""
 
 import os
-import selectors
 import signal
 import sqlite3
 import subprocess
 import sys
-import time
 
 import pandas as pd
 import pytest
 
 from batchsum.local import Faults, LocalService
-from tests.conftest import KEY, article
+from tests.support import KEY, article, stderr_until, summarize_argv, wait_for, wait_for_count
 
 ROWS = 300
 
@@ -24,53 +22,10 @@ def setup(tmp_path):
         texts = [article(15, seed=i) + f" Row {i}." for i in range(ROWS)]
         pd.DataFrame({"n": range(ROWS), "text": texts}).to_parquet(tmp_path / "in.parquet")
         env = {**os.environ, "BATCHSUM_API_KEY": KEY, "BATCHSUM_BASE_URL": service.url}
-        argv = [
-            sys.executable,
-            "-m",
-            "batchsum.cli",
-            "summarize",
-            str(tmp_path / "in.parquet"),
-            "-o",
-            str(tmp_path / "out.parquet"),
-            "--column",
-            "text",
-            "--rpm",
-            "0",
-            "--concurrency",
-            "4",
-            "--quiet",
-        ]
+        argv = summarize_argv(
+            tmp_path / "in.parquet", tmp_path / "out.parquet", "--rpm", "0", "--concurrency", "4", "--quiet"
+        )
         yield service, argv, env, tmp_path
-
-
-def wait_for_answers(service, count, proc):
-    """Until the service has answered ``count`` requests (a guard against a hang, not a timing)."""
-    deadline = time.monotonic() + 60
-    while service.stats()["answered"] < count:
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-
-
-def wait_for_line(proc, words, seen):
-    """Read ``proc``'s stderr into ``seen`` until a line holds ``words`` (a guard against a hang, not a
-    timing): what the process has done by then, it has said. Read from its descriptor, never through
-    the buffered stream (a line held in that buffer would never wake the selector again); what comes
-    after the line is left to ``communicate()``."""
-    fd = proc.stderr.fileno()
-    selector = selectors.DefaultSelector()
-    selector.register(fd, selectors.EVENT_READ)
-    deadline, partial = time.monotonic() + 60, ""
-    while not any(words in line for line in seen):
-        assert time.monotonic() < deadline, f"no line with {words!r}: {seen}"
-        if selector.select(timeout=0.1):
-            chunk = os.read(fd, 65536).decode()
-            assert chunk, f"stderr ended with no line with {words!r}: {seen}"
-            *lines, partial = (partial + chunk).split("\n")
-            seen.extend(line + "\n" for line in lines)
-    if partial:
-        seen.append(partial)
-    selector.close()
 
 
 def answered_then_refused(answers):
@@ -82,10 +37,8 @@ def answered_then_refused(answers):
 def journaled(tmp_path, count):
     """Until the journal holds ``count`` answers: each answer the service gave reached the client and
     was kept, so what a kill loses is then only what the journal lost (a guard, not a timing)."""
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "out.parquet.journal.sqlite").exists() or journal_rows(tmp_path) < count:
-        assert time.monotonic() < deadline, f"the journal never held {count} answers"
-        time.sleep(0.02)
+    held = lambda: (tmp_path / "out.parquet.journal.sqlite").exists() and journal_rows(tmp_path) >= count  # noqa: E731
+    wait_for(held, what=f"the journal to hold {count} answers")
 
 
 def finish(service, argv, env, tmp_path):
@@ -99,11 +52,12 @@ def finish(service, argv, env, tmp_path):
     return done
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_then_the_same_command_sends_no_answered_request_twice(setup):
     service, argv, env, tmp_path = setup
     service.faults = answered_then_refused(60)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_answers(service, 60, proc)
+    wait_for_count(service, 60, "answered", alive=proc)
     journaled(tmp_path, 60)
     proc.send_signal(signal.SIGKILL)
     proc.wait(60)
@@ -119,6 +73,7 @@ def journal_rows(tmp_path):
         return db.execute("SELECT COUNT(*) FROM answers").fetchone()[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "signum, code, words", [(signal.SIGINT, 130, "interrupted: "), (signal.SIGTERM, 143, "terminated (SIGTERM): ")]
 )
@@ -128,7 +83,7 @@ def test_sigint_and_sigterm_stop_alike_and_keep_every_answer_on_the_wire(setup, 
     # the run cannot end first. The signal reaches the run's loop before the answers let go after it.
     service.faults = Faults(latency=0.4, hold_after=20)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_answers(service, 20, proc)
+    wait_for_count(service, 20, "answered", alive=proc)
     proc.send_signal(signum)
     service.faults.release()
     _, err = proc.communicate(timeout=60)
@@ -141,17 +96,17 @@ def test_sigint_and_sigterm_stop_alike_and_keep_every_answer_on_the_wire(setup, 
     finish(service, argv, env, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_second_signal_aborts_at_once(setup):
     """The first SIGTERM waits for the answers on the wire (here: 100 s away); the second leaves at once,
     which the run says. The second is sent once the first was acted on (its line said), never before."""
     service, argv, env, tmp_path = setup
     service.faults = Faults(latency=100, latency_after=20)  # after the 20th, what is on the wire keeps a drain waiting
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_answers(service, 20, proc)
+    wait_for_count(service, 20, "answered", alive=proc)
     journaled(tmp_path, 20)  # every answer given is kept: what the abort leaves is only what was never answered
     proc.send_signal(signal.SIGTERM)
-    seen: list[str] = []
-    wait_for_line(proc, "SIGTERM: stopping; waiting for answers on the wire", seen)
+    seen = stderr_until(proc, "SIGTERM: stopping; waiting for answers on the wire")  # what it did, it said
     proc.send_signal(signal.SIGTERM)
     _, rest = proc.communicate(timeout=60)  # a guard against a hang: what the drain would take is 100 s
     err = "".join(seen) + rest
@@ -184,6 +139,7 @@ sys.exit(code)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "where, first, second, code",
     [("main", signal.SIGINT, "SIGINT", 130)]  # the Ctrl-C twice of issue 41: a raw -2 before
@@ -197,7 +153,7 @@ def test_a_second_signal_right_after_the_run_returns_leaves_with_its_code_never_
     service.faults = Faults(latency=0.2, hold_after=20)  # the run cannot end before the first signal
     script = [sys.executable, "-c", SECOND_SIGNAL, where, second, *argv[3:]]  # argv[:3]: python -m batchsum.cli
     proc = subprocess.Popen(script, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_answers(service, 20, proc)
+    wait_for_count(service, 20, "answered", alive=proc)
     proc.send_signal(first)
     service.faults.release()
     _, err = proc.communicate(timeout=60)

@@ -11,6 +11,7 @@ import os
 import time
 
 import pandas as pd
+import pytest
 
 from batchsum.pacing.budget import ProcessBudget
 from batchsum.pacing.exchange import Report
@@ -19,7 +20,7 @@ from batchsum.run import entry as entry_module
 from batchsum.run.entry import Entry, _shown
 from batchsum.run.run import Run
 from batchsum.run.spec import RunSpec
-from tests.conftest import KEY, article
+from tests.support import KEY, article, wait_for
 
 
 class Recording(ProcessBudget):
@@ -35,14 +36,7 @@ class Recording(ProcessBudget):
         return await super()._call(what, interval, report, share)
 
 
-def wait_for(condition, seconds: float = 60.0, what: str = "") -> None:
-    """Wait for ``condition`` (a guard against a hang, not a timing assertion)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting for {what or condition}"
-        time.sleep(0.05)
-
-
+@pytest.mark.slow
 def test_a_run_publishes_its_whole_entry_while_it_runs_and_removes_it_when_it_ends(svc, tmp_path, monkeypatch):
     monkeypatch.setenv("BATCHSUM_HOST", "batch-host-7")
     svc.state.rpm = 0
@@ -97,6 +91,7 @@ def test_an_output_is_shown_as_every_message_shows_a_location():
     assert len(long) == entry_module.OUTPUT_CHARS - 1 and long.endswith("/out.parquet") and "…" in long
 
 
+@pytest.mark.slow
 def test_an_entry_goes_at_most_once_a_second_and_a_quiet_run_publishes_on_its_own(monkeypatch):
     """On a clock the test moves: the pacer's calls stamp an entry only a second after the last; a run
     whose pacer makes no call publishes on a call of its own every KEEP_ALIVE_SECONDS (shortened here)."""
@@ -109,10 +104,8 @@ def test_an_entry_goes_at_most_once_a_second_and_a_quiet_run_publishes_on_its_ow
     entry = Entry("run-1", budget, spec, BatchStats(total=10), shared=False, clock=lambda: clock[0])
 
     async def published_after(count: int) -> int:
-        for _ in range(300):  # a guard, not a timing assertion
-            if len(budget.published) > count:
-                break
-            await asyncio.sleep(0.01)
+        more = lambda: len(budget.published) > count  # noqa: E731
+        await asyncio.to_thread(wait_for, more, 60, f"an entry after the first {count}")  # the loop runs on
         return len(budget.published)
 
     async def main():

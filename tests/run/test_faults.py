@@ -9,7 +9,6 @@ import asyncio
 import hashlib
 import json
 import os
-import selectors
 import socket
 import sqlite3
 import subprocess
@@ -28,7 +27,7 @@ from batchsum.data.stores import MemoryStore
 from batchsum.engine import summarize_stream
 from batchsum.errors import APIResponseValidationError, APITimeoutError, ConfigurationError, InvalidParameterError
 from batchsum.local import Faults, LocalService
-from tests.conftest import KEY, article
+from tests.support import KEY, article, stderr_until, summarize_argv, wait_for
 
 SECRET = "sk-live-THE-SECRET-KEY-0123456789"
 
@@ -62,18 +61,7 @@ def digest(path):
 # -- paying twice, losing paid answers ----------------------------------------------------------
 
 
-def first_line(proc: subprocess.Popen) -> str:
-    """The first line ``proc`` writes to stderr (a minute's guard against a hang, not a timing)."""
-    selector = selectors.DefaultSelector()
-    selector.register(proc.stderr, selectors.EVENT_READ)
-    deadline = time.monotonic() + 60
-    while not selector.select(timeout=0.1):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "no line on stderr"
-    selector.close()
-    return proc.stderr.readline()
-
-
+@pytest.mark.slow
 def test_two_runs_on_one_output_the_second_is_refused_naming_the_first_or_waits(env, tmp_path):
     src = parquet(tmp_path, 30)
     out = str(tmp_path / "out.parquet")
@@ -81,41 +69,23 @@ def test_two_runs_on_one_output_the_second_is_refused_naming_the_first_or_waits(
     # says it waits: the first run is still going when the second and the third start, however long a
     # busy machine takes to start them.
     env.faults = Faults(latency=0.05, hold_after=2)
-    argv = [
-        sys.executable,
-        "-m",
-        "batchsum.cli",
-        "summarize",
-        src,
-        "-o",
-        out,
-        "--column",
-        "text",
-        "--rpm",
-        "0",
-        "--concurrency",
-        "2",
-        "--quiet",
-    ]
+    argv = summarize_argv(src, out, "--rpm", "0", "--concurrency", "2", "--quiet")
     environ = {**os.environ, "BATCHSUM_API_KEY": KEY, "BATCHSUM_BASE_URL": env.url}
     first = subprocess.Popen(argv, env=environ, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60  # a guard against a hang, not a timing
-    while env.stats()["requests"] < 2:
-        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
-        time.sleep(0.02)
+    wait_for(lambda: env.stats()["requests"] >= 2, what="the first run's two requests", alive=first)
     second = subprocess.run(argv, env=environ, capture_output=True, text=True, timeout=120)
     assert second.returncode == 2
     assert f"in use by another batchsum run (pid {first.pid}" in second.stderr
     assert len(second.stderr.strip().splitlines()) == 1
     waiting = subprocess.Popen(argv + ["--wait"], env=environ, stderr=subprocess.PIPE, text=True)
     try:
-        said = first_line(waiting)
-        assert "waiting for the other run" in said, said
+        said = stderr_until(waiting, "waiting for the other run")
+        assert "waiting for the other run" in said[0], said  # the first thing it says
     finally:
         env.faults.release()  # never left held: the runs end whatever the assertions found
-    rest = waiting.communicate(timeout=120)[1]
-    assert first.wait(120) == 0 and waiting.returncode == 0, said + rest
-    assert "30 reused" in rest
+    err = "".join(said) + waiting.communicate(timeout=120)[1]
+    assert first.wait(120) == 0 and waiting.returncode == 0, err
+    assert "30 reused" in err
     assert env.stats()["answered_twice"] == 0 and env.stats()["answered_unique"] == 30
 
 
@@ -235,12 +205,14 @@ def dripping_server():
     sock.close()
 
 
+@pytest.mark.slow
 def test_the_timeout_bounds_the_whole_answer_not_each_read_sync(dripping_server):
     with batchsum.Client(KEY, dripping_server, timeout=1.0, max_retries=0) as client:
         with pytest.raises(APITimeoutError, match="no whole answer within the timeout of 1 s"):
             client.summarize(article(20))
 
 
+@pytest.mark.slow
 async def test_the_timeout_bounds_the_whole_answer_not_each_read_async(dripping_server):
     async with batchsum.AsyncClient(KEY, dripping_server, timeout=1.0, max_retries=0) as client:
         with pytest.raises(APITimeoutError, match="no whole answer within the timeout of 1 s"):
@@ -359,6 +331,7 @@ def test_the_journal_may_not_be_the_output(env, tmp_path, capsys):
     one_line_error(capsys, "is the output file")
 
 
+@pytest.mark.slow
 def test_a_journal_with_a_damaged_page_is_a_one_line_error(env, tmp_path, capsys):
     src = parquet(tmp_path, 200)
     out = str(tmp_path / "out.parquet")

@@ -22,7 +22,7 @@ from batchsum.pacing import JITTER_MARGIN
 from batchsum.pacing.budget import RESERVE, RESERVE_ONLY, ProcessBudget, Report, Share, Slot, SQLiteBudget
 from batchsum.run import run_texts
 from batchsum.run.report import BatchStats
-from tests.conftest import EXPIRED_KEY, KEY, article
+from tests.support import EXPIRED_KEY, KEY, article
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "run-report.schema.json").read_text())
 PLAN = 600  # the strict service's 60 per 6 seconds, per minute
@@ -79,6 +79,7 @@ def matches_service(report: dict, service: LocalService, wrong_key: int = 0) -> 
 # -- the request cap ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_cap_of_50_on_200_rows_sends_50_paid_requests_and_three_more_runs_finish_paying_for_no_text_twice(
     fresh: LocalService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -124,6 +125,7 @@ def test_the_dry_run_says_how_many_requests_the_job_needs_and_how_many_runs_at_t
     assert fresh.state.stats()["requests"] == 0
 
 
+@pytest.mark.slow
 def test_a_cap_counts_what_the_service_billed_not_its_429s_nor_its_5xx(svc: LocalService) -> None:
     """The cap holds what was billed: a 429 (the service's "later") and a 5xx (its failure) are
     given back, so 30 summaries are answered whatever came between them."""
@@ -140,6 +142,7 @@ def test_a_cap_counts_what_the_service_billed_not_its_429s_nor_its_5xx(svc: Loca
 # -- the sample --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_sample_is_spread_seeded_and_its_answers_are_reused_by_the_full_run(
     fresh: LocalService, tmp_path: Path
 ) -> None:
@@ -195,6 +198,7 @@ def most_in_window(times: list[float], window: float) -> int:
     return most
 
 
+@pytest.mark.slow
 def test_two_runs_on_one_key_one_at_half_share_the_budget_keeps_both_promises(strict: LocalService, tmp_path: Path):
     strict.state.reset_stats()
     from batchsum.service.client import Client
@@ -229,6 +233,7 @@ def test_two_runs_on_one_key_one_at_half_share_the_budget_keeps_both_promises(st
     assert strict.state.stats()["by_status"].get("429", 0) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["process", "machine", "redis"])
 def test_every_budget_kind_defers_a_shared_run_and_never_lets_it_hold_a_slot_ahead(kind: str, tmp_path: Path, request):
     """Greedy askers on each budget kind: the shared one (0.25) gets at most its share of the
@@ -279,6 +284,7 @@ def test_every_budget_kind_defers_a_shared_run_and_never_lets_it_hold_a_slot_ahe
 # -- the run report ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_report_of_a_normal_run_with_429s_matches_the_service_and_validates(
     fresh: LocalService, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -332,6 +338,7 @@ def test_plot_run_draws_a_report_file(fresh: LocalService, tmp_path: Path) -> No
 # -- logs and metrics --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_json_logs_parse_line_by_line_and_say_start_stop_and_end(
     fresh: LocalService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -350,6 +357,7 @@ def test_json_logs_parse_line_by_line_and_say_start_stop_and_end(
     assert KEY not in "\n".join(lines)
 
 
+@pytest.mark.slow
 def test_opentelemetry_metrics_count_what_the_report_counts(fresh: LocalService, tmp_path: Path) -> None:
     from opentelemetry import metrics
     from opentelemetry.sdk.metrics import MeterProvider
@@ -411,6 +419,7 @@ def test_the_options_are_checked_once(fresh: LocalService) -> None:
     assert described["share"] == 0.8 and described["max_requests"] == 5
 
 
+@pytest.mark.slow
 def test_a_run_whose_rows_fail_reports_what_the_service_logged(fresh: LocalService, tmp_path: Path) -> None:
     from batchsum.local import Faults
 
@@ -574,6 +583,7 @@ def test_a_report_of_schema_2_is_still_read_described_and_merged(fresh: LocalSer
     assert main(["report", str(tmp_path / "old.json")]) == 0
 
 
+@pytest.mark.slow
 def test_lost_answers_count_as_paid_and_a_connection_never_made_does_not(fresh: LocalService, tmp_path: Path) -> None:
     """A connection the service cut after the request arrived may have been billed: it counts as
     paid (the cap and a quota are never overspent) and as used the rate; a connection never made (a

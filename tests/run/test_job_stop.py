@@ -6,7 +6,8 @@ computation's, and does not stop it."""
 from __future__ import annotations
 
 import threading
-import time
+
+import pytest
 
 from batchsum.data.results import RowResult
 from batchsum.errors import JobStopped
@@ -15,7 +16,7 @@ from batchsum.run import job_stop
 from batchsum.run.background import run_in_worker
 from batchsum.run.run import prepare_shared, run_texts
 from batchsum.run.spec import RunSpec
-from tests.conftest import KEY, article
+from tests.support import KEY, article, wait_for_count
 
 
 def job(svc, **options) -> RunSpec:
@@ -38,16 +39,13 @@ def worker_run(spec: RunSpec, texts: list[str], out: dict) -> threading.Thread:
     return thread
 
 
+@pytest.mark.slow
 def test_a_posted_stop_stops_every_run_of_the_job_and_keeps_what_was_on_the_wire(svc):
     svc.faults = Faults(latency=0.2)  # answers spend a while on the wire
     spec = job(svc)
     outs: list[dict] = [{}, {}]
     threads = [worker_run(spec, [article(20, seed=52000 + 500 * n + i) for i in range(300)], outs[n]) for n in (0, 1)]
-    deadline = time.monotonic() + 120  # guards against a hang, not timings
-    while svc.stats()["requests"] < 20:
-        assert time.monotonic() < deadline, "the requests never came"
-        time.sleep(0.02)
-    at = svc.stats()["requests"]
+    at = wait_for_count(svc, 20)
     job_stop.post(spec, job_stop.cause("the job was cancelled"))
     for thread in threads:
         thread.join(120)
@@ -58,6 +56,7 @@ def test_a_posted_stop_stops_every_run_of_the_job_and_keeps_what_was_on_the_wire
     assert svc.stats()["answered"] == svc.stats()["requests"]  # every answer on the wire came back: awaited
 
 
+@pytest.mark.slow
 def test_a_stop_posted_before_a_run_first_called_is_an_earlier_computations(svc):
     """A lazy plan computed again runs with the same run id: the stop its first computation was
     given (kept a day) must not stop it; a stop posted while it runs does."""
@@ -69,10 +68,7 @@ def test_a_stop_posted_before_a_run_first_called_is_an_earlier_computations(svc)
     assert [r.status for r in results] == ["ok"] * 15
     out: dict = {}
     thread = worker_run(spec, [article(20, seed=53100 + i) for i in range(300)], out)
-    deadline = time.monotonic() + 120
-    while svc.stats()["requests"] < 25:
-        assert time.monotonic() < deadline, "the requests never came"
-        time.sleep(0.02)
+    wait_for_count(svc, 25)
     job_stop.post(spec, job_stop.cause("the first computation was cancelled"))  # the same words, a stop of its own
     thread.join(120)
     assert isinstance(out.get("error"), JobStopped)
@@ -82,16 +78,14 @@ def test_the_causes_of_two_stops_never_read_the_same():
     assert job_stop.cause("cancelled") != job_stop.cause("cancelled")
 
 
+@pytest.mark.slow
 def test_a_stop_reaches_the_runs_of_this_process_on_a_process_budget(svc):
     """With ``budget="none"`` (Dask's local scheduler: the partitions run in the driver's threads)
     the stop is posted on the process's budget for the key, which those runs share."""
     spec = job(svc, budget="none")
     out: dict = {}
     thread = worker_run(spec, [article(20, seed=54000 + i) for i in range(300)], out)
-    deadline = time.monotonic() + 120
-    while svc.stats()["requests"] < 10:
-        assert time.monotonic() < deadline, "the requests never came"
-        time.sleep(0.02)
+    wait_for_count(svc, 10)
     job_stop.post(spec, job_stop.cause("interrupted"))
     thread.join(120)
     assert isinstance(out.get("error"), JobStopped)

@@ -26,7 +26,7 @@ from batchsum.options import EXCEPTIONS, OPTIONS, Secret
 from batchsum.pandas_ext import DataFrameAccessor, SeriesAccessor
 from batchsum.polars import DataFrameNamespace, SeriesNamespace
 from batchsum.widgets import FrameApp
-from tests.conftest import KEY, article
+from tests.support import KEY, article
 
 PACKAGE = Path(batchsum.__file__).resolve().parent
 SPEC_OPTIONS = {
@@ -168,6 +168,7 @@ def _reads_environment(path: Path) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_the_environment_is_read_in_at_most_two_modules():
     readers = {path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py") if _reads_environment(path)}
     # _imports.py names pyarrow's memory pool for the CLI's own process (no batchsum setting).
@@ -202,6 +203,7 @@ def test_a_spec_shows_no_password_of_its_budget_store_or_base_url():
     assert specs[0].budget.text == specs[0].store.text == budget  # the spec itself keeps them whole
 
 
+@pytest.mark.slow
 def test_a_pickled_spec_works_in_another_process_and_no_log_line_holds_the_key(svc, caplog):
     spec = RunSpec.from_kwargs(type="bullets", api_key=KEY, base_url=svc.url, rpm=0, budget="none", progress=False)
     code = (
@@ -236,6 +238,7 @@ def test_a_pickled_spec_works_in_another_process_and_no_log_line_holds_the_key(s
     assert not any(KEY in record.getMessage() for record in caplog.records)
 
 
+@pytest.mark.slow
 def test_the_command_line_starts_without_pandas_and_the_accessor_registers_either_way():
     light = "import sys, batchsum, batchsum.cli; assert 'pandas' not in sys.modules, 'pandas imported'"
     for code in (

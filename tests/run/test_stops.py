@@ -19,7 +19,7 @@ import pytest
 
 from batchsum.data.journal import Journal
 from batchsum.local import Faults, LocalService
-from tests.conftest import KEY, article
+from tests.support import KEY, article, summarize_argv, wait_for
 
 
 @pytest.fixture
@@ -28,19 +28,8 @@ def service():
         yield running
 
 
-def cli(service: LocalService, tmp_path: Path, *args: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "batchsum.cli",
-        "summarize",
-        *args,
-        "--column",
-        "text",
-        "--rpm",
-        "0",
-        "--quiet",
-    ]
+def cli(source: Path, output: Path, *flags: str) -> list[str]:
+    return summarize_argv(source, output, *flags, "--rpm", "0", "--quiet")
 
 
 def environment(service: LocalService) -> dict[str, str]:
@@ -62,15 +51,14 @@ def limit_file_size(limit: int):
     return apply
 
 
+@pytest.mark.slow
 def test_answers_the_journal_could_not_take_survive_to_the_rerun(service, tmp_path):
     rows = texts(200)
     pd.DataFrame({"n": range(200), "text": rows}).to_parquet(tmp_path / "in.parquet")
     out, journal = tmp_path / "out.parquet", tmp_path / "out.parquet.journal.sqlite"
     service.faults = Faults(latency=0.02)
     # The budget in this process only: the limit on file sizes is for the journal to meet.
-    argv = cli(
-        service, tmp_path, str(tmp_path / "in.parquet"), "-o", str(out), "--concurrency", "8", "--budget", "none"
-    )
+    argv = cli(tmp_path / "in.parquet", out, "--concurrency", "8", "--budget", "none")
     first = subprocess.run(
         argv, env=environment(service), capture_output=True, text=True, timeout=120, preexec_fn=limit_file_size(200_000)
     )
@@ -100,6 +88,7 @@ def corrupt_last_row_group(path: Path) -> None:
         file.write(bytes(range(256)) * (size // 512 + 1))
 
 
+@pytest.mark.slow
 def test_an_input_that_breaks_midway_keeps_the_answers_and_writes_the_rows_read(service, tmp_path):
     """10,000 rows (100 distinct texts) in five row groups; the last one corrupt. The run stops
     there: exit 1 (a stopped run, not a usage error), every row read written in order (answered ones
@@ -111,7 +100,7 @@ def test_an_input_that_breaks_midway_keeps_the_answers_and_writes_the_rows_read(
     pq.write_table(table, src, row_group_size=2000, compression="none", use_dictionary=False)
     corrupt_last_row_group(src)
     out = tmp_path / "out.csv"
-    argv = cli(service, tmp_path, str(src), "-o", str(out))
+    argv = cli(src, out)
     done = subprocess.run(argv, env=environment(service), capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr
     err = done.stderr.strip().splitlines()[-1]
@@ -156,6 +145,7 @@ sys.exit(batchsum.cli.main())
 """
 
 
+@pytest.mark.slow
 def test_a_signal_while_rows_come_from_the_journal_stops_at_once(service, tmp_path):
     """100,000 rows answered from the journal: a SIGTERM while they are walked is acted on promptly
     (the run stops before the end), and the partial output is not left behind. The walk is held busy
@@ -164,7 +154,7 @@ def test_a_signal_while_rows_come_from_the_journal_stops_at_once(service, tmp_pa
     rows = [base[i % 50] for i in range(100_000)]
     pd.DataFrame({"text": rows}).to_parquet(tmp_path / "in.parquet")
     out = tmp_path / "out.parquet"
-    argv = cli(service, tmp_path, str(tmp_path / "in.parquet"), "-o", str(out))
+    argv = cli(tmp_path / "in.parquet", out)
     assert subprocess.run(argv, env=environment(service), capture_output=True, timeout=300).returncode == 0
     out.unlink()
     service.state.reset_stats()
@@ -174,10 +164,7 @@ def test_a_signal_while_rows_come_from_the_journal_stops_at_once(service, tmp_pa
     proc = subprocess.Popen(
         watched, env={**environment(service), "COLUMNS": "200"}, stderr=open(progress, "w"), text=True
     )
-    deadline = time.monotonic() + 120  # a guard against a hang, not a timing
-    while not held.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, progress.read_text()
-        time.sleep(0.05)
+    wait_for(held.exists, what=lambda: f"the walk to be held: {progress.read_text()}", alive=proc)
     proc.send_signal(signal.SIGTERM)
     go.touch()  # the walk goes on only now: the signal came while it was under way
     proc.wait(timeout=120)
@@ -196,12 +183,9 @@ def test_a_signal_after_the_output_is_complete_keeps_it_and_exits_0(service, tmp
     finished output is kept, and the run ends as it would have."""
     pd.DataFrame({"text": texts(20)}).to_parquet(tmp_path / "in.parquet")
     out = tmp_path / "out.parquet"
-    argv = cli(service, tmp_path, str(tmp_path / "in.parquet"), "-o", str(out))
+    argv = cli(tmp_path / "in.parquet", out)
     proc = subprocess.Popen(argv, env=environment(service), stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not out.exists():
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.001)
+    wait_for(out.exists, what="the finished output", every=0.001, alive=proc)
     sent = 0
     while proc.poll() is None:
         proc.send_signal(signal.SIGTERM)

@@ -29,7 +29,7 @@ from batchsum.local import Faults, LocalService
 from batchsum.run.run import run_texts
 from batchsum.run.spec import RunSpec
 from batchsum.service import contract
-from tests.conftest import KEY, article
+from tests.support import KEY, article, wait_for, wait_for_count
 
 ROOT = Path(__file__).parents[2]
 
@@ -77,6 +77,7 @@ def test_a_second_job_over_overlapping_texts_pays_only_the_new_ones(env, tmp_pat
         assert len(journal) == 20  # the store's answers copied in: the journal holds its output's every answer
 
 
+@pytest.mark.slow
 def test_the_pandas_accessor_in_a_new_process_pays_nothing_for_a_jobs_texts(env, tmp_path):
     assert summarize(parquet(tmp_path / "one.parquet", texts(0, 12)), "-o", str(tmp_path / "a.parquet")) == 0
     code = (
@@ -105,6 +106,7 @@ def _cli(tmp_path: Path, source: str, output: str, *more: str) -> subprocess.Pop
     )
 
 
+@pytest.mark.slow
 def test_two_processes_starting_the_same_job_together_pay_once(env, tmp_path):
     env.faults = Faults(latency=0.05, latency_spread=0.1)
     source = parquet(tmp_path / "in.parquet", texts(0, 40))
@@ -118,6 +120,7 @@ def test_two_processes_starting_the_same_job_together_pay_once(env, tmp_path):
     assert sum(int(e.split(" reused (")[1].split()[0]) for e in errors if " reused (" in e) >= 1  # the other's answers
 
 
+@pytest.mark.slow
 def test_what_changes_the_answer_never_shares_an_entry(env, tmp_path):
     rows = texts(0, 5)
     spec = RunSpec.from_kwargs(progress=False, rpm=0)
@@ -153,6 +156,7 @@ def test_refresh_asks_again_and_the_new_answer_replaces_the_stored_one(env, tmp_
     assert pd.read_parquet(tmp_path / "c.parquet")["summary"][0] == store.get(key).summary
 
 
+@pytest.mark.slow
 def test_refresh_pays_once_for_a_text_that_repeats_in_the_run(svc):
     from batchsum.run.run import Run
 
@@ -171,8 +175,8 @@ def test_refresh_pays_once_for_a_text_that_repeats_in_the_run(svc):
 
         async def rows():
             yield text
-            while written() < begun:  # the first is answered and kept: the repeat is looked up, not joined
-                await asyncio.sleep(0.02)
+            kept = lambda: written() >= begun  # noqa: E731  (the first answered and kept: the repeat is looked up, not joined)
+            await asyncio.to_thread(wait_for, kept, what="the first answer kept")  # the loop runs on
             yield text
 
         spec = RunSpec.from_kwargs(api_key=KEY, base_url=svc.url, progress=False, refresh=refresh, journal=journal)
@@ -186,6 +190,7 @@ def test_refresh_pays_once_for_a_text_that_repeats_in_the_run(svc):
     assert svc.stats()["requests"] == 3  # with a journal as its own scope, the same
 
 
+@pytest.mark.slow
 def test_refresh_pays_once_per_text_in_the_partitions_of_a_job(svc):
     from batchsum.run.shared import prepare_shared
 
@@ -198,6 +203,7 @@ def test_refresh_pays_once_per_text_in_the_partitions_of_a_job(svc):
     assert svc.stats()["requests"] == 2  # asked again once for the job, not once per partition
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["machine", "redis"])
 def test_the_partitions_of_a_job_without_a_journal_pay_once_for_a_refusal(svc, where, request):
     """A Dask, Spark or Ray job with no journal: the store is its partitions' only scope, and keeps
@@ -291,6 +297,7 @@ def test_store_none_is_the_output_journal_alone_and_makes_no_store(env, tmp_path
     assert env.stats()["requests"] == 10
 
 
+@pytest.mark.slow
 def test_a_store_that_cannot_be_opened_is_one_warning_line_and_the_run_goes_on(env, tmp_path, monkeypatch):
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("a file where the cache folder would be")
@@ -304,19 +311,20 @@ def test_a_store_that_cannot_be_opened_is_one_warning_line_and_the_run_goes_on(e
     assert (pd.read_parquet(tmp_path / "a.parquet")["summary_status"] == "ok").all()
 
 
+@pytest.mark.slow
 def test_a_killed_process_leaves_no_claim_that_holds_anyone_up(env, tmp_path):
     env.faults = Faults(latency=30)  # every request hangs: the claims are held when it dies
     source = parquet(tmp_path / "in.parquet", texts(0, 8))
     run = _cli(tmp_path, source, str(tmp_path / "a.parquet"), "--rpm", "0")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # a text is claimed at its turn: the claims are those on the wire
+
+    def claimed() -> bool:  # a text is claimed at its turn: the claims are those on the wire
         try:
             with sqlite3.connect(f"file:{default_store_path()}?mode=ro", uri=True) as db:  # made by the run
-                if db.execute("SELECT COUNT(*) FROM claims").fetchone()[0] >= 4 and env.state.in_progress >= 4:
-                    break
+                return db.execute("SELECT COUNT(*) FROM claims").fetchone()[0] >= 4 and env.state.in_progress >= 4
         except sqlite3.Error:  # not made yet
-            pass
-        time.sleep(0.05)
+            return False
+
+    wait_for(claimed, what="4 texts claimed and on the wire", every=0.05)
     run.send_signal(signal.SIGKILL)
     run.wait()
     env.faults = Faults()
@@ -396,6 +404,7 @@ class _SteppedWall:
         return time.monotonic(), time.time() + self.offset
 
 
+@pytest.mark.slow
 def test_claims_hold_with_the_wall_clock_stepped_forward_and_back_mid_run(env, tmp_path, monkeypatch):
     """Two runs over the same texts at once (a request takes two seconds or more: claims are held while
     the other asks), the wall clock stepped 30 s forward and then 5 minutes back: each text paid
@@ -422,14 +431,9 @@ def test_claims_hold_with_the_wall_clock_stepped_forward_and_back_mid_run(env, t
     runs = [threading.Thread(target=one_run) for _ in range(2)]
     for run in runs:
         run.start()
-    deadline = time.monotonic() + 120  # a guard against a hang, not a timing
-    while env.stats()["requests"] < 4:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_for_count(env, 4)
     wall.offset = 30.0  # NTP steps the clock forward while claims are held
-    while env.stats()["requests"] < 8:  # claims taken and looked at on the stepped clock
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_for_count(env, 8)  # claims taken and looked at on the stepped clock
     wall.offset = 30.0 - 300.0  # then five minutes back
     for run in runs:
         run.join(120)

@@ -12,7 +12,7 @@ import pytest
 import batchsum
 from batchsum import errors
 from batchsum.local import Faults
-from tests.conftest import BASIC_KEY, EXPIRED_KEY, KEY, article
+from tests.support import BASIC_KEY, EXPIRED_KEY, KEY, article
 
 TEXT = article(60)
 
@@ -82,7 +82,6 @@ def test_422_for_text_outside_the_word_limits_in_both_shapes(svc):
 
 def test_429_with_retry_after_in_shape_a(svc):
     svc.state.rpm = 2
-    svc.state._windows.clear()
     statuses = [raw_post(svc, json={"text": TEXT, "mode": 1}) for _ in range(3)]
     assert [r.status_code for r in statuses] == [200, 200, 429]
     assert statuses[2].json() == {"error": "Too Many Requests"}
@@ -97,7 +96,6 @@ def test_500_in_shape_a(svc):
 
 def test_the_key_is_checked_before_the_limit_and_the_limit_before_the_body(svc):
     svc.state.rpm = 1
-    svc.state._windows.clear()
     assert raw_post(svc, json={"mode": 7}).status_code == 422  # counts: the key was valid
     assert raw_post(svc, json={"text": TEXT, "mode": 1}).status_code == 429
     assert raw_post(svc, key="nope", json={"mode": 7}).status_code == 401
@@ -113,54 +111,25 @@ def test_every_encoding_and_type_gets_a_summary(svc, encoding, kind):
         assert c.summarize(TEXT, mode=2, percentage=3, type=kind).strip()
 
 
+def curl(url: str, *arguments: str) -> tuple[str, dict]:
+    """curl's POST to ``url`` with the key and ``arguments``: the status and the JSON answered."""
+    auth = ("--header", f"Authorization: Bearer {KEY}")
+    done = subprocess.run(
+        ["curl", "-sS", url, *auth, *arguments, "-w", "\n%{http_code}"], capture_output=True, text=True, check=True
+    )
+    body, status = done.stdout.rsplit("\n", 1)
+    return status, json.loads(body)
+
+
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_the_live_docs_curl_examples_are_answered_200(svc):
     url = svc.url + "/api/user/summarize"
-    form = subprocess.run(
-        [
-            "curl",
-            "-sS",
-            "--location",
-            url,
-            "--header",
-            f"Authorization: Bearer {KEY}",
-            "--form",
-            'mode="2"',
-            "--form",
-            f'text="{TEXT}"',
-            "--form",
-            'percentage="4"',
-            "--form",
-            'type="bullets"',
-            "-w",
-            "\n%{http_code}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    body, status = form.rsplit("\n", 1)
-    assert status == "200" and json.loads(body)["result"].startswith("- ")
-    as_json = subprocess.run(
-        [
-            "curl",
-            "-sS",
-            url,
-            "--header",
-            f"Authorization: Bearer {KEY}",
-            "--header",
-            "Content-Type: application/json",
-            "--data",
-            json.dumps({"text": TEXT, "mode": 1}),
-            "-w",
-            "\n%{http_code}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    body, status = as_json.rsplit("\n", 1)
-    assert status == "200" and json.loads(body)["result"]
+    form = ("--form", 'mode="2"', "--form", f'text="{TEXT}"', "--form", 'percentage="4"', "--form", 'type="bullets"')
+    status, answer = curl(url, "--location", *form)
+    assert status == "200" and answer["result"].startswith("- ")
+    as_json = ("--header", "Content-Type: application/json", "--data", json.dumps({"text": TEXT, "mode": 1}))
+    status, answer = curl(url, *as_json)
+    assert status == "200" and answer["result"]
 
 
 # --- the client's errors -------------------------------------------------------------------
@@ -245,6 +214,7 @@ def test_every_fault_kind_is_retried_and_then_succeeds(svc, fault, code):
     assert len(delays) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "fault, cls",
     [

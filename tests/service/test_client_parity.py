@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 import batchsum
-from tests.conftest import article
+from tests.support import article
 
 TEXT = article(40)
 

@@ -5,7 +5,7 @@ import pytest
 
 from batchsum.service import contract
 from batchsum.service.contract import Mode, SkipReason, SummaryType, count_words, parse_params, text_problem
-from tests.conftest import article
+from tests.support import article
 
 
 def test_defaults_follow_the_interface():

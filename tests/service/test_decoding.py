@@ -25,7 +25,7 @@ import batchsum
 from batchsum.engine import summarize_stream
 from batchsum.errors import APIResponseValidationError, ServerError
 from batchsum.service.inflate import ACCEPT_ENCODING, STEP, BoundedDecoder, DecodeError
-from tests.conftest import KEY, article
+from tests.support import KEY, article
 
 INFLATED = 128 * 1024 * 1024  # what each bomb inflates to
 PEAK_LIMIT = 24 * 1024 * 1024  # far below it: the 2 MiB cap, one step, the compressed body, httpx

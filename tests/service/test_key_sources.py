@@ -71,6 +71,7 @@ def test_a_malformed_line_is_named_by_its_number_and_never_echoed(tmp_path, line
     assert not any(piece in message for piece in pieces(line.split()[0]))
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), min_size=12, max_size=40), st.text(max_size=20)

@@ -621,12 +621,14 @@ def check(read: RateStatement | None) -> None:
     assert read.form and set(read.form.split("+")) <= {*FORMS, "retry-after"}
 
 
+@pytest.mark.slow
 @settings(max_examples=1500, deadline=None)
 @given(header_maps, st.floats(min_value=0, max_value=4e9))
 def test_any_headers_never_raise_and_never_state_an_impossible_pace(headers, now):
     check(parse_rate_headers(headers, now=lambda: now))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(KNOWN_NAMES), values), max_size=8))
 def test_repeated_fields_joined_as_httpx_joins_them_never_raise(pairs):
@@ -634,6 +636,7 @@ def test_repeated_fields_joined_as_httpx_joins_them_never_raise(pairs):
     check(parse_rate_headers(httpx.Headers(raw), now=lambda: NOW))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(header_maps)
 def test_no_statement_makes_the_pace_faster_than_the_plan(headers):

@@ -42,7 +42,7 @@ from batchsum.errors import (
     redact,
     redact_location,
 )
-from tests.conftest import article
+from tests.support import article
 
 PIECE = 10  # the promise: no 10 consecutive characters of the key anywhere
 
@@ -124,6 +124,7 @@ def _echoing(status: int, headers: dict[str, str], body: bytes) -> httpx.MockTra
     return httpx.MockTransport(lambda request: httpx.Response(status, headers=headers, content=body))
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(answer=answers())
 def test_no_ten_characters_of_the_key_reach_anything_batchsum_writes_or_prints(answer, caplog, capsys):
