@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import IO, Any, TypeVar
 
 import pytest
 
@@ -155,10 +155,20 @@ def _said(what: str | Callable[[], object]) -> str:
 def stderr_until(proc: subprocess.Popen, words: str, seconds: float = 120.0) -> list[str]:
     """The lines ``proc`` wrote to stderr (a pipe) until one held ``words``, and any read with it;
     fails if the process closes stderr first or says nothing of it in ``seconds`` (a guard against a
-    hang). Read from the descriptor, never through the buffered stream: a line held in that buffer
-    would never wake the selector again. What comes later is left to ``communicate()``."""
-    assert proc.stderr is not None, "stderr is not a pipe"
-    fd, decoder = proc.stderr.fileno(), codecs.getincrementaldecoder("utf-8")(errors="replace")
+    hang). What comes later is left to ``communicate()``."""
+    return _lines_until(proc.stderr, "stderr", words, seconds)
+
+
+def stdout_until(proc: subprocess.Popen, words: str, seconds: float = 120.0) -> list[str]:
+    """The same as ``stderr_until``, on ``proc``'s stdout (a server's first line: its address)."""
+    return _lines_until(proc.stdout, "stdout", words, seconds)
+
+
+def _lines_until(pipe: IO[Any] | None, name: str, words: str, seconds: float) -> list[str]:
+    """Read from the pipe's descriptor, never through the buffered stream: a line held in that buffer
+    would never wake the selector again."""
+    assert pipe is not None, f"{name} is not a pipe"
+    fd, decoder = pipe.fileno(), codecs.getincrementaldecoder("utf-8")(errors="replace")
     lines: list[str] = []
     partial, deadline = "", time.monotonic() + seconds
     with selectors.DefaultSelector() as selector:
@@ -171,7 +181,7 @@ def stderr_until(proc: subprocess.Popen, words: str, seconds: float = 120.0) -> 
             if selector.select(timeout=0.1):
                 chunk = os.read(fd, 65536)
                 if not chunk:
-                    raise AssertionError(f"stderr ended with no line with {words!r}: {lines + [partial]}")
+                    raise AssertionError(f"{name} ended with no line with {words!r}: {lines + [partial]}")
                 *complete, partial = (partial + decoder.decode(chunk)).split("\n")
                 lines.extend(line + "\n" for line in complete)
     return lines + [partial] if partial else lines

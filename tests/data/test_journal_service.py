@@ -137,7 +137,7 @@ def test_after_a_resume_the_eta_counts_only_the_rows_sent():
 
     stats = types.SimpleNamespace(
         work_total=1000, work_done=950, total=1000, done=950, reused=900, from_store=0, ok=950, skipped=0, failed=0,
-        rate_limited=0, pacer_state=lambda: None,
+        rate_limited=0, waiting=None, pacer_state=lambda: None,
     )  # fmt: skip
     bar = ProgressBar(1000, file=io.StringIO())
     bar._bar.start_t -= 50  # the run began 50 s ago

@@ -523,11 +523,11 @@ def test_a_basic_key_beside_a_premium_one_is_served_nothing_and_stops_on_the_pla
         premium: list[Any] = []
         thread = threading.Thread(target=lambda: premium.extend(_basic_run(_mode_2(svc, KEY, budget), rows)[0]))
         thread.start()
-        _until(lambda: svc.stats()["most_in_progress"] >= len(rows))  # every text claimed and on the wire
+        wait_for(lambda: svc.stats()["most_in_progress"] >= len(rows), what="every text claimed and on the wire")
         beside: list[Any] = []
         basic = threading.Thread(target=lambda: beside.append(_basic_run(_mode_2(svc, BASIC_KEY, budget), rows)))
         basic.start()
-        _until(lambda: len(set_aside) == len(rows) or not basic.is_alive())
+        wait_for(lambda: len(set_aside) == len(rows) or not basic.is_alive(), what="every text set aside")
         assert len(set_aside) == len(rows)  # the basic run waits on the premium run's claims
         svc.faults.release()
         thread.join(60)
@@ -576,13 +576,6 @@ def test_the_dry_run_and_duckdbs_estimate_count_the_stores_mode_2_answers_as_the
         assert (estimates[KEY]["would_send"], estimates[KEY]["from_store"]) == (0, 4)
         assert (estimates[BASIC_KEY]["would_send"], estimates[BASIC_KEY]["from_store"]) == (4, 0)
         assert svc.stats()["requests"] == paid
-
-
-def _until(condition: Any, seconds: float = 60.0) -> None:
-    deadline = time.monotonic() + seconds  # a guard against a hang, not a timing
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never came"
-        time.sleep(0.02)
 
 
 def test_a_new_journal_is_made_0600_like_the_store(env, tmp_path):

@@ -304,6 +304,7 @@ def test_a_quota_spent_while_duckdbs_threads_call_at_once_ends_the_query_with_ev
     connection.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rpm", [600, 0])
 def test_duckdbs_threads_on_a_paced_key_spend_a_configured_quota_whole(svc, tmp_path, rpm):
     """Issue 52: ``threads = 4``, 60 texts in four row groups, a daily quota of 30 on a fresh budget:

@@ -33,8 +33,17 @@ from batchsum.cli.parser import build_parser
 from batchsum.local import Faults, LocalService
 from batchsum.local.server import ThreadServer
 from batchsum.pacing.spacing import max_starts
-from tests.conftest import BASIC_KEY, KEY, article, budget_ledger, free_port, ticks_before
-from tests.pacing.test_budget import OwnRedis, until
+from tests.support import (
+    BASIC_KEY,
+    KEY,
+    RedisServer,
+    article,
+    budget_ledger,
+    free_port,
+    stdout_until,
+    ticks_before,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PATH = "/api/user/summarize"
@@ -138,6 +147,7 @@ def test_the_services_error_bodies_come_back_as_they_came(svc):
 # -- queue, never refuse, within the client's patience --------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_request_past_its_deadline_gets_a_429_saying_when_its_turn_would_come(svc):
     """At 30/min (a start every 2 s): the key's first request goes; the next, willing to wait 0.2 s,
     is answered 429 with Retry-After 2 (its turn), and never sent; the one after, with the gateway's
@@ -164,7 +174,7 @@ def test_a_gateway_that_stops_answers_what_waits_at_once_and_sends_nothing_for_i
         assert ask(server.url, article(30, 1)).status_code == 200
         with ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(ask, server.url, article(30, 2))
-            until(lambda: door.runs.waiting == 1)
+            wait_for(lambda: door.runs.waiting == 1, what="one request waiting")
             door.runs.stop()
             stopped = waiting.result()
     finally:
@@ -187,6 +197,7 @@ def test_a_spent_quota_is_a_429_until_its_reset_and_the_gateways_requests_count_
     assert (report["outcome"], report["cause"], report["requests"]["sent"]) == ("stopped", "quota", 0)
 
 
+@pytest.mark.slow
 def test_a_429_from_the_service_pauses_the_key_for_every_client_and_run_and_the_request_is_answered(svc, tmp_path):
     """The service answers a request 429 asking for 5 s: the request is answered once the pause
     ends, within its deadline; another client's request and a CLI run on the key, both asking during
@@ -197,7 +208,7 @@ def test_a_429_from_the_service_pauses_the_key_for_every_client_and_run_and_the_
         svc.faults = Faults(script=deque(["429"]), retry_after=5)
         with ThreadPoolExecutor(2) as pool:
             first = pool.submit(ask, url, article(30, 2))
-            until(lambda: svc.stats()["by_status"].get("429") == 1)
+            wait_for(lambda: svc.stats()["by_status"].get("429") == 1, what="the service's 429")
             refused_at = svc.state.arrivals[0]
             other = pool.submit(ask, url, article(30, 3))
             report = summarize_run(tmp_path, svc, [article(30, 4), article(30, 5)], "--rpm", "600")
@@ -208,6 +219,7 @@ def test_a_429_from_the_service_pauses_the_key_for_every_client_and_run_and_the_
     assert min(svc.state.admitted_by_key[KEY]) >= refused_at + 5
 
 
+@pytest.mark.slow
 def test_rpm_auto_and_the_room_a_service_states_hold_through_the_gateway(tmp_path):
     """A key whose plan (300/min, counted in clock-aligned 10 s windows) the service states in its
     headers, through a gateway at ``--rpm auto``: every request answered, not one 429 from the service,
@@ -227,6 +239,7 @@ def test_rpm_auto_and_the_room_a_service_states_hold_through_the_gateway(tmp_pat
 # -- pay once ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_text_is_paid_once_whether_the_gateway_or_a_run_asks_first(svc, tmp_path):
     with gateway("--upstream", svc.url, "--rpm", "6000") as url:
         through = ask(url, article(30, 1))
@@ -279,12 +292,7 @@ def test_off_loopback_it_refuses_to_start_without_a_token_in_one_line(env, capsy
 # -- the command, top and the key ------------------------------------------------------------------
 
 
-def first_line(process: subprocess.Popen[str]) -> str:
-    line = process.stdout.readline() if process.stdout is not None else ""
-    assert line.startswith("batchsum gateway on http://127.0.0.1:"), line
-    return line
-
-
+@pytest.mark.slow
 def test_the_command_says_its_address_is_a_run_in_top_and_never_shows_a_key(svc, tmp_path):
     """The command in a process of its own (keys passed through, a token of its own): its first line,
     its requests (one with a wrong key, one without the token), ``top --once --json``, ``top``'s table
@@ -305,7 +313,7 @@ def test_the_command_says_its_address_is_a_run_in_top_and_never_shows_a_key(svc,
         text=True,
     )
     try:
-        line = first_line(process)
+        (line,) = stdout_until(process, "batchsum gateway on http://127.0.0.1:")
         url = line.split()[3]
         token = {TOKEN_HEADER: TOKEN}
         answers = [ask(url, article(30, i), **token).status_code for i in range(3)]
@@ -315,7 +323,7 @@ def test_the_command_says_its_address_is_a_run_in_top_and_never_shows_a_key(svc,
         ]
         answers += [ask(url, article(30, 10)).status_code]  # without the gateway's token
         assert answers == [200, 200, 200, 401, 422, 401]
-        view, shown = until_value(lambda: gateways_in_top(svc))
+        view, shown = wait_for(lambda: gateways_in_top(svc), what="both gateways in top with their waits", every=0.2)
         table = subprocess.run(
             [sys.executable, "-m", "batchsum", "top", "--once"],
             env=cli_env(svc) | {"COLUMNS": "160"},
@@ -325,7 +333,9 @@ def test_the_command_says_its_address_is_a_run_in_top_and_never_shows_a_key(svc,
         ).stdout
         assert "gateway" in table and "QUEUE" in table and "WAIT" in table, table
         shown += table
-        scraped = until_value(lambda: scrape(metrics, "batchsum_run_wait_p95_seconds"))
+        scraped = wait_for(
+            lambda: scrape(metrics, "batchsum_run_wait_p95_seconds"), what="the waits in the metrics", every=0.2
+        )
     finally:
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=60)
@@ -365,31 +375,25 @@ def scrape(port: int, needed: str) -> str | None:
     return text if needed in text else None
 
 
-def until_value(find, guard: float = 120.0):
-    """``find()``'s first true value (a guard against a hang, not a timing assertion)."""
-    deadline = time.monotonic() + guard
-    while not (found := find()):
-        assert time.monotonic() < deadline, "the condition never came"
-        time.sleep(0.2)
-    return found
-
-
 # -- replicas, Redis, and the pace on the budget --------------------------------------------------
 
 
+@pytest.mark.slow
 def test_redis_stopped_under_load_is_a_pause_then_a_503_past_each_deadline(svc, tmp_path):
     """The gateway's budget (and store) on a Redis of the test's own, stopped while requests come:
     once the gateway finds it out (a request gets 503), nothing goes upstream; a request past its
     deadline gets 503 with Retry-After, and the requests within theirs are answered once Redis is
     back (empty: the budget's schema rebuilds what lived there)."""
-    redis = OwnRedis(tmp_path).start()
+    redis = RedisServer(tmp_path).start()
     try:
         flags = ["--upstream", svc.url, "--rpm", "600", "--budget", redis.url, "--budget-wait", "120"]
         with gateway(*flags) as url, ThreadPoolExecutor(8) as pool:
             assert all(r.status_code == 200 for r in pool.map(lambda i: ask(url, article(30, i)), range(8)))
             redis.stop()
             seed = iter(range(100, 200))
-            until(lambda: ask(url, article(30, next(seed)), **{MAX_WAIT_HEADER: "1"}).status_code == 503)
+            wait_for(
+                lambda: ask(url, article(30, next(seed)), **{MAX_WAIT_HEADER: "1"}).status_code == 503, what="a 503"
+            )
             sent = svc.stats()["requests"]
             patient = [pool.submit(ask, url, article(30, 200 + i)) for i in range(6)]
             short = [ask(url, article(30, 300 + i), **{MAX_WAIT_HEADER: "1"}) for i in range(3)]
@@ -403,6 +407,7 @@ def test_redis_stopped_under_load_is_a_pause_then_a_503_past_each_deadline(svc, 
     assert [r.status_code for r in answered] == [200] * 6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["machine", "redis"])
 def test_gateways_and_a_run_on_one_budget_hold_the_keys_pace_between_them(tmp_path, redis_url, where):
     """A CLI run of 60 texts at 1200/min and, beside it, clients sending 60 requests through the

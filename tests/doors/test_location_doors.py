@@ -15,7 +15,7 @@ from batchsum.cli import main
 from batchsum.errors import BatchsumError
 from batchsum.options import RunSpec
 from batchsum.run.top import Watcher
-from tests.conftest import KEY, article
+from tests.support import KEY, article
 
 PASSWORD = "pw-in-a-bad-location-4242"
 BAD = {

@@ -367,6 +367,7 @@ def test_a_runs_share_is_what_the_dry_run_projects_and_what_the_run_then_takes(t
     assert lane_now(lanes[0], 0.0).rate == projection.rate
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["machine", "redis"])
 def test_the_run_the_dry_run_and_duckdbs_estimate_read_the_runs_share_on_each_budget(where, svc, request):
     """The real doors on the machine's budget and on Redis', ``rpm=120, share=0.5``, 40 texts: the dry
@@ -374,7 +375,7 @@ def test_the_run_the_dry_run_and_duckdbs_estimate_read_the_runs_share_on_each_bu
     second), DuckDB's estimate the same seconds, and the run reads its key at that rate."""
     from batchsum.engine._keys import lane_now
     from batchsum.run.run import Run, dry_run
-    from tests.conftest import KEY
+    from tests.support import KEY
 
     budget = request.getfixturevalue("redis_url") if where == "redis" else "machine"
     spec = RunSpec.from_kwargs(api_key=KEY, base_url=svc.url, rpm=120, share=0.5, budget=budget, progress=False)

@@ -39,12 +39,12 @@ from batchsum.service import contract
 from batchsum.service.contract import Messages
 from batchsum.service.keys import Quota, parse_quota, period_window
 from tests import virtual_clock
-from tests.conftest import KEY as PREMIUM
-from tests.conftest import article
 from tests.engine.test_keys import KeyedService
 from tests.engine.test_keys import keys as team_keys
 from tests.pacing.test_pace_conformance import most_in_any_window
 from tests.pacing.test_short_job import KEY, Service, record_of, told, uniform
+from tests.support import KEY as PREMIUM
+from tests.support import article
 
 KEYS = team_keys(1)
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from batchsum.pacing.budget import ProcessBudget, SQLiteBudget, default_budget_p
 from batchsum.pacing.redis_budget import RedisBudget
 from batchsum.service.location import BUDGET, STORE, Location
 from batchsum.service.settings import budget_spec, store_spec
-from tests.conftest import KEY
+from tests.support import KEY
 
 PASSWORD = "pw-in-a-location-4242"
 

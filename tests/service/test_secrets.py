@@ -393,7 +393,7 @@ def test_a_base_url_masks_its_credentials_in_the_services_name_and_every_message
     key) is a one-line error, before anything is sent."""
     from batchsum.options import RunSpec
     from batchsum.pacing.budget import open_budget
-    from tests.conftest import KEY
+    from tests.support import KEY
 
     monkeypatch.setenv("BATCHSUM_API_KEY", KEY)
     url = "http://127.0.0.1:9/v1;token=pathsecret123;v=2"
