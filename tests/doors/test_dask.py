@@ -62,41 +62,77 @@ def test_a_series_on_the_local_scheduler_in_one_process(limited):
     assert limited.state.stats()["by_status"] == {"200": 6}
 
 
-def test_sigint_on_the_local_scheduler_stops_the_partitions_running_in_this_process(tmp_path):
-    """Without a distributed client (this test runs before the cluster's) the partitions run in this
-    process's threads, which the interrupt of ``compute`` leaves running: SIGINT is heard (the wakeup
-    fd) and their runs stop."""
-    import glob
-    import json
-    import signal
-    import threading
+def runs_of_the_key(service: LocalService) -> dict[str, int]:
+    """Each run on the key's machine budget now (a job's partitions are one run) and its processes."""
+    import asyncio
+    from collections import Counter
+
+    from batchsum.pacing.budget import open_budget
+    from batchsum.service.client import Client
+
+    with Client(api_key=KEY, base_url=service.url) as client:
+        identity = client.identity
+
+    async def count() -> dict[str, int]:
+        budget = open_budget("machine", identity)
+        try:
+            return dict(Counter(entry.run_id for entry in await budget.runs()))
+        finally:
+            await budget.aclose()
+
+    return asyncio.run(count())
+
+
+def until(condition, what: str, seconds: float = 120.0):
+    """Wait for ``condition`` (a guard against a hang, not a timing)."""
     import time
 
-    data = frame(160, 160)
+    deadline = time.monotonic() + seconds
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
+    return found
+
+
+def test_sigint_on_the_local_scheduler_stops_the_compute_it_interrupts_and_no_other(tmp_path):
+    """Without a distributed client (this test runs before the cluster's) the partitions run in this
+    process's threads, which the interrupt of ``compute`` leaves running: the compute given up ends
+    them (Dask's local scheduler hook, ``_Compute``). A compute in another thread, beside it, is not
+    the one interrupted: all its rows come back ok."""
+    import glob
+    import json
+    import os
+    import signal
+    import threading
+
     report = tmp_path / "run.json"
     with LocalService([KEY]) as service:
-        out = dd.from_pandas(data, npartitions=4).batchsum.summarize(
-            "text", rpm=600, api_key=KEY, base_url=service.url, progress=False, budget="none", report=str(report)
-        )
+        options = dict(rpm=600, api_key=KEY, base_url=service.url, progress=False, budget="none")
+        out = dd.from_pandas(frame(160, 160), npartitions=4).batchsum.summarize("text", report=str(report), **options)
+        beside = dd.from_pandas(frame(40, 40).assign(text=lambda f: f.text + " beside"), npartitions=2)
+        beside = beside.batchsum.summarize("text", **options)
+        background: dict = {}
+        thread = threading.Thread(target=lambda: background.update(rows=beside.compute(scheduler="threads")))
+        thread.start()
         counted: dict = {}
 
         def interrupt() -> None:
-            deadline = time.monotonic() + 120  # guards against a hang, not timings
-            while service.state.stats()["requests"] < 20 and time.monotonic() < deadline:
-                time.sleep(0.02)
+            until(lambda: service.state.stats()["requests"] >= 30, "the requests")
             counted["at"] = service.state.stats()["requests"]
-            signal.raise_signal(signal.SIGINT)  # as Ctrl-C: Python's handler raises in compute
+            os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: to the process, whose main thread hears it
 
         threading.Thread(target=interrupt, daemon=True).start()
         with pytest.raises(KeyboardInterrupt):
             out.compute(scheduler="threads", num_workers=4)
-        deadline = time.monotonic() + 120
-        while len(glob.glob(str(tmp_path / "run.part-*.json"))) < 4:  # each partition's run wrote its report
-            assert time.monotonic() < deadline, "the partitions' runs went on"
-            time.sleep(0.05)
-        assert service.state.stats()["requests"] - counted["at"] <= 25
-        stopped = json.loads(report.read_text())
-        assert stopped["outcome"] == "stopped" and stopped["error"]["type"] == "RunInterrupted"
+        # each partition's run wrote its report (the threads scheduler starts all four at once)
+        until(lambda: len(glob.glob(str(tmp_path / "run.part-*.json"))) == 4, "the partitions' runs to end")
+        stopped_at = service.state.stats()["requests"]
+        thread.join(120)
+        assert not thread.is_alive() and (background["rows"]["summary_status"] == "ok").all()
+        assert len(background["rows"]) == 40
+    assert stopped_at - counted["at"] <= 25
+    stopped = json.loads(report.read_text())
+    assert stopped["outcome"] == "stopped" and stopped["error"]["type"] == "RunInterrupted"
 
 
 def test_two_workers_share_one_budget_and_pay_once_per_text(cluster, limited, redis_url):
@@ -196,7 +232,6 @@ def test_a_cancelled_compute_stops_every_partitions_run_and_the_next_pays_for_no
     partition's run stops on that (nothing new starts; the answers on the wire are awaited and kept).
     The same frame computed again pays only for the rest."""
     import glob
-    import time
 
     data = frame(160, 160)
     report = tmp_path / "run.json"
@@ -205,15 +240,13 @@ def test_a_cancelled_compute_stops_every_partitions_run_and_the_next_pays_for_no
             "text", rpm=600, api_key=KEY, base_url=service.url, progress=False, report=str(report)
         )
         future = cluster.compute(out)
-        deadline = time.monotonic() + 120  # guards against a hang, not timings
-        while service.state.stats()["requests"] < 20:
-            assert time.monotonic() < deadline, "the requests never came"
-            time.sleep(0.02)
+        # Every partition's run on the key (a worker slow to start its tasks, as a loaded machine has,
+        # would have the cancel find a partition not begun: it never runs, and writes no report).
+        until(lambda: 4 in runs_of_the_key(service).values(), "the four partitions' runs")
+        until(lambda: service.state.stats()["requests"] >= 20, "the requests")
         at = service.state.stats()["requests"]
         cluster.cancel(future)
-        while len(glob.glob(str(tmp_path / "run.part-*.json"))) < 4:  # each partition's run wrote its report
-            assert time.monotonic() < deadline, "the partitions' runs went on"
-            time.sleep(0.05)
+        until(lambda: len(glob.glob(str(tmp_path / "run.part-*.json"))) == 4, "the partitions' runs to end")
         # Stopped long before the rest of its rows (140 at the stop, 14 s at the plan): how soon is the
         # machine's pace, measured in benchmarks/, not here.
         assert service.state.stats()["requests"] - at <= 60
@@ -224,3 +257,92 @@ def test_a_cancelled_compute_stops_every_partitions_run_and_the_next_pays_for_no
         stats = service.state.stats()
     assert (again["summary_status"] == "ok").all() and len(again) == 160
     assert stats["answered_unique"] == 160 and stats["answered_twice"] == 0
+
+
+CHILD_DRIVER = """
+import sys
+import time
+
+import distributed
+import dask.dataframe as dd
+import pandas as pd
+
+import batchsum.dask
+from tests.conftest import article
+
+url, report = sys.argv[1], sys.argv[2]
+
+
+def summarized(seed, **options):
+    texts = pd.DataFrame({"text": [article(25, seed=seed + i) for i in range(160)]})
+    return dd.from_pandas(texts, npartitions=4).batchsum.summarize(
+        "text", rpm=600, base_url=url, progress=False, **options
+    )
+
+
+with distributed.LocalCluster(
+    n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None, silence_logs=50
+) as cluster, distributed.Client(cluster) as client:
+    background, mine = summarized(61000), summarized(62000, report=report)
+    future = client.compute(background)  # a job of its own, in the background
+    print("sleeping", flush=True)
+    try:
+        time.sleep(600)  # the main thread busy with something else, which the signal interrupts
+    except KeyboardInterrupt:
+        print("sleep interrupted", flush=True)
+    done = future.result()
+    print("background", int((done["summary_status"] == "ok").sum()), len(done), flush=True)
+    try:
+        mine.compute()
+        print("finished", flush=True)
+    except KeyboardInterrupt:
+        print("compute interrupted", flush=True)
+    sys.stdin.readline()  # the cluster kept until the test has counted (its end would kill the workers)
+"""
+
+
+@pytest.mark.heavy
+def test_an_interrupt_in_the_driver_stops_the_compute_it_interrupts_and_no_other(tmp_path):
+    """A real driver in a subprocess with its own ``LocalCluster``, a real SIGINT: one that lands in
+    the main thread's unrelated sleep leaves a job computing in the background (``client.compute``)
+    alone, every row ok; one that lands in ``compute()`` raises ``KeyboardInterrupt`` there, and its
+    partitions' runs stop (the released futures: Dask marks the tasks cancelled), at most 25 requests
+    after the signal."""
+    import glob
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    report = tmp_path / "run.json"
+    with LocalService([KEY]) as service:
+        env = dict(os.environ, BATCHSUM_API_KEY=KEY, PYTHONPATH=os.getcwd())
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD_DRIVER, service.url, str(report)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert child.stdout.readline().strip() == "sleeping", child.stderr.read()
+            until(lambda: service.state.stats()["requests"] >= 20, "the background job's requests")
+            child.send_signal(signal.SIGINT)
+            assert child.stdout.readline().strip() == "sleep interrupted"
+            assert child.stdout.readline().split() == ["background", "160", "160"]  # every row ok
+            until(lambda: 4 in runs_of_the_key(service).values(), "the four partitions' runs of its own compute")
+            at = until(
+                lambda: service.state.stats()["requests"] >= 180 and service.state.stats()["requests"], "requests"
+            )
+            child.send_signal(signal.SIGINT)
+            assert child.stdout.readline().strip() == "compute interrupted"
+            until(lambda: len(glob.glob(str(tmp_path / "run.part-*.json"))) == 4, "the partitions' runs to end")
+            after = service.state.stats()["requests"] - at
+            stopped = merged_report(report, 4)
+        finally:
+            child.stdin.close()
+            child.wait(120)
+    assert after <= 25, after
+    assert stopped["outcome"] == "stopped" and stopped["error"]["type"] == "JobStopped"
+    print(f"requests after the signal in compute(): {after}")
