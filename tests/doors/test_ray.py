@@ -313,8 +313,9 @@ def runs_on_the_key(service: LocalService) -> int:
 
 def test_an_interrupted_driver_stops_every_actors_run_and_the_next_consumption_pays_none_again(local_ray, tmp_path):
     """Ctrl-C in the driver (a notebook's stop) ends ``take_all`` but not the batches the actors
-    hold, which Ray cannot interrupt: the driver posts the job's stop on the key's budget, and each
-    actor's run stops on its next budget call, keeping what is on the wire."""
+    hold, which Ray cannot interrupt: the execution failed, and the driver posts the stop of the jobs
+    in it on the key's budget (``ray._StopWhenFailed``); each actor's run stops on its next budget
+    call, keeping what is on the wire."""
     import signal
 
     frame = texts(240, seed=9100)
@@ -337,7 +338,7 @@ def test_an_interrupted_driver_stops_every_actors_run_and_the_next_consumption_p
             while service.state.stats()["requests"] < 20 and time.monotonic() < deadline:
                 time.sleep(0.05)
             counted["at"] = service.state.stats()["requests"]
-            signal.raise_signal(signal.SIGINT)  # as Ctrl-C: Python's handler raises in take_all
+            os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: to the process, whose main thread raises in take_all
 
         threading.Thread(target=interrupt, daemon=True).start()
         with pytest.raises(KeyboardInterrupt):
