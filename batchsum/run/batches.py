@@ -71,8 +71,10 @@ class BatchStream(Generic[B]):
     ``RuntimeWarning`` says so (as the frame front-ends do). Closing the stream early (the caller
     stopped) cancels the run, which lets requests on the wire finish and keeps their answers.
     ``cancel(error)`` stops it from any thread the same way, and the stream raises ``error`` (its
-    run report says so); ``interruptible``: a SIGINT heard while it is read cancels it
-    (``interrupts``: its caller waits in native code, a Polars collect, which hears none)."""
+    run report says so), also when its last rows came in meanwhile; ``interruptible``: a SIGINT
+    heard while it is read cancels it (``interrupts``: its caller waits in native code, a Polars
+    collect, which hears none); ``main_waits``: that caller is the main thread, whose wait raises the
+    signal's ``KeyboardInterrupt`` itself."""
 
     def __init__(
         self,
@@ -83,11 +85,13 @@ class BatchStream(Generic[B]):
         shared: bool = True,
         frames: Frames[B] | None = None,
         interruptible: bool = False,
+        main_waits: bool = False,
     ) -> None:
         self.spec = spec
         self.column = column
         self.shared = shared
         self.interruptible = interruptible
+        self.main_waits = main_waits
         self._frames: Frames[Any] = frames if frames is not None else ArrowFrames(column, spec.output_column)
         self._batches = batches
         self._done: queue.Queue[Any] = queue.Queue(maxsize=AHEAD)
@@ -177,13 +181,16 @@ class BatchStream(Generic[B]):
         return worker
 
     def _raise_end(self, worker: BackgroundRun) -> None:
-        """What ended the run, raised here: the stop that cancelled it, rather than ``CancelledError``."""
+        """What ended the run, raised here: the stop that cancelled it, rather than ``CancelledError``
+        (and also when the run ended on its own just as it was stopped: a stop asked is raised)."""
         try:
             worker.result()
         except asyncio.CancelledError:
             if self._cancelled is None:
                 raise
             raise self._cancelled.again() from None
+        if self._cancelled is not None:
+            raise self._cancelled.again()
 
     def __iter__(self) -> Iterator[B]:
         worker = BackgroundRun(self._run)
@@ -192,7 +199,9 @@ class BatchStream(Generic[B]):
             cancelled = self._cancelled is not None
         if cancelled:  # cancelled before it started: it starts nothing
             self._cancel_worker()
-        hearing = on_interrupt(self.cancel) if self.interruptible else contextlib.nullcontext()
+        hearing = (
+            on_interrupt(self.cancel, main_waits=self.main_waits) if self.interruptible else contextlib.nullcontext()
+        )
         try:
             with hearing:
                 while True:
