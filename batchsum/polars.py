@@ -42,7 +42,7 @@ from .data.stores import scratch_store
 from .engine.tally import BatchStats
 from .run.background import run_in_worker
 from .run.batches import BatchStream
-from .run.interrupts import listen
+from .run.interrupts import listen, on_interrupt
 from .run.run import run_texts
 from .run.spec import RunSpec
 from .service.errors import ConfigurationError, InputError, RunInterrupted, redact_location
@@ -183,20 +183,13 @@ class _Source:
             for start in range(0, chunk.height, rows)
         )
         spec = _kept_spec(self.bare, self.token)
-        stream = BatchStream(
-            spec,
-            chunks,
-            self.frames.column,
-            shared=False,
-            frames=self.frames,
-            interruptible=True,
-            main_waits=main_waits,
-        )
+        stream = BatchStream(spec, chunks, self.frames.column, shared=False, frames=self.frames)
         try:
-            for out in stream:
-                if predicate is not None:
-                    out = out.filter(predicate)
-                yield out.select(with_columns) if with_columns is not None else out
+            with on_interrupt(stream.cancel, main_waits=main_waits):  # the collect's wait hears no signal itself
+                for out in stream:
+                    if predicate is not None:
+                        out = out.filter(predicate)
+                    yield out.select(with_columns) if with_columns is not None else out
         except RunInterrupted as exc:  # the collect raises what Python raises for a signal
             raise KeyboardInterrupt(str(exc)) from exc
 
