@@ -16,6 +16,7 @@ parameters, the column, the budget (reachable, usable by every worker), the key.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import sys
 import threading
@@ -35,6 +36,7 @@ import pandas as pd
 from ._frame_accessor import ColumnSummarize, ValuesSummarize
 from .data.results import check_columns, column_blocks, join_results, results_frame
 from .run.batches import OpenRun, StopWhen
+from .run.interrupts import listen, on_interrupt
 from .run.run import Workers, prepare_shared
 from .run.spec import RunSpec
 from .service.errors import BudgetError, InvalidParameterError, JobStopped, RunCancelled, RunInterrupted
@@ -58,8 +60,11 @@ def _partition(
     texts = column_blocks(part if isinstance(part, pd.Series) else part[column])
     number = partition_info["number"] if partition_info else 0
     run = OpenRun(spec.portion(partitions, number), total=len(texts))
+    cancelled = _cancelled()
+    compute = _Compute.current.get() if cancelled is None else None
     try:
-        results = run.summarize(texts, stop_when=_cancelled() or _Compute.running())
+        with compute.hearing(run) if compute is not None else contextlib.nullcontext():
+            results = run.summarize(texts, stop_when=cancelled or (compute.stop if compute is not None else None))
     finally:
         run.close()  # its report written (a stopped run is closed already)
     if isinstance(part, pd.Series):
@@ -98,21 +103,22 @@ class _Compute:
     the result (Ctrl-C in ``compute``, a failed partition): ``ended`` then says why, and each of its
     partitions' runs stops on it. A compute is named to its partitions by a context variable, which
     Dask's local threads take from the thread that submits them (a compute in another thread, or in
-    the background, is another compute: an interrupt of this one leaves it be)."""
+    the background, is another compute: an interrupt of this one leaves it be). The main thread's
+    compute also stops on SIGINT as soon as it is heard (``run.interrupts``): its wait may not hear it
+    (Polars, once imported, has an untimed wait go on through a signal)."""
 
     current: contextvars.ContextVar[_Compute | None] = contextvars.ContextVar("batchsum_dask_compute", default=None)
 
-    def __init__(self) -> None:
+    def __init__(self, main_waits: bool) -> None:
+        self.main_waits = main_waits
         self.ended: RunCancelled | None = None
 
     def stop(self) -> RunCancelled | None:
         return self.ended
 
-    @classmethod
-    def running(cls) -> StopWhen | None:
-        """The stop of the compute this partition runs in, on the local scheduler (None elsewhere)."""
-        compute = cls.current.get()
-        return compute.stop if compute is not None else None
+    def hearing(self, run: OpenRun) -> contextlib.AbstractContextManager[Any]:
+        """While a partition's ``run`` runs: SIGINT heard stops it, for the main thread's compute."""
+        return on_interrupt(run.stop) if self.main_waits else contextlib.nullcontext()
 
 
 class _LocalComputes(Callback):
@@ -132,7 +138,7 @@ class _LocalComputes(Callback):
 
     def _start(self, dsk: Any) -> None:
         self.hook()
-        compute = _Compute()
+        compute = _Compute(main_waits=listen())  # True on the main thread, listening from now on
         stack = self._open.__dict__.setdefault("stack", [])
         stack.append((compute, _Compute.current.set(compute)))
 

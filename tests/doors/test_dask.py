@@ -62,10 +62,10 @@ def test_a_series_on_the_local_scheduler_in_one_process(limited):
     assert limited.state.stats()["by_status"] == {"200": 6}
 
 
-def runs_of_the_key(service: LocalService) -> dict[str, int]:
-    """Each run on the key's machine budget now (a job's partitions are one run) and its processes."""
+def runs_on_the_key(service: LocalService) -> set[tuple[str, str]]:
+    """The runs on the key's machine budget now, as (run id, member): a job's partitions are one run,
+    each of them a member."""
     import asyncio
-    from collections import Counter
 
     from batchsum.pacing.budget import open_budget
     from batchsum.service.client import Client
@@ -73,14 +73,27 @@ def runs_of_the_key(service: LocalService) -> dict[str, int]:
     with Client(api_key=KEY, base_url=service.url) as client:
         identity = client.identity
 
-    async def count() -> dict[str, int]:
+    async def read() -> set[tuple[str, str]]:
         budget = open_budget("machine", identity)
         try:
-            return dict(Counter(entry.run_id for entry in await budget.runs()))
+            return {(entry.run_id, entry.member) for entry in await budget.runs()}
         finally:
             await budget.aclose()
 
-    return asyncio.run(count())
+    return asyncio.run(read())
+
+
+def begun(service: LocalService, partitions: int):
+    """A condition: a job's ``partitions`` runs have each been on the key (one that ends leaves, so
+    they are counted as they come; a job on the key before this is not this one)."""
+    earlier = {run_id for run_id, _ in runs_on_the_key(service)}
+    seen: set[tuple[str, str]] = set()
+
+    def condition() -> bool:
+        seen.update(run for run in runs_on_the_key(service) if run[0] not in earlier)
+        return len(seen) >= partitions
+
+    return condition
 
 
 def until(condition, what: str, seconds: float = 120.0):
@@ -98,12 +111,18 @@ def test_sigint_on_the_local_scheduler_stops_the_compute_it_interrupts_and_no_ot
     """Without a distributed client (this test runs before the cluster's) the partitions run in this
     process's threads, which the interrupt of ``compute`` leaves running: the compute given up ends
     them (Dask's local scheduler hook, ``_Compute``). A compute in another thread, beside it, is not
-    the one interrupted: all its rows come back ok."""
+    the one interrupted: all its rows come back ok. Polars is imported, as in a notebook that uses
+    both: its SIGINT handler has the main thread's untimed wait in ``compute`` go on through the
+    signal (the KeyboardInterrupt comes when the compute ends), so the signal is heard for it."""
+    import contextlib
     import glob
     import json
     import os
     import signal
     import threading
+
+    with contextlib.suppress(ImportError):
+        import polars  # noqa: F401
 
     report = tmp_path / "run.json"
     with LocalService([KEY]) as service:
@@ -239,10 +258,11 @@ def test_a_cancelled_compute_stops_every_partitions_run_and_the_next_pays_for_no
         out = dd.from_pandas(data, npartitions=4).batchsum.summarize(
             "text", rpm=600, api_key=KEY, base_url=service.url, progress=False, report=str(report)
         )
+        started = begun(service, 4)
         future = cluster.compute(out)
-        # Every partition's run on the key (a worker slow to start its tasks, as a loaded machine has,
-        # would have the cancel find a partition not begun: it never runs, and writes no report).
-        until(lambda: 4 in runs_of_the_key(service).values(), "the four partitions' runs")
+        # Every partition's run begun (a worker slow to start its tasks, as a loaded machine has, would
+        # have the cancel find a partition not begun: it never runs, and writes no report).
+        until(started, "the four partitions' runs")
         until(lambda: service.state.stats()["requests"] >= 20, "the requests")
         at = service.state.stats()["requests"]
         cluster.cancel(future)
@@ -329,9 +349,10 @@ def test_an_interrupt_in_the_driver_stops_the_compute_it_interrupts_and_no_other
             assert child.stdout.readline().strip() == "sleeping", child.stderr.read()
             until(lambda: service.state.stats()["requests"] >= 20, "the background job's requests")
             child.send_signal(signal.SIGINT)
+            started = begun(service, 4)  # the runs of the compute to come (the background job's are on the key)
             assert child.stdout.readline().strip() == "sleep interrupted"
             assert child.stdout.readline().split() == ["background", "160", "160"]  # every row ok
-            until(lambda: 4 in runs_of_the_key(service).values(), "the four partitions' runs of its own compute")
+            until(started, "the four partitions' runs of its own compute")
             at = until(
                 lambda: service.state.stats()["requests"] >= 180 and service.state.stats()["requests"], "requests"
             )
