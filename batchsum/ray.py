@@ -42,9 +42,12 @@ from typing import Any
 try:
     import ray
     import ray.data
-    from ray.data._internal.execution.execution_callback import ExecutionCallback
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("batchsum.ray needs Ray Data: pip install 'batchsum[ray]'") from exc
+try:
+    from ray.data._internal.execution.execution_callback import ExecutionCallback
+except ImportError:  # pragma: no cover - a Ray Data that moved its hook: an actor's batch then runs to its end
+    ExecutionCallback = object  # type: ignore[assignment,misc]
 
 import pyarrow as pa
 
@@ -270,6 +273,7 @@ def summarize(
     # Rows in input order. Ray Data keeps the setting in the dataset's context, which a transformed
     # dataset shares with the one it came from: ``ds`` keeps its order from here on too.
     out.context.execution_options.preserve_order = True
-    if _StopWhenFailed not in out.context.custom_execution_callback_classes:  # the same context: hooked once
-        out.context.custom_execution_callback_classes.append(_StopWhenFailed)
+    hooks = getattr(out.context, "custom_execution_callback_classes", None)
+    if ExecutionCallback is not object and hooks is not None and _StopWhenFailed not in hooks:  # once a context
+        hooks.append(_StopWhenFailed)
     return out
