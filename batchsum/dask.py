@@ -17,12 +17,16 @@ parameters, the column, the budget (reachable, usable by every worker), the key.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import sys
+import threading
 from collections.abc import Hashable
 from typing import Any
 from urllib.parse import urlsplit
 
 try:
     import dask.dataframe as dd
+    from dask.callbacks import Callback
     from dask.dataframe.extensions import register_dataframe_accessor, register_series_accessor
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("batchsum.dask needs Dask: pip install 'batchsum[dask]'") from exc
@@ -31,12 +35,11 @@ import pandas as pd
 
 from ._frame_accessor import ColumnSummarize, ValuesSummarize
 from .data.results import check_columns, column_blocks, join_results, results_frame
-from .run import job_stop
 from .run.batches import OpenRun, StopWhen
-from .run.interrupts import on_interrupt
+from .run.interrupts import listen, on_interrupt
 from .run.run import Workers, prepare_shared
 from .run.spec import RunSpec
-from .service.errors import BudgetError, InvalidParameterError, JobStopped
+from .service.errors import BudgetError, InvalidParameterError, JobStopped, RunCancelled, RunInterrupted
 from .service.location import Location
 
 __all__ = ["DaskDataFrameAccessor", "DaskSeriesAccessor"]
@@ -52,16 +55,17 @@ def _partition(
     """One partition, on the worker: a shared run over its texts, the results joined back. The
     job's request cap and sample are divided among the partitions; a partition that reaches its
     part of the cap returns every row (the unsent ones ``failed`` with ``not_sent``), as the CLI's
-    output does, and its run report says the run stopped."""
+    output does, and its run report says the run stopped. It stops when the compute that runs it is
+    given up: on a worker, its task cancelled; on the local scheduler, the compute's wait left
+    without its result (``_Compute``)."""
     texts = column_blocks(part if isinstance(part, pd.Series) else part[column])
     number = partition_info["number"] if partition_info else 0
     run = OpenRun(spec.portion(partitions, number), total=len(texts))
-    stop_when = _cancelled()
+    cancelled = _cancelled()
+    compute = _Compute.current.get() if cancelled is None else None
     try:
-        # On the local scheduler the partition runs in a thread of the driver, which an interrupt
-        # leaves running: SIGINT heard there stops it. On a worker, the scheduler's cancel does.
-        with on_interrupt(run.stop) if stop_when is None else contextlib.nullcontext():
-            results = run.summarize(texts, stop_when=stop_when)
+        with compute.hearing(run) if compute is not None else contextlib.nullcontext():
+            results = run.summarize(texts, stop_when=cancelled or (compute.stop if compute is not None else None))
     finally:
         run.close()  # its report written (a stopped run is closed already)
     if isinstance(part, pd.Series):
@@ -92,6 +96,69 @@ def _cancelled() -> StopWhen | None:
         )
 
     return stop_when
+
+
+class _Compute:
+    """A compute on Dask's local scheduler (threads, in this process), as the partitions it runs see
+    it. Dask cannot stop the partitions a compute left running when its caller's wait ended without
+    the result (Ctrl-C in ``compute``, a failed partition): ``ended`` then says why, and each of its
+    partitions' runs stops on it. A compute is named to its partitions by a context variable, which
+    Dask's local threads take from the thread that submits them (a compute in another thread, or in
+    the background, is another compute: an interrupt of this one leaves it be). The main thread's
+    compute also stops on SIGINT as soon as it is heard (``run.interrupts``): its wait may not hear it
+    (Polars, once imported, has an untimed wait go on through a signal)."""
+
+    current: contextvars.ContextVar[_Compute | None] = contextvars.ContextVar("batchsum_dask_compute", default=None)
+
+    def __init__(self, main_waits: bool) -> None:
+        self.main_waits = main_waits
+        self.ended: RunCancelled | None = None
+
+    def stop(self) -> RunCancelled | None:
+        return self.ended
+
+    def hearing(self, run: OpenRun) -> contextlib.AbstractContextManager[Any]:
+        """While a partition's ``run`` runs: SIGINT heard stops it, for the main thread's compute."""
+        return on_interrupt(run.stop) if self.main_waits else contextlib.nullcontext()
+
+
+class _LocalComputes(Callback):
+    """Dask's local schedulers' hook: each compute named to the partitions it runs (``_Compute``)
+    from its start, and ended with its caller's wait. Both calls come on the caller's thread, the end
+    from the scheduler's ``finally`` (the interrupt or the error in hand). Dask hands its global
+    callbacks to the outermost compute and holds none meanwhile: a compute started then in another
+    thread would run without this hook, and, ending last, would put back the empty set. So each start
+    puts the hook back (``hook``), and every summarize does too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._open = threading.local()  # this thread's computes under way, innermost last
+
+    def hook(self) -> None:
+        Callback.active.add(self._callback)
+
+    def _start(self, dsk: Any) -> None:
+        self.hook()
+        compute = _Compute(main_waits=listen())  # True on the main thread, listening from now on
+        stack = self._open.__dict__.setdefault("stack", [])
+        stack.append((compute, _Compute.current.set(compute)))
+
+    def _finish(self, dsk: Any, state: Any, failed: bool) -> None:
+        compute, token = self._open.stack.pop()
+        _Compute.current.reset(token)
+        if failed:
+            error = sys.exc_info()[1]
+            compute.ended = (
+                RunInterrupted()
+                if isinstance(error, KeyboardInterrupt)
+                else RunCancelled(
+                    f"the Dask compute failed ({type(error).__name__}): nothing new was sent in this partition, the "
+                    "answers on the wire were awaited and kept; the same compute again sends only the rest"
+                )
+            )
+
+
+_LOCAL_COMPUTES = _LocalComputes()
 
 
 def _workers() -> Workers | None:
@@ -140,9 +207,7 @@ class _Accessor:
                 f"invalid budget {spec.budget!r}: on Dask, pass a string: 'machine', 'redis://HOST:PORT/DB'"
             )
         spec = prepare_shared(spec, _workers)
-        job_stop.remember(
-            spec
-        )  # SIGINT on this client posts the job's stop (and listens: the local scheduler's threads)
+        _LOCAL_COMPUTES.hook()  # a compute given up on the local scheduler stops its partitions
         if column is None:
             meta = results_frame([], data._meta.index, spec.output_column)
         else:

@@ -17,7 +17,7 @@ pandas loaded. Its plan holds no secret: the key stays in this process (``_keep`
 in another process reads the key from that process's environment. SIGINT while it is collected
 (Ctrl-C, a notebook's stop) stops the run: Polars runs the source on threads of its own while the
 main thread waits in Polars' code, so the signal is heard on its behalf (``run.interrupts``); the
-answers on the wire are awaited and kept, and the collect raises.
+answers on the wire are awaited and kept, and the collect raises ``KeyboardInterrupt``, once.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ from .data.stores import scratch_store
 from .engine.tally import BatchStats
 from .run.background import run_in_worker
 from .run.batches import BatchStream
-from .run.interrupts import listen
+from .run.interrupts import listen, on_interrupt
 from .run.run import run_texts
 from .run.spec import RunSpec
-from .service.errors import ConfigurationError, InputError, redact_location
+from .service.errors import ConfigurationError, InputError, RunInterrupted, redact_location
 from .service.keys import ENV_API_KEYS, KeyPlan, resolve_keys
 from .service.location import Location
 from .service.settings import ENV_API_KEY, Secret, environment
@@ -148,6 +148,53 @@ class _Frames:
         return frame.hstack(_results_frame(results, self.output_column))
 
 
+class _Source:
+    """A lazy plan's source (``register_io_source``): its input read a batch at a time and streamed
+    through one run. Polars calls it on the thread that collects, which then waits in Polars while
+    Polars' threads read the batches; on the main thread, SIGINT's one ``KeyboardInterrupt`` is the
+    collect's (``interrupts``)."""
+
+    def __init__(self, data: pl.LazyFrame, bare: RunSpec, token: str, frames: _Frames) -> None:
+        self.data, self.bare, self.token, self.frames = data, bare, token, frames
+
+    def __call__(
+        self, with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None, batch_size: int | None
+    ) -> Any:
+        main_waits = threading.current_thread() is threading.main_thread()
+        if main_waits:
+            listen()
+        frame = self.data if n_rows is None else self.data.head(n_rows)
+        return self._batches(
+            frame, with_columns, predicate, min(batch_size or LAZY_BATCH_ROWS, LAZY_BATCH_ROWS), main_waits
+        )
+
+    def _batches(
+        self,
+        frame: pl.LazyFrame,
+        with_columns: list[str] | None,
+        predicate: pl.Expr | None,
+        rows: int,
+        main_waits: bool,
+    ) -> Any:
+        # Polars' chunks follow the input (a Parquet row group can be 100,000 rows): each is cut into
+        # slices of ``rows`` (views, no copy), so that what the run holds stays small.
+        chunks = (
+            chunk.slice(start, rows)
+            for chunk in frame.collect_batches(chunk_size=rows)
+            for start in range(0, chunk.height, rows)
+        )
+        spec = _kept_spec(self.bare, self.token)
+        stream = BatchStream(spec, chunks, self.frames.column, shared=False, frames=self.frames)
+        try:
+            with on_interrupt(stream.cancel, main_waits=main_waits):  # the collect's wait hears no signal itself
+                for out in stream:
+                    if predicate is not None:
+                        out = out.filter(predicate)
+                    yield out.select(with_columns) if with_columns is not None else out
+        except RunInterrupted as exc:  # the collect raises what Python raises for a signal
+            raise KeyboardInterrupt(str(exc)) from exc
+
+
 class _Namespace:
     """A Polars DataFrame's or Series' texts in (through Arrow), the result columns out."""
 
@@ -227,33 +274,11 @@ class LazyFrameNamespace(ColumnSummarize[pl.LazyFrame]):
         check_columns(schema.names(), column, spec.output_column)
         if not isinstance(column, str):
             raise InputError(f"no column {column!r} in the LazyFrame: Polars columns are named by text")
-        text_column: str = column
         if spec.store.none:  # answers on disk, with claims, not in memory: it may be larger than memory
             spec = spec.replace(store=scratch_store())
         out_schema: dict[str, Any] = {**dict(schema), **dict(zip(result_columns(spec.output_column), _RESULT_TYPES))}
-        frames = _Frames(text_column, spec.output_column)
+        frames = _Frames(column, spec.output_column)
         bare, token = _keep(spec)  # what the plan holds: the spec without its secrets
         listen()  # SIGINT heard while a collect runs in Polars' threads (on the main thread's behalf)
-
-        def source(
-            with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None, batch_size: int | None
-        ) -> Any:
-            frame = data if n_rows is None else data.head(n_rows)
-            rows = min(batch_size or LAZY_BATCH_ROWS, LAZY_BATCH_ROWS)
-            # Polars' chunks follow the input (a Parquet row group can be 100,000 rows): each is cut
-            # into slices of ``rows`` (views, no copy), so that what the run holds stays small.
-            batches = (
-                chunk.slice(start, rows)
-                for chunk in frame.collect_batches(chunk_size=rows)
-                for start in range(0, chunk.height, rows)
-            )
-            listen()  # when Polars calls this on the main thread; else what the plan's making set up holds
-            stream = BatchStream(
-                _kept_spec(bare, token), batches, text_column, shared=False, frames=frames, interruptible=True
-            )
-            for out in stream:
-                if predicate is not None:
-                    out = out.filter(predicate)
-                yield out.select(with_columns) if with_columns is not None else out
-
+        source = _Source(data, bare, token, frames)
         return register_io_source(source, schema=out_schema, explain_name="batchsum_summarize")

@@ -44,12 +44,17 @@ try:
     import ray.data
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("batchsum.ray needs Ray Data: pip install 'batchsum[ray]'") from exc
+try:
+    from ray.data._internal.execution.execution_callback import ExecutionCallback
+except ImportError:  # pragma: no cover - a Ray Data that moved its hook: an actor's batch then runs to its end
+    ExecutionCallback = object  # type: ignore[assignment,misc]
 
 import pyarrow as pa
 
 from .data.results import check_output_columns, with_results
 from .run import job_stop
 from .run.batches import OpenRun
+from .run.logs import log
 from .run.run import Workers, prepare_shared
 from .run.spec import RunSpec, document_options
 from .service import contract
@@ -123,6 +128,38 @@ def _cancelled() -> JobStopped | None:
         "the Ray task was cancelled (its job stopped: the dataset's consumption interrupted or cancelled); "
         "nothing new was sent, the answers on the wire were awaited and kept; the same job again sends only the rest"
     )
+
+
+class _StopWhenFailed(ExecutionCallback):
+    """Ray Data's hook on each execution of a dataset made from a batchsum one (it shares its
+    context): when the execution fails (its consumer interrupted, Ctrl-C in ``take_all``, or an error),
+    the driver posts the stop of the batchsum jobs in it, whose actors' batches Ray lets run to their
+    end. An execution that succeeds, or one without a batchsum stage, posts nothing."""
+
+    def after_execution_fails(self, executor: Any, error: Exception) -> None:
+        specs = _jobs_in(executor)
+        if specs:
+            interrupted = isinstance(error, KeyboardInterrupt)
+            why = (
+                job_stop.INTERRUPTED if interrupted else f"the Ray dataset's execution failed ({type(error).__name__})"
+            )
+            job_stop.post_specs(specs, job_stop.cause(why))
+
+
+def _jobs_in(executor: Any) -> list[RunSpec]:
+    """The batchsum jobs among the execution's operators (each once), read from the logical operators
+    Ray Data keeps on them; none when Ray Data keeps them elsewhere (then each actor's batch runs to
+    its end, as Ray runs any)."""
+    jobs: dict[str, RunSpec] = {}
+    try:
+        for operator in executor._topology:
+            for logical in operator._logical_operators:
+                args = getattr(logical, "fn_constructor_args", None) or ()
+                if getattr(logical, "fn", None) is _Summarize and args and isinstance(args[0], RunSpec):
+                    jobs[args[0].run_id or ""] = args[0]
+    except (AttributeError, TypeError) as exc:  # Ray Data's internals moved: say so, stop nothing
+        log.debug("batchsum: cannot read the jobs of a Ray execution: %s", exc)
+    return list(jobs.values())
 
 
 def _restarts() -> dict[str, Any]:
@@ -223,7 +260,6 @@ def summarize(
             raise InvalidParameterError(f"invalid {name} {value!r}: a whole number of at least 1")
     _text_column(ds, column, spec.output_column)
     spec = prepare_shared(spec, _workers(workers))
-    job_stop.remember(spec)  # SIGINT on this driver posts the job's stop: every actor's run hears it
     out = ds.map_batches(
         _Summarize,
         fn_constructor_args=(spec, column),
@@ -238,4 +274,7 @@ def summarize(
     # Rows in input order. Ray Data keeps the setting in the dataset's context, which a transformed
     # dataset shares with the one it came from: ``ds`` keeps its order from here on too.
     out.context.execution_options.preserve_order = True
+    hooks = getattr(out.context, "custom_execution_callback_classes", None)
+    if ExecutionCallback is not object and hooks is not None and _StopWhenFailed not in hooks:  # once a context
+        hooks.append(_StopWhenFailed)
     return out

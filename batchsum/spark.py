@@ -64,7 +64,7 @@ def result_schema(output_column: str = "summary") -> T.StructType:
 
 def _worker_spec(spec: RunSpec, spark: SparkSession) -> RunSpec:
     """The spec every task opens, checked and prepared once, on the driver (the executors' Python
-    too: it must import batchsum); the job remembered, for its stop (``_Watch``, ``job_stop``)."""
+    too: it must import batchsum); the job kept by the context's ``_Watch``, for its stop."""
     if spec.limiter is not None:
         raise InvalidParameterError(
             "invalid limiter on Spark: an object in this process cannot travel to the executors; "
@@ -74,8 +74,7 @@ def _worker_spec(spec: RunSpec, spark: SparkSession) -> RunSpec:
         raise BudgetError(f"invalid budget {spec.budget!r}: on Spark, pass a string: 'machine', 'redis://HOST:PORT/DB'")
     _check_executors(spark)
     spec = prepare_shared(spec, _workers(spark))
-    job_stop.remember(spec)
-    _Watch.of(spark.sparkContext).jobs.add(spec.run_id or "")
+    _Watch.of(spark.sparkContext).jobs[spec.run_id or ""] = spec
     return spec
 
 
@@ -84,16 +83,17 @@ class _Watch:
     tracker every ``WATCH_SECONDS`` which Spark jobs run. When one ends failed (cancelled:
     ``sc.cancelAllJobs()``, a job group cancelled, Ctrl-C, whose handler PySpark installs to cancel
     every job, the UI's kill; or failed) and no other runs, it posts the stop of the batchsum jobs
-    prepared on this context (``job_stop.post_all``): their tasks' runs stop on their next budget
-    call, before Spark kills their Python workers (2-4 s after the cancel), and keep what is on the
-    wire. With another Spark job running it cannot tell whose tasks were cancelled, and posts nothing:
-    Spark's kill stops the spending then, losing what the killed workers had on the wire."""
+    prepared on this context that have runs on their keys now (``job_stop.post_specs``; one finished is
+    left be): their tasks' runs stop on their next budget call, before Spark kills their Python workers
+    (2-4 s after the cancel), and keep what is on the wire. With another Spark job running it cannot
+    tell whose tasks were cancelled, and posts nothing: Spark's kill stops the spending then, losing
+    what the killed workers had on the wire."""
 
     _watches: dict[str, _Watch] = {}
     _made = threading.Lock()
 
     def __init__(self, context: Any) -> None:
-        self.jobs: set[str] = set()  # run ids of the batchsum jobs prepared on this context
+        self.jobs: dict[str, RunSpec] = {}  # run id -> the spec of each batchsum job prepared on this context
         self._tracker = context.statusTracker()
         threading.Thread(target=self._watch, name="batchsum-spark-watch", daemon=True).start()
 
@@ -115,7 +115,8 @@ class _Watch:
             except Exception:  # noqa: BLE001 - the context stopped: nothing left to watch
                 return
             if not now and any(info is not None and info.status == "FAILED" for info in ended):
-                job_stop.post_all(job_stop.cause("the Spark job was cancelled or failed"), set(self.jobs))
+                why = job_stop.cause("the Spark job was cancelled or failed")
+                job_stop.post_specs(list(self.jobs.values()), why, running_only=True)
             running = now
 
 

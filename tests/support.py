@@ -142,7 +142,7 @@ def interrupt_after(service, count: int, seconds: float = 120.0) -> dict[str, in
 
     def interrupt() -> None:
         counted["at"] = wait_for_count(service, count, seconds=seconds)
-        signal.raise_signal(signal.SIGINT)  # Python's handler raises KeyboardInterrupt in the main thread
+        os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: to the process, whose main thread hears it
 
     threading.Thread(target=interrupt, daemon=True).start()
     return counted
@@ -244,6 +244,27 @@ def budget_ledger(budget: str, key: str, base_url: str):
             return await opened.ledger(120)
         finally:
             await opened.aclose()
+
+    return asyncio.run(read())
+
+
+def runs_on_the_key(service, key: str = KEY) -> set[tuple[str, str]]:
+    """The runs on ``key``'s machine budget now, as (run id, member): a job's partitions or actors are
+    one run, each of them a member; a run that ends leaves."""
+    import asyncio
+
+    from batchsum import Client
+    from batchsum.pacing.budget import open_budget
+
+    with Client(api_key=key, base_url=service.url) as client:
+        identity = client.identity
+
+    async def read() -> set[tuple[str, str]]:
+        budget = open_budget("machine", identity)
+        try:
+            return {(entry.run_id, entry.member) for entry in await budget.runs()}
+        finally:
+            await budget.aclose()
 
     return asyncio.run(read())
 

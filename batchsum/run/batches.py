@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 from ..data.results import RowBlocks, RowResult, with_results
 from ..service.errors import RequestCapReached, RunCancelled, RunInterrupted
 from .background import BackgroundRun
-from .interrupts import on_interrupt
 from .run import Run
 from .spec import RunSpec
 
@@ -71,8 +70,8 @@ class BatchStream(Generic[B]):
     ``RuntimeWarning`` says so (as the frame front-ends do). Closing the stream early (the caller
     stopped) cancels the run, which lets requests on the wire finish and keeps their answers.
     ``cancel(error)`` stops it from any thread the same way, and the stream raises ``error`` (its
-    run report says so); ``interruptible``: a SIGINT heard while it is read cancels it
-    (``interrupts``: its caller waits in native code, a Polars collect, which hears none)."""
+    run report says so), also when its last rows came in meanwhile (a Polars collect's source cancels
+    it when SIGINT is heard: ``interrupts``)."""
 
     def __init__(
         self,
@@ -82,12 +81,10 @@ class BatchStream(Generic[B]):
         *,
         shared: bool = True,
         frames: Frames[B] | None = None,
-        interruptible: bool = False,
     ) -> None:
         self.spec = spec
         self.column = column
         self.shared = shared
-        self.interruptible = interruptible
         self._frames: Frames[Any] = frames if frames is not None else ArrowFrames(column, spec.output_column)
         self._batches = batches
         self._done: queue.Queue[Any] = queue.Queue(maxsize=AHEAD)
@@ -177,12 +174,11 @@ class BatchStream(Generic[B]):
         return worker
 
     def _raise_end(self, worker: BackgroundRun) -> None:
-        """What ended the run, raised here: the stop that cancelled it, rather than ``CancelledError``."""
-        try:
+        """What ended the run, raised here: the stop that cancelled it (rather than ``CancelledError``),
+        also when the run ended on its own as it was stopped."""
+        with contextlib.suppress(asyncio.CancelledError) if self._cancelled else contextlib.nullcontext():
             worker.result()
-        except asyncio.CancelledError:
-            if self._cancelled is None:
-                raise
+        if self._cancelled is not None:
             raise self._cancelled.again() from None
 
     def __iter__(self) -> Iterator[B]:
@@ -192,22 +188,20 @@ class BatchStream(Generic[B]):
             cancelled = self._cancelled is not None
         if cancelled:  # cancelled before it started: it starts nothing
             self._cancel_worker()
-        hearing = on_interrupt(self.cancel) if self.interruptible else contextlib.nullcontext()
         try:
-            with hearing:
-                while True:
-                    try:
-                        item = self._done.get(timeout=0.1)
-                    except queue.Empty:
-                        if worker.wait(0):
-                            self._raise_end(worker)
-                            return
-                        continue
-                    if item is _END:
-                        worker.wait()
+            while True:
+                try:
+                    item = self._done.get(timeout=0.1)
+                except queue.Empty:
+                    if worker.wait(0):
                         self._raise_end(worker)
                         return
-                    yield item
+                    continue
+                if item is _END:
+                    worker.wait()
+                    self._raise_end(worker)
+                    return
+                yield item
         finally:
             self._left.set()
             if not worker.wait(0):

@@ -1,30 +1,44 @@
 """SIGINT heard on the main thread's behalf while it waits inside native code (a DuckDB query, a
 Polars collect), where no Python signal handler runs until that code returns: the runs that asked
-(``on_interrupt``) are stopped at once, each keeping what is on the wire.
+(``on_interrupt``) are stopped at once, each keeping what is on the wire; and one
+``KeyboardInterrupt`` for each signal, however many layers raise one.
 
 The interpreter's C signal handler writes each signal's number to the process's wakeup fd
 (``signal.set_wakeup_fd``) from whichever thread the signal lands on, whatever the main thread is
 doing. ``listen()`` (on the main thread: a door calls it when it is set up) makes that fd one end of
 a socket pair that a thread of ours reads, chained to the fd set before: every byte is passed on to
-it, so whoever listened there (an event loop's self-pipe) still hears every signal. The Python
-handler (``KeyboardInterrupt``) still runs on the main thread when it comes back to Python.
+it, so whoever listened there (an event loop's self-pipe) still hears every signal.
+
+The Python handler still runs on the main thread when it comes back to Python, and raises
+``KeyboardInterrupt`` there. Polars raises one of its own from the collect the signal interrupted,
+and the handler's came next, into the caller's ``except KeyboardInterrupt:`` block (Polars' issue
+23988). So ``listen()`` also puts a handler of ours in front of the Python one (``_OneInterrupt``),
+which raises nothing for a signal a wait of the main thread in native code raises itself (a hearing
+``main_waits``), and hands every other signal on. ``signal.signal`` would also put Python's own C
+handler back in place of the one Polars chained in front of it (which aborts its query): the
+process's action for SIGINT is kept as it was (``_keeping_action``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import os
+import select
 import signal
 import socket
 import threading
 from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 from ..service.errors import RunInterrupted
 
 __all__ = ["Hearing", "listen", "on_interrupt"]
 
 Stopper = Callable[[RunInterrupted], None]
+_SIGACTION_BYTES = 1024  # room for a ``struct sigaction`` on any platform (152 bytes on Linux x86-64), held opaque
 
 
 def _identity(fd: int) -> tuple[int, tuple[int, int]] | None:
@@ -42,20 +56,27 @@ def _identity(fd: int) -> tuple[int, tuple[int, int]] | None:
 class _Listener:
     """The socket pair whose write end is the wakeup fd, and the thread that reads the other end:
     SIGINT calls every stopper, each on a thread of its own (not a daemon: the interpreter's exit
-    waits for the answers on the wire it awaits), and every byte goes on to the fd set before ours."""
+    waits for the answers on the wire it awaits), and every byte goes on to the fd set before ours.
+    It counts the SIGINTs heard, and which of them a wait of the main thread raises itself
+    (``owed``), for the handler in front of Python's (``_OneInterrupt``)."""
 
     def __init__(self) -> None:
         self._read, self._write = socket.socketpair()
         self._write.setblocking(False)  # what set_wakeup_fd asks: the C handler never blocks
+        self._read.setblocking(False)  # read under the lock, once select says there is something
         self._previous: tuple[int, tuple[int, int]] | None = None
-        self._stoppers: dict[int, Stopper] = {}
+        self._stoppers: dict[int, tuple[Stopper, bool]] = {}
         self._numbers = itertools.count()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the handler in front of Python's may run on a thread holding it
+        self._heard = 0  # SIGINTs heard so far
+        self._handled = 0  # of those, the ones the handler in front of Python's has accounted for
+        self._owed: set[int] = set()  # the SIGINTs (by number) a wait of the main thread raises itself
         threading.Thread(target=self._hear, name="batchsum-signals", daemon=True).start()
 
     def install(self) -> bool:
-        """Our fd as the wakeup fd (again, if someone set another since: that one is chained). Only
-        the main thread may set it; elsewhere, False and nothing changes."""
+        """Our fd as the wakeup fd (again, if someone set another since: that one is chained), and
+        our handler in front of Python's. Only the main thread may set them; elsewhere, False and
+        nothing changes."""
         if threading.current_thread() is not threading.main_thread():
             return False
         ours = self._write.fileno()
@@ -65,12 +86,15 @@ class _Listener:
             return False
         if previous != ours:
             self._previous = _identity(previous)
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler) and not isinstance(handler, _OneInterrupt):
+            _keeping_action(lambda: signal.signal(signal.SIGINT, _OneInterrupt(handler, self)))
         return True
 
-    def add(self, stopper: Stopper) -> int:
+    def add(self, stopper: Stopper, main_waits: bool) -> int:
         with self._lock:
             number = next(self._numbers)
-            self._stoppers[number] = stopper
+            self._stoppers[number] = (stopper, main_waits)
         return number
 
     def remove(self, number: int) -> None:
@@ -80,12 +104,23 @@ class _Listener:
     def _hear(self) -> None:
         while True:
             try:
-                data = self._read.recv(512)
-            except OSError:  # pragma: no cover - the socket is never closed while the process lives
+                select.select([self._read], [], [])
+            except (OSError, ValueError):  # pragma: no cover - the socket is never closed while the process lives
                 return
-            self._pass_on(data)
-            if int(signal.SIGINT) in data:
-                self._interrupted()
+            self.hear_pending()
+
+    def hear_pending(self) -> None:
+        """What the C handler wrote, heard now, on this thread: read and counted under the lock, so
+        that no byte is ever read and not yet counted when the handler in front of Python's looks."""
+        with self._lock:
+            while True:
+                try:
+                    data = self._read.recv(512)
+                except OSError:  # nothing more (BlockingIOError)
+                    return
+                self._pass_on(data)
+                if signals := data.count(int(signal.SIGINT)):
+                    self._interrupted(signals)
 
     def _pass_on(self, data: bytes) -> None:
         previous = self._previous
@@ -94,11 +129,55 @@ class _Listener:
         with contextlib.suppress(OSError):  # full or gone: as the C handler, never wait
             os.write(previous[0], data)
 
-    def _interrupted(self) -> None:
+    def _interrupted(self, signals: int) -> None:
         with self._lock:
             stoppers = list(self._stoppers.values())
-        for stopper in stoppers:
+            heard, self._heard = self._heard, self._heard + signals
+            if any(main_waits for _, main_waits in stoppers):
+                self._owed.update(range(heard + 1, self._heard + 1))
+        for stopper, _ in stoppers:
             threading.Thread(target=stopper, args=(RunInterrupted(),), name="batchsum-interrupt").start()
+
+    def raised_already(self) -> bool:
+        """Whether every SIGINT since the handler last ran is one a wait of the main thread raises
+        itself (its ``KeyboardInterrupt`` is that signal's one), with what is pending heard first."""
+        with self._lock:
+            self.hear_pending()
+            covered = set(range(self._handled + 1, self._heard + 1))
+            self._handled = self._heard
+            owed = bool(covered) and covered <= self._owed
+            self._owed -= covered
+        return owed
+
+
+class _OneInterrupt:
+    """The SIGINT handler in front of Python's (``previous``): nothing for a signal a wait of the
+    main thread in native code raised already (a Polars collect), ``previous`` for every other."""
+
+    def __init__(self, previous: Callable[[int, FrameType | None], Any], listener: _Listener) -> None:
+        self.previous = previous
+        self._listener = listener
+
+    def __call__(self, signum: int, frame: FrameType | None) -> Any:
+        if self._listener.raised_already():
+            return None
+        return self.previous(signum, frame)
+
+
+def _keeping_action(install: Callable[[], object]) -> None:
+    """``install`` (``signal.signal`` for SIGINT), with the process's action for SIGINT left as it
+    was: Python sets its own C handler, which would take the place of one chained in front of it
+    (Polars' aborts its query, then calls Python's). Where the action cannot be read (no
+    ``sigaction``), nothing is installed."""
+    try:
+        sigaction = ctypes.CDLL(None, use_errno=True).sigaction
+    except (OSError, AttributeError, TypeError):
+        return
+    action = ctypes.create_string_buffer(_SIGACTION_BYTES)
+    if sigaction(int(signal.SIGINT), None, action) != 0:
+        return
+    install()
+    sigaction(int(signal.SIGINT), action, None)
 
 
 _listener: _Listener | None = None
@@ -114,19 +193,22 @@ def _the_listener() -> _Listener:
 
 
 def listen() -> bool:
-    """Hear SIGINT while the main thread is inside native code, from now on: True when listening
-    (called on the main thread; elsewhere it changes nothing, and what was set up before stays)."""
+    """Hear SIGINT while the main thread is inside native code, from now on, and raise one
+    ``KeyboardInterrupt`` for it: True when listening (called on the main thread; elsewhere it
+    changes nothing, and what was set up before stays)."""
     return _the_listener().install()
 
 
 class Hearing:
     """A stopper heard from: until ``remove()`` (or the end of its ``with`` block), a SIGINT heard
     calls ``stopper(RunInterrupted())`` on a thread of its own (the runs it stops are on other
-    threads: it may wait for their answers on the wire)."""
+    threads: it may wait for their answers on the wire). ``main_waits``: the main thread waits on
+    what it stops, inside native code that raises the signal's ``KeyboardInterrupt`` itself (a
+    Polars collect): Python's handler raises no second one."""
 
-    def __init__(self, stopper: Stopper) -> None:
+    def __init__(self, stopper: Stopper, main_waits: bool = False) -> None:
         self._listener = _the_listener()
-        self._number = self._listener.add(stopper)
+        self._number = self._listener.add(stopper, main_waits)
 
     def remove(self) -> None:
         self._listener.remove(self._number)
@@ -138,7 +220,8 @@ class Hearing:
         self.remove()
 
 
-def on_interrupt(stopper: Stopper) -> Hearing:
+def on_interrupt(stopper: Stopper, *, main_waits: bool = False) -> Hearing:
     """``stopper`` is called when SIGINT is heard, until the ``Hearing`` is removed: ``with
-    on_interrupt(stream.cancel): ...`` for a block, ``on_interrupt(stop_all)`` for good."""
-    return Hearing(stopper)
+    on_interrupt(stream.cancel): ...`` for a block, ``on_interrupt(stop_all)`` for good
+    (``main_waits``: see ``Hearing``)."""
+    return Hearing(stopper, main_waits)

@@ -1,9 +1,9 @@
 """A distributed job's stop, from its driver (Dask, Spark, Ray): none of those engines can interrupt a
 running task, so the driver posts the stop on each of its keys' budgets (``post``), and every worker's
 run hears it on its next budget call and stops (``JobStopped``: nothing new starts, the answers on
-the wire are awaited and kept). The jobs prepared in this process are remembered (``remember``):
-SIGINT heard on the driver (Ctrl-C, a notebook's stop) posts the stop of each (``run.interrupts``);
-a door that learns of a cancel otherwise (Spark's jobs cancelled) calls ``post_all``.
+the wire are awaited and kept). A door posts it when the driver's own wait on the job ends without
+its result (Ray's execution failed: its consumer interrupted; Spark's job cancelled), never for a
+job nobody was waiting on: this module keeps no list of jobs.
 
 Each stop's cause is its own (when, and a token): a worker's run takes a stop already posted when it
 first called the budget for an earlier computation of the same lazy plan (same run id), and leaves it.
@@ -13,39 +13,24 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import time
 from collections.abc import Iterable
 
-from ..pacing.budget import open_budget
+from ..pacing.budget import Budget, open_budget
 from ..service.errors import one_line
 from ..service.location import Location
 from .background import run_in_worker
-from .interrupts import Hearing, listen, on_interrupt
 from .logs import log
 from .spec import RunSpec
 
-__all__ = ["remember", "post", "post_specs", "post_all", "cause"]
+__all__ = ["post", "post_specs", "cause", "INTERRUPTED"]
 
-_jobs: dict[str, RunSpec] = {}  # run id -> the job's spec (its keys and budget), the jobs prepared here
-_lock = threading.Lock()
-_hearing: list[Hearing] = []
+INTERRUPTED = "the driver was interrupted (SIGINT)"  # the cause of a stop posted for Ctrl-C in the driver's wait
 
 
 def cause(why: str) -> str:
     """A stop's cause: ``why``, when (UTC) and a token, so that no two stops read the same."""
     return f"{why} at {time.strftime('%H:%M:%S', time.gmtime())} UTC [{os.urandom(2).hex()}]"
-
-
-def remember(spec: RunSpec) -> None:
-    """The job ``spec`` names (its ``run_id``: ``prepare_shared`` made it) was prepared in this
-    process: SIGINT heard here from now on posts its stop (on the main thread, this listens)."""
-    assert spec.run_id is not None, "prepare_shared names the job"
-    with _lock:
-        _jobs[spec.run_id] = spec
-        if not _hearing:
-            _hearing.append(on_interrupt(lambda _: post_all(cause("the driver was interrupted (SIGINT)"))))
-    listen()
 
 
 def _identities(spec: RunSpec) -> list[str]:
@@ -69,14 +54,19 @@ def post(spec: RunSpec, why: str) -> None:
     post_specs([spec], why)
 
 
-async def _post_one(spec: RunSpec, why: str) -> None:
+async def _running(budget: Budget, run_id: str) -> bool:
+    return any(entry.run_id == run_id for entry in await budget.runs())
+
+
+async def _post_one(spec: RunSpec, why: str, running_only: bool) -> None:
     run_id = spec.run_id
     assert run_id is not None, "prepare_shared names the job"
     try:
         for identity in _identities(spec):
             budget = open_budget(spec.budget, identity)
             try:
-                await budget.post_stop(run_id, why)
+                if not running_only or await _running(budget, run_id):
+                    await budget.post_stop(run_id, why)
             finally:
                 await budget.aclose()
     except Exception as exc:  # noqa: BLE001 - a budget out of reach (BudgetError) or anything else: said, the others go on
@@ -90,20 +80,13 @@ async def _post_one(spec: RunSpec, why: str) -> None:
         )
 
 
-def post_specs(specs: Iterable[RunSpec], why: str) -> None:
+def post_specs(specs: Iterable[RunSpec], why: str, *, running_only: bool = False) -> None:
     """Post the stop of each job ``specs`` name, all at once (a budget out of reach costs its tries
     once, not once a job); one that cannot be posted is said in one line and keeps none of the others
-    from theirs."""
+    from theirs. ``running_only``: only on a key where a run of the job is on the budget's registry now
+    (a job that finished is left be)."""
 
     async def every() -> None:
-        await asyncio.gather(*(_post_one(spec, why) for spec in specs))
+        await asyncio.gather(*(_post_one(spec, why, running_only) for spec in specs))
 
     run_in_worker(every)
-
-
-def post_all(why: str, run_ids: Iterable[str] | None = None) -> None:
-    """Post the stop of every job prepared in this process (or of ``run_ids`` among them)."""
-    with _lock:
-        jobs = [spec for run_id, spec in _jobs.items() if run_ids is None or run_id in set(run_ids)]
-    if jobs:
-        post_specs(jobs, why)

@@ -18,7 +18,16 @@ import batchsum.dask  # noqa: E402,F401  (registers ddf.batchsum)
 from batchsum.errors import BudgetError, InputError  # noqa: E402
 from batchsum.local import LocalService  # noqa: E402
 from batchsum.pacing import max_starts  # noqa: E402
-from tests.support import article, budget_ledger, interrupt_after, merged_report, ticks_before, wait_for, wait_for_count  # noqa: E402
+from tests.support import (  # noqa: E402
+    article,
+    budget_ledger,
+    interrupt_after,
+    merged_report,
+    runs_on_the_key,
+    ticks_before,
+    wait_for,
+    wait_for_count,
+)
 
 KEY = "bs-dask-test-key"
 
@@ -62,28 +71,56 @@ def test_a_series_on_the_local_scheduler_in_one_process(limited):
     assert limited.state.stats()["by_status"] == {"200": 6}
 
 
+def begun(service: LocalService, partitions: int):
+    """A condition: a job's ``partitions`` runs have each been on the key (one that ends leaves, so
+    they are counted as they come; a job on the key before this is not this one)."""
+    earlier = {run_id for run_id, _ in runs_on_the_key(service, KEY)}
+    seen: set[tuple[str, str]] = set()
+
+    def condition() -> bool:
+        seen.update(run for run in runs_on_the_key(service, KEY) if run[0] not in earlier)
+        return len(seen) >= partitions
+
+    return condition
+
+
 @pytest.mark.slow
-def test_sigint_on_the_local_scheduler_stops_the_partitions_running_in_this_process(tmp_path):
+def test_sigint_on_the_local_scheduler_stops_the_compute_it_interrupts_and_no_other(tmp_path):
     """Without a distributed client (this test runs before the cluster's) the partitions run in this
-    process's threads, which the interrupt of ``compute`` leaves running: SIGINT is heard (the wakeup
-    fd) and their runs stop."""
+    process's threads, which the interrupt of ``compute`` leaves running: the compute given up ends
+    them (Dask's local scheduler hook, ``_Compute``). A compute in another thread, beside it, is not
+    the one interrupted: all its rows come back ok. Polars is imported, as in a notebook that uses
+    both: its SIGINT handler has the main thread's untimed wait in ``compute`` go on through the
+    signal (the KeyboardInterrupt comes when the compute ends), so the signal is heard for it."""
+    import contextlib
     import glob
     import json
+    import threading
 
-    data = frame(160, 160)
+    with contextlib.suppress(ImportError):
+        import polars  # noqa: F401
+
     report = tmp_path / "run.json"
     with LocalService([KEY]) as service:
-        out = dd.from_pandas(data, npartitions=4).batchsum.summarize(
-            "text", rpm=600, api_key=KEY, base_url=service.url, progress=False, budget="none", report=str(report)
-        )
-        counted = interrupt_after(service, 20)
+        options = dict(rpm=600, api_key=KEY, base_url=service.url, progress=False, budget="none")
+        out = dd.from_pandas(frame(160, 160), npartitions=4).batchsum.summarize("text", report=str(report), **options)
+        beside = dd.from_pandas(frame(40, 40).assign(text=lambda f: f.text + " beside"), npartitions=2)
+        beside = beside.batchsum.summarize("text", **options)
+        background: dict = {}
+        thread = threading.Thread(target=lambda: background.update(rows=beside.compute(scheduler="threads")))
+        thread.start()
+        counted = interrupt_after(service, 30)
         with pytest.raises(KeyboardInterrupt):
             out.compute(scheduler="threads", num_workers=4)
         parts = lambda: len(glob.glob(str(tmp_path / "run.part-*.json")))  # noqa: E731
         wait_for(lambda: parts() >= 4, what="each partition's run to write its report")
-        assert service.state.stats()["requests"] - counted["at"] <= 25
-        stopped = json.loads(report.read_text())
-        assert stopped["outcome"] == "stopped" and stopped["error"]["type"] == "RunInterrupted"
+        stopped_at = service.state.stats()["requests"]
+        thread.join(120)
+        assert not thread.is_alive() and (background["rows"]["summary_status"] == "ok").all()
+        assert len(background["rows"]) == 40
+    assert stopped_at - counted["at"] <= 25
+    stopped = json.loads(report.read_text())
+    assert stopped["outcome"] == "stopped" and stopped["error"]["type"] == "RunInterrupted"
 
 
 @pytest.mark.slow
@@ -186,7 +223,11 @@ def test_a_cancelled_compute_stops_every_partitions_run_and_the_next_pays_for_no
         out = dd.from_pandas(data, npartitions=4).batchsum.summarize(
             "text", rpm=600, api_key=KEY, base_url=service.url, progress=False, report=str(report)
         )
+        started = begun(service, 4)
         future = cluster.compute(out)
+        # Every partition's run begun (a worker slow to start its tasks, as a loaded machine has, would
+        # have the cancel find a partition not begun: it never runs, and writes no report).
+        wait_for(started, what="the four partitions' runs")
         at = wait_for_count(service, 20)
         cluster.cancel(future)
         parts = lambda: len(glob.glob(str(tmp_path / "run.part-*.json")))  # noqa: E731
@@ -201,3 +242,91 @@ def test_a_cancelled_compute_stops_every_partitions_run_and_the_next_pays_for_no
         stats = service.state.stats()
     assert (again["summary_status"] == "ok").all() and len(again) == 160
     assert stats["answered_unique"] == 160 and stats["answered_twice"] == 0
+
+
+CHILD_DRIVER = """
+import sys
+import time
+
+import distributed
+import dask.dataframe as dd
+import pandas as pd
+
+import batchsum.dask
+from tests.support import article
+
+url, report = sys.argv[1], sys.argv[2]
+
+
+def summarized(seed, **options):
+    texts = pd.DataFrame({"text": [article(25, seed=seed + i) for i in range(160)]})
+    return dd.from_pandas(texts, npartitions=4).batchsum.summarize(
+        "text", rpm=600, base_url=url, progress=False, **options
+    )
+
+
+with distributed.LocalCluster(
+    n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None, silence_logs=50
+) as cluster, distributed.Client(cluster) as client:
+    background, mine = summarized(61000), summarized(62000, report=report)
+    future = client.compute(background)  # a job of its own, in the background
+    print("sleeping", flush=True)
+    try:
+        time.sleep(600)  # the main thread busy with something else, which the signal interrupts
+    except KeyboardInterrupt:
+        print("sleep interrupted", flush=True)
+    done = future.result()
+    print("background", int((done["summary_status"] == "ok").sum()), len(done), flush=True)
+    try:
+        mine.compute()
+        print("finished", flush=True)
+    except KeyboardInterrupt:
+        print("compute interrupted", flush=True)
+    sys.stdin.readline()  # the cluster kept until the test has counted (its end would kill the workers)
+"""
+
+
+@pytest.mark.heavy
+def test_an_interrupt_in_the_driver_stops_the_compute_it_interrupts_and_no_other(tmp_path):
+    """A real driver in a subprocess with its own ``LocalCluster``, a real SIGINT: one that lands in
+    the main thread's unrelated sleep leaves a job computing in the background (``client.compute``)
+    alone, every row ok; one that lands in ``compute()`` raises ``KeyboardInterrupt`` there, and its
+    partitions' runs stop (the released futures: Dask marks the tasks cancelled), at most 25 requests
+    after the signal."""
+    import glob
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    report = tmp_path / "run.json"
+    with LocalService([KEY]) as service:
+        env = dict(os.environ, BATCHSUM_API_KEY=KEY, PYTHONPATH=os.getcwd())
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD_DRIVER, service.url, str(report)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert child.stdout.readline().strip() == "sleeping", child.stderr.read()
+            wait_for_count(service, 20, seconds=120)
+            child.send_signal(signal.SIGINT)
+            started = begun(service, 4)  # the runs of the compute to come (the background job's are on the key)
+            assert child.stdout.readline().strip() == "sleep interrupted"
+            assert child.stdout.readline().split() == ["background", "160", "160"]  # every row ok
+            wait_for(started, what="the four partitions' runs of its own compute")
+            at = wait_for_count(service, 180)
+            child.send_signal(signal.SIGINT)
+            assert child.stdout.readline().strip() == "compute interrupted"
+            wait_for(lambda: len(glob.glob(str(tmp_path / "run.part-*.json"))) == 4, what="the partitions' runs to end")
+            after = service.state.stats()["requests"] - at
+            stopped = merged_report(report, 4)
+        finally:
+            child.stdin.close()
+            child.wait(120)
+    assert after <= 25, after
+    assert stopped["outcome"] == "stopped" and stopped["error"]["type"] == "JobStopped"
+    print(f"requests after the signal in compute(): {after}")

@@ -296,7 +296,7 @@ def test_a_lazy_plan_with_several_keys_holds_no_piece_of_any(svc, opts):
 AFTER_STOP = 25  # at most this many requests admitted after SIGINT (at 600/min: the turns already due, the wire)
 
 CHILD_COLLECT = """
-import os, sys
+import os, sys, time
 import polars as pl
 import batchsum.polars
 path, how, report = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -309,11 +309,14 @@ try:
             pl.read_parquet(path).batchsum.summarize("text", **options)
         print("finished")
     except KeyboardInterrupt:
-        print("interrupted")
+        print("interrupted", flush=True)
+        for _ in range(10):  # a clean-up that takes a while: a second KeyboardInterrupt would cut it short
+            time.sleep(0.02)
+        print("cleaned up")
     except Exception as exc:
         print("error:", type(exc).__name__, exc)
-except KeyboardInterrupt:  # Polars raises the interrupt, and Python raises it once more
-    print("interrupted")
+except KeyboardInterrupt:
+    print("interrupted again")
 """
 
 
@@ -322,7 +325,10 @@ except KeyboardInterrupt:  # Polars raises the interrupt, and Python raises it o
 def test_sigint_while_collecting_stops_the_run_and_keeps_every_answer(svc, opts, tmp_path, how):
     """A lazy collect runs the source on Polars' threads while the main thread waits in Polars' code:
     SIGINT is heard on its behalf (the wakeup fd) and the run stops; the eager call waits in Python
-    and stops on the ``KeyboardInterrupt`` itself. The next collect pays for none of it again."""
+    and stops on the ``KeyboardInterrupt`` itself. Either raises one ``KeyboardInterrupt``, whose
+    handler runs to its end (Polars raises one of its own from the collect, and Python's handler
+    raised another into that block: ``run.interrupts`` raises none for a signal the collect raised).
+    The next collect pays for none of it again."""
     import json
     import os
     import signal
@@ -345,8 +351,10 @@ def test_sigint_while_collecting_stops_the_run_and_keeps_every_answer(svc, opts,
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=120)
     assert child.returncode == 0, err
-    assert out.startswith(("interrupted", "error:")) and "finished" not in out, out
-    assert svc.stats()["requests"] - at <= AFTER_STOP
+    assert out.split("\n") == ["interrupted", "cleaned up", ""], out  # one KeyboardInterrupt, its handler whole
+    after = svc.stats()["requests"] - at
+    assert after <= AFTER_STOP
+    print(f"{how}: requests after the signal: {after}")
     stopped = json.loads(report.read_text())
     assert stopped["outcome"] == "stopped" and stopped["requests"]["texts_sent"] == svc.stats()["answered"]
     assert stopped["cause"] == "signal"  # heard as an interrupt at either door, not as a cancel

@@ -36,7 +36,7 @@ from tests.killing import (  # noqa: E402
     descendants,
     service_for_a_kill,
 )
-from tests.support import article, interrupt_after, report_when, wait_for  # noqa: E402
+from tests.support import article, interrupt_after, report_when, runs_on_the_key, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ray
 KEY = "bs-ray-test-key-0123456789abcdef"
@@ -269,30 +269,11 @@ def test_what_cannot_work_is_refused_before_anything_is_sent(local_ray):
         assert all(row["summary_status"] == "ok" for row in one.take_all())
 
 
-def runs_on_the_key(service: LocalService) -> int:
-    """How many runs are on the key's machine budget (each actor's run, until it ends)."""
-    import asyncio
-
-    from batchsum.pacing.budget import open_budget
-    from batchsum.service.client import Client
-
-    with Client(api_key=KEY, base_url=service.url) as client:
-        identity = client.identity
-
-    async def count() -> int:
-        budget = open_budget("machine", identity)
-        try:
-            return len(await budget.runs())
-        finally:
-            await budget.aclose()
-
-    return asyncio.run(count())
-
-
 def test_an_interrupted_driver_stops_every_actors_run_and_the_next_consumption_pays_none_again(local_ray, tmp_path):
     """Ctrl-C in the driver (a notebook's stop) ends ``take_all`` but not the batches the actors
-    hold, which Ray cannot interrupt: the driver posts the job's stop on the key's budget, and each
-    actor's run stops on its next budget call, keeping what is on the wire."""
+    hold, which Ray cannot interrupt: the execution failed, and the driver posts the stop of the jobs
+    in it on the key's budget (``ray._StopWhenFailed``); each actor's run stops on its next budget
+    call, keeping what is on the wire."""
 
     frame = texts(240, seed=9100)
     report = tmp_path / "run.json"
@@ -310,7 +291,9 @@ def test_an_interrupted_driver_stops_every_actors_run_and_the_next_consumption_p
         counted = interrupt_after(service, 20, seconds=300)
         with pytest.raises(KeyboardInterrupt):
             out.take_all()
-        wait_for(lambda: not runs_on_the_key(service), what="each actor's run to end (and leave the key's registry)")
+        wait_for(
+            lambda: not runs_on_the_key(service, KEY), what="each actor's run to end (and leave the key's registry)"
+        )
         assert service.state.stats()["requests"] - counted["at"] <= 25
         stopped = report_when(report, lambda r: r.get("outcome") == "stopped")
         assert stopped["outcome"] == "stopped" and stopped["error"]["type"] == "JobStopped"

@@ -454,3 +454,39 @@ def test_limits_forget_clears_the_keys_runs_from_the_view(machine, capsys):
     assert main(["top", "--once", "--json"]) == 0
     keys = json.loads(capsys.readouterr().out)["keys"]
     assert [key["runs"] for key in keys] in ([], [[]])  # the runs and the search gone with the rest
+
+
+def test_a_redis_user_that_may_only_read_sees_what_any_other_sees(redis_url, capsys, monkeypatch):
+    """A monitoring account: a Redis user with ``+@read`` alone (no script, no ``TIME``; made with
+    ``ACL SETUSER`` on the test's redis-server) runs ``top --once --json``: it exits 0 with the key
+    listed, and shows the figures a user with every right shows."""
+    import asyncio
+
+    import redis
+
+    from batchsum.pacing.budget import RedisBudget
+
+    admin = redis.Redis.from_url(redis_url)
+    admin.flushdb()
+    user, password = f"viewer-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    admin.acl_setuser(user, enabled=True, passwords=[f"+{password}"], keys=["*"], commands=["+@read"])
+    try:
+        viewer = redis_url.replace("redis://", f"redis://{user}:{password}@", 1)
+        with pytest.raises(redis.exceptions.NoPermissionError):  # the account may not run the old view's script
+            redis.Redis.from_url(viewer).eval("return redis.call('TIME')", 0)
+        budget = RedisBudget(redis_url, uuid.uuid4().hex)
+        busy_budget(budget)
+        asyncio.run(budget.aclose())
+        monkeypatch.setenv("BATCHSUM_API_KEY", KEY)
+        shown = {}
+        for who, url in (("viewer", viewer), ("admin", redis_url)):
+            assert main(["top", "--once", "--json", "--budget", url]) == 0, who
+            shown[who] = json.loads(capsys.readouterr().out)
+    finally:
+        admin.acl_deluser(user)
+    [key] = shown["viewer"]["keys"]
+    assert (
+        key["key"] == key_hash(KEY) and key["rate_1m"] == 12 and key["rate_limited_1m"] == 2 and len(key["runs"]) == 3
+    )
+    assert shown["viewer"]["keys"] == shown["admin"]["keys"]
+    assert password not in json.dumps(shown["viewer"])

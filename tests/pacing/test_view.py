@@ -1,8 +1,8 @@
 """What a budget shows of its keys and their runs (``pacing.view``), read without writing it
 (``pacing.readonly``): on a real SQLite file (while runs write it, and after they are gone) and a real
 redis-server; a job's processes as one run; runs that disagree on the limit; quotas, a pause and a
-search; a lapsed entry gone; a budget not made yet is no keys; Redis read in a few commands whatever
-the number of runs, and never written."""
+search; a lapsed entry gone; a budget not made yet is no keys; Redis read in plain reads (no script)
+whatever the number of runs, and never written; a key's state the same read from either back-end."""
 
 from __future__ import annotations
 
@@ -247,7 +247,7 @@ def test_reading_a_sqlite_budget_writes_nothing_while_runs_write_it_and_after_th
     assert [r.sent for r in live.keys[0].runs] == [5] == [r.sent for r in closed.keys[0].runs]
 
 
-def test_redis_is_read_in_a_few_commands_whatever_the_number_of_runs_and_never_written(redis_url):
+def test_redis_is_read_in_three_round_trips_of_plain_reads_whatever_the_number_of_runs_and_never_written(redis_url):
     import redis
 
     client = redis.Redis.from_url(redis_url)
@@ -304,21 +304,80 @@ def test_redis_is_read_in_a_few_commands_whatever_the_number_of_runs_and_never_w
 
     (few, runs_few), (many, runs_many), before, after = run(main())
     assert (runs_few, runs_many) == (2, 60)
-    # The names, then one script and the remembered entries of the key (after redis-py's own hello).
-    assert few == many and [c for c in few if c not in ("HELLO", "CLIENT")] == ["HGETALL", "EVAL", "HGETALL"], few
+    # The names, the clock (the budget hash's expiry and what is left of it), then the key's pause and
+    # pace, runs, lead, quota counts and remembered entries, and its ledger a second at a time: plain
+    # reads (no script, no TIME), the same whatever the number of runs (after redis-py's own hello).
+    reads = [c for c in few if c not in ("HELLO", "CLIENT")]
+    assert few == many and reads[:8] == [
+        "HGETALL",
+        "PEXPIRETIME",
+        "PTTL",
+        "HMGET",
+        "HGETALL",
+        "HMGET",
+        "MGET",
+        "HGETALL",
+    ]
+    assert reads[8:] == ["HGETALL"] * 71, few  # the ledger's 70 s: the seconds of their start and end and those between
     assert before == after
 
 
-def test_the_redis_view_script_is_refused_any_write(redis_url):
-    import redis
+def comparable(state) -> dict:
+    """A key's state with its times taken from its budget's own clock (each budget was written at
+    its own moment), to the second; its ledger as the figures ``top`` shows."""
+    now = state.now
+    since = lambda at: round(at - now) if at else None  # noqa: E731
+    return {
+        "key": (state.key_hash, state.service),
+        "pause": (since(state.paused_until), state.pause_reason),
+        "pace": state.pace,
+        "ledger": [
+            (state.ledger.started(now - window, now + 0.1), state.ledger.refusals(now - window, now + 0.1))
+            for window in (10, 60)
+        ],
+        "runs": [(e.run_id, e.member, dict(e.data)) for e in state.runs],
+        "lead": (since(state.lead_until), state.lead_state),
+        "paid": state.paid,
+        "remembered": [(e.name, e.value, since(e.at)) for e in state.remembered],
+    }
 
-    from batchsum.pacing.readonly import VIEW_SCRIPT
 
-    client = redis.Redis.from_url(redis_url)
-    writing = VIEW_SCRIPT.replace(
-        "local t = redis.call('TIME')", "redis.call('SET', KEYS[1], 'x')\nlocal t = redis.call('TIME')"
-    )
-    keys = [f"batchsum:budget:{{x}}{suffix}" for suffix in ("", ":counts", ":runs", ":runs:seen", ":lead")]
-    with pytest.raises(redis.ResponseError, match="[Ww]rite"):
-        client.eval(writing, len(keys), *keys, "15", "70")
-    assert client.exists(keys[0]) == 0
+def test_a_keys_state_read_from_either_back_end_is_the_same(redis_url, tmp_path):
+    """One function turns what a budget stores into the key's state (``readonly.key_state``): the same
+    runs, ledger, pause, pace, lead, counts and remembered entries, written to a SQLite file and to a
+    real redis-server, read back as the same state."""
+    from batchsum.pacing.readonly import read_states
+
+    __import__("redis").Redis.from_url(redis_url).flushdb()
+    identity = uuid.uuid4().hex
+    day = f"day:{__import__('time').strftime('%Y-%m-%d', __import__('time').gmtime())}"
+    stated = {"limit": 300, "window": 86400, "remaining": 45, "reset_at": __import__("time").time() + 3600}
+
+    async def fill(budget) -> None:
+        await activity(budget, 9, refused=3)
+        await budget.reserve(
+            0.0, Report(pause_for=30.0, pause_reason="the service answered 429", pace=0.25), start=False
+        )
+        for _ in range(4):
+            await budget.quota_claim([(day, 86400.0)], None)
+        await publish(budget, Member("nightly", "h1/1/x"), sent=40, rows_left=60, quota="100/day")
+        await publish(budget, Member("spark-job", "exec-0/9/c"), host="exec-0", rows_left=None)
+        await budget.lead("holder", json.dumps({"cap": 1000, "search": {"phase": "climb", "level": 240.0}}))
+        await budget.remember(HASH, SERVICE, {"quota": json.dumps(stated), "limit": json.dumps({"rpm": 240})})
+
+    async def main():
+        states = []
+        for budget, where in (
+            (SQLiteBudget(tmp_path / "budget.sqlite", identity), sqlite_where(tmp_path / "budget.sqlite")),
+            (RedisBudget(redis_url, identity), redis_url),
+        ):
+            await fill(budget)
+            [state] = await read_states(where)
+            states.append(state)
+            await budget.aclose()
+        return states
+
+    on_sqlite, on_redis = run(main())
+    assert comparable(on_sqlite) == comparable(on_redis)
+    assert on_sqlite.pace == 0.25 and on_sqlite.paid == {"day": 4} and on_sqlite.ledger.refusals(0, 1e12) == 3
+    assert [e.run_id for e in on_sqlite.runs] == ["nightly", "spark-job"]

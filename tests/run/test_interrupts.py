@@ -73,3 +73,61 @@ def test_a_stopper_removed_is_not_called_and_listening_off_the_main_thread_chang
         assert theirs.recv(1) == bytes([signal.SIGINT])
         assert still.wait(30)
     assert stopped == []
+
+
+def test_a_signal_a_wait_of_the_main_thread_raises_itself_is_not_raised_again_and_every_other_is(signals):
+    """Polars raises a ``KeyboardInterrupt`` of its own from the collect a signal interrupted: the
+    handler ``listen()`` puts in front of Python's raises nothing for a signal heard while such a
+    wait (a hearing ``main_waits``) was under way, and hands every other on, one call a signal."""
+    theirs, python_heard = signals
+    assert interrupts.listen()
+    assert isinstance(signal.getsignal(signal.SIGINT), interrupts._OneInterrupt)
+    called = threading.Event()
+    with interrupts.on_interrupt(lambda error: called.set(), main_waits=True):
+        signal.raise_signal(signal.SIGINT)  # the handler runs as this returns: the wait raises this one
+        assert theirs.recv(1) == bytes([signal.SIGINT]) and called.wait(30)
+    assert python_heard == []
+    signal.raise_signal(signal.SIGINT)  # no such wait now: Python's handler raises, as ever
+    assert theirs.recv(1) == bytes([signal.SIGINT])
+    with interrupts.on_interrupt(lambda error: None):  # a wait that does not raise on its own (DuckDB's)
+        signal.raise_signal(signal.SIGINT)
+    assert theirs.recv(1) == bytes([signal.SIGINT])
+    assert python_heard == [signal.SIGINT, signal.SIGINT]
+
+
+SIGACTION = """
+import ctypes, signal, sys
+import polars  # noqa: F401  (puts its own SIGINT handler in front of Python's: it aborts a query)
+from batchsum.run import interrupts
+
+libc = ctypes.CDLL(None, use_errno=True)
+size = ctypes.sizeof(ctypes.c_void_p)
+
+
+def handler() -> bytes:
+    action = ctypes.create_string_buffer(1024)
+    assert libc.sigaction(signal.SIGINT, None, action) == 0
+    return action.raw[:size]  # the handler's address, the first field of a struct sigaction
+
+
+before = handler()
+assert interrupts.listen()
+kept = handler() == before and isinstance(signal.getsignal(signal.SIGINT), interrupts._OneInterrupt)
+signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT))  # what a plain signal.signal does
+print(kept, handler() != before)
+"""
+
+
+def test_listening_keeps_the_handler_polars_put_in_front_of_pythons():
+    """``signal.signal`` puts Python's own C handler in place of the one Polars chained in front of
+    it (which aborts a running query): ``listen()`` installs its handler with the process's action
+    for SIGINT kept as it was."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("polars")
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    done = subprocess.run([sys.executable, "-c", SIGACTION], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]  # kept by listen(); a plain signal.signal would replace it

@@ -107,3 +107,22 @@ def test_a_stop_that_cannot_be_posted_is_one_line_and_the_others_are_posted(svc,
     with sqlite3.connect(tmp_path / "budget.sqlite") as db:  # the stop the other job was given, on its budget
         causes = [cause for (cause,) in db.execute("SELECT cause FROM stops WHERE run_id=?", (here.run_id,))]
     assert len(causes) == 1 and "interrupted" in causes[0]
+
+
+def test_stops_posted_for_running_jobs_only_leave_a_finished_job_be(svc, tmp_path):
+    """A driver that cannot tell which of its jobs a cancel was for (Spark's watch) posts for those
+    with a run on their key now: the running job stops, the finished one is given no stop."""
+    import sqlite3
+
+    where = f"sqlite:///{tmp_path / 'budget.sqlite'}"
+    finished, running = job(svc, budget=where), job(svc, budget=where)
+    run_in_worker(lambda: run_texts(finished, [article(20, seed=55000 + i) for i in range(5)], shared=True))
+    out: dict = {}
+    thread = worker_run(running, [article(20, seed=55100 + i) for i in range(300)], out)
+    wait_for_count(svc, 15)
+    job_stop.post_specs([finished, running], job_stop.cause("the Spark job was cancelled"), running_only=True)
+    thread.join(120)
+    assert isinstance(out.get("error"), JobStopped)
+    with sqlite3.connect(tmp_path / "budget.sqlite") as db:
+        stopped = {run_id for (run_id,) in db.execute("SELECT run_id FROM stops")}
+    assert stopped == {running.run_id}
