@@ -67,11 +67,22 @@ class Quotas:
                 await state.guard(counted.moved(LOOK_AGAIN_SECONDS))
                 if state.out(lane.pacer.now()):
                     raise KeyOut
-            if counted.returned == returned:
-                spent = counted.spent()
-                until = lane.pacer.now() + max(1.0, spent.until - wall_of(lane))
-                keys.take_out(state, until, spent, remember=False)  # the budget's count says it to every run
-                raise KeyOut
+            if counted.returned != returned:
+                continue
+            # Nor of another run's on the key (another process's, which its entry in the runs' registry
+            # says it holds): claim again in a moment, when some may have come back.
+            if await state.guard(counted.held_elsewhere()):
+                if keys.single:
+                    held = f"waits for requests other runs on the key hold under the {counted.spent().name}"
+                    keys.wait.shows(held + ": they may come back")
+                await state.guard(asyncio.sleep(LOOK_AGAIN_SECONDS))
+                if state.out(lane.pacer.now()):
+                    raise KeyOut
+                continue
+            spent = counted.spent()
+            until = lane.pacer.now() + max(1.0, spent.until - wall_of(lane))
+            keys.take_out(state, until, spent, remember=False)  # the budget's count says it to every run
+            raise KeyOut
 
     def release(self, state: LaneState, period: tuple[str, ...] | None) -> None:
         """An admitted attempt that never started: its reservation freed and its count given back;

@@ -1,8 +1,8 @@
 """What a run publishes of itself on each of its keys' budgets (``Entry``: its entry in the runs'
 registry, which ``batchsum top`` reads): host, pid, door, output (redacted), its limit and source,
 share, sent, reused, 429s, rows left and ETA where it knows its size, its own rate, when it started,
-and what it waits for when every key's quota is spent; a gateway's queue and its requests' waits
-for their turn instead of rows.
+what it waits for when every key's quota is spent, and its claims on the key's quota that may still
+be given back; a gateway's queue and its requests' waits for their turn instead of rows.
 
 It goes with the calls the run's pacer makes anyway, at most once a second (``pacing.presence``); a
 run whose pacer is quiet (a pause, rows the store answers, a wait on a claim) publishes on a call of
@@ -146,7 +146,17 @@ class Entry(Presence):
             "rate_1m": rate,
             "eta_s": eta,
             "waiting": stats.waiting,  # every key's quota spent: what the run waits for
+            # its claims on the key's quota counted and not settled: another run refused by the count
+            # waits for them, since each may still be given back (``CountedQuota.held_elsewhere``)
+            "quota_pending": lane.counted.pending if lane is not None and lane.counted is not None else 0,
         }
+
+    def attach(self, lane: KeyLane) -> None:
+        """The run's key on this budget: its figures published here, and its quota's claims under
+        this entry's name (published at the next call whenever they start or stop being pending)."""
+        self.lane = lane
+        if lane.counted is not None:
+            lane.counted.publish(self.member.member, self.published)
 
     def heard(self, slot: Slot) -> None:
         """What the budget answered a call of the run's (the pacer's, or the keep-alive's): its job's

@@ -140,8 +140,9 @@ class Pieces:
             pacer = options.pacer(on_pace_change, share=share, alone=not shared, log=stats.timeline, presence=entry)
             quota = plan.quota if plan is not None and plan.quota is not None else spec.quota
             source = plan.source if plan is not None else ""
-            entry.lane = KeyLane(client, pacer, record, key, source, quota, budget, tell=self._tell)
-            self.lanes.append(entry.lane)
+            lane = KeyLane(client, pacer, record, key, source, quota, budget, tell=self._tell)
+            entry.attach(lane)
+            self.lanes.append(lane)
         self.pacer = self.lanes[0].pacer
         _watch_keys(self.lanes, records, stats, spec.params.mode)
 
