@@ -7,9 +7,10 @@ Invariant: a start reserved ahead goes out at its time, at most ``late(interval)
 an interval, or ``LATE_SECONDS`` when that is longer; any time without pacing), or not at all (its
 slot is lost, never told as a start), unless ``STARVED`` starts in a row were lost so (its event loop
 held: it goes late rather than never); never while a pause holds, after the budget came back empty,
-or once the interval in force is wider than the one it was reserved at. So the starts of every
-process on the budget keep the spacing of their reservations, each late by at most that while its
-process keeps time.
+or once the interval in force is wider than the one it was reserved at. Nothing is reserved while a
+pause holds (those starts could not go, and each call would push the key's schedule out for every
+run). So the starts of every process on the budget keep the spacing of their reservations, each late
+by at most that while its process keeps time.
 """
 
 from __future__ import annotations
@@ -182,6 +183,10 @@ class FarTurn(Turn):
         """The next starts reserved on the budget and held; a failure kept for the next taker."""
         try:
             while True:
+                # Nothing is reserved while a pause holds: its starts could not go, and each call
+                # reserving them again would push the key's schedule further out (every run's).
+                while (wait := self.pause.left(self.clock())) > ON_TIME:
+                    await self.alarm.nap(wait)
                 while (wait := self.room.reset_wait(self.clock())) > ON_TIME:
                     await self.alarm.nap(min(wait, 1.0))
                 while self._minute_full():

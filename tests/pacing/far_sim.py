@@ -9,22 +9,28 @@ import asyncio
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from batchsum.errors import RateLimitError
 from batchsum.local.state import SlidingWindow
 from batchsum.pacing import Pacer
-from batchsum.pacing.budget import Budget, ProcessBudget, Report, Share, Slot
+from batchsum.pacing.budget import Budget, ProcessBudget, Remembered, Report, Share, Slot
+from batchsum.pacing.exchange import Lead
 from batchsum.pacing.ledger import LEDGER_SECONDS, Ledger
 from batchsum.pacing.pacer import _loop_time
 from tests import virtual_clock
 from tests.pacing.test_pacing import Sim, engine_hooks
 
+T = TypeVar("T")
+
 
 class Far(Budget):
     """One process's connection to a budget ``rtt`` seconds away (each way half of it, plus up to
-    ``jitter`` at random): the step itself runs on ``inner`` halfway, as Redis runs a script."""
+    ``jitter`` at random): the step itself runs on ``inner`` halfway, as Redis runs a script; so do
+    its ledger, the lead of the key's search, the key's record and registry (``rtt`` 0 and ``far``
+    False: a budget on this machine, called directly)."""
 
     def __init__(self, inner: ProcessBudget, rtt: float, jitter: float = 0.0, seed: int = 0, far: bool = True) -> None:
         self.inner, self.rtt, self.jitter = inner, rtt, jitter
@@ -35,7 +41,8 @@ class Far(Budget):
         self.epoch = inner.epoch
 
     async def _way(self) -> None:
-        await asyncio.sleep(self.rtt / 2 + self.random.uniform(0.0, self.jitter))
+        if self.rtt or self.jitter:
+            await asyncio.sleep(self.rtt / 2 + self.random.uniform(0.0, self.jitter))
 
     async def _call(
         self, what: int, interval: float, report: Report, share: Share | None, count: int = 1, lead: float = 0.0
@@ -47,11 +54,27 @@ class Far(Budget):
         await self._way()
         return slot
 
-    async def ledger(self, seconds: float = LEDGER_SECONDS) -> Ledger:
+    async def _through(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()`` run on the budget, a round trip away."""
         await self._way()
-        found = await self.inner.ledger(seconds)
+        found = await call()
         await self._way()
         return found
+
+    async def ledger(self, seconds: float = LEDGER_SECONDS) -> Ledger:
+        return await self._through(lambda: self.inner.ledger(seconds))
+
+    async def lead(self, holder: str, state: str | None = None, *, release: bool = False) -> Lead:
+        return await self._through(lambda: self.inner.lead(holder, state, release=release))
+
+    async def recall(self, key_hash: str, service: str) -> list[Remembered]:
+        return await self._through(lambda: self.inner.recall(key_hash, service))
+
+    async def remember(self, key_hash: str, service: str, entries: dict[str, str]) -> None:
+        await self._through(lambda: self.inner.remember(key_hash, service, entries))
+
+    async def runs(self) -> list[Any]:
+        return await self._through(lambda: self.inner.runs())
 
 
 class Lag:
