@@ -97,38 +97,51 @@ class FarTurn(Turn):
     in_flight: Slotted | None = field(default=None, init=False)  # the pacer's: a batch no bigger than its room
 
     async def _take_turn(self, at_turn: AtTurn | None) -> tuple[float, bool]:
-        asked = False  # at_turn is asked once, ahead of the start by the time it takes
+        claimed: float | None = None  # when at_turn answered (asked once, ahead by the time it takes)
         while True:
             held = await self._next()
-            if at_turn is not None and not asked:
+            if at_turn is not None and claimed is None:
                 await self._until(held.at - max(self.turn_took))
                 if self._stale(held):
                     continue
                 started = self.clock()
                 go = await at_turn()
-                self.turn_took.append(self.clock() - started)
+                claimed = self.clock()
+                self.turn_took.append(claimed - started)
                 if not go:  # its start stays at the head, for the next attempt
                     raise TurnGiven
-                asked = True
             await self._until(max(held.at, self.last_start + held.interval))  # our own last start too
             if self._stale(held):
                 continue
-            if self.limiter is not None:
-                await self.limiter.acquire()
             self.held.popleft()
-            if held.interval > 0 and self.clock() > held.at + late(held.interval) + ON_TIME:
-                if self.late_in_a_row < STARVED:
-                    self.late_in_a_row += 1
-                    self.lost += 1  # too late to keep the spacing: never sent, never told
-                    continue
-                self.behind += 1  # the loop is held for longer than the spacing allows: go late, not never
-            self.late_in_a_row = 0
+            if self._lost(held, claimed):
+                continue
             return held.interval, held.on_room
+
+    def _lost(self, held: Held, claimed: float | None) -> bool:
+        """Whether ``held``, taken now, is too late to keep the spacing: never sent, never told. One
+        late because at_turn answered after its time (``claimed``: a slow claim) is lost; one late
+        though its wait began in time is the loop held, and after ``STARVED`` such in a row it goes
+        late rather than never (``behind``)."""
+        due = held.at + late(held.interval) + ON_TIME
+        if held.interval <= 0 or self.clock() <= due:
+            self.late_in_a_row = 0
+            return False
+        if claimed is not None and claimed > due:  # the claim's doing, not the loop's: the next goes in time
+            self.lost += 1
+            return True
+        if self.late_in_a_row < STARVED:
+            self.late_in_a_row += 1
+            self.lost += 1
+            return True
+        self.behind += 1  # the loop is held for longer than the spacing allows: go late, not never
+        self.late_in_a_row = 0
+        return False
 
     def _started(self, now: float, interval: float, on_room: bool) -> None:
         self.sharing.owed.started.append(now)  # told to the budget with the next call
         Turn._started(self, now, interval, on_room)
-        if self.coming is None and self._low(now):
+        if self.coming is None and self.limiter is None and self._low(now):  # (with one: after it, ``floor``)
             self.coming = asyncio.ensure_future(self._reserve_ahead())
 
     async def _next(self) -> Held:
@@ -196,7 +209,8 @@ class FarTurn(Turn):
                     await self.sharing.exchange(LOOK, 0.0, self.last_start)
                     self.rtts.append(self.sharing.call[1] - self.sharing.call[0])
                 interval, on_room = self._spacing(self.clock())
-                count = 1 if on_room or self.share is not None else self._batch(interval)
+                single = on_room or self.share is not None or self.limiter is not None  # (a limiter: one it let go)
+                count = 1 if single else self._batch(interval)
                 way_back = answer_way(self.rtts)  # the first start no sooner than the answer reaches us
                 outages = self.sharing.budget.outage.ended
                 slot = await self.sharing.exchange(AHEAD, interval, self.last_start, ahead=count, lead=way_back)

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from batchsum.errors import RateLimitError
 from batchsum.local.state import SlidingWindow
 from batchsum.pacing import Pacer
+from batchsum.pacing.ahead import FarTurn
 from batchsum.pacing.budget import Budget, ProcessBudget, Remembered, Report, Share, Slot
 from batchsum.pacing.exchange import Lead
 from batchsum.pacing.ledger import LEDGER_SECONDS, Ledger
@@ -77,14 +78,19 @@ class Far(Budget):
         return await self._through(lambda: self.inner.runs())
 
 
-class Lag:
-    """A process woken late for each start: ``lag(rng)`` seconds (a limiter asked right before it goes)."""
+def woken_late(pacer: Pacer, rng: random.Random, lag: Callable[[random.Random], float]) -> None:
+    """``pacer``'s process woken late for each start, ``lag(rng)`` seconds after its time (a loaded
+    machine's scheduling), as its far schedule waits for it (``FarTurn._until``)."""
 
-    def __init__(self, rng: random.Random, lag: Callable[[random.Random], float]) -> None:
-        self.rng, self.lag = rng, lag
+    class Late(FarTurn):
+        __slots__ = ()
 
-    async def acquire(self) -> None:
-        await asyncio.sleep(self.lag(self.rng))
+        async def _until(self, at: float) -> None:
+            await FarTurn._until(self, at)
+            await asyncio.sleep(lag(rng))
+
+    assert type(pacer._turn) is FarTurn
+    pacer._turn.__class__ = Late
 
 
 @dataclass
@@ -144,12 +150,13 @@ def simulate(
     service admits ``limit`` (a count in any window of so many seconds; None: everything) and answers
     after ``latency``;
     ``delay(rng)``: each start's send delay; ``lag(rng)``: how late a process wakes for each start
-    (a loaded machine's scheduling: a limiter asked right before the start goes)."""
+    (a loaded machine's scheduling, ``woken_late``)."""
     inner = ProcessBudget(_loop_time, shared=True)
     budgets = [Far(inner, rtt, jitter, seed + n, far=far) for n in range(runs)]
     rng = random.Random(seed)
-    limiter = None if lag is None else Lag(rng, lag)
-    pacers = [Pacer(rpm, budget=budget, limiter=limiter) for budget in budgets]
+    pacers = [Pacer(rpm, budget=budget) for budget in budgets]
+    for pacer in pacers if lag is not None and far else ():
+        woken_late(pacer, rng, lag)
     sim = Sim(latency=lambda t: latency)
     if limit is not None:
         sim.window = SlidingWindow(*limit)
