@@ -455,6 +455,28 @@ def test_a_plan_lowered_to_half_met_by_one_run_is_remembered_and_the_next_run_pa
     assert after.statuses == {"ok"} and after.refused == 0 and after.rate() >= 0.95 * true
 
 
+def test_a_plan_halved_on_a_sliding_minute_right_after_a_run_at_the_old_one_is_remembered(machine):
+    """Issue 52 item 7: a run at 400/min on a sliding minute, then, three seconds after it ends, the
+    plan halved (the service replaced at the same address, counting afresh) and a run of 400 texts:
+    it sends at the old pace for half a minute and draws one refusal episode; the window that reset
+    opened with its first start, so the minute of the run before (under the old plan) does not hide
+    what this window admitted: 200/min remembered; the next run pays no 429 and holds the new plan."""
+    service = service_with(SlidingWindow(400, MINUTE))
+    machine.entries["limit"] = Remembered("k", "s", "limit", Found(400, "found", 0).to_json(), 1e12)
+
+    async def main():
+        before = await wave(service, machine, 400)
+        await asyncio.sleep(2.0)  # (a wave ends a second after its last answer)
+        service.limit = SlidingWindow(200, MINUTE)
+        halved = await wave(service, machine, 400, seed=1)
+        return before, halved, machine.limit(), await wave(service, machine, 200, seed=2)
+
+    before, halved, remembered, after = scenario(main)
+    assert before.refused == 0 and halved.statuses == {"ok"} and 0 < halved.refused <= 20
+    assert remembered is not None and remembered.how == "lowered" and 0.95 * 200 <= remembered.rpm <= 200
+    assert after.statuses == {"ok"} and after.refused == 0 and 0.93 * 200 <= after.rate() <= 1.05 * 200
+
+
 def test_a_refusal_with_a_long_wait_after_a_whole_minute_at_the_known_limit_lowers_nothing(machine):
     """A run at a remembered limit that is right, a minute and more into it, meets one 429 asking it
     to wait 30 s (an outage, not a window): the minute before admitted more than the one that
