@@ -32,6 +32,7 @@ from .turn import MINUTE_LOOK, AtTurn, Turn, TurnGiven
 __all__ = [
     "FarTurn",
     "Held",
+    "Lateness",
     "offset",
     "late",
     "share_of",
@@ -79,10 +80,40 @@ class Held:
     epoch: str | None
 
 
+@dataclass(slots=True)
+class Lateness:
+    """What became of the starts reserved ahead that did not go at their time: ``lost`` (never sent,
+    never told), ``behind`` (sent late all the same), and how many in a row were lost to a held loop."""
+
+    lost: int = 0
+    behind: int = 0
+    in_a_row: int = 0
+
+    def dropped(self, held: Held, now: float, claimed: float | None) -> bool:
+        """Whether ``held``, taken at ``now``, is too late to keep the spacing (then it is lost). One
+        late because at_turn answered after its time (``claimed``: a slow claim) is lost; one late
+        though its wait began in time is the loop held, and after ``STARVED`` such in a row it goes
+        late rather than never (``behind``)."""
+        due = held.at + late(held.interval) + ON_TIME
+        if held.interval <= 0 or now <= due:
+            self.in_a_row = 0
+            return False
+        if claimed is not None and claimed > due:  # the claim's doing, not the loop's: the next goes in time
+            self.lost += 1
+            return True
+        if self.in_a_row < STARVED:
+            self.in_a_row += 1
+            self.lost += 1
+            return True
+        self.behind += 1  # the loop is held for longer than the spacing allows: go late, not never
+        self.in_a_row = 0
+        return False
+
+
 @dataclass(eq=False, slots=True)
 class FarTurn(Turn):
     """The schedule of starts on a far budget: starts held, the next reservation made in the background
-    when they run low (``coming``), each taken at its time; ``lost``: reserved and never sent."""
+    when they run low (``coming``), each taken at its time; ``lateness``: those that were not."""
 
     held: deque[Held] = field(default_factory=deque, init=False)
     coming: asyncio.Task[None] | None = field(default=None, init=False)
@@ -90,9 +121,7 @@ class FarTurn(Turn):
     rtts: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES), init=False)
     turn_took: deque[float] = field(default_factory=lambda: deque([0.0], maxlen=SAMPLES), init=False)
     offsets: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=SAMPLES), init=False)
-    lost: int = field(default=0, init=False)
-    behind: int = field(default=0, init=False)  # starts sent late all the same (``STARVED``)
-    late_in_a_row: int = field(default=0, init=False)
+    lateness: Lateness = field(default_factory=Lateness, init=False)
     queued: bool = field(default=True, init=False)  # the last reservation had others' starts ahead of it
     in_flight: Slotted | None = field(default=None, init=False)  # the pacer's: a batch no bigger than its room
 
@@ -114,29 +143,9 @@ class FarTurn(Turn):
             if self._stale(held):
                 continue
             self.held.popleft()
-            if self._lost(held, claimed):
+            if self.lateness.dropped(held, self.clock(), claimed):
                 continue
             return held.interval, held.on_room
-
-    def _lost(self, held: Held, claimed: float | None) -> bool:
-        """Whether ``held``, taken now, is too late to keep the spacing: never sent, never told. One
-        late because at_turn answered after its time (``claimed``: a slow claim) is lost; one late
-        though its wait began in time is the loop held, and after ``STARVED`` such in a row it goes
-        late rather than never (``behind``)."""
-        due = held.at + late(held.interval) + ON_TIME
-        if held.interval <= 0 or self.clock() <= due:
-            self.late_in_a_row = 0
-            return False
-        if claimed is not None and claimed > due:  # the claim's doing, not the loop's: the next goes in time
-            self.lost += 1
-            return True
-        if self.late_in_a_row < STARVED:
-            self.late_in_a_row += 1
-            self.lost += 1
-            return True
-        self.behind += 1  # the loop is held for longer than the spacing allows: go late, not never
-        self.late_in_a_row = 0
-        return False
 
     def _started(self, now: float, interval: float, on_room: bool) -> None:
         self.sharing.owed.started.append(now)  # told to the budget with the next call
@@ -166,7 +175,7 @@ class FarTurn(Turn):
         now = self.clock()
         if not (self.pause.paused(now) or held.epoch != self.sharing.epoch or self._spacing(now)[0] > held.interval):
             return False
-        self.lost += len(self.held)
+        self.lateness.lost += len(self.held)
         self.held.clear()
         return True
 

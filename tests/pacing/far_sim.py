@@ -172,5 +172,5 @@ def simulate(
     virtual_clock.run(main())
     outcome.seconds = time.perf_counter() - began
     outcome.calls = sum(sum(budget.calls.values()) for budget in budgets)
-    outcome.lost = sum(getattr(pacer._turn, "lost", 0) for pacer in pacers)
+    outcome.lost = sum(pacer._turn.lateness.lost for pacer in pacers if isinstance(pacer._turn, FarTurn))
     return outcome
