@@ -20,7 +20,8 @@ local service over loopback on one machine budget (a fresh cache folder), answer
 - redis: a strict sliding 240/min that states nothing, on a ``redis://`` budget (its own redis-server,
   behind ``delay_proxy.py`` adding ``--delay`` ms to each round trip): one process of 300 texts with
   ``--rpm auto``; on a fresh key, two processes of 300 started together; then a third of 300. Each:
-  the time against the ideal at 240/min, the longest silence at the service, 429s, the rate.
+  the time against the ideal at 240/min, the longest silence at the service, 429s, the rate
+  (``--budget machine``: the same on the machine's budget, to compare).
 - halved: run 1, 500 texts on a sliding 400/min (``--rpm auto``, a search); the service replaced at
   the same address by a sliding 200/min; run 2 of 400 texts, run 3 of 200 (``--budget``: ``machine``,
   or ``redis`` with ``--delay``).
@@ -287,12 +288,15 @@ def main() -> None:
     )
     parser.add_argument("--limits", default="60,600,3000", help="the plans of the search (a minute)")
     parser.add_argument(
-        "--budget", choices=["machine", "redis"], default="redis", help="halved: where the budget lives"
+        "--budget",
+        choices=["machine", "redis"],
+        default="redis",
+        help="redis, halved: where the budget lives (redis: one of its own)",
     )
     parser.add_argument("--delay", type=float, default=0.0, help="ms added to each round trip to Redis")
     args = parser.parse_args()
     if args.only in (None, "redis"):
-        on_redis(Budget("redis", args.delay))
+        on_redis(Budget(args.budget, args.delay))
     if args.only in (None, "halved"):
         halved(Budget(args.budget, args.delay))
     if args.only in (None, "limiter"):
