@@ -227,9 +227,10 @@ class Lead:
 
 
 # What a call to the budget does besides taking the report: look; reserve (committed at once when
-# due now); commit; reserve and never commit at once (the caller asks its own limiter first); reserve
-# the next ``count`` starts ahead, each an interval after the one before and recorded as the key's
-# last at once (a far budget's: ``Budget.far``; the starts that went out are told afterwards, by age).
+# due now); commit; reserve and never commit at once (the caller asks first whether the attempt
+# still goes); reserve the next ``count`` starts ahead, each an interval after the one before and
+# recorded as the key's last at once (a far budget's: ``Budget.far``; the starts that went out are
+# told afterwards, by age).
 LOOK, RESERVE, COMMIT, RESERVE_ONLY, AHEAD = 0, 1, 2, 3, 4
 
 

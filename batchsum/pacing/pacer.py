@@ -73,8 +73,8 @@ class Pacer:
     """Shared by every sender of a batch: ``start = await before_attempt()`` before each attempt,
     ``after_attempt(start, ...)`` after it. ``rpm=0``: no pacing, but 429 pauses are still shared.
 
-    ``limiter``: your own floor (``async acquire()``), asked right before each start is committed on
-    the budget. ``budget``: the key's rate budget (default: a private one in this process).
+    ``limiter``: your own floor (``async acquire()``), asked before each start is reserved on the
+    budget (a start reserved is never spent waiting on it). ``budget``: the key's rate budget (default: a private one in this process).
     ``on_pace_change`` is told of each ``PaceChange``. ``share``: this run may use only that fraction
     of the key's rate (``budget.Share``). ``alone``: False for one of several runs of one job at once
     (Dask partitions, Spark tasks), which never spend stated room (each would take it as its own).

@@ -76,7 +76,7 @@ class Strikes:
             self.times = [t for t in self.times if first - t <= STRIKES_WITHIN] + [first]
             if first - self.times[0] >= STRIKE_SECONDS:  # closer, too close to tell a window by
                 return shown_by(ledger, self.times)
-            full = minute_refused(ledger, first)
+            full = minute_refused(ledger, first, WINDOW / pace)
             if full is not None:  # a minute's window, full until it reset: what it admitted
                 return float(full)
         return None
