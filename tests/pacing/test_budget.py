@@ -652,6 +652,7 @@ def test_a_users_limiter_is_asked_before_a_start_is_reserved_so_none_is_thrown_a
     assert min(b - a for a, b in zip(starts, starts[1:])) >= pacer.interval - 1e-9
 
 
+@pytest.mark.slow
 def test_a_users_limiter_on_every_budget_sends_each_row_once_and_loses_no_reserved_start(svc, budget_at):
     """The same in a real run on the machine's budget and on Redis, near and 20 ms away: 16 texts,
     exactly 16 requests at the service, no start reserved and thrown away."""

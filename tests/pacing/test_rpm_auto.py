@@ -322,6 +322,7 @@ def test_cli_processes_started_together_under_auto_share_one_lead(budget_at, tmp
     assert after.holder == "a test" and after.state is not None and '"kind": "stated"' in after.state
 
 
+@pytest.mark.slow
 def test_a_plan_halved_at_the_same_address_is_remembered_and_the_next_run_pays_no_429(budget_at, tmp_path):
     """Issue 52 items 0 and 7 in real runs, on the machine's budget and on Redis near and 20 ms away:
     run 1 learns 400/min (its service states it); the service is replaced at the same address by one
