@@ -24,18 +24,18 @@ from typing import Any
 from ..data.results import BLOCK_ROWS, Answer, RowBlock, RowResult
 from ..data.stores import AnswerStore, MemoryStore
 from ..pacing import Pacer
-from ..pacing.budget import Share
+from ..pacing.budgets.budget import Share
 from ..service import contract
 from ..service.client import AsyncClient, validate_params
 from ..service.errors import BrokenInputError, InvalidParameterError, RequestCapReached
-from ..service.keys import parse_quota
+from ..service.key_plans import parse_quota
 from ..service.settings import check_share, share_at_rate
 from ._batch import Batch
 from ._stop import NOT_SENT
 from ._window import Known, Pending, Window, as_row
 from .fingerprints import fingerprint as fingerprint
 from .fingerprints import text_fingerprint as text_fingerprint
-from .keys import KeyLane, Pacers, finish_lanes
+from .lanes import KeyLane, Pacers, finish_lanes
 from .options import RunOptions as RunOptions
 from .plan import BatchPlan as BatchPlan
 from .plan import plan_batch as plan_batch
@@ -292,7 +292,7 @@ def _one_lane(
     if counted is not None and options.budget is None:
         raise InvalidParameterError(
             "summarize_stream's quota is counted on the key's budget: give budget= too "
-            "(batchsum.pacing.budget.open_budget)"
+            "(batchsum.pacing.budgets.budget.open_budget)"
         )
     return KeyLane(client, pacer, options.record, budget=options.budget, quota=counted)
 

@@ -7,9 +7,10 @@ Invariant: a start reserved ahead goes out at its time, at most ``late(interval)
 an interval, or ``LATE_SECONDS`` when that is longer; any time without pacing), or not at all (its
 slot is lost, never told as a start), unless ``STARVED`` starts in a row were lost so (its event loop
 held: it goes late rather than never); never while a pause holds, after the budget came back empty,
-or once the interval in force is wider than the one it was reserved at. So the starts of every
-process on the budget keep the spacing of their reservations, each late by at most that while its
-process keeps time.
+or once the interval in force is wider than the one it was reserved at. Nothing is reserved while a
+pause holds (those starts could not go, and each call would push the key's schedule out for every
+run). So the starts of every process on the budget keep the spacing of their reservations, each late
+by at most that while its process keeps time.
 """
 
 from __future__ import annotations
@@ -22,15 +23,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .budgets.exchange import AHEAD, LOOK, Slot
+from .budgets.spacing import WINDOW
 from .evidence import Evidence
-from .exchange import AHEAD, LOOK, Slot
 from .pause import ON_TIME
-from .spacing import WINDOW
 from .turn import MINUTE_LOOK, AtTurn, Turn, TurnGiven
 
 __all__ = [
     "FarTurn",
     "Held",
+    "Lateness",
     "offset",
     "late",
     "share_of",
@@ -78,10 +80,40 @@ class Held:
     epoch: str | None
 
 
+@dataclass(slots=True)
+class Lateness:
+    """What became of the starts reserved ahead that did not go at their time: ``lost`` (never sent,
+    never told), ``behind`` (sent late all the same), and how many in a row were lost to a held loop."""
+
+    lost: int = 0
+    behind: int = 0
+    in_a_row: int = 0
+
+    def dropped(self, held: Held, now: float, claimed: float | None) -> bool:
+        """Whether ``held``, taken at ``now``, is too late to keep the spacing (then it is lost). One
+        late because at_turn answered after its time (``claimed``: a slow claim) is lost; one late
+        though its wait began in time is the loop held, and after ``STARVED`` such in a row it goes
+        late rather than never (``behind``)."""
+        due = held.at + late(held.interval) + ON_TIME
+        if held.interval <= 0 or now <= due:
+            self.in_a_row = 0
+            return False
+        if claimed is not None and claimed > due:  # the claim's doing, not the loop's: the next goes in time
+            self.lost += 1
+            return True
+        if self.in_a_row < STARVED:
+            self.in_a_row += 1
+            self.lost += 1
+            return True
+        self.behind += 1  # the loop is held for longer than the spacing allows: go late, not never
+        self.in_a_row = 0
+        return False
+
+
 @dataclass(eq=False, slots=True)
 class FarTurn(Turn):
     """The schedule of starts on a far budget: starts held, the next reservation made in the background
-    when they run low (``coming``), each taken at its time; ``lost``: reserved and never sent."""
+    when they run low (``coming``), each taken at its time; ``lateness``: those that were not."""
 
     held: deque[Held] = field(default_factory=deque, init=False)
     coming: asyncio.Task[None] | None = field(default=None, init=False)
@@ -89,45 +121,36 @@ class FarTurn(Turn):
     rtts: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES), init=False)
     turn_took: deque[float] = field(default_factory=lambda: deque([0.0], maxlen=SAMPLES), init=False)
     offsets: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=SAMPLES), init=False)
-    lost: int = field(default=0, init=False)
-    behind: int = field(default=0, init=False)  # starts sent late all the same (``STARVED``)
-    late_in_a_row: int = field(default=0, init=False)
+    lateness: Lateness = field(default_factory=Lateness, init=False)
     queued: bool = field(default=True, init=False)  # the last reservation had others' starts ahead of it
     in_flight: Slotted | None = field(default=None, init=False)  # the pacer's: a batch no bigger than its room
 
     async def _take_turn(self, at_turn: AtTurn | None) -> tuple[float, bool]:
-        asked = False  # at_turn is asked once, ahead of the start by the time it takes
+        claimed: float | None = None  # when at_turn answered (asked once, ahead by the time it takes)
         while True:
             held = await self._next()
-            if at_turn is not None and not asked:
+            if at_turn is not None and claimed is None:
                 await self._until(held.at - max(self.turn_took))
                 if self._stale(held):
                     continue
                 started = self.clock()
                 go = await at_turn()
-                self.turn_took.append(self.clock() - started)
+                claimed = self.clock()
+                self.turn_took.append(claimed - started)
                 if not go:  # its start stays at the head, for the next attempt
                     raise TurnGiven
-                asked = True
             await self._until(max(held.at, self.last_start + held.interval))  # our own last start too
             if self._stale(held):
                 continue
-            if self.limiter is not None:
-                await self.limiter.acquire()
             self.held.popleft()
-            if held.interval > 0 and self.clock() > held.at + late(held.interval) + ON_TIME:
-                if self.late_in_a_row < STARVED:
-                    self.late_in_a_row += 1
-                    self.lost += 1  # too late to keep the spacing: never sent, never told
-                    continue
-                self.behind += 1  # the loop is held for longer than the spacing allows: go late, not never
-            self.late_in_a_row = 0
+            if self.lateness.dropped(held, self.clock(), claimed):
+                continue
             return held.interval, held.on_room
 
     def _started(self, now: float, interval: float, on_room: bool) -> None:
         self.sharing.owed.started.append(now)  # told to the budget with the next call
         Turn._started(self, now, interval, on_room)
-        if self.coming is None and self._low(now):
+        if self.coming is None and self.limiter is None and self._low(now):  # (with one: after it, ``floor``)
             self.coming = asyncio.ensure_future(self._reserve_ahead())
 
     async def _next(self) -> Held:
@@ -152,7 +175,7 @@ class FarTurn(Turn):
         now = self.clock()
         if not (self.pause.paused(now) or held.epoch != self.sharing.epoch or self._spacing(now)[0] > held.interval):
             return False
-        self.lost += len(self.held)
+        self.lateness.lost += len(self.held)
         self.held.clear()
         return True
 
@@ -182,6 +205,10 @@ class FarTurn(Turn):
         """The next starts reserved on the budget and held; a failure kept for the next taker."""
         try:
             while True:
+                # Nothing is reserved while a pause holds: its starts could not go, and each call
+                # reserving them again would push the key's schedule further out (every run's).
+                while (wait := self.pause.left(self.clock())) > ON_TIME:
+                    await self.alarm.nap(wait)
                 while (wait := self.room.reset_wait(self.clock())) > ON_TIME:
                     await self.alarm.nap(min(wait, 1.0))
                 while self._minute_full():
@@ -191,7 +218,8 @@ class FarTurn(Turn):
                     await self.sharing.exchange(LOOK, 0.0, self.last_start)
                     self.rtts.append(self.sharing.call[1] - self.sharing.call[0])
                 interval, on_room = self._spacing(self.clock())
-                count = 1 if on_room or self.share is not None else self._batch(interval)
+                single = on_room or self.share is not None or self.limiter is not None  # (a limiter: one it let go)
+                count = 1 if single else self._batch(interval)
                 way_back = answer_way(self.rtts)  # the first start no sooner than the answer reaches us
                 outages = self.sharing.budget.outage.ended
                 slot = await self.sharing.exchange(AHEAD, interval, self.last_start, ahead=count, lead=way_back)

@@ -1,5 +1,7 @@
 """When each attempt of a batch starts: its turn reserved on the key's budget, waited for and then
 committed (the budget checks the spacing), at the pace's interval or on the room the service stated.
+A limiter of the user's (their own floor under the pace) is asked before the start is reserved, on
+every budget: a start reserved is never spent waiting on it.
 
 An attempt may be asked, when its turn has come and before it is committed, whether it still goes
 (``at_turn``: the engine claims its text then). One that does not (its text is claimed by another run)
@@ -15,14 +17,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .auto.limit import AutoLimit
+from .budgets.exchange import COMMIT, LOOK, RESERVE, Share
+from .budgets.spacing import ROOM_SPEEDUP, interval_of
 from .evidence import Evidence
-from .exchange import COMMIT, LOOK, RESERVE, Share
-from .limit import AutoLimit
 from .paces import Paces
 from .pause import ON_TIME, Alarm, Pause
-from .room import Company, StatedRoom
 from .sharing import Sharing
-from .spacing import ROOM_SPEEDUP, interval_of
+from .stated_room import Company, StatedRoom
 
 __all__ = ["Turn", "Limiter", "TurnGiven", "AtTurn"]
 
@@ -46,8 +48,8 @@ class Limiter(Protocol):
 class Turn:
     """The schedule of starts: one caller at a time takes a turn (FIFO, one reservation), reserved on
     the budget, waited for, then committed there (the budget checks the spacing against every
-    process's last start); ``limiter``, the user's own floor, is asked right before the commit.
-    Room the service states is spent only by a run alone on its budget with the whole key."""
+    process's last start); ``limiter``, the user's own floor, is asked before the start is reserved
+    (``floor``). Room the service states is spent only by a run alone on its budget with the whole key."""
 
     clock: Callable[[], float]
     paces: Paces
@@ -64,6 +66,7 @@ class Turn:
     last_start: float = -math.inf
     lock: asyncio.Lock | None = field(default=None, init=False)
     given: bool | None = field(default=None, init=False)  # a reserved start given on: on stated room?
+    floored: bool = field(default=False, init=False)  # the limiter let the next start go (kept when it is given on)
 
     async def take(self, at_turn: AtTurn | None = None) -> float:
         """Wait for this attempt's turn; the time it starts. ``at_turn``: asked once the turn has come,
@@ -72,10 +75,19 @@ class Turn:
         if self.lock is None:
             self.lock = asyncio.Lock()
         async with self.lock:  # one caller at a time takes a turn: FIFO order, one reservation
+            await self.floor()
             interval, on_room = await self._take_turn(at_turn)
+            self.floored = False
         now = self.clock()
         self._started(now, interval, on_room)
         return now
+
+    async def floor(self) -> None:
+        """The user's limiter asked for the next start, before anything is reserved for it: once per
+        start (an attempt that gives its turn on gives the limiter's leave with it)."""
+        if self.limiter is not None and not self.floored:
+            await self.limiter.acquire()
+            self.floored = True
 
     async def _take_turn(self, at_turn: AtTurn | None) -> tuple[float, bool]:
         """Reserve the next start on the budget (or take the one an attempt before gave on), wait for
@@ -85,7 +97,7 @@ class Turn:
         while True:
             given, self.given = self.given, None
             if given is None:
-                reserved = await self._reserve(commit=self.limiter is None and at_turn is None)
+                reserved = await self._reserve(commit=at_turn is None)
                 if reserved is None:
                     continue  # this run's share: its own turn has come, now take the key's next slot
                 interval, on_room, committed = reserved
@@ -106,16 +118,15 @@ class Turn:
                 await self.alarm.nap(slot.wait)  # another start went out meanwhile, or a pause began
 
     async def _reserve(self, *, commit: bool) -> tuple[float, bool, bool] | None:
-        """The next start reserved on the budget and waited for (with a limiter of the user's, asked
-        too): its interval, whether it is on stated room, and whether it is committed already (due
-        at once, and ``commit``); None when a shared run's own turn had not come (ask again)."""
+        """The next start reserved on the budget and waited for: its interval, whether it is on
+        stated room, and whether it is committed already (due at once, and ``commit``); None when a
+        shared run's own turn had not come (ask again)."""
         while (wait := self.room.reset_wait(self.clock())) > ON_TIME:
             await self.alarm.nap(min(wait, 1.0))  # used up: wait for the reset, or a newer statement
         while self._minute_full():
             await self.alarm.nap(MINUTE_LOOK)
             await self.sharing.exchange(LOOK, 0.0, self.last_start)
         interval, on_room = self._spacing(self.clock())
-        # With a limiter of the user's, no start is committed before it has been asked.
         slot = await self.sharing.exchange(RESERVE, interval, self.last_start, commit=commit)
         if slot.deferred:
             await self.alarm.nap(slot.wait)
@@ -124,8 +135,6 @@ class Turn:
             return interval, on_room, True
         if slot.wait > ON_TIME:
             await self.alarm.nap(slot.wait)
-        if self.limiter is not None:
-            await self.limiter.acquire()
         return interval, on_room, False
 
     async def close(self) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..service import contract
-from ..service.keys import ENV_API_KEYS, Quota, parse_quota
+from ..service.key_plans import ENV_API_KEYS, Quota, parse_quota
 from ..service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from ..service.settings import (
     DEFAULT_BUDGET_WAIT,

@@ -332,7 +332,7 @@ def test_summarize_stream_counts_a_quota_on_the_keys_budget():
     and the call stops on the quota spent, every other row not sent."""
     import asyncio
 
-    from batchsum.pacing.budget import ProcessBudget
+    from batchsum.pacing.budgets.budget import ProcessBudget
 
     class OnTheLoopsClock(ProcessBudget):
         def __init__(self) -> None:

@@ -18,25 +18,32 @@ import batchsum
 from batchsum.engine import summarize_stream
 from batchsum.errors import BudgetError
 from batchsum.pacing import KeyRecord, Pacer
-from batchsum.pacing.budget import Budget, ProcessBudget, Remembered, Report, Share, Slot
-from batchsum.pacing.exchange import Lead
-from batchsum.pacing.ledger import LEDGER_SECONDS, Ledger
-from batchsum.pacing.limit import Found
+from batchsum.pacing.auto.limit import Found
+from batchsum.pacing.budgets.budget import Budget, ProcessBudget, Remembered, Share
 from batchsum.run.spec import AUTO_MAX_RPM
 from tests import virtual_clock
+from tests.pacing.far_sim import Far
 from tests.pacing.test_short_job import KEY, Service, uniform
 
 MINUTE = 60.0
+FAR = 0.02  # a Redis budget a zone away: each call's round trip ...
+JITTER = 0.002  # ... and up to this more each way
 T = TypeVar("T")
 
 
 class Machine(ProcessBudget):
-    """One budget shared by every simulated process (the machine's), remembering what runs tell it."""
+    """One budget shared by every simulated process (the machine's, or a Redis ``rtt`` seconds away
+    from each), remembering what runs tell it."""
 
-    def __init__(self) -> None:
+    def __init__(self, rtt: float = 0.0) -> None:
         super().__init__(lambda: asyncio.get_running_loop().time(), shared=True)
+        self.rtt = rtt
         self.entries: dict[str, Remembered] = {}
         self.registry: dict[int, float | None] = {}  # the runs on the key now, each with its share
+
+    def connect(self, seed: int = 0) -> Budget:
+        """A process's way to this budget: itself on this machine, else a connection ``rtt`` away."""
+        return self if not self.rtt else Connection(self, self.rtt, seed)
 
     async def runs(self) -> list[SimpleNamespace]:
         """The live runs on the key, each with its ``share`` (None: the whole key), as the budget's
@@ -55,38 +62,20 @@ class Machine(ProcessBudget):
         return None if entry is None else Found.from_json(entry.value, entry.at)
 
 
-class Connection(Budget):
-    """One process's connection to the machine's budget; ``dead``: the process was killed (it says
-    nothing more to the budget, its lead least of all)."""
+class Connection(Far):
+    """One process's connection to the machine's budget, on this machine (``rtt`` 0) or a network
+    away (``rtt`` seconds each call, with jitter: a Redis budget, whose pacers reserve ahead);
+    ``dead``: the process was killed (it says nothing more to the budget, its lead least of all)."""
 
-    shared = True
-
-    def __init__(self, machine: Machine) -> None:
+    def __init__(self, machine: Machine, rtt: float = 0.0, seed: int = 0) -> None:
+        super().__init__(machine, rtt, JITTER if rtt else 0.0, seed, far=rtt > 0)
         self.machine = machine
         self.dead = False
 
-    def _alive(self) -> None:
+    async def _way(self) -> None:
         if self.dead:
             raise BudgetError("this process is gone")
-
-    async def _call(self, what: int, interval: float, report: Report, share: Share | None) -> Slot:
-        self._alive()
-        return await self.machine._call(what, interval, report, share)
-
-    async def ledger(self, seconds: float = LEDGER_SECONDS) -> Ledger:
-        self._alive()
-        return await self.machine.ledger(seconds)
-
-    async def lead(self, holder: str, state: str | None = None, *, release: bool = False) -> Lead:
-        self._alive()
-        return await self.machine.lead(holder, state, release=release)
-
-    async def recall(self, key_hash: str, service: str) -> list[Remembered]:
-        return await self.machine.recall(key_hash, service)
-
-    async def remember(self, key_hash: str, service: str, entries: dict[str, str]) -> None:
-        self._alive()
-        await self.machine.remember(key_hash, service, entries)
+        await super()._way()
 
 
 @dataclass
@@ -144,7 +133,7 @@ async def wave(
         delay = starts[number] if number < len(starts) else 0.0
         if delay:
             await asyncio.sleep(delay)
-        on = machine if budget is None else budget(number)
+        on = machine.connect(number) if budget is None else budget(number)
         record = KeyRecord(on, "keyhash", "https://svc", await machine.recall("keyhash", "https://svc"))
         own = share[number] if isinstance(share, list) else share
         pacer = Pacer(cap, auto=True, record=record, budget=on, share=own)

@@ -9,22 +9,29 @@ import asyncio
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from batchsum.errors import RateLimitError
 from batchsum.local.state import SlidingWindow
 from batchsum.pacing import Pacer
-from batchsum.pacing.budget import Budget, ProcessBudget, Report, Share, Slot
-from batchsum.pacing.ledger import LEDGER_SECONDS, Ledger
+from batchsum.pacing.ahead import FarTurn
+from batchsum.pacing.budgets.budget import Budget, ProcessBudget, Remembered, Report, Share, Slot
+from batchsum.pacing.budgets.exchange import Lead
+from batchsum.pacing.budgets.ledger import LEDGER_SECONDS, Ledger
 from batchsum.pacing.pacer import _loop_time
 from tests import virtual_clock
 from tests.pacing.test_pacing import Sim, engine_hooks
 
+T = TypeVar("T")
+
 
 class Far(Budget):
     """One process's connection to a budget ``rtt`` seconds away (each way half of it, plus up to
-    ``jitter`` at random): the step itself runs on ``inner`` halfway, as Redis runs a script."""
+    ``jitter`` at random): the step itself runs on ``inner`` halfway, as Redis runs a script; so do
+    its ledger, the lead of the key's search, the key's record and registry (``rtt`` 0 and ``far``
+    False: a budget on this machine, called directly)."""
 
     def __init__(self, inner: ProcessBudget, rtt: float, jitter: float = 0.0, seed: int = 0, far: bool = True) -> None:
         self.inner, self.rtt, self.jitter = inner, rtt, jitter
@@ -35,7 +42,8 @@ class Far(Budget):
         self.epoch = inner.epoch
 
     async def _way(self) -> None:
-        await asyncio.sleep(self.rtt / 2 + self.random.uniform(0.0, self.jitter))
+        if self.rtt or self.jitter:
+            await asyncio.sleep(self.rtt / 2 + self.random.uniform(0.0, self.jitter))
 
     async def _call(
         self, what: int, interval: float, report: Report, share: Share | None, count: int = 1, lead: float = 0.0
@@ -47,21 +55,42 @@ class Far(Budget):
         await self._way()
         return slot
 
-    async def ledger(self, seconds: float = LEDGER_SECONDS) -> Ledger:
+    async def _through(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()`` run on the budget, a round trip away."""
         await self._way()
-        found = await self.inner.ledger(seconds)
+        found = await call()
         await self._way()
         return found
 
+    async def ledger(self, seconds: float = LEDGER_SECONDS) -> Ledger:
+        return await self._through(lambda: self.inner.ledger(seconds))
 
-class Lag:
-    """A process woken late for each start: ``lag(rng)`` seconds (a limiter asked right before it goes)."""
+    async def lead(self, holder: str, state: str | None = None, *, release: bool = False) -> Lead:
+        return await self._through(lambda: self.inner.lead(holder, state, release=release))
 
-    def __init__(self, rng: random.Random, lag: Callable[[random.Random], float]) -> None:
-        self.rng, self.lag = rng, lag
+    async def recall(self, key_hash: str, service: str) -> list[Remembered]:
+        return await self._through(lambda: self.inner.recall(key_hash, service))
 
-    async def acquire(self) -> None:
-        await asyncio.sleep(self.lag(self.rng))
+    async def remember(self, key_hash: str, service: str, entries: dict[str, str]) -> None:
+        await self._through(lambda: self.inner.remember(key_hash, service, entries))
+
+    async def runs(self) -> list[Any]:
+        return await self._through(lambda: self.inner.runs())
+
+
+def woken_late(pacer: Pacer, rng: random.Random, lag: Callable[[random.Random], float]) -> None:
+    """``pacer``'s process woken late for each start, ``lag(rng)`` seconds after its time (a loaded
+    machine's scheduling), as its far schedule waits for it (``FarTurn._until``)."""
+
+    class Late(FarTurn):
+        __slots__ = ()
+
+        async def _until(self, at: float) -> None:
+            await FarTurn._until(self, at)
+            await asyncio.sleep(lag(rng))
+
+    assert type(pacer._turn) is FarTurn
+    pacer._turn.__class__ = Late
 
 
 @dataclass
@@ -121,12 +150,13 @@ def simulate(
     service admits ``limit`` (a count in any window of so many seconds; None: everything) and answers
     after ``latency``;
     ``delay(rng)``: each start's send delay; ``lag(rng)``: how late a process wakes for each start
-    (a loaded machine's scheduling: a limiter asked right before the start goes)."""
+    (a loaded machine's scheduling, ``woken_late``)."""
     inner = ProcessBudget(_loop_time, shared=True)
     budgets = [Far(inner, rtt, jitter, seed + n, far=far) for n in range(runs)]
     rng = random.Random(seed)
-    limiter = None if lag is None else Lag(rng, lag)
-    pacers = [Pacer(rpm, budget=budget, limiter=limiter) for budget in budgets]
+    pacers = [Pacer(rpm, budget=budget) for budget in budgets]
+    for pacer in pacers if lag is not None and far else ():
+        woken_late(pacer, rng, lag)
     sim = Sim(latency=lambda t: latency)
     if limit is not None:
         sim.window = SlidingWindow(*limit)
@@ -142,5 +172,5 @@ def simulate(
     virtual_clock.run(main())
     outcome.seconds = time.perf_counter() - began
     outcome.calls = sum(sum(budget.calls.values()) for budget in budgets)
-    outcome.lost = sum(getattr(pacer._turn, "lost", 0) for pacer in pacers)
+    outcome.lost = sum(pacer._turn.lateness.lost for pacer in pacers if isinstance(pacer._turn, FarTurn))
     return outcome

@@ -17,10 +17,10 @@ import random
 import pytest
 
 from batchsum.local.state import ClockWindow, FixedWindow, SlidingWindow, TokenBucket
-from batchsum.pacing.budget import ProcessBudget, Remembered
-from batchsum.pacing.lead import TICK_SECONDS
-from batchsum.pacing.limit import SETTLE, Found
-from tests.pacing.auto_sim import Connection, Machine, scenario, service_with, wave
+from batchsum.pacing.auto.limit import SETTLE, Found
+from batchsum.pacing.budgets.budget import ProcessBudget, Remembered
+from batchsum.pacing.search_lead import TICK_SECONDS
+from tests.pacing.auto_sim import FAR, Connection, Machine, scenario, service_with, wave
 from tests.pacing.test_pace_conformance import most_in_any_window
 
 MINUTE = 60.0
@@ -53,21 +53,30 @@ OVER_TWELVE = {
     ("clock minute", 3000): 22,
     ("10 s windows", 3000): 20,
 }
-GRID = [(kind, rpm) for rpm in (30, 240, 600) for kind in KINDS] + [
-    (kind, 3000) for kind in ("sliding minute", "fixed minute", "10 s windows", "bucket")
+GRID = [(kind, rpm, "near") for rpm in (30, 240, 600) for kind in KINDS] + [
+    (kind, 3000, "near") for kind in ("sliding minute", "fixed minute", "10 s windows", "bucket")
 ]
+# The same search through a Redis budget a zone away (its pacers reserve their starts ahead): a
+# minute's window, a short one and a bucket, at a low and a high limit.
+GRID += [(kind, rpm, "far") for rpm in (240, 600) for kind in ("sliding minute", "10 s windows", "bucket")]
+
+
+@pytest.fixture(params=["near", "far"])
+def machine(request) -> Machine:
+    """The key's budget: the machine's, or a Redis 20 ms from each process (its pacers reserve ahead)."""
+    return Machine(FAR if request.param == "far" else 0.0)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("kind", "rpm"), GRID)
-def test_the_first_search_finds_the_limit_and_the_next_run_holds_it(kind, rpm):
+@pytest.mark.parametrize(("kind", "rpm", "where"), GRID)
+def test_the_first_search_finds_the_limit_and_the_next_run_holds_it(kind, rpm, where):
     """A job of four to ten minutes at the limit: every row ok, the search costing at most two minutes
     of the limit's capacity (a ten minutes' job done within 1.2x of its ideal time), few 429s, the
     limit remembered within -3% and +2% of the service's (in part, when the job ended first); the next
     run pays no 429 and holds at least 0.95 of the limit."""
     random.seed(rpm)
     limit, true = judge(kind, rpm)
-    service, machine = service_with(limit, LATENCY[rpm]), Machine()
+    service, machine = service_with(limit, LATENCY[rpm]), Machine(FAR if where == "far" else 0.0)
     n = int(true * JOB_MINUTES[rpm])
 
     async def main():
@@ -84,11 +93,11 @@ def test_the_first_search_finds_the_limit_and_the_next_run_holds_it(kind, rpm):
 
 
 @pytest.mark.slow
-def test_four_runs_started_together_search_once_and_use_the_whole_limit():
+def test_four_runs_started_together_search_once_and_use_the_whole_limit(machine):
     """The issue's case on the virtual clock: four runs of 300 texts at once, a strict sliding 240/min
     that states nothing: one search (one leader), every row ok, few 429s, all four done within 1.3x of
     what the limit allows (1200 texts: 300 s), the limit remembered; a fifth run holds it."""
-    service, machine = service_with(SlidingWindow(240, MINUTE)), Machine()
+    service = service_with(SlidingWindow(240, MINUTE))
 
     async def main():
         return await wave(service, machine, 300, runs=4), await wave(service, machine, 300, seed=1)
@@ -120,10 +129,10 @@ def test_runs_on_one_key_search_once_whatever_their_number(runs):
 
 
 @pytest.mark.slow
-def test_a_lowered_plan_is_found_and_the_lower_limit_remembered():
+def test_a_lowered_plan_is_found_and_the_lower_limit_remembered(machine):
     """Found at 600 a minute on a sliding minute; then the service admits 300 a minute in fixed 10 s
     windows (50 per 10 s): every row ok, few 429s, the record says 291-306; the next run holds it."""
-    service, machine = service_with(SlidingWindow(600, MINUTE)), Machine()
+    service = service_with(SlidingWindow(600, MINUTE))
 
     async def main():
         first = await wave(service, machine, 1500)
@@ -143,12 +152,12 @@ def test_a_lowered_plan_is_found_and_the_lower_limit_remembered():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["10 s windows", "bucket"])
-def test_a_limit_remembered_twice_the_plan_is_corrected_not_taken_for_a_storm(kind):
+def test_a_limit_remembered_twice_the_plan_is_corrected_not_taken_for_a_storm(kind, machine):
     """A remembered limit twice the service's: every refusal comes a few seconds after a pause, as a
     storm's would, but they keep coming at a level the pace holds evenly, with the service admitting
     steadily between them: the limit, found and remembered (it never lowered a remembered one)."""
     limit, true = judge(kind, 240)
-    service, machine = service_with(limit), Machine()
+    service = service_with(limit)
     machine.entries["limit"] = Remembered("k", "s", "limit", Found(2 * true, "found", 0).to_json(), 1e12)
 
     async def main():
@@ -177,7 +186,7 @@ def test_a_contradiction_is_judged_by_a_full_window_not_by_a_partial_minute():
     assert found is not None and 0.95 * true <= found.rpm <= 1.02 * true, found
 
 
-def test_a_storm_never_lowers_a_remembered_limit():
+def test_a_storm_never_lowers_a_remembered_limit(machine):
     """Ten seconds of refusing everything, early in a run (its trailing minute barely begun)."""
     import httpx
 
@@ -195,7 +204,6 @@ def test_a_storm_never_lowers_a_remembered_limit():
 
     service = Storm("sliding", latency=uniform(0.3, 0.7))
     service.limit = SlidingWindow(240, MINUTE)
-    machine = Machine()
     machine.entries["limit"] = Remembered("k", "s", "limit", Found(240, "found", 0).to_json(), 1e12)
 
     async def main():
@@ -259,10 +267,10 @@ def test_auto_with_a_cap_paces_under_it_and_remembers_nothing():
 
 
 @pytest.mark.slow
-def test_a_run_that_joins_a_search_in_progress_follows_it():
+def test_a_run_that_joins_a_search_in_progress_follows_it(machine):
     """A second run starting forty seconds into the first's search does not start it again at 60/min:
     it takes the level the first reached at once, and one limit is found."""
-    service, machine = service_with(SlidingWindow(600, MINUTE)), Machine()
+    service = service_with(SlidingWindow(600, MINUTE))
     pacers, levels = [], []
 
     async def main():
@@ -307,7 +315,7 @@ def test_a_run_that_joins_minutes_after_the_leader_settled_takes_its_limit():
 def test_a_fault_in_the_search_is_a_warning_never_a_run_that_hangs(when, monkeypatch, caplog):
     """A bug in a step of the search (the first, or one later) ends that run's part in it with a
     warning: the run goes on at its pace, and the other run on the key leads on."""
-    from batchsum.pacing import limit
+    from batchsum.pacing.auto import limit
 
     steps = {"n": 0}
     step = limit.AutoLimit.step
@@ -326,11 +334,11 @@ def test_a_fault_in_the_search_is_a_warning_never_a_run_that_hangs(when, monkeyp
 
 
 @pytest.mark.slow
-def test_when_the_leader_dies_a_follower_carries_its_search_on():
+def test_when_the_leader_dies_a_follower_carries_its_search_on(machine):
     """The run leading the search is killed (it never lets the lead go); within 20 s a follower holds
     the lead, and carries the search on from the level proven, not from the cautious start."""
-    service, machine = service_with(SlidingWindow(600, MINUTE)), Machine()
-    connections = [Connection(machine), Connection(machine)]
+    service = service_with(SlidingWindow(600, MINUTE))
+    connections = [Connection(machine, machine.rtt, seed) for seed in range(2)]
     pacers, seen = [], {}
 
     async def main():
@@ -359,11 +367,11 @@ def test_when_the_leader_dies_a_follower_carries_its_search_on():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("runs", [1, 3])
-def test_the_spacing_rule_holds_under_auto_whatever_the_level(runs):
+def test_the_spacing_rule_holds_under_auto_whatever_the_level(runs, machine):
     """Every start of the key is an interval of the pace in force after the one before, while the
     level climbs, drops and settles: once settled, any w seconds hold at most ceil(rpm*w/60) + 1."""
     limit, _ = judge("10 s windows", 600)
-    service, machine = service_with(limit), Machine()
+    service = service_with(limit)
 
     async def main():
         return await wave(service, machine, 3600 // runs, runs=runs)
@@ -377,10 +385,14 @@ def test_the_spacing_rule_holds_under_auto_whatever_the_level(runs):
         assert most_in_any_window(later, width) <= math.ceil(value * SETTLE * width / MINUTE) + 1
 
 
-def test_a_share_takes_its_part_of_the_limit_in_force():
-    from batchsum.pacing.budget import Share
+def test_a_share_takes_its_part_of_the_limit_in_force(machine):
+    """A run with ``--share 0.5`` on a key remembered at 240/min: its starts twice the key's interval
+    apart (on a far budget, each within the lateness a start reserved ahead may have: the second
+    waits for the lone first request's answer)."""
+    from batchsum.pacing.ahead import late
+    from batchsum.pacing.budgets.budget import Share
 
-    service, machine = service_with(SlidingWindow(240, MINUTE)), Machine()
+    service = service_with(SlidingWindow(240, MINUTE))
     machine.entries["limit"] = Remembered("k", "s", "limit", Found(240, "found", 0).to_json(), 1e12)
 
     async def main():
@@ -388,7 +400,8 @@ def test_a_share_takes_its_part_of_the_limit_in_force():
 
     out = scenario(main)
     gaps = [b - a for a, b in zip(out.arrivals[1:], out.arrivals[2:])]
-    assert min(gaps) >= 2 * 60 / (240 * SETTLE) - 1e-9
+    interval = 60 / (240 * SETTLE)
+    assert min(gaps) >= 2 * interval - (late(interval) if machine.rtt else 0.0) - 1e-9
 
 
 def test_a_budget_of_this_process_only_searches_alone():
@@ -432,13 +445,13 @@ def test_a_run_after_one_whose_service_stated_the_limit_reports_it_followed_not_
 
 
 @pytest.mark.parametrize("kind", ["sliding minute", "fixed minute", "clock minute", "10 s windows", "bucket"])
-def test_a_plan_lowered_to_half_met_by_one_run_is_remembered_and_the_next_run_pays_no_429(kind):
+def test_a_plan_lowered_to_half_met_by_one_run_is_remembered_and_the_next_run_pays_no_429(kind, machine):
     """Issue 48 item 6: the key's record says 400/min; the plan is now 200. A run of 300 texts meets
     it: on a minute's window it sends at the old pace for half a minute, draws one refusal episode,
     pauses until the window resets and finishes (one episode, not two strikes). What that full window
     admitted is remembered (never more than the service showed), and the next run pays no 429."""
     limit, true = judge(kind, 200)
-    service, machine = service_with(limit), Machine()
+    service = service_with(limit)
     machine.entries["limit"] = Remembered("k", "s", "limit", Found(400, "found", 0).to_json(), 1e12)
 
     async def main():
@@ -454,7 +467,29 @@ def test_a_plan_lowered_to_half_met_by_one_run_is_remembered_and_the_next_run_pa
     assert after.statuses == {"ok"} and after.refused == 0 and after.rate() >= 0.95 * true
 
 
-def test_a_refusal_with_a_long_wait_after_a_whole_minute_at_the_known_limit_lowers_nothing():
+def test_a_plan_halved_on_a_sliding_minute_right_after_a_run_at_the_old_one_is_remembered(machine):
+    """Issue 52 item 7: a run at 400/min on a sliding minute, then, three seconds after it ends, the
+    plan halved (the service replaced at the same address, counting afresh) and a run of 400 texts:
+    it sends at the old pace for half a minute and draws one refusal episode; the window that reset
+    opened with its first start, so the minute of the run before (under the old plan) does not hide
+    what this window admitted: 200/min remembered; the next run pays no 429 and holds the new plan."""
+    service = service_with(SlidingWindow(400, MINUTE))
+    machine.entries["limit"] = Remembered("k", "s", "limit", Found(400, "found", 0).to_json(), 1e12)
+
+    async def main():
+        before = await wave(service, machine, 400)
+        await asyncio.sleep(2.0)  # (a wave ends a second after its last answer)
+        service.limit = SlidingWindow(200, MINUTE)
+        halved = await wave(service, machine, 400, seed=1)
+        return before, halved, machine.limit(), await wave(service, machine, 200, seed=2)
+
+    before, halved, remembered, after = scenario(main)
+    assert before.refused == 0 and halved.statuses == {"ok"} and 0 < halved.refused <= 20
+    assert remembered is not None and remembered.how == "lowered" and 0.95 * 200 <= remembered.rpm <= 200
+    assert after.statuses == {"ok"} and after.refused == 0 and 0.93 * 200 <= after.rate() <= 1.05 * 200
+
+
+def test_a_refusal_with_a_long_wait_after_a_whole_minute_at_the_known_limit_lowers_nothing(machine):
     """A run at a remembered limit that is right, a minute and more into it, meets one 429 asking it
     to wait 30 s (an outage, not a window): the minute before admitted more than the one that
     refused, so no minute's window shows in it, and the record stays (the record holds only what
@@ -475,7 +510,6 @@ def test_a_refusal_with_a_long_wait_after_a_whole_minute_at_the_known_limit_lowe
 
     service = Outage("sliding", latency=uniform(0.3, 0.7))
     service.limit = SlidingWindow(240, MINUTE)
-    machine = Machine()
     machine.entries["limit"] = Remembered("k", "s", "limit", Found(240, "found", 0).to_json(), 1e12)
     out = scenario(lambda: wave(service, machine, 600))
     assert out.statuses == {"ok"} and out.refused >= 1
@@ -489,7 +523,7 @@ def test_a_run_with_a_share_alone_on_a_key_whose_limit_is_unknown_climbs_to_its_
     key's pace is twice the level tried, so the run sends the level and proves it; the limit found is
     the key's (600/min), and once it is known the run sends its share of it, about 300/min. (Before,
     the ledger never showed 0.8 of the level sent and the run stayed at half of 60/min.)"""
-    from batchsum.pacing.budget import Share
+    from batchsum.pacing.budgets.budget import Share
 
     service, machine = service_with(SlidingWindow(600, MINUTE)), Machine()
 
@@ -512,7 +546,7 @@ def test_runs_with_shares_alone_on_a_key_search_with_what_they_may_send_together
     """Two runs with ``--share 0.3`` on a key of 600/min nobody knows, nobody else on it: the
     registry says they may send 0.6 of the key's pace together, so the level tried is what they
     send; the key's limit is found, and each then sends its share of it."""
-    from batchsum.pacing.budget import Share
+    from batchsum.pacing.budgets.budget import Share
 
     service, machine = service_with(SlidingWindow(600, MINUTE)), Machine()
     shares = [Share("a", 0.3), Share("b", 0.3)]

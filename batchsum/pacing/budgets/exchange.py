@@ -227,9 +227,10 @@ class Lead:
 
 
 # What a call to the budget does besides taking the report: look; reserve (committed at once when
-# due now); commit; reserve and never commit at once (the caller asks its own limiter first); reserve
-# the next ``count`` starts ahead, each an interval after the one before and recorded as the key's
-# last at once (a far budget's: ``Budget.far``; the starts that went out are told afterwards, by age).
+# due now); commit; reserve and never commit at once (the caller asks first whether the attempt
+# still goes); reserve the next ``count`` starts ahead, each an interval after the one before and
+# recorded as the key's last at once (a far budget's: ``Budget.far``; the starts that went out are
+# told afterwards, by age).
 LOOK, RESERVE, COMMIT, RESERVE_ONLY, AHEAD = 0, 1, 2, 3, 4
 
 
@@ -325,7 +326,7 @@ class Budget(abc.ABC):
         counts and search of the keys' budgets there too; how many entries were forgotten."""
         return 0
 
-    # The key's paid requests per UTC period (``pacing.quota.CountedQuota``), the count a configured
+    # The key's paid requests per UTC period (``pacing.budgets.quota.CountedQuota``), the count a configured
     # quota is held to. This default keeps it in the budget object (this process: ``QuotaBook``); the
     # shared budgets keep it where they live. What was restored of an old epoch's counts lives beside
     # them, so it goes when they go (a budget that comes back empty again has restored nothing).

@@ -8,14 +8,16 @@ Invariant: each count is of starts the service admitted (answered clean), never 
 
 from __future__ import annotations
 
-from .ledger import TICK, Ledger
-from .spacing import WINDOW
+from ..budgets.ledger import TICK, Ledger
+from ..budgets.spacing import WINDOW
 
-__all__ = ["minute_reset", "window_count", "minute_refused", "FIXED_GAP", "FIXED_RESET"]
+__all__ = ["minute_reset", "window_count", "minute_refused", "FIXED_GAP", "FIXED_RESET", "QUIET_SECONDS"]
 
 FIXED_GAP = 5.0  # a refusal followed by this long with nothing admitted: a fixed window, full until it reset
 FIXED_RESET = 15.0  # ... and this long: a minute's (a 10 s window resets sooner)
 RESET_SLACK = 1.0  # the resume comes a second or so after the reset (the 429's answer, a Retry-After in seconds)
+QUIET_SECONDS = 2.0  # a start after this long with none (and ``QUIET_INTERVALS`` of the pace) begins a
+QUIET_INTERVALS = 4  # spell of sending: a new run's first, not the next of an even pace
 
 
 def resumed_after(ledger: Ledger, first: float | None) -> float | None:
@@ -47,22 +49,27 @@ def window_count(ledger: Ledger, first: float | None, at: float, trailing: int) 
     return min(trailing, ledger.admitted(resumed, at))
 
 
-def minute_refused(ledger: Ledger, first: float) -> int | None:
-    """One refusal at ``first`` (of a known limit's even pace), then nothing admitted until a minute's
-    window reset: what that window admitted, or None when the ledger does not show one. The window
-    began a minute before the resume. It shows itself either way a minute's window can: the key sent
-    nothing in the minute before it and its first start opened it (a sliding minute, or a fixed one
-    from its first request, refusing a run that began in it); or the minute before it admitted no
-    more than it did (a fixed minute on the clock, the key sending into it from the one before). A
-    refusal that came while the key sent through the minute before at a pace that minute admitted is
-    not read here (an outage's long Retry-After looks the same): the strikes judge it."""
+def minute_refused(ledger: Ledger, first: float, interval: float) -> int | None:
+    """One refusal at ``first`` (of a known limit's even pace, ``interval`` apart), then nothing
+    admitted until a minute's window reset: what that window admitted, or None when the ledger does
+    not show one. The window began a minute before the resume. It shows itself either way a minute's
+    window can: the key's first start after a quiet spell opened it (a sliding minute, or a fixed one
+    from its first request, refusing a run that began in it: what the minute before admitted, under
+    the plan before, does not count, as a sliding minute's reset says it left the window); or the
+    minute before it admitted no more than it did (a fixed minute on the clock, the key sending into
+    it from the one before). A refusal that came while the key sent evenly through the window's
+    beginning, at a pace the minute before admitted, is not read here (an outage's long Retry-After
+    looks the same): the strikes judge it."""
     resumed = resumed_after(ledger, first)
     if resumed is None or resumed - first < FIXED_RESET:
         return None
-    opened = resumed - WINDOW - RESET_SLACK
-    held = ledger.admitted(opened, first + TICK)
-    before = ledger.admitted(opened - WINDOW, opened)
+    opened = resumed - WINDOW - RESET_SLACK  # (the window began up to RESET_SLACK after it)
+    began = ledger.first_admitted(opened - RESET_SLACK)
+    if began is not None and began <= opened + 2 * RESET_SLACK + TICK:
+        quiet = max(QUIET_SECONDS, QUIET_INTERVALS * interval)
+        if ledger.started(began - quiet, began) == 0:  # the window opened with the first start of a spell
+            return ledger.admitted(min(began, opened), first + TICK)
     if ledger.started(opened - WINDOW, opened) == 0:
-        began = ledger.first_admitted(opened)
-        return held if began is not None and began <= opened + 2 * RESET_SLACK + TICK else None
-    return held if before <= held else None
+        return None
+    held = ledger.admitted(opened, first + TICK)
+    return held if ledger.admitted(opened - WINDOW, opened) <= held else None
