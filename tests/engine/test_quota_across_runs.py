@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections import deque
@@ -17,8 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchsum.local import Faults
-from tests.support import KEY, article, wait_for
+from batchsum.local import Faults, LocalService
+from tests.support import KEY, article, stderr_until, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 OTHERS = "waits for requests other runs on the key hold"
@@ -28,6 +29,14 @@ OTHERS = "waits for requests other runs on the key hold"
 def budget(request, tmp_path) -> str:
     """The key's budget the runs share: the machine's (a cache folder of the test's own), or Redis'."""
     return request.getfixturevalue("redis_url") if request.param == "redis" else "machine"
+
+
+@pytest.fixture
+def svc():
+    """A local service of the test's own: its address makes the key's counts on a budget new (the
+    session's Redis keeps every earlier test's)."""
+    with LocalService([KEY]) as service:
+        yield service
 
 
 class Runs:
@@ -81,30 +90,33 @@ class Runs:
 
 @pytest.mark.slow
 def test_a_run_refused_by_the_count_waits_for_the_claims_another_run_gives_back(svc, tmp_path, budget):
-    """Run C pays 26 of a daily quota of 30. Run A claims the last 4, which the service holds, then
-    answers 429 with a wait longer than A's ``--max-wait``: A gives the 4 back and ends. Run B, started
-    while A's 4 were held, is refused by the count with none of its own pending: it waits for A's
-    (shown in ``batchsum top``), claims them once given back, and pays for them. The service admits
-    30 in all. (Judged spent from its own claims alone, B stopped at once and the day ended at 26.)"""
+    """Run C pays 26 of a daily quota of 30. Run A claims the last 4, which the service holds. Run B,
+    started then, is refused by the count with none of its own claims pending: it waits for A's (shown
+    in ``batchsum top``). A is stopped (SIGINT: nothing new starts, the answers on the wire are
+    awaited), and the service answers its 4 with 429s: A gives them back and ends; B claims them and
+    pays for them. The service admits 30 in all. (Judged spent from its own claims alone, B stopped
+    at once, and the day ended at 26.)"""
     runs = Runs(svc, tmp_path, budget)
     assert runs.run("c.parquet", 26).returncode == 0 and runs.admitted() == 26
-    svc.faults = Faults(script=deque(["429"] * 4), retry_after=2, hold_after=0)
-    a = runs.start("a.parquet", 4, "--max-wait", "1")
-    wait_for(lambda: svc.state.in_progress == 4, what="A's 4 requests held at the service", alive=a)
-    b = runs.start("b.parquet", 10)
+    svc.faults = Faults(script=deque(["429"] * 4), retry_after=1, hold_after=0)
+    a = runs.start("a.parquet", 4)
+    b = None
     try:
+        wait_for(lambda: svc.state.in_progress == 4, what="A's 4 requests held at the service", alive=a)
+        b = runs.start("b.parquet", 10)
         wait_for(lambda: b.poll() is not None or any(OTHERS in w for w in runs.waiting()), what="B refused")
+        a.send_signal(signal.SIGINT)
+        stderr_until(a, "stopping; waiting for answers on the wire")
         svc.state.faults.release()
-        assert a.wait(120) != 0  # its 4 rows failed: the service asked for longer than its max_wait
+        assert a.wait(120) == 130
         b_err = b.communicate(timeout=300)[1]
     finally:
         for process in (a, b):
-            if process.poll() is None:
+            if process is not None and process.poll() is None:
                 process.kill()
                 process.wait()
     assert runs.admitted() == 30, b_err
-    b_report = runs.report("b.parquet")
-    assert b_report["requests"]["texts_sent"] == 4 and "quota" in b_err, b_err
+    assert runs.report("b.parquet")["requests"]["texts_sent"] == 4 and "quota" in b_err, b_err
     assert runs.report("a.parquet")["requests"]["texts_sent"] == 0
 
 
@@ -128,3 +140,68 @@ def test_two_runs_on_one_key_with_429s_given_back_spend_a_quota_whole(svc, tmp_p
         assert "daily quota of 30 (configured)" in error, error
     paid = sum(runs.report(name)["requests"]["texts_sent"] for name in ("one.parquet", "two.parquet"))
     assert paid == 30
+
+
+def test_on_the_virtual_clock_a_refused_run_waits_for_the_claims_another_run_gives_back():
+    """The same on the virtual clock, two runs in one process on one budget (each its own count and
+    its entry in the runs' registry): run A claims a daily quota of 10 whole, its first request
+    answered, the other 9 held by the service, then answered 429 asking for 100 s, past A's
+    ``max_wait``: A gives the 9 back and stops. Run B, refused by the count meanwhile with none of
+    its own pending, waits for A's, then claims and pays for the 9: the service admits 10."""
+    import asyncio
+
+    import httpx
+
+    import batchsum
+    from batchsum.engine import summarize_stream
+    from batchsum.engine.lanes import KeyLane
+    from batchsum.errors import QuotaSpent
+    from batchsum.pacing import Pacer
+    from batchsum.pacing.budgets.budget import ProcessBudget
+    from batchsum.pacing.budgets.presence import Presence, member_of
+    from batchsum.service.key_plans import Quota
+    from tests import virtual_clock
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        budget = ProcessBudget(loop.time, shared=True)
+        held, release, admitted, a_first = [], asyncio.Event(), [], []
+
+        async def service(request: httpx.Request) -> httpx.Response:
+            if request.headers["authorization"].endswith("a" * 20) and a_first:  # A's: held, then a long "later"
+                held.append(request)
+                await release.wait()
+                return httpx.Response(429, headers={"Retry-After": "100"}, json={"error": "Too many requests"})
+            admitted.append(request)
+            a_first.append(request)  # A's first request (alone: it proves the key) answered at once
+            return httpx.Response(200, json={"result": "A summary."})
+
+        async def run(name: str, key: str, texts: list[str], **options) -> list:
+            client = batchsum.AsyncClient(key, "http://127.0.0.1:9", transport=httpx.MockTransport(service))
+            presence = Presence(member_of(name))
+            lane = KeyLane(client, Pacer(600, budget=budget, presence=presence), quota=Quota(10, "day"), budget=budget)
+            assert lane.counted is not None
+            presence.describe = lambda: {"quota_pending": lane.counted.pending}
+            lane.counted.others.publish(presence.member.member, presence.published)
+            rows = []
+            try:
+                async for row in summarize_stream(texts, client, lanes=[lane], **options):
+                    rows.append(row.status if row.status == "ok" else f"{row.status}:{row.error}")
+            except QuotaSpent:
+                pass
+            finally:
+                await client.aclose()
+            return rows
+
+        texts = [article(20, seed=9600 + i) for i in range(20)]
+        a = asyncio.ensure_future(run("a", "a" * 20, texts[:10], max_wait=1))
+        while len(held) < 9:
+            await asyncio.sleep(0.1)
+        b = asyncio.ensure_future(run("b", "b" * 20, texts[10:]))
+        await asyncio.sleep(10)  # B refused by the count, waiting (virtual seconds: no test time)
+        assert not b.done()
+        release.set()
+        return await a, await b, len(admitted)
+
+    a_rows, b_rows, admitted = virtual_clock.run(main())
+    assert a_rows.count("ok") == 1 and b_rows.count("ok") == 9 and admitted == 10, (a_rows, b_rows)
