@@ -28,8 +28,14 @@ interrupted, and a chunk handed to it (2048 rows) runs to its end: so ``interrup
 runs on the connection first (nothing new starts, the answers on the wire are awaited and kept),
 then calls ``con.interrupt()``. SIGINT (Ctrl-C, a notebook's stop) is heard while the main thread is
 inside the query (``run.interrupts``: the process's wakeup fd, chained) and does the same for every
-connection; with ``SET threads = 1`` DuckDB runs the function on the main thread, which gets the
-``KeyboardInterrupt`` itself and stops the run the same way.
+connection, once the main thread has heard it (``main_first``): the query raises one exception,
+DuckDB's own, whichever it meets first (its wait's ``RuntimeError("Query interrupted")``, made of the
+``KeyboardInterrupt``, or the function's ``InvalidInputException`` naming ``RunInterrupted``). A
+query the stop ended before the main thread heard the signal raised DuckDB's
+``InterruptException``, then Python's handler a ``KeyboardInterrupt`` into the caller's ``except``
+block. With ``SET threads = 1`` DuckDB runs the function on the main thread, which gets the
+``KeyboardInterrupt`` in it (an ``InvalidInputException`` naming it). No exception raised while a
+query runs leaves DuckDB as a ``KeyboardInterrupt``.
 """
 
 from __future__ import annotations
@@ -219,7 +225,7 @@ def _hear_interrupts() -> None:
     registered there) stops the runs in a query."""
     with _hearing_lock:
         if not _hearing:
-            _hearing.append(on_interrupt(_interrupted))
+            _hearing.append(on_interrupt(_interrupted, main_first=True))
     listen()
 
 

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..data.results import OK
-from ..run.spec import OPTION_NAMES, RunSpec
+from ..run.options_table import OPTION_NAMES
+from ..run.spec import RunSpec
 from ..service import contract
 from ..service.contract import Messages
 from ..service.errors import (

@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from ..run.spec import OPTIONS, STORE_SCOPES, Option
+from ..run.options_table import OPTIONS, STORE_SCOPES, Option
 from ..service import contract
 from ..service.errors import InvalidParameterError
 from ..service.key_plans import ENV_API_KEYS
@@ -110,9 +110,9 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "output_column": {"metavar": "NAME"},
     "base_url": {"metavar": "URL"},
     "local": {"action": "store_true"},
-    "timeout": {"type": _number(0, above=True), "metavar": "SECONDS"},
-    "max_retries": {"type": _number(0, whole=True), "metavar": "N"},
-    "encoding": {"choices": ENCODINGS},
+    "timeout": {"metavar": "SECONDS"},
+    "max_retries": {"metavar": "N"},
+    "encoding": {"metavar": "|".join(ENCODINGS)},
     "rpm": {"metavar": "N|auto[:N]"},
     "concurrency": {"metavar": "N"},
     "budget": {"metavar": "WHERE"},
@@ -121,8 +121,8 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "refresh": {"action": "store_true"},
     "max_wait": {"metavar": "SECONDS"},
     "budget_wait": {"metavar": "SECONDS"},
-    "long_texts": {"choices": LONG_TEXT_POLICIES, "type": str.lower},
-    "store_scope": {"choices": STORE_SCOPES, "type": str.lower},
+    "long_texts": {"metavar": "|".join(LONG_TEXT_POLICIES)},
+    "store_scope": {"metavar": "|".join(STORE_SCOPES)},
     "max_requests": {"metavar": "N"},
     "sample": {"metavar": "N"},
     "share": {"metavar": "F"},

@@ -6,7 +6,9 @@ its event loop (the store through ``store_link.StoreLink``, claims taken at a re
 
 Invariant: every read of the store's answers is made here (``Scopes.lookup``, ``Scopes.stored``,
 ``AsyncScopes.lookup``, ``take``, ``look``), and each asks ``Scopes.trust`` first: a caller never
-decides what the store may serve it."""
+decides what the store may serve it. This process's memory is read by every run of the process (a
+notebook's next cell): it is a store shared by runs, not a run's own scope, and its reads
+(``Scopes.lookup_own``) ask the same trust for every answer but the run's own."""
 
 from __future__ import annotations
 
@@ -103,7 +105,8 @@ class Trust:
     fingerprint); and of a mode a plan may refuse (mode 2), only while a key of the run is proven in
     that mode: its record shows the service answered it there within the day (``of``), or this run's
     own request in that mode was answered (``prove``). A key whose plan refuses mode 2 is never served
-    an answer another key paid for. ``strangers``: the askers are not the store's own user but the
+    an answer another key paid for: not from the store, not from this process's memory (whose
+    answers other runs of the process kept). ``strangers``: the askers are not the store's own user but the
     clients of a door open to others (the gateway's, whose keys are theirs): nothing is served, in
     any mode, before a key of theirs is proven in it, so a key the service never accepted gets nothing.
     ``Trust()``, who asks not said: nothing of the store is served.
@@ -138,6 +141,35 @@ class Trust:
         return f"Trust(mode={self.mode}, proven={self.proven}, strangers={self.strangers})"
 
 
+class _Outage:
+    """A store that failed (a full disk, Redis gone): said once, left until its next try (a backoff
+    from ``RETRY_FIRST`` doubling to ``RETRY_MOST``), and tried at once again when it answers."""
+
+    def __init__(self, where: str | None) -> None:
+        self.where = where
+        self._until = 0.0  # left until then (``time.monotonic()``)
+        self._backoff = RETRY_FIRST
+
+    def due(self) -> bool:
+        return time.monotonic() >= self._until
+
+    def failed(self, exc: BaseException) -> None:
+        if not self._until:
+            log.warning(
+                "batchsum: the answer store %s failed (%s): this run goes on with its own answers alone until it "
+                "answers again",
+                self.where,
+                exc,
+                extra={"event": "store", "fields": {"where": self.where}},
+            )
+        self._until = time.monotonic() + self._backoff
+        self._backoff = min(2 * self._backoff, RETRY_MOST)
+
+    def answered(self) -> None:
+        if self._until:
+            self._until, self._backoff = 0.0, RETRY_FIRST
+
+
 def _claimer(scope: Any) -> bool:
     return scope is not None and bool(getattr(scope, "claims", callable(getattr(scope, "claim", None))))
 
@@ -153,6 +185,9 @@ class Scopes:
     is sent again and its answer replaces the stored one; what was written since (this run's own
     answers, another's while it ran) answers as always, so a text is paid for once in the run.
     ``trust``: which store answers it may be served (``Trust``; none by default); its own scope's all.
+    ``shared_own``: its own scope is this process's memory, which every run of the process reads and
+    writes: a store shared by runs, whose answers are served by ``trust`` as the store's are, but for
+    those this run kept there itself (``keep_own``): a run never pays twice for its own texts.
 
     A store that fails (a full disk, Redis gone) is said once and left, and tried again after a
     backoff: the run goes on with its own scope meanwhile. Its own scope's failures are the run's
@@ -167,8 +202,11 @@ class Scopes:
         refresh: bool = False,
         started: float | None = None,
         trust: Trust | None = None,
+        shared_own: bool = False,
     ) -> None:
         self.own = own
+        self.shared_own = shared_own
+        self._kept: set[str] = set()  # what this run kept in a shared own scope (``keep_own``)
         self.store = store
         self.trust = trust if trust is not None else Trust()
         self.keeps_all = keeps_all
@@ -176,8 +214,7 @@ class Scopes:
         # Under refresh, answers written before this (``time.time()``) are not looked up.
         self.since = (time.time() if started is None else started) if refresh else None
         self.where = getattr(store, "where", None)
-        self._out_until = 0.0  # a store that failed is left until then (``time.monotonic()``)
-        self._backoff = RETRY_FIRST
+        self._outage = _Outage(self.where)
 
     @property
     def writable(self) -> bool:
@@ -186,39 +223,31 @@ class Scopes:
 
     def _store_now(self) -> Any:
         """The store, unless it failed and is not due to be tried again."""
-        return self.store if time.monotonic() >= self._out_until else None
-
-    def _failed(self, exc: BaseException) -> None:
-        """The store is left until its next try (a backoff), said once until it answers again."""
-        if self.store is None:
-            return
-        if not self._out_until:
-            log.warning(
-                "batchsum: the answer store %s failed (%s): this run goes on with its own answers alone until it "
-                "answers again",
-                self.where,
-                exc,
-                extra={"event": "store", "fields": {"where": self.where}},
-            )
-        self._out_until = time.monotonic() + self._backoff
-        self._backoff = min(2 * self._backoff, RETRY_MOST)
-
-    def _answered(self) -> None:
-        if self._out_until:
-            self._out_until, self._backoff = 0.0, RETRY_FIRST
+        return self.store if self._outage.due() else None
 
     def lookup_own(self, keys: list[str]) -> dict[str, Answer]:
-        """The answers its own scope knows for ``keys`` (under refresh, those kept since it started)."""
+        """The answers its own scope knows for ``keys`` (under refresh, those kept since it started;
+        in memory shared by runs, those ``trust`` serves and this run's own)."""
         own, since = self.own, self.since
         if own is None:
             return {}
         many = getattr(own, "get_many", None)
         if many is not None:
             found: dict[str, Answer] = many(keys) if since is None else many(keys, since)
-            return found
-        if since is None:  # a store that cannot say when it kept an answer: nothing of it under refresh
-            return {k: a for k in keys if (a := own.get(k)) is not None}
-        return {}
+        elif since is None:  # a store that cannot say when it kept an answer: nothing of it under refresh
+            found = {k: a for k in keys if (a := own.get(k)) is not None}
+        else:
+            return {}
+        if self.shared_own and found and not self.trust.serves:
+            found = {key: answer for key, answer in found.items() if key in self._kept}
+        return found
+
+    def keep_own(self, key: str, answer: Answer) -> None:
+        """``answer`` kept in its own scope (noted as this run's own, in memory shared by runs)."""
+        assert self.own is not None
+        self.own.put(key, answer)
+        if self.shared_own:
+            self._kept.add(key)
 
     def stored(self, keys: list[str]) -> dict[str, Answer]:
         """The store's answers for ``keys`` the run may be served now (``trust``; its failure is the caller's)."""
@@ -234,9 +263,9 @@ class Scopes:
         try:
             stored = self.stored(missing)
         except Exception as exc:  # noqa: BLE001 - a store is a help, never a stop
-            self._failed(exc)
+            self._outage.failed(exc)
             return found, set()
-        self._answered()
+        self._outage.answered()
         self.copy(stored.items())
         found.update(stored)
         return found, set(stored)
@@ -273,11 +302,11 @@ class Scopes:
             try:
                 store.put(key, answer)
                 kept = True
-                self._answered()
+                self._outage.answered()
             except Exception as exc:  # noqa: BLE001 - a store is a help, never a stop
-                self._failed(exc)
+                self._outage.failed(exc)
         if self.own is not None and (self.keeps_all or not kept):
-            self.own.put(key, answer)
+            self.keep_own(key, answer)
 
     def spill(self, answers: list[tuple[str, Answer]]) -> str | None:
         """The answers its own scope refused, to the journal's side file (``Journal.spill``)."""
@@ -350,14 +379,14 @@ class AsyncScopes:
         if link is not None and kept:
             link.put(key, answer)  # a store that is out keeps it for when it answers again
         if scopes.own is not None and (scopes.keeps_all or not kept or not (link and link.attached)):
-            scopes.own.put(key, answer)
+            scopes.keep_own(key, answer)
 
     def _lost(self, answers: list[tuple[str, Answer]]) -> None:
         """Answers the store failed to keep: memory keeps them (a journal has them already)."""
-        own = self.scopes.own
-        if own is not None and not self.scopes.keeps_all:
+        scopes = self.scopes
+        if scopes.own is not None and not scopes.keeps_all:
             for key, answer in answers:
-                own.put(key, answer)
+                scopes.keep_own(key, answer)
 
     async def take(self, key: str) -> Answer | bool:
         """At ``key``'s turn: its answer when kept (the store's when it may serve it: else the claim

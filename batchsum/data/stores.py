@@ -165,15 +165,17 @@ class MemoryClaims(MemoryStore):
 
 
 _lock = threading.Lock()
-_caches: dict[str, MemoryStore] = {}
+_caches: dict[str, MemoryStore] = {}  # by service, and store scope when a key's
 _shared: dict[str, MemoryClaims] = {}
 
 
-def process_cache(base_url: str) -> MemoryStore:
-    """The answers of every run in this process against ``base_url`` (calling the same thing again
-    sends only what was not finished)."""
+def process_cache(base_url: str, scope: str = "") -> MemoryStore:
+    """The answers of every run in this process against ``base_url`` in the store scope ``scope``
+    (``""``: every key's; a key's hash: that key's alone), as the store keeps them: calling the same
+    thing again sends only what was not finished. Read by every run of the process, it is served as
+    the store is (``scopes.Scopes``: ``shared_own``)."""
     with _lock:
-        return _caches.setdefault(base_url, MemoryStore())
+        return _caches.setdefault(f"{scope}@{base_url}" if scope else base_url, MemoryStore())
 
 
 def shared_memory(identity: str) -> MemoryClaims:

@@ -30,7 +30,8 @@ log = logging.getLogger("batchsum")
 class Batch:
     """One run of the engine: rows in (``intake``), requests out (``requests``, through ``gate``), the
     answers kept (``answers``); and the stop (``halt``): why, what is still awaited on the wire, and
-    what is cancelled."""
+    what is cancelled. Each key's budget is armed here with ``options.budget_wait``, for every caller
+    (a run, ``summarize_stream``, a gateway's batch): from now on an outage is waited out that long."""
 
     def __init__(
         self,
@@ -42,6 +43,9 @@ class Batch:
     ) -> None:
         self.options = options
         mode = params.mode
+        for lane in lanes:  # the one place a budget is armed: out of reach mid-run, waited for this long
+            if lane.budget is not None:
+                lane.budget.outage.arm(options.budget_wait)
         self.answers = Answers(store, self.stop)  # what the store serves it: its scopes' ``Trust``
         firsts = [
             FirstRequest(lane.record, mode, alone=lane.record is None or lane.record.proven(mode) is None)

@@ -191,6 +191,12 @@ class RunWait:
         news, self.words = words != self.words, words
         return news
 
+    def shows(self, words: str) -> None:
+        """The run waits (``words``) a moment, not said: shown on the bar and in its entry."""
+        self.words = words
+        if self.stats is not None:
+            self.stats.waiting = words
+
     def over(self) -> None:
         """A key sends again: the run waits no more."""
         if self.words is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ..pacing.budgets.quota import LONG_RETRY_AFTER, Spent
+from ..pacing.budgets.quota import LONG_RETRY_AFTER, CountedQuota, Spent
 from ..service.errors import RateLimitError
 from ..service.rate_headers import RateStatement
 from ._keys import KeyOut, Keys, LaneState, wall_of
@@ -52,26 +52,43 @@ class Quotas:
             state.answered.clear()  # answers on the wire may state more room, or none left
             await _next_answer(state)
         counted = lane.counted
-        if counted is None:
-            state.reserved += 1
-            return None
+        period = await self._claim(state, counted) if counted is not None else None
+        state.reserved += 1
+        return period
+
+    async def _claim(self, state: LaneState, counted: CountedQuota) -> tuple[str, ...]:
+        """One request counted on the key's budget (the periods to give it back by). Refused by a
+        configured quota, the key is judged spent (``KeyOut``) only when no claim may come back: none
+        of this run's (any batch's on the key), none of another run's (another process's, as its entry
+        in the runs' registry says), and a claim made after the look that found none is refused too
+        (what came back before the look is counted by then). Until then it claims again, at once when
+        one of ours came back, else in a moment."""
+        lane, keys, clear = state.lane, self.keys, False
         while True:
             returned = counted.returned
             period = await counted.claim()
             if period is not None:
-                state.reserved += 1
                 return period
-            # Refused: spent, unless a claim of the run's (any batch's on the key) may still be given
-            # back. Wait until one is, or none is pending; a count given back meanwhile: claim again.
             while counted.returned == returned and counted.pending:
                 await state.guard(counted.moved(LOOK_AGAIN_SECONDS))
-                if state.out(lane.pacer.now()):
-                    raise KeyOut
-            if counted.returned == returned:
-                spent = counted.spent()
-                until = lane.pacer.now() + max(1.0, spent.until - wall_of(lane))
-                keys.take_out(state, until, spent, remember=False)  # the budget's count says it to every run
-                raise KeyOut
+                _still_in(state)
+            if counted.returned != returned:
+                continue
+            if await state.guard(counted.held_elsewhere()):
+                if keys.single:
+                    held = f"waits for requests other runs on the key hold under the {counted.spent().name}"
+                    keys.wait.shows(held + ": they may come back")
+                await state.guard(asyncio.sleep(LOOK_AGAIN_SECONDS))
+                _still_in(state)
+                clear = False
+                continue
+            if not clear:
+                clear = True
+                continue
+            spent = counted.spent()
+            until = lane.pacer.now() + max(1.0, spent.until - wall_of(lane))
+            keys.take_out(state, until, spent, remember=False)  # the budget's count says it to every run
+            raise KeyOut
 
     def release(self, state: LaneState, period: tuple[str, ...] | None) -> None:
         """An admitted attempt that never started: its reservation freed and its count given back;
@@ -141,6 +158,12 @@ class Quotas:
         # again to find it spent (its capacity is nil), so the answer takes the key out itself.
         self._out_if_spent(state)
         keys.changed()
+
+
+def _still_in(state: LaneState) -> None:
+    """``KeyOut`` if the key left the run while an attempt waited to claim on it."""
+    if state.out(state.lane.pacer.now()):
+        raise KeyOut
 
 
 def _none_left(state: LaneState, now: float) -> bool:

@@ -28,9 +28,29 @@ from ..service.settings import (
     check_whole,
 )
 
-__all__ = ["RunOptions", "SKIP", "SPLIT", "TRUNCATE"]
+__all__ = ["RunOptions", "SKIP", "SPLIT", "TRUNCATE", "SET_ELSEWHERE"]
 
 SKIP, SPLIT, TRUNCATE = LONG_TEXT_POLICIES
+
+# The run options (``run.options_table.OPTIONS``) that ``summarize_stream`` does not take as keywords,
+# each with where it is set instead: a low-level entry is given its client and its answer store made.
+# It takes the others: the request's (mode, percentage, type), RunOptions' fields, share and quota.
+SET_ELSEWHERE: dict[str, str] = {
+    "output_column": "its rows are RowResult objects, with no column: name them where you write them",
+    "api_key": "the client's (AsyncClient(api_key=...)); several keys: lanes=",
+    "base_url": "the client's (AsyncClient(base_url=...))",
+    "local": "start batchsum.local.LocalService and give the client its url",
+    "timeout": "the client's (AsyncClient(timeout=...))",
+    "max_retries": "the client's (AsyncClient(max_retries=...))",
+    "encoding": "the client's (AsyncClient(encoding=...))",
+    "journal": "open the journal (batchsum.data.journal.Journal(path)) and give it as store=",
+    "refresh": "it sends what its store= does not hold: give a store without those answers",
+    "store_scope": "open the store in that scope (batchsum.data.scopes.open_store(..., scope=)) and give it as store=",
+    "progress": "it draws nothing: stats= and on_result= say how it goes (batchsum.Run draws a bar)",
+    "report": "it writes nothing: stats= holds its counts (batchsum.Run writes a report)",
+    "sample": "give sample_rows=, the input positions to send",
+    "keys": "give lanes=, one engine.KeyLane a key, each with its client and pacer",
+}
 
 
 @dataclass(frozen=True)
@@ -84,7 +104,11 @@ class RunOptions:
     def of(cls, **settings: Any) -> RunOptions:
         """The engine's own keywords (``summarize_stream(..., rpm=600, budget_wait=30)``) checked, each
         by its setting's one check (``service.settings``), where they enter; a batch is paced only when
-        ``rpm`` says (0 by default). ``InvalidParameterError`` naming a bad one."""
+        ``rpm`` says (0 by default). ``InvalidParameterError`` naming a bad one, or a run option set
+        elsewhere (``SET_ELSEWHERE``: where)."""
+        for name in settings:
+            if name in SET_ELSEWHERE:
+                raise InvalidParameterError(f"summarize_stream takes no {name}: {SET_ELSEWHERE[name]}")
         if "rpm" in settings:  # a number, auto or auto:N, as the option takes it
             rate = check_rate(settings["rpm"])
             settings["rpm"], settings["auto"] = rate.rpm, rate.auto or check_flag("auto", settings.get("auto", False))

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import uuid
 from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
 from contextlib import aclosing
@@ -22,9 +24,12 @@ from typing import Any
 from ..data.results import BLOCK_ROWS, Answer, RowBlock, RowResult
 from ..data.stores import AnswerStore, MemoryStore
 from ..pacing import Pacer
+from ..pacing.budgets.budget import Share
 from ..service import contract
 from ..service.client import AsyncClient, validate_params
-from ..service.errors import BrokenInputError, RequestCapReached
+from ..service.errors import BrokenInputError, InvalidParameterError, RequestCapReached
+from ..service.key_plans import parse_quota
+from ..service.settings import check_share, share_at_rate
 from ._batch import Batch
 from ._stop import NOT_SENT
 from ._window import Known, Pending, Window, as_row
@@ -124,13 +129,21 @@ async def summarize_stream(
     ``RowBlock`` items of rows read together. ``params`` (``contract.Params``) and ``options``
     (``RunOptions``) say what to ask and how to run; for short calls their fields may be given as
     keywords instead (``mode``, ``percentage``, ``type``; ``rpm``, ``concurrency``, ``limiter``,
-    ``budget``, ``budget_wait``, ``window``, ``drain_seconds``, ...: ``RunOptions.of`` checks them). ``store`` keeps finished answers (default: in memory for this
-    call); ``stats`` is updated live and ``on_result`` called as each row's result arrives (results
-    are yielded in order; counts are not held back). ``lanes``: several keys (``keys.KeyLane``), the
-    requests spread over them (``client`` and ``pacer`` then unused). Raises ``InvalidParameterError`` for bad
-    settings before reading any row; ``AuthenticationError`` / ``NotPremiumError`` when the service
-    refuses the key or the plan, and ``JournalError`` when the store cannot keep an answer, after
-    yielding the rows already finished.
+    ``budget`` (an open ``Budget``), ``budget_wait``, ``max_wait``, ``long_texts``, ``max_requests``,
+    ``sample_rows``, ``window``, ``drain_seconds``, ...: ``RunOptions.of`` checks them). ``share``: the
+    share of the key's rate this call may use (with a pacer it makes); ``quota``: the key's quota
+    (``"N/day"``), counted on ``budget``. Every run option that changes how requests are paced or paid
+    is taken here; the others are set where this entry takes them made, and naming one is a one-line
+    ``InvalidParameterError`` saying where (``options.SET_ELSEWHERE``: the client's ``timeout``,
+    ``max_retries``, ``encoding``; ``keys`` as ``lanes``; the store's ``journal``, ``refresh``,
+    ``store_scope``). ``store``: an answer store object that keeps finished answers (default: in memory
+    for this call); ``stats`` is updated live and ``on_result`` called as each row's result arrives
+    (results are yielded in order; counts are not held back). ``lanes``: several keys
+    (``keys.KeyLane``), the requests spread over them (``client`` and ``pacer`` then unused; each lane
+    carries its quota, each pacer its share). Raises ``InvalidParameterError`` for bad settings before
+    reading any row; ``AuthenticationError`` / ``NotPremiumError`` when the service refuses the key or
+    the plan, and ``JournalError`` when the store cannot keep an answer, after yielding the rows
+    already finished.
     """
     results = stream_results(
         texts,
@@ -177,6 +190,7 @@ async def stream_results(
     bulk), which a writer can take whole. ``lanes``: the run's keys (``keys.KeyLane``: a client and a
     pacer each), over which its requests are spread; without, ``client`` and ``pacer`` are its one key."""
     request_fields = {k: settings.pop(k) for k in ("mode", "percentage", "type") if k in settings}
+    lane_fields = {k: settings.pop(k) for k in ("share", "quota") if k in settings}
     if params is None:
         params = validate_params(**request_fields)
     elif request_fields:
@@ -190,15 +204,14 @@ async def stream_results(
         raise TypeError(f"pass either options or {', '.join(settings)}, not both")
     stats = stats if stats is not None else BatchStats()
     if lanes is None:
-        if pacer is None:
-            stats.timeline = stats.timeline or Timeline(options.rpm)
-            pacer = options.pacer(log=stats.timeline)
-        lanes = [KeyLane(client, pacer, options.record, budget=options.budget)]
-    for lane in lanes:  # a budget out of reach mid-run is waited for this long, then the batch stops
-        if lane.budget is not None:
-            lane.budget.outage.arm(options.budget_wait)
+        lanes = [_one_lane(client, pacer, options, stats, **lane_fields)]
+    elif lane_fields:
+        raise InvalidParameterError(
+            f"summarize_stream takes no {' or '.join(lane_fields)} with lanes=: each KeyLane carries its quota, "
+            "and its pacer its share"
+        )
     stats.pacer = lanes[0].pacer if len(lanes) == 1 else Pacers(lanes)
-    batch = Batch(list(lanes), params, options, store if store is not None else MemoryStore(), stats)
+    batch = Batch(list(lanes), params, options, _store(store), stats)
     window = Window(options.window, options.window_bytes)
     rows = _rows(_blocks(texts))
     exhausted = False
@@ -255,6 +268,47 @@ async def stream_results(
         await asyncio.gather(stop_waiter, return_exceptions=True)
         await finish_lanes(lanes)
         await rows.aclose()  # type: ignore[attr-defined]  # closes the input (an open file) on an early stop too
+
+
+def _one_lane(
+    client: AsyncClient,
+    pacer: Pacer | None,
+    options: RunOptions,
+    stats: BatchStats,
+    share: Any = 1.0,
+    quota: Any = None,
+) -> KeyLane:
+    """The batch's one key, when the caller gives no lanes: ``client`` on ``pacer`` (else one made of
+    ``options``, with this call's ``share`` of the key's rate), its ``quota`` counted on the key's
+    budget."""
+    fraction = share_at_rate(check_share(share), options.rpm)
+    if pacer is None:
+        stats.timeline = stats.timeline or Timeline(options.rpm)
+        held = Share(f"stream-{uuid.uuid4().hex[:12]}", fraction) if fraction < 1 else None
+        pacer = options.pacer(log=stats.timeline, share=held)
+    elif fraction < 1:
+        raise InvalidParameterError("summarize_stream takes no share with pacer=: the pacer given carries its share")
+    counted = parse_quota(quota)
+    if counted is not None and options.budget is None:
+        raise InvalidParameterError(
+            "summarize_stream's quota is counted on the key's budget: give budget= too "
+            "(batchsum.pacing.budgets.budget.open_budget)"
+        )
+    return KeyLane(client, pacer, options.record, budget=options.budget, quota=counted)
+
+
+def _store(store: Any) -> AnswerStore:
+    """The answers' store: ``store``, an answer store object (a location's text is opened elsewhere),
+    or one in memory for this call."""
+    if store is None:
+        return MemoryStore()
+    if isinstance(store, (str, os.PathLike)) or not callable(getattr(store, "put", None)):
+        raise InvalidParameterError(
+            f"invalid store {store!r}: summarize_stream takes an answer store object "
+            "(batchsum.data.scopes.open_store opens the one a location names)"
+        )
+    answers: AnswerStore = store
+    return answers
 
 
 def _blocks(texts: Iterable[Any] | AsyncIterable[Any]) -> Iterable[Any] | AsyncIterable[Any]:

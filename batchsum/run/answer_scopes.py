@@ -1,6 +1,7 @@
 """A run's answers, opened (``open_scopes``): its own scope (the output's journal, or this process's
 memory) and the answer store the spec names, in the run's store scope (``store_scope``), served to
-the run as its keys in its mode may be (``data.scopes.Trust``)."""
+the run as its keys in its mode may be (``data.scopes.Trust``), and so is this process's memory,
+which every run of the process reads (all but what the run kept there itself)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ async def open_scopes(
     records) may be served in its mode (``Trust``); one that cannot be opened is one line, and the
     run goes on with its own scope alone (a shared run's: this process's memory), as with one only
     read. And what adopting a journal from before services meant, to say once (None: nothing)."""
-    own, keeps_all, adopted = _own_scope(stack, spec, run_id, identity, output, shared)
+    own, keeps_all, adopted = _own_scope(stack, spec, run_id, identity, output, shared, scope)
     job = run_id if own is None else None  # the store is its only scope: it keeps the job's refusals too
     opening = functools.partial(open_store, spec.store, spec.client.service, identity, job, scope)
     try:
@@ -52,14 +53,19 @@ async def open_scopes(
     if store is not None:
         stack.callback(store.close)
     trust = Trust.of(spec.params.mode, keys)
-    return Scopes(own, store, keeps_all=keeps_all, refresh=spec.refresh, started=spec.started, trust=trust), adopted
+    in_memory = own is not None and spec.journal is None  # read by every run of the process: served by trust
+    scopes = Scopes(
+        own, store, keeps_all=keeps_all, refresh=spec.refresh, started=spec.started, trust=trust, shared_own=in_memory
+    )
+    return scopes, adopted
 
 
 def _own_scope(
-    stack: AsyncExitStack, spec: RunSpec, run_id: str, identity: str, output: Any, shared: bool
+    stack: AsyncExitStack, spec: RunSpec, run_id: str, identity: str, output: Any, shared: bool, scope: str
 ) -> tuple[AnswerStore | None, bool, str | None]:
     """The run's own answers, whether they keep every answer (a journal) or only what no store on
-    disk keeps (this process's memory), and what adopting a journal from before services meant."""
+    disk keeps (this process's memory, by service and store scope as the store is), and what
+    adopting a journal from before services meant."""
     if spec.journal is not None:
         journal = SharedJournal(spec.journal) if shared else Journal(spec.journal)
         stack.callback(journal.close)
@@ -71,7 +77,7 @@ def _own_scope(
         return journal, True, adopted
     if shared:  # the workers of one job share the store; with none, this process's memory (one process)
         return (shared_memory(identity) if spec.store.none else None), True, None
-    return process_cache(spec.client.service), False, None
+    return process_cache(spec.client.service, scope), False, None
 
 
 def _say_read_only(store: Any, spec: RunSpec) -> None:

@@ -1,8 +1,8 @@
 """What a run publishes of itself on each of its keys' budgets (``Entry``: its entry in the runs'
 registry, which ``batchsum top`` reads): host, pid, door, output (redacted), its limit and source,
 share, sent, reused, 429s, rows left and ETA where it knows its size, its own rate, when it started,
-and what it waits for when every key's quota is spent; a gateway's queue and its requests' waits
-for their turn instead of rows.
+what it waits for when every key's quota is spent, and its claims on the key's quota that may still
+be given back; a gateway's queue and its requests' waits for their turn instead of rows.
 
 It goes with the calls the run's pacer makes anyway, at most once a second (``pacing.budgets.presence``); a
 run whose pacer is quiet (a pause, rows the store answers, a wait on a claim) publishes on a call of
@@ -118,6 +118,7 @@ class Entry(Presence):
         self._rpm, self._shared = spec.rpm, shared
         self._starts, self._done = _Trailing(), _Trailing()
         self.last = -float("inf")  # when the entry was last described for publication (the clock)
+        self._now = asyncio.Event()  # the entry to be published at once, on a call of its own if need be
 
     def entry(self) -> dict[str, Any]:
         """The entry as published now (plain JSON; never a secret): asked only when one is due."""
@@ -146,7 +147,24 @@ class Entry(Presence):
             "rate_1m": rate,
             "eta_s": eta,
             "waiting": stats.waiting,  # every key's quota spent: what the run waits for
+            # its claims on the key's quota counted and not settled: another run refused by the count
+            # waits for them, since each may still be given back (``CountedQuota.held_elsewhere``)
+            "quota_pending": lane.counted.pending if lane is not None and lane.counted is not None else 0,
         }
+
+    def attach(self, lane: KeyLane) -> None:
+        """The run's key on this budget: its figures published here, and its quota's claims under
+        this entry's name (published at once whenever they start or stop being pending)."""
+        self.lane = lane
+        if lane.counted is not None:
+            lane.counted.others.publish(self.member.member, self.publish_now)
+
+    def publish_now(self) -> None:
+        """The entry published at once: with the pacer's next call, else on a call of its own (its
+        claims on the quota started or stopped being pending: a run refused by the count waits on
+        them, and a far budget's starts, reserved ahead, make no call to carry them)."""
+        self.published()
+        self._now.set()
 
     def heard(self, slot: Slot) -> None:
         """What the budget answered a call of the run's (the pacer's, or the keep-alive's): its job's
@@ -171,15 +189,17 @@ class Entry(Presence):
         }
 
     async def keep_alive(self) -> None:
-        """Publish on a call of the run's own whenever its pacer made none for ``KEEP_ALIVE_SECONDS``."""
+        """Publish on a call of the run's own whenever its pacer made none for ``KEEP_ALIVE_SECONDS``,
+        or at once when asked (``publish_now``)."""
         while True:
             wait = self.last + KEEP_ALIVE_SECONDS - self._clock()
-            if wait > 0:
-                await asyncio.sleep(min(wait, KEEP_ALIVE_SECONDS))
+            if wait > 0 and not self._now.is_set():
+                with suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._now.wait(), min(wait, KEEP_ALIVE_SECONDS))
                 continue
+            self._now.clear()
             report = self.stamp(NO_REPORT)
             if report.entry is None:  # published less than PUBLISH_SECONDS ago, after all
-                await asyncio.sleep(KEEP_ALIVE_SECONDS)
                 continue
             try:
                 self.heard(await self.budget.reserve(0.0, report, start=False))

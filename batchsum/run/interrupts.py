@@ -1,7 +1,7 @@
 """SIGINT heard on the main thread's behalf while it waits inside native code (a DuckDB query, a
 Polars collect), where no Python signal handler runs until that code returns: the runs that asked
-(``on_interrupt``) are stopped at once, each keeping what is on the wire; and one
-``KeyboardInterrupt`` for each signal, however many layers raise one.
+(``on_interrupt``) are stopped, each keeping what is on the wire; and one exception for each
+signal, however many layers raise one.
 
 The interpreter's C signal handler writes each signal's number to the process's wakeup fd
 (``signal.set_wakeup_fd``) from whichever thread the signal lands on, whatever the main thread is
@@ -17,6 +17,14 @@ which raises nothing for a signal a wait of the main thread in native code raise
 ``main_waits``), and hands every other signal on. ``signal.signal`` would also put Python's own C
 handler back in place of the one Polars chained in front of it (which aborts its query): the
 process's action for SIGINT is kept as it was (``_keeping_action``).
+
+DuckDB is the other way round: its wait checks signals itself (every 20 ms at most) and raises the
+``KeyboardInterrupt`` it gets as an error of its own ("Query interrupted"), never as a
+``KeyboardInterrupt``; a query a stopper ended first raises DuckDB's ``InterruptException`` before the
+handler has run, and the handler's ``KeyboardInterrupt`` came second, into the caller's ``except``
+block. A hearing ``main_first`` is called only once the main thread has heard the signal (the
+handler in front of Python's has run for it), or after ``MAIN_HEARS`` seconds if it never does: the
+main thread's wait raises its one exception first, whatever it is.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from ..service.errors import RunInterrupted
 __all__ = ["Hearing", "listen", "on_interrupt"]
 
 Stopper = Callable[[RunInterrupted], None]
+MAIN_HEARS = 1.0  # at most this long a ``main_first`` stopper waits for the main thread to hear the signal
 _SIGACTION_BYTES = 1024  # room for a ``struct sigaction`` on any platform (152 bytes on Linux x86-64), held opaque
 
 
@@ -58,16 +67,18 @@ class _Listener:
     SIGINT calls every stopper, each on a thread of its own (not a daemon: the interpreter's exit
     waits for the answers on the wire it awaits), and every byte goes on to the fd set before ours.
     It counts the SIGINTs heard, and which of them a wait of the main thread raises itself
-    (``owed``), for the handler in front of Python's (``_OneInterrupt``)."""
+    (``owed``), for the handler in front of Python's (``_OneInterrupt``), which counts the ones it
+    has run for (``handled``: a ``main_first`` stopper waits for its signal's turn there)."""
 
     def __init__(self) -> None:
         self._read, self._write = socket.socketpair()
         self._write.setblocking(False)  # what set_wakeup_fd asks: the C handler never blocks
         self._read.setblocking(False)  # read under the lock, once select says there is something
         self._previous: tuple[int, tuple[int, int]] | None = None
-        self._stoppers: dict[int, tuple[Stopper, bool]] = {}
+        self._stoppers: dict[int, tuple[Stopper, Hearing]] = {}
         self._numbers = itertools.count()
         self._lock = threading.RLock()  # the handler in front of Python's may run on a thread holding it
+        self._accounted = threading.Condition(self._lock)  # the handler in front of Python's has run
         self._heard = 0  # SIGINTs heard so far
         self._handled = 0  # of those, the ones the handler in front of Python's has accounted for
         self._owed: set[int] = set()  # the SIGINTs (by number) a wait of the main thread raises itself
@@ -91,10 +102,10 @@ class _Listener:
             _keeping_action(lambda: signal.signal(signal.SIGINT, _OneInterrupt(handler, self)))
         return True
 
-    def add(self, stopper: Stopper, main_waits: bool) -> int:
+    def add(self, stopper: Stopper, hearing: Hearing) -> int:
         with self._lock:
             number = next(self._numbers)
-            self._stoppers[number] = (stopper, main_waits)
+            self._stoppers[number] = (stopper, hearing)
         return number
 
     def remove(self, number: int) -> None:
@@ -133,10 +144,22 @@ class _Listener:
         with self._lock:
             stoppers = list(self._stoppers.values())
             heard, self._heard = self._heard, self._heard + signals
-            if any(main_waits for _, main_waits in stoppers):
+            if any(hearing.main_waits for _, hearing in stoppers):
                 self._owed.update(range(heard + 1, self._heard + 1))
-        for stopper, _ in stoppers:
-            threading.Thread(target=stopper, args=(RunInterrupted(),), name="batchsum-interrupt").start()
+        for stopper, hearing in stoppers:
+            call = self._after_main if hearing.main_first else self._now
+            threading.Thread(target=call, args=(stopper, heard + signals), name="batchsum-interrupt").start()
+
+    @staticmethod
+    def _now(stopper: Stopper, signal_number: int) -> None:
+        stopper(RunInterrupted())
+
+    def _after_main(self, stopper: Stopper, signal_number: int) -> None:
+        """``stopper`` called once the handler in front of Python's has run for the signal (the
+        main thread heard it first), or after ``MAIN_HEARS`` seconds."""
+        with self._accounted:
+            self._accounted.wait_for(lambda: self._handled >= signal_number, MAIN_HEARS)
+        stopper(RunInterrupted())
 
     def raised_already(self) -> bool:
         """Whether every SIGINT since the handler last ran is one a wait of the main thread raises
@@ -147,6 +170,7 @@ class _Listener:
             self._handled = self._heard
             owed = bool(covered) and covered <= self._owed
             self._owed -= covered
+            self._accounted.notify_all()
         return owed
 
 
@@ -204,11 +228,15 @@ class Hearing:
     calls ``stopper(RunInterrupted())`` on a thread of its own (the runs it stops are on other
     threads: it may wait for their answers on the wire). ``main_waits``: the main thread waits on
     what it stops, inside native code that raises the signal's ``KeyboardInterrupt`` itself (a
-    Polars collect): Python's handler raises no second one."""
+    Polars collect): Python's handler raises no second one. ``main_first``: the stopper is called
+    once the main thread has heard the signal (at most ``MAIN_HEARS`` later), so that a wait of the
+    main thread that turns it into an error of its own (a DuckDB query) raises that one first."""
 
-    def __init__(self, stopper: Stopper, main_waits: bool = False) -> None:
+    def __init__(self, stopper: Stopper, main_waits: bool = False, main_first: bool = False) -> None:
+        self.main_waits = main_waits
+        self.main_first = main_first
         self._listener = _the_listener()
-        self._number = self._listener.add(stopper, main_waits)
+        self._number = self._listener.add(stopper, self)
 
     def remove(self) -> None:
         self._listener.remove(self._number)
@@ -220,8 +248,8 @@ class Hearing:
         self.remove()
 
 
-def on_interrupt(stopper: Stopper, *, main_waits: bool = False) -> Hearing:
+def on_interrupt(stopper: Stopper, *, main_waits: bool = False, main_first: bool = False) -> Hearing:
     """``stopper`` is called when SIGINT is heard, until the ``Hearing`` is removed: ``with
     on_interrupt(stream.cancel): ...`` for a block, ``on_interrupt(stop_all)`` for good
-    (``main_waits``: see ``Hearing``)."""
-    return Hearing(stopper, main_waits)
+    (``main_waits``, ``main_first``: see ``Hearing``)."""
+    return Hearing(stopper, main_waits, main_first)

@@ -140,8 +140,9 @@ class Pieces:
             pacer = options.pacer(on_pace_change, share=share, alone=not shared, log=stats.timeline, presence=entry)
             quota = plan.quota if plan is not None and plan.quota is not None else spec.quota
             source = plan.source if plan is not None else ""
-            entry.lane = KeyLane(client, pacer, record, key, source, quota, budget, tell=self._tell)
-            self.lanes.append(entry.lane)
+            lane = KeyLane(client, pacer, record, key, source, quota, budget, tell=self._tell)
+            entry.attach(lane)
+            self.lanes.append(lane)
         self.pacer = self.lanes[0].pacer
         _watch_keys(self.lanes, records, stats, spec.params.mode)
 
@@ -213,8 +214,7 @@ async def _open_key(
     stack: AsyncExitStack, spec: RunSpec, plan: KeyPlan | None, client_type: type[AsyncClient] = AsyncClient
 ) -> tuple[AsyncClient, Budget, str, KeyPlan | None]:
     """One key's client and budget (checked: an unusable budget is one line before anything is
-    sent; then one that cannot be reached is waited for up to ``budget_wait``), closed with the
-    run's pieces; and the key's hash."""
+    sent; the batch arms it with ``budget_wait``), closed with the run's pieces; and the key's hash."""
     kwargs = spec.client.client_kwargs()
     if plan is not None:
         kwargs["api_key"] = plan.key.reveal()
@@ -223,5 +223,4 @@ async def _open_key(
     budget = open_budget(spec.budget, client.identity)
     stack.push_async_callback(budget.aclose)
     await budget.check()
-    budget.outage.arm(spec.budget_wait)
     return client, budget, plan.hash if plan is not None else spec_key_hash(spec), plan

@@ -56,7 +56,11 @@ __all__ = [
     "check_rpm",
     "check_whole",
     "check_share",
+    "share_at_rate",
     "check_seconds",
+    "check_timeout",
+    "check_retries",
+    "check_encoding",
     "check_choice",
     "check_flag",
     "check_name",
@@ -276,14 +280,20 @@ def check_share(value: object, rpm: float = 0.0) -> float:
     an hour."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise InvalidParameterError(f"invalid share {value!r}: use a number above 0 and at most 1 (e.g. 0.8)")
-    per_hour = rpm * value * 60
+    return share_at_rate(float(value), rpm)
+
+
+def share_at_rate(share: float, rpm: float) -> float:
+    """A share already checked (``check_share``), at the run's rate ``rpm`` (0: no pacing): at least
+    one start an hour, which only the run knows (the option's check cannot)."""
+    per_hour = rpm * share * 60
     if rpm and per_hour < MIN_SHARE_PER_HOUR:
         least = MIN_SHARE_PER_HOUR / (rpm * 60)
         raise InvalidParameterError(
-            f"invalid share {value!r}: at rpm {rpm:g} it leaves {per_hour:.3g} requests an hour; "
+            f"invalid share {share!r}: at rpm {rpm:g} it leaves {per_hour:.3g} requests an hour; "
             f"use a share of at least {least:.3g} (one request an hour)"
         )
-    return float(value)
+    return share
 
 
 def check_seconds(name: str, value: object, *, zero: bool = False) -> float:
@@ -296,6 +306,23 @@ def check_seconds(name: str, value: object, *, zero: bool = False) -> float:
         bound = ">= 0" if zero else "> 0"
         raise InvalidParameterError(f"invalid {name} {value!r}: use a finite number of seconds {bound}")
     return float(value)
+
+
+def check_timeout(value: object, name: str = "timeout") -> float:
+    """Seconds to wait for one answer: a finite number above 0."""
+    return check_seconds(name, value)
+
+
+def check_retries(value: object, name: str = "max_retries") -> int:
+    """Retries of a transient failure: a whole number, 0 or more."""
+    retries = check_whole(name, value, minimum=0)
+    assert retries is not None
+    return retries
+
+
+def check_encoding(value: object, name: str = "encoding") -> str:
+    """A request body's encoding: one of ``ENCODINGS``."""
+    return check_choice(name, value, ENCODINGS)
 
 
 def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
@@ -396,10 +423,7 @@ def client_settings(
 ) -> ClientSettings:
     """The client's settings, from the arguments or else the environment, validated."""
     env = environment(environ)
-    if encoding not in ENCODINGS:
-        raise InvalidParameterError(f"invalid encoding {encoding!r}: use one of {', '.join(ENCODINGS)}")
-    check_whole("max_retries", max_retries, minimum=0)
-    seconds = check_seconds("timeout", timeout)
+    encoding, max_retries, seconds = check_encoding(encoding), check_retries(max_retries), check_timeout(timeout)
     check_flag("local", local)
     if local:  # the run starts the service and fills in its address and key
         return ClientSettings(None, "", True, seconds, max_retries, encoding)

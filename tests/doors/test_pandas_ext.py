@@ -13,7 +13,7 @@ import batchsum
 from batchsum.local import Faults
 from batchsum.local.summarizer import summarize as local_summary
 from batchsum.pandas_ext import clear_cache
-from tests.support import EXPIRED_KEY, KEY, RESULT_COLUMNS, article, wait_for_count
+from tests.support import BASIC_KEY, EXPIRED_KEY, KEY, RESULT_COLUMNS, article, wait_for_count
 
 
 @pytest.fixture
@@ -165,3 +165,42 @@ def test_at_the_cap_the_account_counts_every_row_the_frame_holds_duplicates_incl
     assert account.startswith(f"120 rows: {int((out['summary_status'] == 'ok').sum())} ok")
     assert f"not_sent {not_sent}" in account
     assert f"{not_sent} rows remain" in str(caught[0].message)
+
+
+@pytest.mark.parametrize("where", ["machine", "redis"])
+def test_this_process_memory_serves_a_mode_2_answer_only_to_a_key_proven_in_mode_2(svc, where, request):
+    """With ``store="none"`` a run's answers stay in this process's memory, which every later run of
+    the process reads (a notebook's next cell): it is a store shared by runs, not a run's own scope,
+    so the store's rule holds there too. A premium key pays for 6 mode-2 answers, and its next call
+    pays for none; a basic key after it in the same process is served none of them: its first
+    request goes to the service, which refuses it (the plan's 401). On the machine's budget and on
+    Redis' (where the premium key's proof is kept)."""
+    from batchsum.errors import NotPremiumError
+
+    budget = request.getfixturevalue("redis_url") if where == "redis" else "machine"
+    df = pd.DataFrame({"text": [article(30, seed=9300 + i) for i in range(6)]})
+    options = {"base_url": svc.url, "rpm": 0, "progress": False, "store": "none", "budget": budget, "mode": 2}
+    clear_cache()
+    assert (df.batchsum.summarize("text", api_key=KEY, **options)["summary_status"] == "ok").all()
+    paid = svc.stats()["requests"]
+    assert paid == 6
+    assert (df.batchsum.summarize("text", api_key=KEY, **options)["summary_status"] == "ok").all()
+    assert svc.stats()["requests"] == paid  # the premium key, proven in mode 2, is served its memory
+    with pytest.raises(NotPremiumError, match="not premium"):
+        df.batchsum.summarize("text", api_key=BASIC_KEY, **options)
+    assert svc.stats()["requests"] == paid + 1 and svc.stats()["by_status"].get("401") == 1
+
+
+def test_this_process_memory_keeps_a_keys_answers_to_that_key_under_store_scope_key():
+    """``store_scope="key"`` keeps an answer to the key that paid for it, in this process's memory
+    as in the store: another key's run in the same process pays for its own."""
+    from batchsum.local import LocalService
+
+    other = "other-premium-0123456789"
+    df = pd.DataFrame({"text": [article(30, seed=9400 + i) for i in range(4)]})
+    with LocalService([KEY, other]) as service:
+        options = {"base_url": service.url, "rpm": 0, "progress": False, "store": "none", "store_scope": "key"}
+        clear_cache()
+        for key, paid in ((KEY, 4), (KEY, 4), (other, 8)):
+            assert (df.batchsum.summarize("text", api_key=key, **options)["summary_status"] == "ok").all()
+            assert service.stats()["requests"] == paid

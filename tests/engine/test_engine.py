@@ -285,3 +285,81 @@ async def test_answers_are_counted_when_they_arrive_while_a_held_row_waits_its_r
     assert [r.status for r in results] == ["ok"] * 30 and results[1].attempts == 2
     assert max(ok for ok, yielded in seen if yielded <= 1) >= 25  # 28 answers counted while row 2 held the line
     assert stats.done == stats.yielded == 30 and stats.ok == 30
+
+
+def _starts_on_the_virtual_clock(texts_in: list[str], **keywords) -> tuple[list, list[float], BaseException | None]:
+    """``texts_in`` through ``summarize_stream`` with ``keywords``, on the virtual clock, answered by a
+    transport of no latency: (rows, when each request started, the error it stopped with)."""
+    import asyncio
+
+    import httpx
+
+    from batchsum.errors import QuotaSpent
+    from tests import virtual_clock
+
+    async def main():
+        starts: list[float] = []
+        loop = asyncio.get_running_loop()
+
+        def answer(request):
+            starts.append(loop.time())
+            return httpx.Response(200, json={"result": "A summary."})
+
+        rows, error = [], None
+        async with batchsum.AsyncClient("k" * 20, "http://127.0.0.1:9", transport=httpx.MockTransport(answer)) as c:
+            try:
+                async for row in summarize_stream(texts_in, c, **keywords):
+                    rows.append(row)
+            except QuotaSpent as exc:
+                error = exc
+        return rows, starts, error
+
+    return virtual_clock.run(main())
+
+
+def test_summarize_stream_takes_a_share_of_the_keys_rate():
+    """``share`` reaches the engine's entry: at rpm 600 the key's starts are 0.1 s apart, this call's
+    own at half the rate 0.2 s (on the virtual clock)."""
+    rows = texts(12)
+    whole = _starts_on_the_virtual_clock(rows, rpm=600)[1]
+    half = _starts_on_the_virtual_clock(rows, rpm=600, share=0.5)[1]
+    assert len(whole) == len(half) == 12
+    assert half[-1] - half[0] >= 2 * (whole[-1] - whole[0]) * 0.95
+
+
+def test_summarize_stream_counts_a_quota_on_the_keys_budget():
+    """``quota`` reaches the engine's entry, counted on the budget given: 5 a day over 8 texts sends 5,
+    and the call stops on the quota spent, every other row not sent."""
+    import asyncio
+
+    from batchsum.pacing.budgets.budget import ProcessBudget
+
+    class OnTheLoopsClock(ProcessBudget):
+        def __init__(self) -> None:
+            super().__init__(lambda: asyncio.get_running_loop().time(), shared=True)
+
+    rows, starts, error = _starts_on_the_virtual_clock(texts(8), rpm=600, quota="5/day", budget=OnTheLoopsClock())
+    assert len(starts) == 5 and error is not None
+    assert [row.status for row in rows].count("ok") == 5 and [row.error for row in rows][5:] == ["not_sent"] * 3
+
+
+@pytest.mark.parametrize(
+    ("keywords", "words"),
+    [
+        ({"max_retries": 2}, "summarize_stream takes no max_retries: the client's (AsyncClient(max_retries=...))"),
+        ({"timeout": 5}, "summarize_stream takes no timeout: the client's"),
+        ({"keys": "keys.txt"}, "summarize_stream takes no keys: give lanes="),
+        ({"refresh": True}, "summarize_stream takes no refresh: it sends what its store= does not hold"),
+        ({"sample": 3}, "summarize_stream takes no sample: give sample_rows="),
+        ({"quota": "5/day"}, "summarize_stream's quota is counted on the key's budget: give budget= too"),
+        ({"share": 2}, "invalid share 2"),
+        ({"store": "machine"}, "invalid store 'machine': summarize_stream takes an answer store object"),
+        ({"budget": "machine"}, "invalid budget 'machine': open one with"),
+    ],
+)
+async def test_summarize_stream_refuses_a_run_option_set_elsewhere_in_one_line_naming_where(svc, keywords, words):
+    with pytest.raises(batchsum.InvalidParameterError) as raised:
+        async with batchsum.AsyncClient(KEY, svc.url) as client:
+            [row async for row in summarize_stream(texts(2), client, **keywords)]
+    assert str(raised.value).startswith(words) and "\n" not in str(raised.value)
+    assert svc.stats()["requests"] == 0

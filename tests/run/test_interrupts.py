@@ -95,6 +95,25 @@ def test_a_signal_a_wait_of_the_main_thread_raises_itself_is_not_raised_again_an
     assert python_heard == [signal.SIGINT, signal.SIGINT]
 
 
+def test_a_stopper_that_lets_the_main_thread_hear_first_is_called_after_its_handler(signals):
+    """DuckDB's wait turns the signal the main thread hears into its own one error: a ``main_first``
+    hearing's stopper (which would end the query first, with another) is called once the handler in
+    front of Python's has run for that signal."""
+    theirs, python_heard = signals
+    assert interrupts.listen()
+    seen: list[list[int]] = []
+    called = threading.Event()
+
+    def stopper(error: RunInterrupted) -> None:
+        seen.append(list(python_heard))
+        called.set()
+
+    with interrupts.on_interrupt(stopper, main_first=True):
+        signal.raise_signal(signal.SIGINT)
+        assert theirs.recv(1) == bytes([signal.SIGINT]) and called.wait(30)
+    assert seen == [[signal.SIGINT]]  # Python's handler had run when the stopper was called
+
+
 SIGACTION = """
 import ctypes, signal, sys
 import polars  # noqa: F401  (puts its own SIGINT handler in front of Python's: it aborts a query)

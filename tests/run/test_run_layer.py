@@ -102,6 +102,23 @@ def test_the_cli_flags_are_the_spec_options_with_its_defaults():
         assert summarize.get_default(name) == default, name
 
 
+def test_summarize_stream_takes_every_run_option_that_paces_or_pays_or_says_where_it_is_set():
+    """The engine's entry (a client and a store given made) takes each option of ``OPTIONS`` as a
+    keyword (the request's, ``RunOptions``' fields, ``share``, ``quota``, the ``store`` object), or
+    names where it is set instead (``SET_ELSEWHERE``), never both, never neither."""
+    import dataclasses
+
+    from batchsum.engine.options import SET_ELSEWHERE, RunOptions
+
+    taken = {field.name for field in dataclasses.fields(RunOptions)} | {"mode", "percentage", "type"}
+    taken |= {"share", "quota", "store"}
+    for option in OPTIONS:
+        assert (option.name in taken) != (option.name in SET_ELSEWHERE), option.name
+    assert set(SET_ELSEWHERE) <= {option.name for option in OPTIONS}
+    paced_or_paid = ("rpm", "concurrency", "limiter", "budget", "budget_wait", "max_wait", "long_texts")
+    assert set(paced_or_paid + ("max_requests", "share", "quota")) <= taken
+
+
 def test_dask_refuses_a_limiter_with_what_paces_its_workers_instead(svc):
     import dask.dataframe as dd
     import pandas as pd

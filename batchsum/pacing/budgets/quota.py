@@ -27,9 +27,19 @@ from dataclasses import dataclass
 from ...service.errors import BudgetError
 from ...service.key_plans import ADJECTIVES, PERIODS, Quota, period_window
 from ...service.retry import MAX_RETRY_AFTER
-from .exchange import Budget, BudgetReset, QuotaCounts
+from .exchange import Budget, BudgetReset, QuotaCounts, RunEntry
+from .presence import PUBLISH_SECONDS
 
-__all__ = ["Spent", "StatedQuota", "CountedQuota", "SeenCounts", "LONG_RETRY_AFTER", "utc", "window_name"]
+__all__ = [
+    "Spent",
+    "StatedQuota",
+    "CountedQuota",
+    "OtherClaims",
+    "SeenCounts",
+    "LONG_RETRY_AFTER",
+    "utc",
+    "window_name",
+]
 
 log = logging.getLogger("batchsum")
 
@@ -153,6 +163,7 @@ class StatedQuota:
 
 
 CLAIMS_AT_ONCE = 8  # a run's count calls on one key's budget at once
+LOOK_SECONDS = 0.5  # a refused claim's read of the runs' registry serves the run's other refused claims this long
 RESTORED = "the quota's counts this run saw there are restored: "
 
 
@@ -233,6 +244,55 @@ class SeenCounts:
             await asyncio.gather(self._restoring, return_exceptions=True)
 
 
+class OtherClaims:
+    """The claims other runs on the key hold that may still be given back, as their entries in the
+    runs' registry say (``quota_pending``), and where this run says its own (``publish``: its entry's
+    ``member``, and ``due``, which has the entry published at once). ``held`` reads the registry once
+    for all of the run's refused claims that ask within ``LOOK_SECONDS``."""
+
+    __slots__ = ("budget", "member", "due", "_look", "_looked", "_clear_since")
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+        self.member: str | None = None  # this process's entry in the runs' registry, once it publishes there
+        self.due: Callable[[], None] | None = None  # that entry published at once
+        self._look: asyncio.Task[bool] | None = None  # the last read of the registry, shared for ``LOOK_SECONDS``
+        self._looked = -math.inf  # when it was made (the event loop's clock)
+        self._clear_since: float | None = None  # since when others have said they hold nothing (their clock)
+
+    def publish(self, member: str, due: Callable[[], None]) -> None:
+        self.member, self.due = member, due
+
+    def changed(self) -> None:
+        """This run's claims started or stopped being pending: its entry says so at once."""
+        self._clear_since = None
+        if self.due is not None:
+            self.due()
+
+    async def held(self) -> bool:
+        """Whether another run holds claims that may come back. With other runs there saying they hold
+        none, True until they have said so for ``PUBLISH_SECONDS`` (an entry goes with a call at most
+        that often: a claim made since the last may not be in it yet); with none there, False."""
+        now = asyncio.get_running_loop().time()
+        if self._look is None or (self._look.done() and now - self._looked >= LOOK_SECONDS):
+            if now - self._looked > 2 * LOOK_SECONDS:  # not one look after another: what others said is old
+                self._clear_since = None
+            self._look, self._looked = asyncio.ensure_future(self._read()), now
+        return await asyncio.shield(self._look)
+
+    async def _read(self) -> bool:
+        others = [entry for entry in await self.budget.runs() if entry.member != self.member]
+        if any(_pending(entry) for entry in others):
+            self._clear_since = None
+            return True
+        if not others:
+            return False
+        now = max(entry.now for entry in others)
+        if self._clear_since is None:
+            self._clear_since = now
+        return now - self._clear_since < PUBLISH_SECONDS
+
+
 class CountedQuota:
     """Paid requests counted on the key's ``budget`` in UTC calendar periods (its hour, day and
     month), by every run on the key, whether it configured a quota or not, so that the count a
@@ -243,9 +303,27 @@ class CountedQuota:
     run on the key (DuckDB's threads) claims through it, so ``pending`` is every claim of the run that
     may still be given back. What it saw counted is ``seen``'s, restored to a budget that came back
     empty; a claim carries the epoch it was seen on and counts nothing on another, so no claim is
-    counted from zero before the restore is done."""
+    counted from zero before the restore is done.
 
-    __slots__ = ("quota", "budget", "used", "wall", "seen", "pending", "returned", "_one", "_giving", "_moved")
+    Another run's claims (another process's) may come back too: each run publishes its ``pending`` in
+    its entry in the runs' registry (``others.publish``: the entry, published at once whenever it
+    starts or stops being nought, else with the calls the run makes anyway), and a claim refused with
+    none of its own pending asks ``held_elsewhere`` before the key is judged spent: no extra call for
+    a paid request, one read of the registry for the refused ones."""
+
+    __slots__ = (
+        "quota",
+        "budget",
+        "used",
+        "wall",
+        "seen",
+        "pending",
+        "returned",
+        "others",
+        "_one",
+        "_giving",
+        "_moved",
+    )
 
     def __init__(self, quota: Quota | None, budget: Budget, wall: Callable[[], float] = time.time) -> None:
         self.quota = quota
@@ -261,6 +339,7 @@ class CountedQuota:
         self._one = asyncio.Semaphore(CLAIMS_AT_ONCE)
         self._giving: set[asyncio.Task[None]] = set()  # counts given back, under way
         self._moved: asyncio.Future[None] | None = None  # resolved when a count comes back or none is pending
+        self.others = OtherClaims(budget)  # the other runs' claims on the key, and where ours are said
 
     def _periods(self) -> list[tuple[str, float]]:
         """The periods now, the quota's first: each's name and the seconds its count is kept."""
@@ -290,6 +369,8 @@ class CountedQuota:
         if not found.counted:
             return None
         self.pending += 1
+        if self.pending == 1:
+            self.others.changed()  # others refused meanwhile wait for this claim
         return tuple(name for name, _ in periods)
 
     def settle(self, periods: tuple[str, ...], *, paid: bool) -> None:
@@ -318,6 +399,8 @@ class CountedQuota:
     def _settled(self, returned: bool) -> None:
         self.pending -= 1
         self.returned += returned
+        if not self.pending:
+            self.others.changed()  # nothing of ours may come back: others refused need not wait for us
         if (returned or not self.pending) and self._moved is not None:
             if not self._moved.done():
                 self._moved.set_result(None)
@@ -331,6 +414,10 @@ class CountedQuota:
             await asyncio.wait_for(asyncio.shield(self._moved), timeout)
         except asyncio.TimeoutError:
             pass
+
+    async def held_elsewhere(self) -> bool:
+        """Whether another run on the key holds claims that may still be given back (``OtherClaims``)."""
+        return await self.others.held()
 
     async def close(self) -> None:
         """Wait for the give-backs and a restore under way: done before the run's budget closes."""
@@ -351,6 +438,12 @@ class CountedQuota:
         _, _, end = self.quota.window(self.wall())
         used = "?" if self.used is None else max(0, self.quota.limit - self.used)
         return f"{used} left in the {self.quota.name} until {utc(end)}"
+
+
+def _pending(entry: RunEntry) -> int:
+    """The claims a run's entry says it holds that may still be given back (0: none, or not said)."""
+    value = entry.data.get("quota_pending")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _looked_at(task: asyncio.Task[None]) -> None:
