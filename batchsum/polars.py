@@ -46,7 +46,7 @@ from .run.interrupts import listen, on_interrupt
 from .run.run import run_texts
 from .run.spec import RunSpec
 from .service.errors import ConfigurationError, InputError, RunInterrupted, redact_location
-from .service.keys import ENV_API_KEYS, KeyPlan, resolve_keys
+from .service.key_plans import ENV_API_KEYS, KeyPlan, resolve_keys
 from .service.location import Location
 from .service.settings import ENV_API_KEY, Secret, environment
 

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from batchsum.local import LocalService
-from batchsum.pacing.budget import ProcessBudget, RedisBudget, Report, SQLiteBudget
+from batchsum.pacing.budgets.budget import ProcessBudget, RedisBudget, Report, SQLiteBudget
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -196,8 +196,8 @@ def step_cost(count: int = 2000) -> float:
     starts at 1000 a second), measured on a redis-server of its own."""
     import asyncio
 
-    from batchsum.pacing.budget import RedisBudget, Report
-    from batchsum.pacing.exchange import Member
+    from batchsum.pacing.budgets.budget import RedisBudget, Report
+    from batchsum.pacing.budgets.exchange import Member
 
     with tempfile.TemporaryDirectory() as folder:
         redis = Redis(folder, 0.0)

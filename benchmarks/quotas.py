@@ -106,7 +106,7 @@ def until(condition, seconds: float = 120.0) -> float:
 def counted(redis_url: str, key: str, base_url: str, period: str) -> int:
     """What the key's Redis budget counts in ``period`` (read with this checkout's budget)."""
     from batchsum import Client
-    from batchsum.pacing.budget import RedisBudget
+    from batchsum.pacing.budgets.budget import RedisBudget
 
     with Client(api_key=key, base_url=base_url) as client:
         identity = client.identity
@@ -137,7 +137,7 @@ def waiting_then_flushed(args: argparse.Namespace, then: list[tuple[str, str]], 
     import redis
 
     from batchsum.local import LocalService
-    from batchsum.service.keys import period_window
+    from batchsum.service.key_plans import period_window
 
     key = f"bs-quota-bench-{os.urandom(6).hex()}"
     with tempfile.TemporaryDirectory() as folder, LocalService([key]) as service:

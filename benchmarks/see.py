@@ -53,7 +53,7 @@ WITH = "import sys\nfrom batchsum.cli import main\nsys.exit(main(sys.argv[1:]))\
 WITHOUT = (
     "import sys\n"
     "import batchsum.run.pieces as pieces\n"
-    "from batchsum.pacing.presence import Presence, member_of\n"
+    "from batchsum.pacing.budgets.presence import Presence, member_of\n"
     "class Quiet(Presence):  # a run on the key that never publishes its entry\n"
     "    lane = None\n"
     "pieces.open_entry = lambda stack, run_id, *args, **kwargs: Quiet(member_of(run_id))\n"
@@ -107,9 +107,9 @@ def publish_part(scratch: Path, args: argparse.Namespace) -> dict[str, list[floa
 def calls_once(variant: str, scratch: Path, args: argparse.Namespace) -> float:
     """CPU seconds per budget call, µs, with or without the run's entry."""
     from batchsum.engine.tally import BatchStats
-    from batchsum.pacing.budget import SQLiteBudget
-    from batchsum.pacing.exchange import Report
-    from batchsum.pacing.presence import Presence, member_of
+    from batchsum.pacing.budgets.budget import SQLiteBudget
+    from batchsum.pacing.budgets.exchange import Report
+    from batchsum.pacing.budgets.presence import Presence, member_of
     from batchsum.run.entry import Entry
     from batchsum.run.spec import RunSpec
 
@@ -147,7 +147,7 @@ def calls_part(scratch: Path, args: argparse.Namespace) -> dict[str, list[float]
 
 async def _fill(budget: Any, runs: int) -> None:
     """One key with a minute of starts and ``runs`` runs on it, as runs leave a budget."""
-    from batchsum.pacing.exchange import Member, Report
+    from batchsum.pacing.budgets.exchange import Member, Report
 
     await budget.check()
     await budget.recall("0123456789ab", "https://api.example")
@@ -161,7 +161,7 @@ async def _fill(budget: Any, runs: int) -> None:
 
 
 def top_part(scratch: Path, args: argparse.Namespace) -> dict[str, list[float]]:
-    from batchsum.pacing.budget import RedisBudget, SQLiteBudget
+    from batchsum.pacing.budgets.budget import RedisBudget, SQLiteBudget
 
     places: dict[str, Any] = {"machine": None}
     if args.redis:

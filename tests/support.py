@@ -233,7 +233,7 @@ def budget_ledger(budget: str, key: str, base_url: str):
     import asyncio
 
     from batchsum import Client
-    from batchsum.pacing.budget import open_budget
+    from batchsum.pacing.budgets.budget import open_budget
 
     with Client(api_key=key, base_url=base_url) as client:
         identity = client.identity
@@ -254,7 +254,7 @@ def runs_on_the_key(service, key: str = KEY) -> set[tuple[str, str]]:
     import asyncio
 
     from batchsum import Client
-    from batchsum.pacing.budget import open_budget
+    from batchsum.pacing.budgets.budget import open_budget
 
     with Client(api_key=key, base_url=service.url) as client:
         identity = client.identity

@@ -15,9 +15,9 @@ import pandas as pd
 from ..data.results import check_columns, join_results
 from ..engine.tally import BatchStats
 from ..run.background import BackgroundRun
+from ..run.budget_keys import key_company
 from ..run.run import Run
 from ..run.spec import RunSpec, check_option, document_options
-from ..run.top import key_company
 from ..service import contract
 from ..service.errors import BatchsumError
 from ..service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT

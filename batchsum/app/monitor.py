@@ -23,7 +23,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("the monitor needs the 'notebook' extra: pip install 'batchsum[notebook]'") from exc
 
 from ..run.background import BackgroundRun
-from ..run.top import HISTORY_SECONDS, UNKNOWN, BudgetView, KeyView, RunView, Watcher
+from ..run.budget_keys import HISTORY_SECONDS, UNKNOWN, BudgetView, KeyView, RunView, Watcher
 from ..service.errors import BatchsumError
 from .controls import STYLE
 

@@ -42,7 +42,7 @@ from ..service.errors import (
     RateLimitError,
     redact_location,
 )
-from ..service.keys import KeyPlan, read_key_file
+from ..service.key_plans import KeyPlan, read_key_file
 from ..service.settings import Secret, check_key, check_path, is_loopback, key_hash
 from .console import EXIT_OK, EXIT_USAGE, Stop
 
@@ -314,7 +314,7 @@ def create_app(gateway: Gateway, metrics: Any = None) -> Starlette:
 async def _show(gateway: Gateway, metrics: Any) -> None:
     """``--metrics-port``: the gateway's budget as ``batchsum top`` reads it, shown to the metrics every
     ``top`` refresh (the keys it serves, every run on them, the gateway's queue and waits among them)."""
-    from ..run.top import Watcher
+    from ..run.budget_keys import Watcher
     from .top import REFRESH_SECONDS
 
     watcher = Watcher(gateway.options.spec.budget, service=gateway.options.spec.client.base_url)
@@ -438,8 +438,8 @@ def gateway_command(args: argparse.Namespace) -> int:
     spec = options.spec
     metrics = None
     if args.metrics_port is not None:
+        from ..run.budget_keys import Watcher
         from ..run.key_metrics import KeyMetrics
-        from ..run.top import Watcher
 
         Watcher(spec.budget)  # a budget top cannot watch (none) is one line, before anything is served
         metrics = KeyMetrics.serve(args.metrics_port, args.metrics_address)

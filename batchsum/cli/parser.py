@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 from ..run.spec import OPTIONS, STORE_SCOPES, Option
 from ..service import contract
 from ..service.errors import InvalidParameterError
-from ..service.keys import ENV_API_KEYS
+from ..service.key_plans import ENV_API_KEYS
 from ..service.settings import ENCODINGS, ENV_API_KEY, LONG_TEXT_POLICIES
 from ..service.version import __version__
 from .console import EXIT_USAGE, say

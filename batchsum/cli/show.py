@@ -40,9 +40,9 @@ def limits_command(args: argparse.Namespace) -> int:
     """``batchsum limits``: what the budget remembers of keys' limits; ``--forget`` removes them."""
     import datetime
 
-    from ..pacing.budget import ProcessBudget, open_budget
-    from ..pacing.limit import Found
-    from ..pacing.record import LIMIT, QUOTA, QUOTA_SPENT
+    from ..pacing.auto.key_record import LIMIT, QUOTA, QUOTA_SPENT
+    from ..pacing.auto.limit import Found
+    from ..pacing.budgets.budget import ProcessBudget, open_budget
     from ..service.settings import budget_spec, check_base_url, key_hash_from_environment
 
     budget = open_budget(budget_spec(args.budget), "")
@@ -97,7 +97,7 @@ def limits_command(args: argparse.Namespace) -> int:
 
 def _marked_keys(args: argparse.Namespace) -> dict[str, str]:
     """The hashes of the keys ``--keys FILE`` names (else ``$BATCHSUM_API_KEYS``), each with its source."""
-    from ..service.keys import ENV_API_KEYS, resolve_keys
+    from ..service.key_plans import ENV_API_KEYS, resolve_keys
     from ..service.settings import environment
 
     if getattr(args, "keys", None) is None and not environment().get(ENV_API_KEYS, "").strip():
@@ -110,8 +110,8 @@ def _quota_shown(name: str, value: str, when: str) -> str:
     """A remembered quota as ``batchsum limits`` lists it."""
     import json
 
-    from ..pacing.quota import Spent, utc, window_name
-    from ..pacing.record import QUOTA_SPENT
+    from ..pacing.auto.key_record import QUOTA_SPENT
+    from ..pacing.budgets.quota import Spent, utc, window_name
 
     if name == QUOTA_SPENT:
         spent = Spent.from_json(value)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..pacing.quota import utc
+from ..pacing.budgets.quota import utc
 from ..run.spec import RunSpec
 from ..service.errors import (
     APIError,

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 from .console import EXIT_OK, EXIT_TERMINATED
 
 if TYPE_CHECKING:  # the command line imports this module for every command: what top reads, when it runs
-    from ..pacing.view import BudgetView, KeyView, RunView
-    from ..run.top import Watcher
+    from ..pacing.look.view import BudgetView, KeyView, RunView
+    from ..run.budget_keys import Watcher
 
-UNKNOWN = "unknown"  # pacing.view.UNKNOWN: a run's rows left where it does not know its size
+UNKNOWN = "unknown"  # pacing.look.view.UNKNOWN: a run's rows left where it does not know its size
 
 __all__ = ["top_command", "render", "REFRESH_SECONDS", "MIN_WIDTH"]
 
@@ -32,7 +32,7 @@ _CLEAR = "\x1b[H\x1b[2J"  # to the top left, the screen cleared: each view repla
 
 def top_command(args: argparse.Namespace) -> int:
     """``batchsum top``: read, draw, wait a second; again until Ctrl-C (``--once``: once)."""
-    from ..run.top import Watcher
+    from ..run.budget_keys import Watcher
 
     watcher = Watcher(args.budget, service=args.service, this_key=args.this_key, keys=args.keys)
     metrics = None
@@ -52,7 +52,7 @@ def top_command(args: argparse.Namespace) -> int:
 
 
 async def _watch(watcher: Watcher, args: argparse.Namespace, metrics: Any, clear: bool) -> int:
-    from ..run.top import as_json
+    from ..run.budget_keys import as_json
 
     while True:
         began = time.monotonic()
@@ -116,7 +116,7 @@ def _pace_words(key: KeyView) -> str:
 
 
 def _key_lines(key: KeyView, width: int) -> list[str]:
-    from ..pacing.quota import utc
+    from ..pacing.budgets.quota import utc
 
     name = f"key {key.key}" + (f" ({key.label})" if key.label else "") + f" at {key.service}"
     facts = [_limit_words(key), _pace_words(key)]

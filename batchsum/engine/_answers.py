@@ -26,7 +26,7 @@ class Answers:
     first), the claims it holds (renewed by ``leases``) and the texts it waits for (``waiting``).
 
     Which of the store's answers the run is served is its scopes' ``Trust`` (the run's keys in its
-    mode, made with them: ``run.answers.open_scopes``), asked by every read of the store; this run's
+    mode, made with them: ``run.answer_scopes.open_scopes``), asked by every read of the store; this run's
     own answer in its mode proves it (``trust``)."""
 
     def __init__(self, store: AnswerStore, stop: Callable[[BatchsumError], None]) -> None:

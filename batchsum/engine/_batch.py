@@ -18,7 +18,7 @@ from ._keys import FirstRequest, Keys
 from ._requests import Requests
 from ._stop import Stop
 from ._window import Known, Pending
-from .keys import KeyLane
+from .lanes import KeyLane
 from .options import RunOptions
 from .tally import BatchStats
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..pacing import Pacer
+from ..pacing.budgets.quota import LONG_RETRY_AFTER
 from ..pacing.pacer import AtTurn
-from ..pacing.quota import LONG_RETRY_AFTER
 from ..service.errors import (
     APIError,
     APIResponseValidationError,

@@ -2,7 +2,7 @@
 first; each key's first request goes alone, every key's at once; a key refused (401) or out of quota
 leaves the run (``KeyOut`` moves what waited on it to the others), and a key its record knows spent
 starts out of it; when every key is out the run waits for the first back within ``max_wait``, or
-stops (the last refusal, or ``QuotaSpent``), as ``pacing.forecast.first_back`` decides (a dry run
+stops (the last refusal, or ``QuotaSpent``), as ``pacing.look.forecast.first_back`` decides (a dry run
 projects the run by the same function).
 
 Invariant: a key is given no more requests than its pacer lets be in flight (its budget's pace decides
@@ -19,10 +19,10 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from ..pacing import KeyRecord
-from ..pacing.forecast import KeyNow, first_back, key_now
-from ..pacing.quota import Spent, utc
+from ..pacing.budgets.quota import Spent, utc
+from ..pacing.look.forecast import KeyNow, first_back, key_now
 from ..service.errors import APIStatusError, AuthenticationError, NotPremiumError, QuotaSpent
-from .keys import KeyLane
+from .lanes import KeyLane
 from .tally import BatchStats
 
 __all__ = ["Keys", "KeyOut", "LaneState", "FirstRequest", "RunWait", "lane_now", "wall_of"]
@@ -379,7 +379,7 @@ def _spent_before(lane: KeyLane) -> None:
 
 
 def lane_now(lane: KeyLane, now: float) -> KeyNow:
-    """What the key can do now (``pacing.forecast.key_now``), as the run holds it: its limit and the
+    """What the key can do now (``pacing.look.forecast.key_now``), as the run holds it: its limit and the
     run's share of it, out until a quota spent comes back, or refused; on the pacer's clock."""
     out = (lane.out_until, lane.spent.name) if lane.spent is not None else None
     return key_now(lane.name, lane.limit(), now, share=lane.pacer.share, out=out, refusal=lane.refusal)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ..pacing.quota import LONG_RETRY_AFTER, Spent
+from ..pacing.budgets.quota import LONG_RETRY_AFTER, Spent
 from ..service.errors import RateLimitError
 from ..service.rate_headers import RateStatement
 from ._keys import KeyOut, Keys, LaneState, wall_of

@@ -16,7 +16,7 @@ from ..service import contract
 from ..service.errors import BatchsumError
 from ._batch import Batch
 from ._requests import ROW
-from .keys import KeyLane
+from .lanes import KeyLane
 from .options import RunOptions
 from .tally import BatchStats
 

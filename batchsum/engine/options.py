@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..pacing import KeyRecord, Limiter, PaceChange, PaceLog, Pacer
-from ..pacing.budget import Budget, Share
-from ..pacing.presence import Presence
+from ..pacing.budgets.budget import Budget, Share
+from ..pacing.budgets.presence import Presence
 from ..service.errors import InvalidParameterError
 from ..service.settings import (
     DEFAULT_BUDGET_WAIT,
@@ -39,7 +39,7 @@ class RunOptions:
     engine's own keywords), passed down and not checked again (``__post_init__`` asserts their types).
 
     ``rpm``: the plan's requests per minute (0 = no pacing; with ``auto``, only a cap on the limit
-    found, stated or remembered: ``pacing.limit``). ``concurrency``: a cap on requests in
+    found, stated or remembered: ``pacing.auto.limit``). ``concurrency``: a cap on requests in
     flight; None sizes it from the pace and the measured latency. ``limiter``: your own floor
     under the pace (``async acquire()``) instead of ``AsyncLimiter(1, 60/rpm)``. ``budget``: the
     key's rate budget shared with other batches, processes or machines (``budget.open_budget``;
@@ -135,5 +135,7 @@ class RunOptions:
 
 def _budget(budget: Any) -> Budget | None:
     if budget is not None and not isinstance(budget, Budget):
-        raise InvalidParameterError(f"invalid budget {budget!r}: open one with batchsum.pacing.budget.open_budget")
+        raise InvalidParameterError(
+            f"invalid budget {budget!r}: open one with batchsum.pacing.budgets.budget.open_budget"
+        )
     return budget

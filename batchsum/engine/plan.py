@@ -51,7 +51,7 @@ class BatchPlan:
         stops_after: int | None = None,
     ) -> str:
         """The plan in lines; ``rpm`` None: the limit is not known yet (``rpm="auto"``); ``first``:
-        requests that go at once (one per key). From the keys' quotas (``pacing.forecast.project``):
+        requests that go at once (one per key). From the keys' quotas (``pacing.look.forecast.project``):
         ``seconds`` the time the requests take, ``waited`` of it waiting for a quota's reset, and
         ``stops_after``: the requests sent before a quota stops the run (None: it does not)."""
         skipped = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped_by_reason.items())) or "none"

@@ -30,7 +30,7 @@ from ._stop import NOT_SENT
 from ._window import Known, Pending, Window, as_row
 from .fingerprints import fingerprint as fingerprint
 from .fingerprints import text_fingerprint as text_fingerprint
-from .keys import KeyLane, Pacers, finish_lanes
+from .lanes import KeyLane, Pacers, finish_lanes
 from .options import RunOptions as RunOptions
 from .plan import BatchPlan as BatchPlan
 from .plan import plan_batch as plan_batch

@@ -28,7 +28,7 @@ from .timeline import Timeline
 
 if TYPE_CHECKING:
     from ..pacing import Pacer, PacerState
-    from .keys import Pacers
+    from .lanes import Pacers
 
 __all__ = ["BatchStats", "LongWork", "Waits", "Telemetry", "Charge", "charge", "WAITS_SECONDS"]
 

@@ -23,10 +23,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .budgets.exchange import AHEAD, LOOK, Slot
+from .budgets.spacing import WINDOW
 from .evidence import Evidence
-from .exchange import AHEAD, LOOK, Slot
 from .pause import ON_TIME
-from .spacing import WINDOW
 from .turn import MINUTE_LOOK, AtTurn, Turn, TurnGiven
 
 __all__ = [

@@ -12,8 +12,8 @@ from __future__ import annotations
 import bisect
 import math
 
-from .exchange import Slot
-from .spacing import JITTER_MARGIN, MIN_RPM, WINDOW
+from .budgets.exchange import Slot
+from .budgets.spacing import JITTER_MARGIN, MIN_RPM, WINDOW
 
 __all__ = ["Evidence"]
 

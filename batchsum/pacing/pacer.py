@@ -1,14 +1,14 @@
 """``Pacer``: when each attempt of a batch may start, and what the batch tells the key's budget. It
-composes the pieces of this package: the spacing rule kept with the budget (``spacing.py``), the
-pause and ramp (``pause.py``), the evidence that lowers and raises the pace (``evidence.py``), stated
-room (``room.py``), in-flight sizing (``in_flight.py``) and the key's record (``record.py``); the
-pace in force and its changes (``paces.py``), the schedule of starts (``turn.py``; a far budget's:
-``ahead.py``), what is shared through the budget (``sharing.py``) and what answers teach
-(``answers.py``).
+composes the pieces of this package: the spacing rule kept with the budget (``budgets/spacing.py``),
+the pause and ramp (``pause.py``), the evidence that lowers and raises the pace (``evidence.py``),
+stated room (``stated_room.py``), in-flight sizing (``in_flight.py``) and the key's record
+(``auto/key_record.py``); the pace in force and its changes (``paces.py``), the schedule of starts
+(``turn.py``; a far budget's: ``ahead.py``), what is shared through the budget (``sharing.py``), the
+key's one search (``search_lead.py``) and what answers teach (``lessons.py``).
 
 Invariant: every start is committed (on a far budget, reserved ahead) on the key's budget with the
 interval of the pace in force (times the ramp), or, on room the service stated, with the plan's
-interval over ``ROOM_SPEEDUP``; so the spacing rule of ``spacing.py`` holds for every start not on
+interval over ``ROOM_SPEEDUP``; so the spacing rule of ``budgets/spacing.py`` holds for every start not on
 stated room, in this process and across every process sharing the budget.
 """
 
@@ -20,21 +20,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .ahead import FarTurn
-from .answers import Answers
-from .budget import ProcessBudget
+from .auto.key_record import KeyRecord
+from .auto.limit import AutoLimit
+from .budgets.budget import ProcessBudget
+from .budgets.exchange import Budget, Share
+from .budgets.outage import hurried
+from .budgets.owed import Owed
+from .budgets.presence import Presence
 from .evidence import Evidence
-from .exchange import Budget, Share
 from .in_flight import InFlight
-from .lead import Lead
-from .limit import AutoLimit
-from .outage import hurried
-from .owed import Owed
+from .lessons import Answers
 from .paces import PaceChange, PaceLog, Paces
 from .pause import Alarm, Pause
-from .presence import Presence
-from .record import KeyRecord
-from .room import Company, StatedRoom, Statement
+from .search_lead import Lead
 from .sharing import Sharing
+from .stated_room import Company, StatedRoom, Statement
 from .turn import AtTurn, Limiter, Turn, TurnGiven
 
 __all__ = ["Pacer", "PaceChange", "PacerState", "Limiter", "PaceLog", "AtTurn", "TurnGiven"]

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from .owed import Owed
-from .spacing import WINDOW, interval_of
+from .budgets.owed import Owed
+from .budgets.spacing import WINDOW, interval_of
 
 __all__ = ["Paces", "PaceChange", "PaceLog"]
 

@@ -10,15 +10,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..service.errors import BudgetError
+from .auto.key_record import KeyRecord
+from .budgets.exchange import AHEAD, COMMIT, LOOK, RESERVE, Budget, Report, Share, Slot
+from .budgets.owed import Owed
+from .budgets.presence import Presence
+from .budgets.spacing import MIN_RPM
 from .evidence import Evidence
-from .exchange import AHEAD, COMMIT, LOOK, RESERVE, Budget, Report, Share, Slot
-from .owed import Owed
 from .paces import Paces
 from .pause import Alarm, Pause
-from .presence import Presence
-from .record import KeyRecord
-from .room import Company
-from .spacing import MIN_RPM
+from .stated_room import Company
 
 __all__ = ["Sharing"]
 
@@ -108,7 +108,7 @@ class Sharing:
         after a pause (the gentle restart, no burst), a pause in force and a shared pace are told
         again, and the key's record is written again with its stamps. (The quota's counts this run
         saw are restored by ``quota.CountedQuota``, which hears the epoch through the run's presence
-        and its own claims; the search's lead is asked again by ``lead.Lead`` and its state published.)"""
+        and its own claims; the search's lead is asked again by ``search_lead.Lead`` and its state published.)"""
         now = self.clock()
         self.resets += 1
         log.warning("batchsum: %s at %s; what this run holds of it is written again", EMPTY, self.budget.where)

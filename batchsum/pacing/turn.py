@@ -17,14 +17,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .auto.limit import AutoLimit
+from .budgets.exchange import COMMIT, LOOK, RESERVE, Share
+from .budgets.spacing import ROOM_SPEEDUP, interval_of
 from .evidence import Evidence
-from .exchange import COMMIT, LOOK, RESERVE, Share
-from .limit import AutoLimit
 from .paces import Paces
 from .pause import ON_TIME, Alarm, Pause
-from .room import Company, StatedRoom
 from .sharing import Sharing
-from .spacing import ROOM_SPEEDUP, interval_of
+from .stated_room import Company, StatedRoom
 
 __all__ = ["Turn", "Limiter", "TurnGiven", "AtTurn"]
 

@@ -4,7 +4,7 @@ share, sent, reused, 429s, rows left and ETA where it knows its size, its own ra
 and what it waits for when every key's quota is spent; a gateway's queue and its requests' waits
 for their turn instead of rows.
 
-It goes with the calls the run's pacer makes anyway, at most once a second (``pacing.presence``); a
+It goes with the calls the run's pacer makes anyway, at most once a second (``pacing.budgets.presence``); a
 run whose pacer is quiet (a pause, rows the store answers, a wait on a claim) publishes on a call of
 its own every ``KEEP_ALIVE_SECONDS``, so that its entry lapses (``RUN_LEASE_SECONDS``) only when the
 run is gone. The entry is removed when the run closes.
@@ -23,15 +23,15 @@ from contextlib import AsyncExitStack, suppress
 from typing import TYPE_CHECKING, Any
 
 from ..engine.tally import BatchStats
-from ..pacing.exchange import NO_REPORT, RUN_LEASE_SECONDS, Budget, Slot
-from ..pacing.presence import Presence, member_of
+from ..pacing.budgets.exchange import NO_REPORT, RUN_LEASE_SECONDS, Budget, Slot
+from ..pacing.budgets.presence import Presence, member_of
 from ..service.errors import BudgetError, redact_location
 from ..service.settings import environment
 from .spec import RunSpec
 
 if TYPE_CHECKING:
     from ..data.datasets import DatasetOutput
-    from ..engine.keys import KeyLane
+    from ..engine.lanes import KeyLane
 
 __all__ = ["Entry", "open_entry", "ENV_HOST", "KEEP_ALIVE_SECONDS", "OUTPUT_CHARS", "RATE_SECONDS"]
 

@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Iterable
 
-from ..pacing.budget import Budget, open_budget
+from ..pacing.budgets.budget import Budget, open_budget
 from ..service.errors import one_line
 from ..service.location import Location
 from .background import run_in_worker

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..pacing.view import UNKNOWN, BudgetView, KeyView, RunView
+from ..pacing.look.view import UNKNOWN, BudgetView, KeyView, RunView
 from ..service.errors import ConfigurationError
 
 __all__ = ["KeyMetrics", "KEY_GAUGES", "RUN_GAUGES", "EXTRA"]

@@ -14,17 +14,17 @@ from typing import TYPE_CHECKING, Any
 from ..data.journal import RunLock
 from ..data.scopes import Scopes
 from ..data.stores import AnswerStore
-from ..engine.keys import KeyLane, Pacers
+from ..engine.lanes import KeyLane, Pacers
 from ..engine.options import RunOptions
 from ..engine.tally import BatchStats
 from ..engine.timeline import Timeline
 from ..pacing import KeyRecord, PaceChange, Pacer
-from ..pacing.budget import Budget, Share, open_budget
+from ..pacing.budgets.budget import Budget, Share, open_budget
 from ..service.client import AsyncClient
 from ..service.errors import InvalidParameterError, JournalError
-from ..service.keys import KeyPlan
+from ..service.key_plans import KeyPlan
 from ..service.location import Location
-from .answers import open_scopes, store_scope
+from .answer_scopes import open_scopes, store_scope
 from .binding import spec_key_hash
 from .entry import open_entry
 from .logs import event

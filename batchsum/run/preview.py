@@ -2,7 +2,7 @@
 reuse (the store's answers as the run's keys would be served them: ``data.scopes.Trust``), the time
 it takes at what each key can do now (``look_at_key``: a key whose quota is spent adds nothing until
 its reset; the run's share of it) with the waits for quotas the run would wait for and the stop where
-it would stop (``pacing.forecast.project``, by the rule the run keeps), the paid requests needed, the
+it would stop (``pacing.look.forecast.project``, by the rule the run keeps), the paid requests needed, the
 limit under auto and the budget it joins."""
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from ..data.scopes import Scopes, Trust, look_at_store
 from ..data.stores import StoreError
 from ..engine.plan import BatchPlan, plan_batch
 from ..pacing import KeyRecord
-from ..pacing.budget import Budget, Slot, open_budget
-from ..pacing.forecast import KeyNow, Projection, QuotaLeft, key_now, project
-from ..pacing.quota import utc, window_name
+from ..pacing.budgets.budget import Budget, Slot, open_budget
+from ..pacing.budgets.quota import utc, window_name
+from ..pacing.look.forecast import KeyNow, Projection, QuotaLeft, key_now, project
 from ..service.client import AsyncClient
 from ..service.errors import BudgetError, ConfigurationError
-from ..service.keys import KeyPlan
+from ..service.key_plans import KeyPlan
 from ..service.settings import AUTO_MAX_RPM, describe_rate
-from .answers import store_scope
+from .answer_scopes import store_scope
 from .binding import spec_key_hash
 from .spec import RunSpec
 
@@ -67,7 +67,7 @@ async def look_at_key(
     """What ``spec``'s run could do on one key (``plan``; None: the spec's one key), read from its
     ``budget``: its rate (configured, or under auto the limit its record remembers), each quota and
     what it leaves until its reset (configured: the budget's count; stated: what the record last
-    heard), a quota its record knows spent; as ``pacing.forecast.key_now`` says it."""
+    heard), a quota its record knows spent; as ``pacing.look.forecast.key_now`` says it."""
     now = wall()
     seen = await budget.look()
     key = plan.hash if plan is not None else spec_key_hash(spec)
@@ -342,7 +342,7 @@ def read_keys(spec: RunSpec) -> KeysRead:
 @dataclass(frozen=True)
 class Forecast:
     """What a run of ``spec`` does on its keys as they are now: ``projections`` one per plan given
-    (``pacing.forecast.project``), from the keys read (``looks``; empty: their budgets could not be
+    (``pacing.look.forecast.project``), from the keys read (``looks``; empty: their budgets could not be
     read, or the local service's key: each key at its configured rate), and why a budget could not
     be read (``problem``, a line of the dry run)."""
 

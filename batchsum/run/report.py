@@ -130,7 +130,7 @@ def run_report(
     door: str | None = None,
 ) -> dict[str, Any]:
     """The run report as plain data (JSON-able), schema ``docs/run-report.schema.json``.
-    ``keys``: each key of the run as ``engine.keys.KeyLane.describe`` gives it (its hash, never the key).
+    ``keys``: each key of the run as ``engine.lanes.KeyLane.describe`` gives it (its hash, never the key).
     ``door``: the front-end the run went through.
 
     ``started_at`` / ``ended_at``: wall-clock times. ``error``: what ended the run, if not its end:
@@ -236,7 +236,7 @@ def _stop_message(error: BaseException) -> str:
 def _pace(stats: BatchStats) -> dict[str, Any]:
     """The report's pace section: the first request, the changes, and under auto the limit in force
     (where it came from, and the 429s its upward probes cost)."""
-    from ..pacing.sources import Source
+    from ..pacing.auto.sources import Source
 
     pacer = stats.pacer
     auto = pacer.auto if pacer is not None else None

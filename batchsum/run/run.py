@@ -29,7 +29,7 @@ from ..engine.options import RunOptions
 from ..engine.stream import rows_of, stream_results
 from ..engine.tally import BatchStats
 from ..pacing import KeyRecord, Pacer
-from ..pacing.budget import Budget
+from ..pacing.budgets.budget import Budget
 from ..service import contract
 from ..service.client import AsyncClient
 from ..service.errors import RequestCapReached

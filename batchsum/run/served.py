@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..data.results import Answer
-from ..engine.keys import finish_lanes
+from ..engine.lanes import finish_lanes
 from ..engine.open_batch import OpenBatch
 from ..engine.tally import BatchStats, Waits
-from ..pacing.outage import MAX_PROBE_SECONDS
+from ..pacing.budgets.outage import MAX_PROBE_SECONDS
 from ..service import contract
 from ..service.client import AsyncClient, AttemptHooks, PreparedRequest
 from ..service.errors import APIError, APIStatusError, BatchsumError, BudgetError, QuotaSpent

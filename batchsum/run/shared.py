@@ -12,7 +12,7 @@ from typing import Any
 from ..data.journal import SharedJournal
 from ..data.scopes import open_store
 from ..data.stores import StoreError
-from ..pacing.budget import Budget, ProcessBudget, SQLiteBudget, check_budget, open_budget
+from ..pacing.budgets.budget import Budget, ProcessBudget, SQLiteBudget, check_budget, open_budget
 from ..service.errors import BudgetError, InvalidParameterError
 from ..service.location import BUDGET, NO_STORE, Location
 from .binding import bind

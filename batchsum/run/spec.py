@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..service import contract
-from ..service.keys import ENV_API_KEYS, KeyPlan, Quota, parse_quota, resolve_keys
+from ..service.key_plans import ENV_API_KEYS, KeyPlan, Quota, parse_quota, resolve_keys
 from ..service.location import BUDGET, STORE, Location
 from ..service.retry import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from ..service.settings import *  # noqa: F403  (every check and setting this module had, as the same objects)
@@ -397,7 +397,7 @@ class RunSpec:
     params: contract.Params
     client: ClientSettings
     rpm: float = DEFAULT_RPM  # under ``auto``, the cap
-    auto: bool = False  # rpm="auto" / "auto:N": the limit is found, stated or remembered (pacing.limit)
+    auto: bool = False  # rpm="auto" / "auto:N": the limit is found, stated or remembered (pacing.auto.limit)
     concurrency: int | None = None
     limiter: Any = None
     budget: Any = Location.machine(BUDGET)  # a Location, or a budget.Budget object (in-process only)

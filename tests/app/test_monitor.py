@@ -16,9 +16,9 @@ pytest.importorskip("ipywidgets")
 
 import batchsum
 from batchsum.app.monitor import BUCKET, KeyHistory, KeyMonitor
-from batchsum.pacing.budget import Report, SQLiteBudget
-from batchsum.pacing.exchange import Member
-from batchsum.pacing.view import KeyView, RunView
+from batchsum.pacing.budgets.budget import Report, SQLiteBudget
+from batchsum.pacing.budgets.exchange import Member
+from batchsum.pacing.look.view import KeyView, RunView
 from batchsum.service.settings import key_hash
 from tests.support import KEY, article, wait_for
 

@@ -588,7 +588,7 @@ def test_a_new_journal_is_made_0600_like_the_store(env, tmp_path):
 
 
 def test_a_redis_budget_object_keeps_its_prefix_for_the_store_that_follows_it():
-    from batchsum.pacing.redis_budget import RedisBudget
+    from batchsum.pacing.budgets.redis_budget import RedisBudget
     from batchsum.service.settings import store_spec
 
     budget = RedisBudget("redis://127.0.0.1:6379/0?prefix=team-d", "some-key-id")  # nothing connected

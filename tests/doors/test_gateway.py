@@ -32,7 +32,7 @@ from batchsum.cli.gateway import MAX_WAIT_HEADER, TOKEN_HEADER, Gateway, create_
 from batchsum.cli.parser import build_parser
 from batchsum.local import Faults, LocalService
 from batchsum.local.server import ThreadServer
-from batchsum.pacing.spacing import max_starts
+from batchsum.pacing.budgets.spacing import max_starts
 from tests.support import (
     BASIC_KEY,
     KEY,

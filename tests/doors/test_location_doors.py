@@ -14,7 +14,7 @@ import batchsum
 from batchsum.cli import main
 from batchsum.errors import BatchsumError
 from batchsum.options import RunSpec
-from batchsum.run.top import Watcher
+from batchsum.run.budget_keys import Watcher
 from tests.support import KEY, article
 
 PASSWORD = "pw-in-a-bad-location-4242"

@@ -274,7 +274,7 @@ def test_a_lazy_run_loads_neither_pyarrow_nor_pandas_and_cuts_polars_chunks_smal
 
 
 def test_a_lazy_plan_with_a_budget_object_keeps_it_in_this_process_and_runs(svc, opts):
-    from batchsum.pacing.budget import open_budget
+    from batchsum.pacing.budgets.budget import open_budget
 
     budget = open_budget("none", "lazy-budget-object")
     texts = [article(20, seed=7300 + i) for i in range(3)]

@@ -250,7 +250,7 @@ def test_a_spark_jobs_executors_are_one_run_on_the_key_with_unknown_rows_left(sp
     import redis
 
     import batchsum.spark
-    from batchsum.pacing.view import UNKNOWN, read_view
+    from batchsum.pacing.look.view import UNKNOWN, read_view
 
     redis.Redis.from_url(redis_url).flushdb()
     with LocalService([KEY], rpm=600) as service:

@@ -27,8 +27,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchsum.cli import main
-from batchsum.pacing.budget import Report, SQLiteBudget, default_budget_path
-from batchsum.pacing.exchange import Member
+from batchsum.pacing.budgets.budget import Report, SQLiteBudget, default_budget_path
+from batchsum.pacing.budgets.exchange import Member
 from batchsum.service.settings import key_hash
 from tests.support import KEY, article, wait_for
 
@@ -464,7 +464,7 @@ def test_a_redis_user_that_may_only_read_sees_what_any_other_sees(redis_url, cap
 
     import redis
 
-    from batchsum.pacing.budget import RedisBudget
+    from batchsum.pacing.budgets.budget import RedisBudget
 
     admin = redis.Redis.from_url(redis_url)
     admin.flushdb()

@@ -16,12 +16,12 @@ from batchsum.data.results import Answer
 from batchsum.data.stores import MemoryClaims
 from batchsum.engine import summarize_stream
 from batchsum.engine.fingerprints import text_fingerprint
-from batchsum.engine.keys import KeyLane
+from batchsum.engine.lanes import KeyLane
 from batchsum.engine.tally import BatchStats
 from batchsum.pacing import Pacer
-from batchsum.pacing.budget import ProcessBudget
+from batchsum.pacing.budgets.budget import ProcessBudget
 from batchsum.service import contract
-from batchsum.service.keys import parse_quota
+from batchsum.service.key_plans import parse_quota
 from batchsum.service.settings import key_hash
 from tests import virtual_clock
 from tests.engine.test_keys import KeyedService, keys, texts

@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 
 import batchsum
 from batchsum.engine import summarize_stream
-from batchsum.engine.keys import KeyLane
+from batchsum.engine.lanes import KeyLane
 from batchsum.engine.tally import BatchStats
 from batchsum.local.state import LIMIT_KINDS
 from batchsum.pacing import Pacer
-from batchsum.pacing.budget import ProcessBudget
+from batchsum.pacing.budgets.budget import ProcessBudget
 from batchsum.service import contract
 from batchsum.service.contract import Messages
 from batchsum.service.errors import explain

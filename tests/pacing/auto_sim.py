@@ -18,8 +18,8 @@ import batchsum
 from batchsum.engine import summarize_stream
 from batchsum.errors import BudgetError
 from batchsum.pacing import KeyRecord, Pacer
-from batchsum.pacing.budget import Budget, ProcessBudget, Remembered, Share
-from batchsum.pacing.limit import Found
+from batchsum.pacing.auto.limit import Found
+from batchsum.pacing.budgets.budget import Budget, ProcessBudget, Remembered, Share
 from batchsum.run.spec import AUTO_MAX_RPM
 from tests import virtual_clock
 from tests.pacing.far_sim import Far

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from batchsum.pacing.budget import ProcessBudget, RedisBudget, SQLiteBudget
+from batchsum.pacing.budgets.budget import ProcessBudget, RedisBudget, SQLiteBudget
 
 ROOT = Path(__file__).resolve().parents[2]
 FAR_SECONDS = 0.02  # a Redis a zone away: each round trip this much longer

@@ -17,9 +17,9 @@ from batchsum.errors import RateLimitError
 from batchsum.local.state import SlidingWindow
 from batchsum.pacing import Pacer
 from batchsum.pacing.ahead import FarTurn
-from batchsum.pacing.budget import Budget, ProcessBudget, Remembered, Report, Share, Slot
-from batchsum.pacing.exchange import Lead
-from batchsum.pacing.ledger import LEDGER_SECONDS, Ledger
+from batchsum.pacing.budgets.budget import Budget, ProcessBudget, Remembered, Report, Share, Slot
+from batchsum.pacing.budgets.exchange import Lead
+from batchsum.pacing.budgets.ledger import LEDGER_SECONDS, Ledger
 from batchsum.pacing.pacer import _loop_time
 from tests import virtual_clock
 from tests.pacing.test_pacing import Sim, engine_hooks

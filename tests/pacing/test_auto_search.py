@@ -17,9 +17,9 @@ import random
 import pytest
 
 from batchsum.local.state import ClockWindow, FixedWindow, SlidingWindow, TokenBucket
-from batchsum.pacing.budget import ProcessBudget, Remembered
-from batchsum.pacing.lead import TICK_SECONDS
-from batchsum.pacing.limit import SETTLE, Found
+from batchsum.pacing.auto.limit import SETTLE, Found
+from batchsum.pacing.budgets.budget import ProcessBudget, Remembered
+from batchsum.pacing.search_lead import TICK_SECONDS
 from tests.pacing.auto_sim import FAR, Connection, Machine, scenario, service_with, wave
 from tests.pacing.test_pace_conformance import most_in_any_window
 
@@ -315,7 +315,7 @@ def test_a_run_that_joins_minutes_after_the_leader_settled_takes_its_limit():
 def test_a_fault_in_the_search_is_a_warning_never_a_run_that_hangs(when, monkeypatch, caplog):
     """A bug in a step of the search (the first, or one later) ends that run's part in it with a
     warning: the run goes on at its pace, and the other run on the key leads on."""
-    from batchsum.pacing import limit
+    from batchsum.pacing.auto import limit
 
     steps = {"n": 0}
     step = limit.AutoLimit.step
@@ -390,7 +390,7 @@ def test_a_share_takes_its_part_of_the_limit_in_force(machine):
     apart (on a far budget, each within the lateness a start reserved ahead may have: the second
     waits for the lone first request's answer)."""
     from batchsum.pacing.ahead import late
-    from batchsum.pacing.budget import Share
+    from batchsum.pacing.budgets.budget import Share
 
     service = service_with(SlidingWindow(240, MINUTE))
     machine.entries["limit"] = Remembered("k", "s", "limit", Found(240, "found", 0).to_json(), 1e12)
@@ -523,7 +523,7 @@ def test_a_run_with_a_share_alone_on_a_key_whose_limit_is_unknown_climbs_to_its_
     key's pace is twice the level tried, so the run sends the level and proves it; the limit found is
     the key's (600/min), and once it is known the run sends its share of it, about 300/min. (Before,
     the ledger never showed 0.8 of the level sent and the run stayed at half of 60/min.)"""
-    from batchsum.pacing.budget import Share
+    from batchsum.pacing.budgets.budget import Share
 
     service, machine = service_with(SlidingWindow(600, MINUTE)), Machine()
 
@@ -546,7 +546,7 @@ def test_runs_with_shares_alone_on_a_key_search_with_what_they_may_send_together
     """Two runs with ``--share 0.3`` on a key of 600/min nobody knows, nobody else on it: the
     registry says they may send 0.6 of the key's pace together, so the level tried is what they
     send; the key's limit is found, and each then sends its share of it."""
-    from batchsum.pacing.budget import Share
+    from batchsum.pacing.budgets.budget import Share
 
     service, machine = service_with(SlidingWindow(600, MINUTE)), Machine()
     shares = [Share("a", 0.3), Share("b", 0.3)]

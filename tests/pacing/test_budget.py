@@ -27,7 +27,7 @@ import batchsum
 from batchsum.errors import BudgetError
 from batchsum.local import LocalService
 from batchsum.pacing import JITTER_MARGIN, KeyRecord, Pacer, interval_of, max_starts
-from batchsum.pacing.budget import (
+from batchsum.pacing.budgets.budget import (
     MAX_PAUSE,
     ProcessBudget,
     RedisBudget,
@@ -37,7 +37,7 @@ from batchsum.pacing.budget import (
     SQLiteBudget,
     open_budget,
 )
-from batchsum.pacing.exchange import BudgetUnreachable
+from batchsum.pacing.budgets.exchange import BudgetUnreachable
 from batchsum.pacing.pacer import _loop_time
 from tests import virtual_clock
 from tests.pacing import far_sim
@@ -231,7 +231,7 @@ def test_two_processes_reserving_at_once_never_share_a_slot(kind, tmp_path, requ
     identity = uuid.uuid4().hex
     script = textwrap.dedent(f"""
         import asyncio, json
-        from batchsum.pacing.budget import open_budget
+        from batchsum.pacing.budgets.budget import open_budget
         async def main():
             budget = open_budget({spec!r}, {identity!r})
             starts = [(await budget.reserve(0.001)).at for _ in range(150)]
@@ -849,8 +849,8 @@ def test_a_budget_that_came_back_empty_starts_again_as_after_a_pause_and_gets_th
 def test_a_quota_counted_on_a_budget_that_came_back_empty_is_restored_before_it_counts_again():
     """The quota's claim carries the epoch it knows: on the emptied budget it counts nothing
     (BudgetReset), the counts this run last saw are written back, then it counts."""
-    from batchsum.pacing.quota import CountedQuota
-    from batchsum.service.keys import parse_quota
+    from batchsum.pacing.budgets.quota import CountedQuota
+    from batchsum.service.key_plans import parse_quota
 
     budget = Flaky(out=10.0, back=11.0, empty=True)
     quota = CountedQuota(parse_quota("50/day"), budget)
@@ -872,7 +872,7 @@ def test_a_budget_file_locked_is_a_wait_off_the_event_loop(tmp_path, monkeypatch
     import sqlite3
     import threading
 
-    from batchsum.pacing import sqlite_file
+    from batchsum.pacing.budgets import sqlite_file
 
     monkeypatch.setattr(sqlite_file, "BUSY_SECONDS", 0.1)
     path = tmp_path / "budget.sqlite"

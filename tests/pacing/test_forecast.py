@@ -1,6 +1,6 @@
 """The dry run says what the run then does (issue 48): each key read as a dry run reads it
 (``run.preview.look_at_key``: its rate, its quotas, a quota its record knows spent), the job projected
-(``pacing.forecast.project``), then the same job run on the same budget and record, on virtual time
+(``pacing.look.forecast.project``), then the same job run on the same budget and record, on virtual time
 with a wall clock that moves with it. A quota whose reset comes within ``max_wait`` is a wait with
 its end (the time counts it); beyond it, a stop; a key whose quota is spent adds nothing to the rate."""
 
@@ -18,16 +18,16 @@ from hypothesis import strategies as st
 
 import batchsum
 from batchsum.engine import summarize_stream
-from batchsum.engine.keys import KeyLane
+from batchsum.engine.lanes import KeyLane
 from batchsum.errors import QuotaSpent
 from batchsum.options import RunSpec
 from batchsum.pacing import KeyRecord, Pacer
-from batchsum.pacing.budget import ProcessBudget
-from batchsum.pacing.exchange import Remembered, Share
-from batchsum.pacing.forecast import QuotaLeft, first_back, key_now, project
-from batchsum.pacing.quota import CountedQuota, Spent, StatedQuota
+from batchsum.pacing.budgets.budget import ProcessBudget
+from batchsum.pacing.budgets.exchange import Remembered, Share
+from batchsum.pacing.budgets.quota import CountedQuota, Spent, StatedQuota
+from batchsum.pacing.look.forecast import QuotaLeft, first_back, key_now, project
 from batchsum.run.preview import look_at_key
-from batchsum.service.keys import KeyPlan
+from batchsum.service.key_plans import KeyPlan
 from tests import virtual_clock
 from tests.engine.test_keys import KeyedService
 from tests.engine.test_keys import keys as team_keys

@@ -13,9 +13,9 @@ import uuid
 
 import pytest
 
-from batchsum.pacing import exchange, gcra
-from batchsum.pacing.budget import RedisBudget, Report, SQLiteBudget
-from batchsum.pacing.ledger import TICK, Ledger, Tally, tick_of
+from batchsum.pacing.budgets import exchange, gcra
+from batchsum.pacing.budgets.budget import RedisBudget, Report, SQLiteBudget
+from batchsum.pacing.budgets.ledger import TICK, Ledger, Tally, tick_of
 
 
 def run(coro):
@@ -121,7 +121,11 @@ def test_a_lead_let_go_passes_at_once_and_keeps_the_state_for_the_next(users):
 def test_a_lead_whose_holder_stops_renewing_it_lapses(users, monkeypatch):
     # The lease is shortened for the test (the budget's own clock decides; Redis reads its TIME).
     monkeypatch.setattr(exchange, "LEASE_SECONDS", 0.3)
-    for module in ("batchsum.pacing.budget", "batchsum.pacing.sqlite_budget", "batchsum.pacing.redis_budget"):
+    for module in (
+        "batchsum.pacing.budgets.budget",
+        "batchsum.pacing.budgets.sqlite_budget",
+        "batchsum.pacing.budgets.redis_budget",
+    ):
         monkeypatch.setattr(f"{module}.LEASE_SECONDS", 0.3)
 
     async def main():
@@ -147,7 +151,7 @@ def test_a_lead_whose_holder_stops_renewing_it_lapses(users, monkeypatch):
 
 def test_a_shared_pace_or_state_not_written_for_five_minutes_is_nobodys(tmp_path, monkeypatch):
     clock = [time.time()]
-    monkeypatch.setattr("batchsum.pacing.sqlite_budget.time.time", lambda: clock[0])
+    monkeypatch.setattr("batchsum.pacing.budgets.sqlite_budget.time.time", lambda: clock[0])
     budget = SQLiteBudget(tmp_path / "budget.sqlite", "id")
 
     async def main():
@@ -199,7 +203,7 @@ def test_a_machine_budget_whose_clock_is_stepped_neither_stalls_nor_bursts(step,
     start is an interval after the last one, on the new clock, not five minutes later, nor at once
     with the one before."""
     clock = [1_800_000_000.0]
-    monkeypatch.setattr("batchsum.pacing.sqlite_budget.time.time", lambda: clock[0])
+    monkeypatch.setattr("batchsum.pacing.budgets.sqlite_budget.time.time", lambda: clock[0])
     budget = SQLiteBudget(tmp_path / "budget.sqlite", "id")
     interval = 0.5
 
@@ -236,17 +240,17 @@ def test_the_gcra_state_moves_its_schedule_back_with_the_clock():
 
 
 def _auto(cap: float = 1e6, remembered=None):
-    from batchsum.pacing.limit import AutoLimit
+    from batchsum.pacing.auto.limit import AutoLimit
 
     return AutoLimit(cap, remembered, wall=lambda: 1_790_000_000.0)
 
 
 def _settled(how: str, value: float = 240.0):
     """A leader's limit, known ``how`` (found by its search, or stated by its service)."""
-    from batchsum.pacing.search import Settle
+    from batchsum.pacing.auto.search import Settle
 
     leader = _auto()
-    from batchsum.pacing.limit import stated
+    from batchsum.pacing.auto.limit import stated
 
     if how == "stated":
         stated(leader, value)
@@ -257,7 +261,7 @@ def _settled(how: str, value: float = 240.0):
 
 @pytest.mark.parametrize("resume", [False, True])
 def test_a_limit_another_runs_search_found_is_followed_never_found_or_stated_by_this_run(resume):
-    from batchsum.pacing.handover import published, taken_on
+    from batchsum.pacing.auto.handover import published, taken_on
 
     follower = _auto()
     assert taken_on(follower, published(_settled("found")), resume=resume)
@@ -273,8 +277,8 @@ def test_a_limit_another_runs_search_found_is_followed_never_found_or_stated_by_
 def test_a_limit_another_runs_service_stated_is_followed_until_this_runs_own_answers_state_it():
     """Issue 48 item 5: the published state carried "stated by the service" for 300 s, and a run whose
     service stated nothing read it as its own."""
-    from batchsum.pacing.handover import published, taken_on
-    from batchsum.pacing.limit import heard
+    from batchsum.pacing.auto.handover import published, taken_on
+    from batchsum.pacing.auto.limit import heard
 
     state = published(_settled("stated", 300.0))
     silent = _auto()
@@ -293,8 +297,8 @@ def test_a_limit_another_runs_service_stated_is_followed_until_this_runs_own_ans
 
 
 def test_a_remembered_limit_stays_remembered_and_a_lower_cap_is_capped_when_taken_on():
-    from batchsum.pacing.handover import published, taken_on
-    from batchsum.pacing.limit import Found
+    from batchsum.pacing.auto.handover import published, taken_on
+    from batchsum.pacing.auto.limit import Found
 
     leader = _auto(remembered=Found(240.0, "found", 1_780_000_000.0))
     assert leader.source.kind == "remembered"
@@ -307,7 +311,7 @@ def test_a_remembered_limit_stays_remembered_and_a_lower_cap_is_capped_when_take
 def test_a_state_an_older_version_published_is_read_as_followed():
     import json
 
-    from batchsum.pacing.handover import published, taken_on
+    from batchsum.pacing.auto.handover import published, taken_on
 
     data = json.loads(published(_settled("found")))
     data["source"] = "stated by the service"  # the text an older version published
@@ -316,7 +320,7 @@ def test_a_state_an_older_version_published_is_read_as_followed():
 
 
 def test_every_source_reads_one_vocabulary_and_survives_its_json():
-    from batchsum.pacing.sources import KINDS, Source
+    from batchsum.pacing.auto.sources import KINDS, Source
 
     for kind in KINDS:
         source = Source(kind, "found", 1_790_000_000.0, 120.0 if kind == "capped" else None)
@@ -328,8 +332,8 @@ def test_every_source_reads_one_vocabulary_and_survives_its_json():
 def test_what_the_runs_on_a_key_may_send_together_is_their_shares_summed_at_most_one():
     from types import SimpleNamespace
 
-    from batchsum.pacing.budget import ProcessBudget
-    from batchsum.pacing.lead import key_share
+    from batchsum.pacing.budgets.budget import ProcessBudget
+    from batchsum.pacing.search_lead import key_share
 
     class Registry(ProcessBudget):
         def __init__(self, shares):

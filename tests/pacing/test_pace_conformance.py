@@ -26,7 +26,7 @@ import batchsum
 from batchsum.engine import summarize_stream
 from batchsum.local.state import LIMIT_KINDS, SlidingWindow
 from batchsum.pacing import JITTER_MARGIN, ROOM_SPEEDUP, Pacer
-from batchsum.pacing.budget import ProcessBudget
+from batchsum.pacing.budgets.budget import ProcessBudget
 from tests import virtual_clock
 from tests.pacing.test_short_job import KEY, Service
 

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchsum.pacing import JITTER_MARGIN, KeyRecord, interval_of, max_starts
-from batchsum.pacing.budget import ProcessBudget, Remembered, Slot
+from batchsum.pacing.budgets.budget import ProcessBudget, Remembered, Slot
 from batchsum.pacing.pause import RAMP_START, Pause
-from batchsum.pacing.room import ALONE_AFTER, Company, StatedRoom
+from batchsum.pacing.stated_room import ALONE_AFTER, Company, StatedRoom
 
 
 def most_in_half_open_window(times: list[float], window: float) -> int:

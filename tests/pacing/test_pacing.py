@@ -19,7 +19,7 @@ from aiolimiter import AsyncLimiter
 import batchsum
 from batchsum.engine._gate import Gate
 from batchsum.engine._keys import FirstRequest, Keys
-from batchsum.engine.keys import KeyLane
+from batchsum.engine.lanes import KeyLane
 from batchsum.errors import RateLimitError, ServerError
 from batchsum.local.state import SlidingWindow
 from batchsum.pacing import JITTER_MARGIN, START_IN_FLIGHT, Pacer, max_starts
@@ -226,7 +226,7 @@ def test_an_attempt_that_does_not_go_at_its_turn_gives_its_start_to_the_next_and
     """``at_turn`` says no for every third attempt (its text claimed by another run): that attempt
     raises ``TurnGiven`` without a start committed on the budget, and the next attempt goes in the
     start it had reserved; the starts that went out keep the spacing, and the budget counts only them."""
-    from batchsum.pacing.budget import ProcessBudget
+    from batchsum.pacing.budgets.budget import ProcessBudget
 
     budget = ProcessBudget(lambda: asyncio.get_running_loop().time())
     pacer = Pacer(600, budget=budget)

@@ -26,18 +26,18 @@ import pytest
 
 import batchsum
 from batchsum.engine import summarize_stream
-from batchsum.engine.keys import KeyLane
+from batchsum.engine.lanes import KeyLane
 from batchsum.engine.tally import BatchStats
 from batchsum.errors import QuotaSpent
 from batchsum.local.state import SlidingWindow
 from batchsum.pacing import Pacer
-from batchsum.pacing.budget import Budget, ProcessBudget, RedisBudget, SQLiteBudget
-from batchsum.pacing.quota import CountedQuota, StatedQuota
-from batchsum.pacing.record import LIMIT, QUOTA, QUOTA_SPENT
+from batchsum.pacing.auto.key_record import LIMIT, QUOTA, QUOTA_SPENT
+from batchsum.pacing.budgets.budget import Budget, ProcessBudget, RedisBudget, SQLiteBudget
+from batchsum.pacing.budgets.quota import CountedQuota, StatedQuota
 from batchsum.run.progress import ProgressBar
 from batchsum.service import contract
 from batchsum.service.contract import Messages
-from batchsum.service.keys import Quota, parse_quota, period_window
+from batchsum.service.key_plans import Quota, parse_quota, period_window
 from tests import virtual_clock
 from tests.engine.test_keys import KeyedService
 from tests.engine.test_keys import keys as team_keys

@@ -13,8 +13,8 @@ import uuid
 
 import pytest
 
-from batchsum.pacing.budget import ProcessBudget, RedisBudget, Report, SQLiteBudget
-from batchsum.pacing.exchange import ENTRY_CHARS, RUN_LEASE_SECONDS, BudgetReset, Member
+from batchsum.pacing.budgets.budget import ProcessBudget, RedisBudget, Report, SQLiteBudget
+from batchsum.pacing.budgets.exchange import ENTRY_CHARS, RUN_LEASE_SECONDS, BudgetReset, Member
 
 DAY = ("day:2026-11-27", 86400.0)
 HOUR = ("hour:2026-11-27T15", 3600.0)
@@ -269,7 +269,7 @@ def test_a_pacer_publishes_its_runs_entry_at_most_once_a_second_and_hears_its_jo
     """On the virtual clock: 600 starts at 600/min publish the entry about once a second (a minute's
     worth, not a start's worth), every call names the run, and a stop posted midway is told once."""
     from batchsum.pacing import Pacer
-    from batchsum.pacing.presence import Presence
+    from batchsum.pacing.budgets.presence import Presence
     from tests import virtual_clock
 
     class Counting(ProcessBudget):

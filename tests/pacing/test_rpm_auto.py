@@ -21,7 +21,7 @@ from batchsum.engine import summarize_stream
 from batchsum.errors import InvalidParameterError
 from batchsum.local.state import ClockWindow, FixedWindow, SlidingWindow, TokenBucket
 from batchsum.pacing import KeyRecord, Pacer
-from batchsum.pacing.limit import Found
+from batchsum.pacing.auto.limit import Found
 from batchsum.run.spec import AUTO_MAX_RPM, RunSpec, check_rate
 from tests import virtual_clock
 from tests.pacing.test_short_job import KEY, Remembering, Service, gaps, told, uniform
@@ -109,7 +109,7 @@ def test_a_limit_found_is_remembered_and_the_next_run_starts_at_it_with_no_429()
 
     import time
 
-    from batchsum.pacing.budget import Remembered
+    from batchsum.pacing.budgets.budget import Remembered
 
     entries = [
         Remembered("keyhash", "https://svc", name, value, time.time()) for name, value in record.budget.told.items()
@@ -189,8 +189,8 @@ def _remember(key: str, service: str, rpm: float) -> None:
     import asyncio
 
     from batchsum.options import key_hash
-    from batchsum.pacing.budget import open_budget
-    from batchsum.pacing.record import LIMIT
+    from batchsum.pacing.auto.key_record import LIMIT
+    from batchsum.pacing.budgets.budget import open_budget
 
     async def go():
         budget = open_budget("machine", "")
@@ -243,8 +243,8 @@ def test_batchsum_limits_forget_clears_the_keys_proof_and_its_budgets_shared_pac
     from the cautious start and sends its first request alone); answers are not the budget's."""
     from batchsum.cli import main
     from batchsum.options import key_hash
-    from batchsum.pacing.budget import Report, open_budget
-    from batchsum.pacing.record import LIMIT
+    from batchsum.pacing.auto.key_record import LIMIT
+    from batchsum.pacing.budgets.budget import Report, open_budget
 
     hashed, service = key_hash("k" * 24), "https://api.example.test"
 
@@ -285,7 +285,7 @@ def test_cli_processes_started_together_under_auto_share_one_lead(budget_at, tmp
     import pandas as pd
 
     from batchsum.local import LocalService
-    from batchsum.pacing.budget import open_budget
+    from batchsum.pacing.budgets.budget import open_budget
     from tests.support import article
 
     key = f"bs-auto-lead-key-{uuid.uuid4().hex[:12]}"  # the Redis variants share one server

@@ -25,7 +25,7 @@ from batchsum.engine import summarize_stream
 from batchsum.engine.tally import BatchStats
 from batchsum.local.state import LIMIT_KINDS, TokenBucket
 from batchsum.pacing import JITTER_MARGIN, ROOM_SPEEDUP, KeyRecord, Pacer
-from batchsum.pacing.budget import ProcessBudget, Remembered, Share
+from batchsum.pacing.budgets.budget import ProcessBudget, Remembered, Share
 from batchsum.service import contract
 from batchsum.service.contract import Messages
 from tests import virtual_clock

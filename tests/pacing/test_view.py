@@ -1,5 +1,5 @@
-"""What a budget shows of its keys and their runs (``pacing.view``), read without writing it
-(``pacing.readonly``): on a real SQLite file (while runs write it, and after they are gone) and a real
+"""What a budget shows of its keys and their runs (``pacing.look.view``), read without writing it
+(``pacing.look.readonly``): on a real SQLite file (while runs write it, and after they are gone) and a real
 redis-server; a job's processes as one run; runs that disagree on the limit; quotas, a pause and a
 search; a lapsed entry gone; a budget not made yet is no keys; Redis read in plain reads (no script)
 whatever the number of runs, and never written; a key's state the same read from either back-end."""
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from batchsum.pacing.budget import RedisBudget, Report, SQLiteBudget
-from batchsum.pacing.exchange import RUN_LEASE_SECONDS, Member
-from batchsum.pacing.view import UNKNOWN, read_view
+from batchsum.pacing.budgets.budget import RedisBudget, Report, SQLiteBudget
+from batchsum.pacing.budgets.exchange import RUN_LEASE_SECONDS, Member
+from batchsum.pacing.look.view import UNKNOWN, read_view
 from batchsum.service.settings import key_hash
 
 SERVICE = "http://127.0.0.1:9"
@@ -346,7 +346,7 @@ def test_a_keys_state_read_from_either_back_end_is_the_same(redis_url, tmp_path)
     """One function turns what a budget stores into the key's state (``readonly.key_state``): the same
     runs, ledger, pause, pace, lead, counts and remembered entries, written to a SQLite file and to a
     real redis-server, read back as the same state."""
-    from batchsum.pacing.readonly import read_states
+    from batchsum.pacing.look.readonly import read_states
 
     __import__("redis").Redis.from_url(redis_url).flushdb()
     identity = uuid.uuid4().hex

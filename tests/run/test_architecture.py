@@ -2,7 +2,10 @@
 every module once, its layer picture's arrows are exactly the imports between folders (module level,
 under ``TYPE_CHECKING`` and inside functions alike), a ``_``-module is imported only inside its
 package, and a module over 500 lines or a class over 150 stands there with the reason it is long.
-Between modules: no import cycle, no sibling's private name, and every module imports alone."""
+Between modules: no import cycle, no sibling's private name, and every module imports alone. Inside
+the package's folders each module has a name of its own, and ``pacing/`` stands in wings: its root
+holds at most ``PACING_ROOT_MODULES`` modules, and the page's wing picture is exactly the imports
+between them."""
 
 from __future__ import annotations
 
@@ -24,12 +27,17 @@ CLASS_LINES = 150
 # meets, and the stable paths they type.
 DOORS = "doors"
 DOOR_FOLDERS = {"cli"}
+# pacing/'s root holds the pacer and its pieces; the rest stands in its wings (its folders).
+PACING = "pacing"
+PACING_ROOT_MODULES = 12
 
 
 def fenced(section: str) -> list[str]:
-    """The lines of the first fenced block under the page's ``## <section>`` heading."""
+    """The lines of the first fenced block under the page's ``## <section>`` (or ``###``) heading."""
     text = PAGE.read_text()
-    start = text.index(f"\n## {section}\n")
+    heading = re.search(rf"^#+ {re.escape(section)}$", text, re.M)
+    assert heading, f"no heading '{section}' on the page"
+    start = heading.start()
     block = re.search(r"^```\n(.*?)^```$", text[start:], re.S | re.M)
     assert block, f"no picture under '## {section}'"
     return block[1].splitlines()
@@ -77,10 +85,10 @@ def imports(path: Path) -> set[str]:
 EDGES = {(importer, imported) for importer, path in MODULES.items() for imported in imports(path)}
 
 
-def picture() -> dict[str, list[str]]:
-    """The layer picture, top floor first: each line ``layer -> the layers it imports``."""
+def picture(section: str = "The layers") -> dict[str, list[str]]:
+    """A picture of the page, top floor first: each line ``part -> the parts it imports``."""
     arrows: dict[str, list[str]] = {}
-    for line in fenced("The layers"):
+    for line in fenced(section):
         if not line.strip():
             continue
         source, _, targets = line.partition("->")
@@ -88,8 +96,9 @@ def picture() -> dict[str, list[str]]:
     return arrows
 
 
-def test_the_layer_picture_is_drawn_top_down_and_every_arrow_points_down():
-    arrows = picture()
+@pytest.mark.parametrize("section", ["The layers", "The wings of pacing/"])
+def test_the_picture_is_drawn_top_down_and_every_arrow_points_down(section):
+    arrows = picture(section)
     order = list(arrows)
     for source, targets in arrows.items():
         for target in targets:
@@ -107,6 +116,46 @@ def test_the_pictures_arrows_are_the_codes_imports_between_folders():
     undrawn = {edge: by_edge[edge] for edge in found - drawn}
     assert not undrawn, f"imports up the floors or sideways (not in the picture): {undrawn}"
     assert not drawn - found, f"arrows in the picture no import follows: {sorted(drawn - found)}"
+
+
+def wing(module: str) -> str | None:
+    """The wing of ``pacing/`` a module stands in: its folder there, ``pacing`` for the root (the
+    pacer and its pieces), None outside ``pacing/``."""
+    parts = module.split(".")
+    if parts[:2] != ["batchsum", PACING]:
+        return None
+    if len(parts) > 3 or (len(parts) == 3 and MODULES[module].name == "__init__.py"):
+        return parts[2]
+    return PACING
+
+
+def test_the_wing_pictures_arrows_are_the_codes_imports_between_pacings_wings():
+    arrows = picture("The wings of pacing/")
+    wings = {wing(module) for module in MODULES} - {None}
+    assert wings == set(arrows), f"wings in the code {sorted(wings)}, in the picture {sorted(arrows)}"
+    drawn = {(source, target) for source, targets in arrows.items() for target in targets}
+    crossing = {(wing(a), wing(b), f"{a} -> {b}") for a, b in EDGES if wing(a) and wing(b) and wing(a) != wing(b)}
+    found = {(a, b) for a, b, _ in crossing}
+    undrawn = {edge: sorted(why for a, b, why in crossing if (a, b) == edge) for edge in found - drawn}
+    assert not undrawn, f"imports between pacing's wings up the picture or sideways (not drawn): {undrawn}"
+    assert not drawn - found, f"arrows in the wing picture no import follows: {sorted(drawn - found)}"
+
+
+def test_pacings_root_holds_at_most_a_dozen_modules():
+    root = sorted(path.name for path in (PACKAGE / PACING).glob("*.py"))
+    assert len(root) <= PACING_ROOT_MODULES, f"pacing/ holds {len(root)} modules at its root: {root}"
+
+
+def test_each_module_inside_the_folders_has_a_name_of_its_own():
+    """Inside the package's folders one module per name (``_keys`` and ``keys`` are one name); the top
+    package's own modules (the stable paths ``batchsum.errors``, ``batchsum.options`` ...) aside."""
+    by_name: dict[str, list[str]] = {}
+    for path in MODULES.values():
+        if path.parent == PACKAGE or (path.stem.startswith("__") and path.stem.endswith("__")):
+            continue
+        by_name.setdefault(path.stem.lstrip("_"), []).append(path.relative_to(PACKAGE).as_posix())
+    shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
+    assert not shared, f"modules sharing a name: {shared}"
 
 
 def test_the_doors_import_no_other_door():

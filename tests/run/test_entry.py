@@ -13,9 +13,9 @@ import time
 import pandas as pd
 import pytest
 
-from batchsum.pacing.budget import ProcessBudget
-from batchsum.pacing.exchange import Report
-from batchsum.pacing.view import read_view
+from batchsum.pacing.budgets.budget import ProcessBudget
+from batchsum.pacing.budgets.exchange import Report
+from batchsum.pacing.look.view import read_view
 from batchsum.run import entry as entry_module
 from batchsum.run.entry import Entry, _shown
 from batchsum.run.run import Run

@@ -19,7 +19,7 @@ from batchsum.cli import main
 from batchsum.local import LocalService
 from batchsum.options import RunSpec
 from batchsum.pacing import JITTER_MARGIN
-from batchsum.pacing.budget import RESERVE, RESERVE_ONLY, ProcessBudget, Report, Share, Slot, SQLiteBudget
+from batchsum.pacing.budgets.budget import RESERVE, RESERVE_ONLY, ProcessBudget, Report, Share, Slot, SQLiteBudget
 from batchsum.run import run_texts
 from batchsum.run.report import BatchStats
 from tests.support import EXPIRED_KEY, KEY, article
@@ -245,7 +245,7 @@ def test_every_budget_kind_defers_a_shared_run_and_never_lets_it_hold_a_slot_ahe
     elif kind == "machine":
         budget_a, budget_b = (SQLiteBudget(tmp_path / "b.sqlite", "key") for _ in range(2))
     else:
-        from batchsum.pacing.budget import RedisBudget
+        from batchsum.pacing.budgets.budget import RedisBudget
 
         url = request.getfixturevalue("redis_url")
         budget_a = RedisBudget(url, f"share-{time.time_ns()}")

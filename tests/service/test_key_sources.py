@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from batchsum.errors import ConfigurationError, InvalidParameterError
 from batchsum.options import RunSpec
-from batchsum.service.keys import Quota, parse_quota, read_key_file, resolve_keys
+from batchsum.service.key_plans import Quota, parse_quota, read_key_file, resolve_keys
 from batchsum.service.settings import key_hash
 
 A, B, C = "team-key-aaaaaaaaaaaaaaaa", "team-key-bbbbbbbbbbbbbbbb", "team-key-cccccccccccccccc"

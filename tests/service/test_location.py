@@ -12,8 +12,8 @@ import pytest
 
 from batchsum.errors import BudgetError, InvalidParameterError
 from batchsum.options import RunSpec
-from batchsum.pacing.budget import ProcessBudget, SQLiteBudget, default_budget_path, open_budget
-from batchsum.pacing.redis_budget import RedisBudget
+from batchsum.pacing.budgets.budget import ProcessBudget, SQLiteBudget, default_budget_path, open_budget
+from batchsum.pacing.budgets.redis_budget import RedisBudget
 from batchsum.service.location import BUDGET, STORE, Location
 from batchsum.service.settings import budget_spec, store_spec
 from tests.support import KEY

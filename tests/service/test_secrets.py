@@ -371,7 +371,7 @@ def test_the_journal_stores_a_redacted_output_and_shows_old_ones_redacted(tmp_pa
 
 def test_a_budget_url_with_a_password_is_shown_without_it():
     pytest.importorskip("redis")
-    from batchsum.pacing.budget import open_budget
+    from batchsum.pacing.budgets.budget import open_budget
 
     budget = open_budget("redis://:redispassword1@127.0.0.1:9/0", "id")
     assert "redispassword1" not in budget.where and "***@127.0.0.1:9" in budget.where
@@ -392,7 +392,7 @@ def test_a_base_url_masks_its_credentials_in_the_services_name_and_every_message
     that cannot be reached; a user or password in it (which the HTTP client would send instead of the
     key) is a one-line error, before anything is sent."""
     from batchsum.options import RunSpec
-    from batchsum.pacing.budget import open_budget
+    from batchsum.pacing.budgets.budget import open_budget
     from tests.support import KEY
 
     monkeypatch.setenv("BATCHSUM_API_KEY", KEY)

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from ..service.errors import BudgetError
+from ...service.errors import BudgetError
 from .exchange import RECORD_SECONDS, SETTING, Budget, BudgetUnreachable, Remembered
 
 __all__ = ["SQLiteFile", "SCHEMA_VERSION"]

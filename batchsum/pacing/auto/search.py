@@ -1,7 +1,7 @@
 """The search for a key's limit under ``--rpm auto``: a cautious start that climbs while the key's
 answers come back clean, and settles under what the service shows when it refuses. It reads the
 key's ledger (``ledger.Ledger``: every process on the key together) on the budget's clock, and is
-plain data, so whoever leads the search (``lead.py``) can hand it on.
+plain data, so whoever leads the search (``search_lead.py``) can hand it on.
 
 - climb: from ``START_RPM`` (or the cap, if lower), the level climbs by half again (``CLIMB``) each
   ``STEP_SECONDS`` of clean sending at it (the key really sent at the level); a level held that long
@@ -25,9 +25,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
-from .ledger import TICK, Ledger
-from .minute import minute_reset, window_count
-from .spacing import JITTER_MARGIN, MIN_RPM, WINDOW
+from ..budgets.ledger import TICK, Ledger
+from ..budgets.spacing import JITTER_MARGIN, MIN_RPM, WINDOW
+from .minute_window import minute_reset, window_count
 
 __all__ = [
     "Search",

@@ -1,7 +1,7 @@
 """``--rpm auto``: the key's limit when nobody says it. Where the limit in force comes from, in order:
 what the service states (``stated``), what the key's record remembers (``remembered``, a week at most),
 else a search (``search.Search``). What it learns it learns from the key's ledger (every process on the
-key together), and only the run that leads the key's search (``lead.py``) moves it: the others follow.
+key together), and only the run that leads the key's search (``search_lead.py``) moves it: the others follow.
 
 Once a limit is known (settled):
 - a strike is a refusal episode at the pace that came after 5 s of even sending at it (or with the
@@ -27,10 +27,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .ledger import Ledger
+from ..budgets.ledger import Ledger
+from ..budgets.spacing import JITTER_MARGIN, MIN_RPM, WINDOW
 from .search import Search, Settle, adopt_seconds, probed, sent_evenly
 from .sources import BY_HEADERS, CAPPED, FOLLOWED, FOUND, IN_PART, LOWERED, PROBED, REMEMBERED, STATED, Source, known
-from .spacing import JITTER_MARGIN, MIN_RPM, WINDOW
 from .strikes import Strikes
 
 __all__ = ["AutoLimit", "Found", "stated", "heard", "distrusted", "LIMIT_SECONDS", "START_RPM", "SETTLE", "MAX_RPM"]
@@ -218,7 +218,7 @@ class AutoLimit:
         return self.search is not None
 
 
-# What the service's headers state, as the limit in force: the answers' part (``answers.Answers``).
+# What the service's headers state, as the limit in force: the answers' part (``lessons.Answers``).
 
 
 def stated(auto: AutoLimit, per_minute: float) -> bool:

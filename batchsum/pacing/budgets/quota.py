@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..service.errors import BudgetError
-from ..service.keys import ADJECTIVES, PERIODS, Quota, period_window
-from ..service.retry import MAX_RETRY_AFTER
+from ...service.errors import BudgetError
+from ...service.key_plans import ADJECTIVES, PERIODS, Quota, period_window
+from ...service.retry import MAX_RETRY_AFTER
 from .exchange import Budget, BudgetReset, QuotaCounts
 
 __all__ = ["Spent", "StatedQuota", "CountedQuota", "SeenCounts", "LONG_RETRY_AFTER", "utc", "window_name"]

@@ -13,16 +13,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..service.errors import InvalidParameterError
-from ..service.keys import parse_quota, period_window
-from ..service.location import Location
-from .exchange import RunEntry
-from .ledger import TICK
-from .limit import Found
-from .quota import Spent, window_name
+from ...service.errors import InvalidParameterError
+from ...service.key_plans import parse_quota, period_window
+from ...service.location import Location
+from ..auto.key_record import LIMIT, QUOTA, QUOTA_SPENT
+from ..auto.limit import Found
+from ..auto.sources import KINDS
+from ..budgets.exchange import RunEntry
+from ..budgets.ledger import TICK
+from ..budgets.quota import Spent, window_name
 from .readonly import KeyState, read_states
-from .record import LIMIT, QUOTA, QUOTA_SPENT
-from .sources import KINDS
 
 __all__ = ["KeyView", "RunView", "LimitView", "QuotaView", "read_view", "key_view", "source_word", "UNKNOWN", "BUCKET"]
 
@@ -32,7 +32,7 @@ SOURCES = ("configured", "stated", "remembered", "found", "followed", "capped")
 
 
 def source_word(text: str | None) -> str | None:
-    """The vocabulary's word (``pacing/sources.py``) for where a limit came from, as a run tells it:
+    """The vocabulary's word (``pacing/auto/sources.py``) for where a limit came from, as a run tells it:
     the word itself, or from a run of an earlier version its text (``remembered (found 2026-11-25
     14:02)``, ``the cap (auto:600)``): its first word, or the word a longer text stands for."""
     if not text:

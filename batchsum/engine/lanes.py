@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..pacing import KeyRecord, PaceChange, Pacer, PacerState
-from ..pacing.exchange import Budget
-from ..pacing.quota import CountedQuota, Spent, StatedQuota, utc
-from ..pacing.sources import Source
+from ..pacing.auto.sources import Source
+from ..pacing.budgets.exchange import Budget
+from ..pacing.budgets.quota import CountedQuota, Spent, StatedQuota, utc
 from ..service.client import AsyncClient
 from ..service.errors import BudgetError
-from ..service.keys import Quota
+from ..service.key_plans import Quota
 from ..service.settings import ENV_API_KEY
 
 __all__ = ["KeyLane", "Pacers", "KeysState", "finish_lanes"]
@@ -69,7 +69,7 @@ class KeyLane:
         return self.pacer.ceiling
 
     def limit_source(self) -> Source | None:
-        """Where the key's limit in force came from (``pacing.sources``; None: no pacing)."""
+        """Where the key's limit in force came from (``pacing.auto.sources``; None: no pacing)."""
         if self.pacer.auto is not None:
             return self.pacer.auto.source
         return Source.configured() if self.pacer.rpm else None

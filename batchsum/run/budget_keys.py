@@ -1,7 +1,7 @@
 """The keys on a budget as ``batchsum top`` and ``batchsum.monitor()`` show them (``Watcher``): the budget
 named as ``batchsum limits`` names it (``--budget``, the machine's by default), the keys labelled by
 their line of ``--keys FILE`` (or as the key in ``$BATCHSUM_API_KEY``), chosen by service or key, read
-without writing (``pacing.view``); and what a run sees of the other runs on its key (``key_company``).
+without writing (``pacing.look.view``); and what a run sees of the other runs on its key (``key_company``).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..pacing.view import UNKNOWN, BudgetView, KeyView, RunView, read_view
+from ..pacing.look.view import UNKNOWN, BudgetView, KeyView, RunView, read_view
 from ..service import contract
 from ..service.errors import BudgetError
-from ..service.keys import ENV_API_KEYS, resolve_keys
+from ..service.key_plans import ENV_API_KEYS, resolve_keys
 from ..service.location import Location
 from ..service.settings import ENV_API_KEY, budget_spec, check_base_url, environment, key_hash_from_environment
 
@@ -27,7 +27,7 @@ __all__ = [
     "key_company",
     "HISTORY_SECONDS",
     "SCHEMA",
-    # the view's names, for the layers above (pacing/view.py)
+    # the view's names, for the layers above (pacing/look/view.py)
     "BudgetView",
     "KeyView",
     "RunView",

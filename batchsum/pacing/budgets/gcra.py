@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..service.retry import MAX_RETRY_AFTER
+from ...service.retry import MAX_RETRY_AFTER
 from .exchange import AHEAD, COMMIT, LOOK, RESERVE, SHARED_SECONDS, Report, Slot
 
 __all__ = [

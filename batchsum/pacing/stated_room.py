@@ -5,7 +5,7 @@ Invariants: starts on stated room never outnumber what the service stated, less 
 not have counted yet; they are never closer than the plan's interval divided by ``ROOM_SPEEDUP`` (so a
 429 comes back before much more is sent); once the room is used up nothing starts before its reset;
 a 429 while room is stated makes every statement untrusted for the rest of the run (and the key's
-record remembers it: see ``record.py``); only a run alone on its budget, with the whole key, spends it.
+record remembers it: see ``auto/key_record.py``); only a run alone on its budget, with the whole key, spends it.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from ..service.retry import MAX_RETRY_AFTER
-from .exchange import Slot
-from .spacing import WINDOW
+from .budgets.exchange import Slot
+from .budgets.spacing import WINDOW
 
 __all__ = ["StatedRoom", "Company", "Statement"]
 

@@ -326,7 +326,7 @@ class Budget(abc.ABC):
         counts and search of the keys' budgets there too; how many entries were forgotten."""
         return 0
 
-    # The key's paid requests per UTC period (``pacing.quota.CountedQuota``), the count a configured
+    # The key's paid requests per UTC period (``pacing.budgets.quota.CountedQuota``), the count a configured
     # quota is held to. This default keeps it in the budget object (this process: ``QuotaBook``); the
     # shared budgets keep it where they live. What was restored of an old epoch's counts lives beside
     # them, so it goes when they go (a budget that comes back empty again has restored nothing).

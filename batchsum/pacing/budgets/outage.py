@@ -17,8 +17,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
-from ..service.errors import BudgetError
-from ..service.retry import backoff
+from ...service.errors import BudgetError
+from ...service.retry import backoff
 
 __all__ = ["Outage", "BudgetUnreachable", "hurried", "MAX_PROBE_SECONDS", "GIVE_UP_PROBE"]
 

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from ..service.errors import BudgetError, location_secrets, one_line, redact, redact_location
-from ..service.keys import PERIODS, period_window
-from ..service.location import BUDGET, Location
-from .exchange import RECORD_SECONDS, RUN_LEASE_SECONDS, SHARED_SECONDS, Remembered, RunEntry
-from .ledger import TICK, Ledger, Tally, tick_of
+from ...service.errors import BudgetError, location_secrets, one_line, redact, redact_location
+from ...service.key_plans import PERIODS, period_window
+from ...service.location import BUDGET, Location
+from ..budgets.exchange import RECORD_SECONDS, RUN_LEASE_SECONDS, SHARED_SECONDS, Remembered, RunEntry
+from ..budgets.ledger import TICK, Ledger, Tally, tick_of
 
 __all__ = ["KeyState", "Stored", "key_state", "read_states", "read_sqlite", "read_redis"]
 

@@ -1,6 +1,6 @@
 """What a pacer learns from each answer: a 429 pauses every sender and, on evidence, lowers the pace;
 rate-limit headers state a limit and room; clean answers let it climb. Under ``--rpm auto`` the limit
-moves on the key's ledger instead (``lead.py``): each answer goes there, told to the budget.
+moves on the key's ledger instead (``search_lead.py``): each answer goes there, told to the budget.
 """
 
 from __future__ import annotations
@@ -8,17 +8,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .auto.key_record import KeyRecord
+from .auto.limit import distrusted, heard
+from .auto.limit import stated as taken_as_stated
+from .budgets.spacing import MIN_RPM
 from .evidence import Evidence
 from .in_flight import InFlight
-from .lead import Lead
-from .limit import distrusted, heard
-from .limit import stated as taken_as_stated
 from .paces import Paces
 from .pause import Alarm, Pause
-from .record import KeyRecord
-from .room import StatedRoom, Statement
+from .search_lead import Lead
 from .sharing import Sharing
-from .spacing import MIN_RPM
+from .stated_room import StatedRoom, Statement
 
 __all__ = ["Answers"]
 

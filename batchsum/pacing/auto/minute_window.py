@@ -8,8 +8,8 @@ Invariant: each count is of starts the service admitted (answered clean), never 
 
 from __future__ import annotations
 
-from .ledger import TICK, Ledger
-from .spacing import WINDOW
+from ..budgets.ledger import TICK, Ledger
+from ..budgets.spacing import WINDOW
 
 __all__ = ["minute_reset", "window_count", "minute_refused", "FIXED_GAP", "FIXED_RESET", "QUIET_SECONDS"]
 

@@ -5,7 +5,7 @@ Invariant: at a pace of at most ``rpm``, the interval is ``60 / rpm`` and a litt
 margin), so any half-open window of w > 0 seconds holds at most ``ceil(rpm * w / 60)`` starts: the
 most a window of w holds at that spacing. The budget keeps the rule for every process sharing it
 (``budget.Budget.commit``); nothing in the pacer may make a start's interval shorter, except the room a
-service states (at most ``ROOM_SPEEDUP`` times the plan, see ``room.py``).
+service states (at most ``ROOM_SPEEDUP`` times the plan, see ``stated_room.py``).
 """
 
 from __future__ import annotations

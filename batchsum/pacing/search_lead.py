@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..service.errors import BudgetError
-from .exchange import LOOK, SHARED_SECONDS, Budget
-from .handover import published, taken_on
-from .limit import AutoLimit
+from .auto.handover import published, taken_on
+from .auto.key_record import KeyRecord
+from .auto.limit import AutoLimit
+from .budgets.exchange import LOOK, SHARED_SECONDS, Budget
 from .paces import Paces
-from .record import KeyRecord
 from .sharing import Sharing
 
 __all__ = ["Lead", "TICK_SECONDS", "key_share"]

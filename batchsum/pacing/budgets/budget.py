@@ -51,8 +51,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..service.location import BUDGET, Location, machine_file
-from ..service.settings import ENV_BUDGET, budget_spec
+from ...service.location import BUDGET, Location, machine_file
+from ...service.settings import ENV_BUDGET, budget_spec
 from .exchange import (
     AHEAD,
     COMMIT,

@@ -2,7 +2,7 @@
 between them) changes nothing; a strike is a refusal after a stretch of even sending at the pace, or
 with the service admitting steadily since the last one; two strikes close together are the limit, and
 show what the service admits; so does one strike that a minute's window refused, full until it reset
-(``minute.minute_refused``): a run that meets a plan lowered to half on a minute's window draws one
+(``minute_window.minute_refused``): a run that meets a plan lowered to half on a minute's window draws one
 refusal, pauses and may end before a second.
 
 Invariant: refusals are judged once each, in the order of their starts, and only when their episode
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import math
 
-from .ledger import TICK, Ledger
-from .minute import minute_refused
+from ..budgets.ledger import TICK, Ledger
+from ..budgets.spacing import WINDOW
+from .minute_window import minute_refused
 from .search import sent_evenly
-from .spacing import WINDOW
 
 __all__ = ["Strikes", "window_of", "shown_by", "STRIKE_SECONDS", "STRIKES_WITHIN"]
 

@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..service.errors import BudgetError
-from .exchange import RECORD_SECONDS, Budget, Remembered
+from ...service.errors import BudgetError
+from ..budgets.exchange import RECORD_SECONDS, Budget, Remembered
+from ..budgets.quota import Spent, StatedQuota
 from .limit import LIMIT_SECONDS, Found
-from .quota import Spent, StatedQuota
 
 __all__ = ["KeyRecord", "PROOF_SECONDS"]
 

@@ -12,8 +12,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from ..service.errors import BudgetError, location_secrets, one_line, redact, redact_location
-from ..service.location import BUDGET, Location
+from ...service.errors import BudgetError, location_secrets, one_line, redact, redact_location
+from ...service.location import BUDGET, Location
 from .exchange import (
     AHEAD,
     ENTRY_CHARS,

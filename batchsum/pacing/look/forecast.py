@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from ..service.keys import period_window
+from ...service.key_plans import period_window
 
 __all__ = ["QuotaLeft", "KeyNow", "Wait", "Projection", "key_now", "first_back", "project"]
 
