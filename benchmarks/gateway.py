@@ -30,8 +30,14 @@ kept-alive connections (a few lines of asyncio: a client's own CPU is kept off t
   service while Redis was down, 503s (each with its ``Retry-After``) and 429s to the clients, every
   request's end.
 
-By hand: ``python -m benchmarks.gateway [--parts latency replicas litellm outage] [--requests 2000]
-[--clients 32] [--seconds 20] [--litellm /tmp/litellm-venv] [--json F]``.
+- **live** (the live lane's must-show), on the machine's budget and on Redis (``--budgets``), and beside
+  each the same with the lane off (``--interactive-share 0``): a CLI job of 1200 texts at ``--rpm
+  600`` and a gateway at ``--rpm 600`` on the same budget, a client sending one request every 2 s for
+  60 s through it: how soon each live request reached the service after it was sent (p50, p95, the
+  most), the whole's time against (1200 + 30) / 600 minutes, 429s.
+
+By hand: ``python -m benchmarks.gateway [--parts latency replicas litellm outage live] [--requests 2000]
+[--clients 32] [--seconds 20] [--litellm /tmp/litellm-venv] [--budgets machine redis] [--json F]``.
 """
 
 from __future__ import annotations
@@ -571,9 +577,100 @@ def outage(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def live(args: argparse.Namespace) -> dict[str, Any]:
+    """The issue's must-show for the live lane, on each budget (``--budgets``) and, beside it, with the
+    lane off (``--interactive-share 0``): a CLI job of 1200 texts at ``--rpm 600`` and a gateway at
+    ``--rpm 600`` on the same budget, a client sending one request every 2 s for 60 s through it,
+    in front of the service strict at 600/min (answers 0.3-0.7 s)."""
+    import pandas as pd
+
+    results: dict[str, Any] = {}
+    for budget in args.budgets:
+        for share in ("0.25", "0"):
+            with tempfile.TemporaryDirectory() as folder:
+                redis = OwnRedis(folder) if budget == "redis" else None
+                if redis is not None:
+                    redis.start()
+                where = redis.url if redis is not None else "machine"
+                texts = [f"Job text {i}: {TEXT}" for i in range(1200)]
+                pd.DataFrame({"text": texts}).to_parquet(f"{folder}/in.parquet")
+                upstream, gateway_process = Upstream(600), None
+                try:
+                    flags = ["--budget", where, "--rpm", "600", "--interactive-share", share]
+                    gateway_process, port = start_gateway(upstream.port, folder, *flags, upstream_url=upstream.url)
+                    env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHSUM_")}
+                    env |= {"XDG_CACHE_HOME": folder, "PYTHONPATH": str(ROOT), "BATCHSUM_API_KEY": KEY}
+                    env |= {"BATCHSUM_BASE_URL": upstream.url}
+                    argv = [sys.executable, "-m", "batchsum", "summarize", f"{folder}/in.parquet"]
+                    argv += ["-o", f"{folder}/out.parquet", "--column", "text", "--rpm", "600", "--budget", where]
+                    job = subprocess.Popen([*argv, "--quiet"], env=env, stderr=subprocess.PIPE, text=True)
+                    time.sleep(8.0)  # the job under way (its start-up, its first starts)
+                    sent = asyncio.run(live_client(port, 30, 2.0))
+                    _, job_err = job.communicate(timeout=900)
+                finally:
+                    if gateway_process is not None:
+                        gateway_process.terminate()
+                        gateway_process.wait(60)
+                    seen = upstream.finish()
+                    if redis is not None:
+                        redis.stop()
+                results[f"{budget}, interactive share {share}"] = live_figures(seen, sent, job.returncode, job_err)
+                print(json.dumps(results), flush=True)
+    return results
+
+
+async def live_client(port: int, count: int, every: float) -> dict[int, tuple[float, int]]:
+    """``count`` requests, one every ``every`` seconds, each on a connection of its own: when each was
+    sent (the monotonic clock) and its status."""
+    sent: dict[int, tuple[float, int]] = {}
+
+    async def one(n: int) -> None:
+        connection = Connection("127.0.0.1", port)
+        try:
+            at = time.monotonic()
+            text = json.dumps({"text": f"{MARK}{n}: {TEXT}", "mode": 1}).encode()
+            status, _ = await connection.post("/api/user/summarize", text)
+            sent[n] = (at, status)
+        finally:
+            connection.close()
+
+    began, tasks = time.monotonic(), []
+    for n in range(count):
+        await asyncio.sleep(max(0.0, began + n * every - time.monotonic()))
+        tasks.append(asyncio.ensure_future(one(n)))
+    await asyncio.gather(*tasks)
+    return sent
+
+
+def live_figures(
+    seen: dict[str, Any], sent: dict[int, tuple[float, int]], code: int | None, err: str
+) -> dict[str, Any]:
+    """Each live request's reach (its arrival at the service less its sending) at p50/p95/max, the
+    whole's time against (1200 + 30) / 600 minutes, 429s, the job's end."""
+    arrived = {int(n): at for at, n in seen["marked"]}
+    reach = sorted(arrived[n] - at for n, (at, _) in sent.items() if n in arrived)
+    admitted = sorted(seen["admitted"])
+    ideal = (len(admitted) - 1) * 60 / 600
+    return {
+        "live_requests": len(sent),
+        "live_statuses": sorted({status for _, status in sent.values()}),
+        "reach_p50_s": round(statistics.median(reach), 4),
+        "reach_p95_s": round(percentile(reach, 0.95), 4),
+        "reach_max_s": round(reach[-1], 4),
+        "starts": len(admitted),
+        "first_to_last_start_s": round(admitted[-1] - admitted[0], 2),
+        "ideal_s": round(ideal, 2),
+        "over_ideal": round((admitted[-1] - admitted[0]) / ideal - 1, 4),
+        "upstream_429": seen["stats"]["by_status"].get("429", 0),
+        "most_starts": {f"{w}s": busiest(admitted, w) for w in (1, 10, 60)},
+        "job_exit": code,
+        "job_last_line": err.strip().splitlines()[-1] if err.strip() else "",
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parts = ["latency", "replicas", "litellm", "outage"]
+    parts = ["latency", "replicas", "litellm", "outage", "live"]
     parser.add_argument("--parts", nargs="+", default=["latency", "replicas"], choices=parts)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=32)
@@ -581,12 +678,13 @@ def main() -> None:
     parser.add_argument("--offer-seconds", type=float, default=90.0)
     parser.add_argument("--outage-seconds", type=float, default=40.0)
     parser.add_argument("--litellm", default="/tmp/litellm-venv", metavar="DIR", help="a venv with litellm[proxy]")
+    parser.add_argument("--budgets", nargs="+", default=["machine", "redis"], choices=["machine", "redis"])
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     results: dict[str, Any] = {"load_at_start": os.getloadavg()[0]}
     if "latency" in args.parts:
         results.update(latency_and_throughput(args))
-    for name, part in (("replicas", replicas), ("litellm", litellm), ("outage", outage)):
+    for name, part in (("replicas", replicas), ("litellm", litellm), ("outage", outage), ("live", live)):
         if name in args.parts:
             results[name] = part(args)
             print(json.dumps({name: results[name]}, indent=1), flush=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import math
 import statistics
 from collections import deque
@@ -40,6 +41,7 @@ __all__ = [
     "FarTurn",
     "Held",
     "in_time",
+    "batch_of",
     "Lateness",
     "offset",
     "late",
@@ -125,6 +127,7 @@ class FarTurn(Turn):
 
     held: deque[Held] = field(default_factory=deque, init=False)
     coming: asyncio.Task[None] | None = field(default=None, init=False)
+    telling: asyncio.Task[None] | None = field(default=None, init=False)  # a live run's start told
     failed: BaseException | None = field(default=None, init=False)
     rtts: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES), init=False)
     turn_took: deque[float] = field(default_factory=lambda: deque([0.0], maxlen=SAMPLES), init=False)
@@ -160,6 +163,14 @@ class FarTurn(Turn):
         Turn._started(self, now, interval, on_room)  # (a limiter's next: after it; a live run's: when asked)
         if self.coming is None and self.limiter is None and not self.live and self._low(now):
             self.coming = asyncio.ensure_future(self._reserve_ahead())
+        elif self.live and self.telling is None:  # no reservation follows it soon: told now, for the ledger
+            self.telling = asyncio.ensure_future(self._tell())
+
+    async def _tell(self) -> None:
+        """What this run owes its budget told now (a live run's start), off its requests' way."""
+        with contextlib.suppress(Exception):  # if it fails, left owed: the next call tells it
+            await self.sharing.exchange(LOOK, 0.0, self.last_start)
+        self.telling = None
 
     async def _next(self) -> Held:
         """The next start held, reserving when none is (the reservation goes on if this is cancelled)."""
@@ -192,22 +203,10 @@ class FarTurn(Turn):
         if not self.held:
             return True
         interval = self.held[-1].interval
-        return self.held[-1].at - now < COVER * self._rtt() and len(self.held) < self._batch(interval)
+        return self.held[-1].at - now < COVER * self._rtt() and len(self.held) < batch_of(self, interval)
 
     def _rtt(self) -> float:
         return statistics.median(self.rtts) if self.rtts else 0.0
-
-    def _batch(self, interval: float) -> int:
-        """Starts to reserve in one call: enough to cover ``COVER`` round trips, at the key's pace when
-        nothing was queued ahead of this pacer's last reservation (it is alone, or every run's starts
-        are spent), else at its share of the key's starts (``share_of``); no more than can be in flight."""
-        if interval <= 0:
-            return MAX_BATCH  # no pacing: nothing to space, only a shared pause to hear
-        share = 1.0 if not self.queued else share_of(self.evidence, self.clock())
-        wanted = math.ceil(COVER * self._rtt() * share / interval)
-        if self.in_flight is not None:
-            wanted = min(wanted, self.in_flight.limit(self.clock()) - self.in_flight.on_wire)
-        return max(1, min(MAX_BATCH, wanted))
 
     async def _reserve_ahead(self) -> None:
         """The next starts reserved on the budget and held; a failure kept for the next taker."""
@@ -230,7 +229,7 @@ class FarTurn(Turn):
                 interval, on_room = self._spacing(self.clock())
                 way_back = answer_way(self.rtts)  # the first start no sooner than the answer reaches us
                 single = on_room or self.share is not None or self.limiter is not None or self.live > 0  # one by one
-                count = 1 if single else self._batch(interval)
+                count = 1 if single else batch_of(self, interval)
                 outages = self.sharing.budget.outage.ended
                 slot = await self.sharing.exchange(
                     AHEAD, interval, self.last_start, ahead=count, lead=way_back, live=self.live
@@ -263,12 +262,27 @@ class FarTurn(Turn):
         self.held.extend(Held(first + i * interval, interval, on_room, epoch) for i in range(count))
 
     async def close(self) -> None:
-        """The reservation under way is let finish (its report told), or cancelled after ``CLOSE_SECONDS``."""
-        coming, self.coming = self.coming, None
-        if coming is not None:
-            await asyncio.wait({coming}, timeout=CLOSE_SECONDS)
-            coming.cancel()
-            await asyncio.gather(coming, return_exceptions=True)
+        """The calls under way are let finish (their reports told), or cancelled after ``CLOSE_SECONDS``."""
+        calls = {call for call in (self.coming, self.telling) if call is not None}
+        self.coming = self.telling = None
+        if calls:
+            await asyncio.wait(calls, timeout=CLOSE_SECONDS)
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+
+
+def batch_of(turn: FarTurn, interval: float) -> int:
+    """Starts to reserve in one call: enough to cover ``COVER`` round trips, at the key's pace when
+    nothing was queued ahead of the turn's last reservation (it is alone, or every run's starts are
+    spent), else at its share of the key's starts (``share_of``); no more than can be in flight."""
+    if interval <= 0:
+        return MAX_BATCH  # no pacing: nothing to space, only a shared pause to hear
+    share = 1.0 if not turn.queued else share_of(turn.evidence, turn.clock())
+    wanted = math.ceil(COVER * turn._rtt() * share / interval)
+    if turn.in_flight is not None:
+        wanted = min(wanted, turn.in_flight.limit(turn.clock()) - turn.in_flight.on_wire)
+    return max(1, min(MAX_BATCH, wanted))
 
 
 def in_time(turn: FarTurn) -> float | None:

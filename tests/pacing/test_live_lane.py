@@ -118,7 +118,7 @@ def _checked(lane: live_sim.Lane, rpm: float, far: bool, total: int) -> None:
     each start counted once by the ledger, each batch run's starts in its requests' order, and no
     start reserved ahead lost."""
     interval = interval_of(rpm)
-    assert len(lane.starts) == lane.counted == total  # nothing counted twice or lost
+    assert len(lane.starts) == lane.told == lane.counted == total  # nothing counted twice or lost, or late
     if not far:
         assert min(b - a for a, b in zip(lane.starts, lane.starts[1:])) >= interval - 1e-9
     for width in (1.0, 10.0):
