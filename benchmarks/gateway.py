@@ -581,7 +581,9 @@ def live(args: argparse.Namespace) -> dict[str, Any]:
     """The issue's must-show for the live lane, on each budget (``--budgets``) and, beside it, with the
     lane off (``--interactive-share 0``): a CLI job of 1200 texts at ``--rpm 600`` and a gateway at
     ``--rpm 600`` on the same budget, a client sending one request every 2 s for 60 s through it,
-    in front of the service strict at 600/min (answers 0.3-0.7 s)."""
+    in front of the service strict at 600/min (answers 0.3-0.7 s). The gateway serves the key already
+    (one request before the job: its run for the key open, as a sidecar's is), the job 8 s under way
+    when the client begins."""
     import pandas as pd
 
     results: dict[str, Any] = {}
@@ -598,6 +600,7 @@ def live(args: argparse.Namespace) -> dict[str, Any]:
                 try:
                     flags = ["--budget", where, "--rpm", "600", "--interactive-share", share]
                     gateway_process, port = start_gateway(upstream.port, folder, *flags, upstream_url=upstream.url)
+                    asyncio.run(ask_once(port))  # serving the key already
                     env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHSUM_")}
                     env |= {"XDG_CACHE_HOME": folder, "PYTHONPATH": str(ROOT), "BATCHSUM_API_KEY": KEY}
                     env |= {"BATCHSUM_BASE_URL": upstream.url}
@@ -617,6 +620,15 @@ def live(args: argparse.Namespace) -> dict[str, Any]:
                 results[f"{budget}, interactive share {share}"] = live_figures(seen, sent, job.returncode, job_err)
                 print(json.dumps(results), flush=True)
     return results
+
+
+async def ask_once(port: int) -> int:
+    """One request through the gateway at ``port``: its status."""
+    connection = Connection("127.0.0.1", port)
+    try:
+        return (await connection.post("/api/user/summarize", body(-1)))[0]
+    finally:
+        connection.close()
 
 
 async def live_client(port: int, count: int, every: float) -> dict[int, tuple[float, int]]:
