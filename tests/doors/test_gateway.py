@@ -290,6 +290,14 @@ def test_off_loopback_it_refuses_to_start_without_a_token_in_one_line(env, capsy
     assert code == 2 and err.count("\n") == 1 and "without a token" in err and "--token-file" in err
 
 
+@pytest.mark.parametrize("share", ["1.5", "-0.1", "half", "nan"])
+def test_an_interactive_share_outside_0_to_1_is_one_line_naming_the_flag(env, capsys, share):
+    code = main(["gateway", "--port", "0", "--interactive-share", share])
+    err = capsys.readouterr().err
+    first = err.splitlines()[0]  # (the next says where the flags are: --help)
+    assert code == 2 and "--interactive-share" in first and "from 0 to 1" in first
+
+
 # -- the command, top and the key ------------------------------------------------------------------
 
 
