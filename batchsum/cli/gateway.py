@@ -4,7 +4,9 @@ service's interface (the local service's routes, request parsing, error bodies a
 budget as a run's request does (``run.served``), goes upstream through batchsum's client, and its
 answer goes back as it came. A request waits for its turn up to its deadline (``--max-queue-wait``,
 shortened by the ``Batchsum-Max-Wait`` header); past it, a 429 whose ``Retry-After`` says when its turn
-would come (a spent quota: its reset; the key's budget out of reach: a 503).
+would come (a spent quota: its reset; the key's budget out of reach: a 503). Its requests are live:
+they take the key's next turn ahead of the batch runs' reserved starts, up to ``--interactive-share``
+of the key's starts (every gateway on the key together); beyond it they wait their turn beside them.
 
 Keys: each client's own ``Authorization`` by default (a run per key, opened on first use, closed when
 idle); with ``--hold-key`` the gateway's own key (or keys), for clients holding one of its tokens
@@ -62,6 +64,7 @@ __all__ = [
     "read_tokens",
     "DEFAULT_PORT",
     "DEFAULT_MAX_QUEUE_WAIT",
+    "DEFAULT_INTERACTIVE_SHARE",
     "MAX_WAIT_HEADER",
     "TOKEN_HEADER",
     "GATEWAY_OPTIONS",
@@ -70,6 +73,9 @@ __all__ = [
 
 DEFAULT_PORT = 8040  # not serve's 8000 (the local service often runs beside it), nor 8080 (many proxies')
 DEFAULT_MAX_QUEUE_WAIT = 30.0  # seconds a request waits for its turn: within an HTTP client's usual patience
+# The part of the key's starts live requests may take ahead of the batch runs': a web service's live
+# calls are a small part of a key's use; beyond it, a storm of them waits its turn beside the runs'.
+DEFAULT_INTERACTIVE_SHARE = 0.25
 MAX_WAIT_HEADER = "Batchsum-Max-Wait"  # seconds: a request's own, shorter, patience for its turn
 TOKEN_HEADER = "Batchsum-Gateway-Token"  # the gateway's token beside a client's own key (keys passed through)
 # The run options that fit a stream of requests (their flags made from ``OPTIONS``, as every door's).
@@ -82,7 +88,9 @@ class GatewayOptions:
     """How a gateway serves. ``spec``: the run options every key's run opens with (a ``RunSpec``;
     its key or keys, with ``hold_key``); ``plans``: with keys passed through, a key file's lines by
     key hash (a listed key paces at its line's rate and quota); ``tokens``: the gateway's own (needed
-    off loopback); ``report``: the gateway's run report, every key's run merged into it."""
+    off loopback); ``report``: the gateway's run report, every key's run merged into it;
+    ``interactive_share``: the part of the key's starts its requests may take ahead of the batch runs'
+    (0 to 1; 0: none, they wait their turn beside them)."""
 
     spec: RunSpec
     hold_key: bool = False
@@ -91,6 +99,7 @@ class GatewayOptions:
     plans: Mapping[str, KeyPlan] = field(default_factory=dict)
     idle_seconds: float | None = None  # None: run.served's IDLE_SECONDS
     report: str | None = None
+    interactive_share: float = DEFAULT_INTERACTIVE_SHARE
 
 
 def read_tokens(path: str | os.PathLike[str]) -> tuple[Secret, ...]:
@@ -128,6 +137,7 @@ class Gateway:
             idle_seconds=options.idle_seconds or IDLE_SECONDS,
             report=options.report,
             kept=_HELD if options.hold_key else None,
+            live=options.interactive_share,
         )
 
     def _key_of(self, request: Request) -> str | None:
@@ -379,6 +389,15 @@ def add_gateway(commands: Any, add_options: Callable[[Any, Sequence[str]], None]
         help="the gateway's tokens, one a line (the file its owner's alone): with --hold-key a client sends "
         f"'Authorization: Bearer TOKEN'; else its own key there and the token in {TOKEN_HEADER}. Needed off loopback",
     )
+    gateway.add_argument(
+        "--interactive-share",
+        type=number(0, most=1),
+        default=DEFAULT_INTERACTIVE_SHARE,
+        metavar="FRACTION",
+        help=f"the part of the key's starts the gateway's requests may take ahead of the batch runs' reserved ones "
+        f"(default {DEFAULT_INTERACTIVE_SHARE:g}; every gateway on the key shares it); beyond it they wait their "
+        "turn beside the runs'. 0: none. --share caps everything the gateway sends",
+    )
     add_options(gateway, GATEWAY_OPTIONS)
     gateway.add_argument(
         "--metrics-port",
@@ -420,7 +439,15 @@ def gateway_options(args: argparse.Namespace, environ: Mapping[str, str] | None 
             "(and put TLS in front, in a reverse proxy)"
         )
     report = None if args.report is None else check_path("report", args.report)
-    return GatewayOptions(spec, args.hold_key, tokens, float(args.max_queue_wait), plans, report=report)
+    return GatewayOptions(
+        spec,
+        args.hold_key,
+        tokens,
+        float(args.max_queue_wait),
+        plans,
+        report=report,
+        interactive_share=args.interactive_share,
+    )
 
 
 def gateway_command(args: argparse.Namespace) -> int:

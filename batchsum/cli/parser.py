@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -29,16 +30,20 @@ def _summary_type(text: str) -> str | None:
     return lowered
 
 
-def _number(minimum: float, *, whole: bool = False, above: bool = False) -> Any:
-    """An argparse type: a finite number >= ``minimum`` (> with ``above``), whole or not."""
+def _number(minimum: float, *, whole: bool = False, above: bool = False, most: float = math.inf) -> Any:
+    """An argparse type: a finite number >= ``minimum`` (> with ``above``) and <= ``most``, whole or not."""
 
     def parse(text: str) -> float | int:
+        if most < math.inf:
+            wanted = f"a number from {minimum:g} to {most:g}"
+        else:
+            wanted = f"a finite {'whole ' if whole else ''}number {'>' if above else '>='} {minimum:g}"
         try:
             value: float | int = int(text) if whole else float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if whole else ''}number") from None
-        if not (value > minimum if above else value >= minimum) or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"{text!r} must be a finite number {'>' if above else '>='} {minimum:g}")
+            raise argparse.ArgumentTypeError(f"{text!r} is not {wanted}") from None
+        if not (value > minimum if above else value >= minimum) or not value <= most or value == math.inf:
+            raise argparse.ArgumentTypeError(f"{text!r} must be {wanted}")
         return value
 
     return parse

@@ -134,10 +134,12 @@ class RunOptions:
         alone: bool = True,
         log: PaceLog | None = None,
         presence: Presence | None = None,
+        live: float = 0.0,
     ) -> Pacer:
         """The pacer these options describe; ``share``: this run's share of the key's rate;
         ``alone``: False for one of several runs of one job at once; ``log``: told what it does
-        (``engine.timeline.Timeline``); ``presence``: the run on the key's budget; see ``Pacer``."""
+        (``engine.timeline.Timeline``); ``presence``: the run on the key's budget; ``live``: a live
+        run's part of the key ahead of the batch runs (the gateway's); see ``Pacer``."""
         return Pacer(
             self.rpm,
             limiter=self.limiter,
@@ -150,6 +152,7 @@ class RunOptions:
             record=self.record,
             auto=self.auto,
             presence=presence,
+            live=live,
         )
 
     def first_alone(self, mode: int) -> bool:

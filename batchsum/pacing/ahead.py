@@ -11,12 +11,19 @@ or once the interval in force is wider than the one it was reserved at. Nothing 
 pause holds (those starts could not go, and each call would push the key's schedule out for every
 run). So the starts of every process on the budget keep the spacing of their reservations, each late
 by at most that while its process keeps time.
+
+A start reserved ahead is never taken back: a live run (the gateway's) takes the key's next start not
+yet reserved, one at a time, when a request waits for it. While a live lane is open on the key
+(``Slot.live_open``), a batch run reserves each start just in time, its answer's way back and a few
+milliseconds before it goes, and the budget defers one asked earlier while the lane has room
+(``budgets/gcra.py``): the key's next start stays free for a live request until then.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import math
 import statistics
 from collections import deque
@@ -24,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from .budgets.exchange import AHEAD, LOOK, Slot
+from .budgets.gcra import LIVE_SLACK
 from .budgets.spacing import WINDOW
 from .evidence import Evidence
 from .pause import ON_TIME
@@ -32,6 +40,8 @@ from .turn import MINUTE_LOOK, AtTurn, Turn, TurnGiven
 __all__ = [
     "FarTurn",
     "Held",
+    "in_time",
+    "batch_of",
     "Lateness",
     "offset",
     "late",
@@ -117,6 +127,7 @@ class FarTurn(Turn):
 
     held: deque[Held] = field(default_factory=deque, init=False)
     coming: asyncio.Task[None] | None = field(default=None, init=False)
+    telling: asyncio.Task[None] | None = field(default=None, init=False)  # a live run's start told
     failed: BaseException | None = field(default=None, init=False)
     rtts: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES), init=False)
     turn_took: deque[float] = field(default_factory=lambda: deque([0.0], maxlen=SAMPLES), init=False)
@@ -149,9 +160,17 @@ class FarTurn(Turn):
 
     def _started(self, now: float, interval: float, on_room: bool) -> None:
         self.sharing.owed.started.append(now)  # told to the budget with the next call
-        Turn._started(self, now, interval, on_room)
-        if self.coming is None and self.limiter is None and self._low(now):  # (with one: after it, ``floor``)
+        Turn._started(self, now, interval, on_room)  # (a limiter's next: after it; a live run's: when asked)
+        if self.coming is None and self.limiter is None and not self.live and self._low(now):
             self.coming = asyncio.ensure_future(self._reserve_ahead())
+        elif self.live and self.telling is None:  # no reservation follows it soon: told now, for the ledger
+            self.telling = asyncio.ensure_future(self._tell())
+
+    async def _tell(self) -> None:
+        """What this run owes its budget told now (a live run's start), off its requests' way."""
+        with contextlib.suppress(Exception):  # if it fails, left owed: the next call tells it
+            await self.sharing.exchange(LOOK, 0.0, self.last_start)
+        self.telling = None
 
     async def _next(self) -> Held:
         """The next start held, reserving when none is (the reservation goes on if this is cancelled)."""
@@ -184,27 +203,17 @@ class FarTurn(Turn):
         if not self.held:
             return True
         interval = self.held[-1].interval
-        return self.held[-1].at - now < COVER * self._rtt() and len(self.held) < self._batch(interval)
+        return self.held[-1].at - now < COVER * self._rtt() and len(self.held) < batch_of(self, interval)
 
     def _rtt(self) -> float:
         return statistics.median(self.rtts) if self.rtts else 0.0
-
-    def _batch(self, interval: float) -> int:
-        """Starts to reserve in one call: enough to cover ``COVER`` round trips, at the key's pace when
-        nothing was queued ahead of this pacer's last reservation (it is alone, or every run's starts
-        are spent), else at its share of the key's starts (``share_of``); no more than can be in flight."""
-        if interval <= 0:
-            return MAX_BATCH  # no pacing: nothing to space, only a shared pause to hear
-        share = 1.0 if not self.queued else share_of(self.evidence, self.clock())
-        wanted = math.ceil(COVER * self._rtt() * share / interval)
-        if self.in_flight is not None:
-            wanted = min(wanted, self.in_flight.limit(self.clock()) - self.in_flight.on_wire)
-        return max(1, min(MAX_BATCH, wanted))
 
     async def _reserve_ahead(self) -> None:
         """The next starts reserved on the budget and held; a failure kept for the next taker."""
         try:
             while True:
+                if (asked := in_time(self)) is not None:  # the key's next start left free for a live request
+                    await self._until(asked)
                 # Nothing is reserved while a pause holds: its starts could not go, and each call
                 # reserving them again would push the key's schedule further out (every run's).
                 while (wait := self.pause.left(self.clock())) > ON_TIME:
@@ -218,13 +227,15 @@ class FarTurn(Turn):
                     await self.sharing.exchange(LOOK, 0.0, self.last_start)
                     self.rtts.append(self.sharing.call[1] - self.sharing.call[0])
                 interval, on_room = self._spacing(self.clock())
-                single = on_room or self.share is not None or self.limiter is not None  # (a limiter: one it let go)
-                count = 1 if single else self._batch(interval)
                 way_back = answer_way(self.rtts)  # the first start no sooner than the answer reaches us
+                single = on_room or self.share is not None or self.limiter is not None or self.live > 0  # one by one
+                count = 1 if single else batch_of(self, interval)
                 outages = self.sharing.budget.outage.ended
-                slot = await self.sharing.exchange(AHEAD, interval, self.last_start, ahead=count, lead=way_back)
-                if slot.deferred:  # this run's share: its own turn has not come
-                    await self.alarm.nap(slot.wait)
+                slot = await self.sharing.exchange(
+                    AHEAD, interval, self.last_start, ahead=count, lead=way_back, live=self.live
+                )
+                if slot.deferred:  # its share's own turn has not come; or a live lane's may (then: be there in time)
+                    await self.alarm.nap(slot.wait - (min(self.rtts) if self.share is None else 0.0))
                     continue
                 # A call that waited out an outage says nothing of the round trip.
                 self._hold(slot, interval, on_room, count, way_back, timed=outages == self.sharing.budget.outage.ended)
@@ -251,12 +262,40 @@ class FarTurn(Turn):
         self.held.extend(Held(first + i * interval, interval, on_room, epoch) for i in range(count))
 
     async def close(self) -> None:
-        """The reservation under way is let finish (its report told), or cancelled after ``CLOSE_SECONDS``."""
-        coming, self.coming = self.coming, None
-        if coming is not None:
-            await asyncio.wait({coming}, timeout=CLOSE_SECONDS)
-            coming.cancel()
-            await asyncio.gather(coming, return_exceptions=True)
+        """The calls under way are let finish (their reports told), or cancelled after ``CLOSE_SECONDS``."""
+        calls = {call for call in (self.coming, self.telling) if call is not None}
+        self.coming = self.telling = None
+        if calls:
+            await asyncio.wait(calls, timeout=CLOSE_SECONDS)
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+
+
+def batch_of(turn: FarTurn, interval: float) -> int:
+    """Starts to reserve in one call: enough to cover ``COVER`` round trips, at the key's pace when
+    nothing was queued ahead of the turn's last reservation (it is alone, or every run's starts are
+    spent), else at its share of the key's starts (``share_of``); no more than can be in flight."""
+    if interval <= 0:
+        return MAX_BATCH  # no pacing: nothing to space, only a shared pause to hear
+    share = 1.0 if not turn.queued else share_of(turn.evidence, turn.clock())
+    wanted = math.ceil(COVER * turn._rtt() * share / interval)
+    if turn.in_flight is not None:
+        wanted = min(wanted, turn.in_flight.limit(turn.clock()) - turn.in_flight.on_wire)
+    return max(1, min(MAX_BATCH, wanted))
+
+
+def in_time(turn: FarTurn) -> float | None:
+    """When a batch run asks for its next start while a live lane is open on its key (None: no lane, or
+    a live run): just in time, its next start by its own schedule less the call's way there, its
+    answer's way back and half the slack the budget allows it (``budgets/gcra.py``: the other half
+    for the call's own delays)."""
+    seen = turn.evidence.seen
+    if turn.live or seen is None or not seen.live_open:
+        return None
+    last = turn.held[-1].at if turn.held else turn.last_start
+    way = min(turn.rtts, default=0.0) / 2 + answer_way(turn.rtts) + LIVE_SLACK / 2
+    return last + turn._spacing(turn.clock())[0] - way
 
 
 def late(interval: float) -> float:

@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .ahead import FarTurn
+from .ahead import FarTurn, share_of
 from .auto.key_record import KeyRecord
 from .auto.limit import AutoLimit
 from .budgets.budget import ProcessBudget
@@ -81,7 +81,9 @@ class Pacer:
     ``log``: told of starts, 429s, pauses and pace changes (``engine.timeline.Timeline``). ``record``: the
     key's record at its service (room it stated and a 429 contradicted is not trusted again; the limit
     last found). ``auto``: ``rpm`` is only a cap; the limit (``limit.AutoLimit``) stands for the plan.
-    ``presence``: the run on the key's budget (its entry in the runs' registry, its job's stop)."""
+    ``presence``: the run on the key's budget (its entry in the runs' registry, its job's stop).
+    ``live``: a live run's (the gateway's) part of the key its starts may take ahead of the batch
+    runs' reserved ones (``--interactive-share``; 0: a batch run), the key's live lane (``turn.py``)."""
 
     __slots__ = ("rpm", "auto", "in_flight", "_clock", "_paces", "_pause", "_sharing", "_turn", "_answers")
 
@@ -100,7 +102,9 @@ class Pacer:
         record: KeyRecord | None = None,
         auto: bool = False,
         presence: Presence | None = None,
+        live: float = 0.0,
     ) -> None:
+        assert 0 <= live <= 1, live  # checked where it enters (the gateway's flag)
         assert not isinstance(rpm, bool) and isinstance(rpm, (int, float)) and 0 <= rpm < math.inf, rpm  # checked
         self.rpm = float(rpm)
         self.auto = AutoLimit(self.rpm, record.limit() if record is not None else None) if auto and rpm else None
@@ -117,7 +121,7 @@ class Pacer:
         self._sharing = Sharing(clock, budget, share, paces, pause, evidence, company, alarm, record, owed, presence)
         turn = FarTurn if budget.far else Turn  # a far budget: starts reserved ahead, a few at a time
         self._turn = turn(
-            clock, paces, pause, room, company, evidence, self._sharing, alarm, self.auto, limiter, share, alone
+            clock, paces, pause, room, company, evidence, self._sharing, alarm, self.auto, limiter, share, alone, live
         )
         self.in_flight = InFlight(self, max_in_flight)
         if isinstance(self._turn, FarTurn):
@@ -183,15 +187,19 @@ class Pacer:
         return await self._turn.take(at_turn)
 
     def turn_in(self, waiting: int) -> float:
-        """Seconds until the start of the last of ``waiting`` attempts waiting for a turn now: the
-        shared pause, then the interval in force (wider during the ramp; a share's, on a share) after
-        the last start this pacer made, one interval each (what a gateway's 429 says in Retry-After)."""
+        """Seconds until the start of the last of ``waiting`` attempts waiting for a turn now (what a
+        gateway's 429 says in Retry-After): the shared pause, then the interval in force (wider during
+        the ramp; a share's, on a share) after the last start this pacer made (a live run's first
+        turn is the key's next start), then one each at this run's part of the key's starts: all of
+        them alone on the key, else its part of the last minute's, at least its live part."""
         now = self._clock()
+        turn = self._turn
         interval = self._paces.interval * self._pause.ramp
-        if self._turn.share is not None:
-            interval = self._turn.share.own_interval(interval)
-        first = max(self._pause.left(now), self._turn.last_start + interval - now, 0.0)
-        return first + max(0, waiting - 1) * interval
+        if turn.share is not None:
+            interval = turn.share.own_interval(interval)
+        first = max(self._pause.left(now), turn.last_start + interval - now, 0.0)
+        part = 1.0 if turn.company.alone(now) else max(turn.live, share_of(turn.evidence, now))
+        return first + max(0, waiting - 1) * interval / part
 
     def room_left(self, now: float) -> int:
         """Starts the service's headers still allow before their reset, beyond the pace, ours to use."""

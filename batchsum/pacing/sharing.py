@@ -48,13 +48,21 @@ class Sharing:
     call: tuple[float, float] = (0.0, 0.0)  # the last call: when it was made and when it was answered
 
     async def exchange(
-        self, what: int, interval: float, last_start: float, *, commit: bool = True, ahead: int = 0, lead: float = 0.0
+        self,
+        what: int,
+        interval: float,
+        last_start: float,
+        *,
+        commit: bool = True,
+        ahead: int = 0,
+        lead: float = 0.0,
+        live: float = 0.0,
     ) -> Slot:
         """One call to the budget (``LOOK``, ``RESERVE``, ``COMMIT``, or ``AHEAD``: the next ``ahead``
-        starts, the first at least ``lead`` from now), telling it what it must share and adopting
-        what others told it; the key's record written when it has news. ``last_start``: our last
-        start (with the pause, the earliest our own state allows the next one). ``call``: when the
-        budget was called and when it answered (our clock)."""
+        starts, the first at least ``lead`` from now; ``live``: a live request's, ``Budget.reserve``),
+        telling it what it must share and adopting what others told it; the key's record written when
+        it has news. ``last_start``: our last start (with the pause, the earliest our own state allows
+        the next one). ``call``: when the budget was called and when it answered (our clock)."""
         before = self.clock()
         pace = self.paces.pace if self.paces.rpm else None
         report = self.owed.take(before, self.pause.left(before), self.pause.reason, pace)
@@ -62,11 +70,13 @@ class Sharing:
             report = self.presence.stamp(report)
         try:
             if what == RESERVE:
-                slot = await self.budget.reserve(interval, report, share=self.share, commit=commit)
+                slot = await self.budget.reserve(interval, report, share=self.share, commit=commit, live=live)
             elif what == AHEAD:
-                slot = await self.budget.reserve(interval, report, share=self.share, ahead=max(1, ahead), lead=lead)
+                slot = await self.budget.reserve(
+                    interval, report, share=self.share, ahead=max(1, ahead), lead=lead, live=live
+                )
             elif what == COMMIT:
-                slot = await self.budget.commit(interval, report)
+                slot = await self.budget.commit(interval, report, live=live)
             else:
                 slot = await self.budget.reserve(0.0, report, start=False)
         except BaseException:

@@ -7,6 +7,11 @@ An attempt may be asked, when its turn has come and before it is committed, whet
 (``at_turn``: the engine claims its text then). One that does not (its text is claimed by another run)
 raises ``TurnGiven``, and its reserved start goes to the next attempt to take a turn: nothing is
 committed for it, so nothing is counted as sent.
+
+A live run's turn (``live``: the gateway's, its part of the key ahead of the batch runs) is reserved
+as the live lane's: the key's next start, ahead of the batch runs' reserved ones, while the lane has
+room (``budgets/gcra.py``); its commit says so. A batch run whose reserved start a live one took has
+its commit refused and commits an interval later: the same attempt, in its place.
 """
 
 from __future__ import annotations
@@ -63,10 +68,12 @@ class Turn:
     limiter: Limiter | None
     share: Share | None
     alone: bool
+    live: float = 0.0  # a live run's part of the key ahead of the batch runs (``--interactive-share``); 0: a batch run
     last_start: float = -math.inf
     lock: asyncio.Lock | None = field(default=None, init=False)
     given: bool | None = field(default=None, init=False)  # a reserved start given on: on stated room?
     floored: bool = field(default=False, init=False)  # the limiter let the next start go (kept when it is given on)
+    first: bool = field(default=False, init=False)  # the start in hand was reserved ahead of the batch runs
 
     async def take(self, at_turn: AtTurn | None = None) -> float:
         """Wait for this attempt's turn; the time it starts. ``at_turn``: asked once the turn has come,
@@ -77,7 +84,7 @@ class Turn:
         async with self.lock:  # one caller at a time takes a turn: FIFO order, one reservation
             await self.floor()
             interval, on_room = await self._take_turn(at_turn)
-            self.floored = False
+            self.floored = self.first = False
         now = self.clock()
         self._started(now, interval, on_room)
         return now
@@ -112,7 +119,9 @@ class Turn:
             while not self.pause.paused(self.clock()):
                 interval, still = self._spacing(self.clock())
                 on_room = on_room and still
-                slot = await self.sharing.exchange(COMMIT, interval, self.last_start)
+                slot = await self.sharing.exchange(
+                    COMMIT, interval, self.last_start, live=self.live if self.first else 0.0
+                )
                 if slot.committed:
                     return interval, on_room
                 await self.alarm.nap(slot.wait)  # another start went out meanwhile, or a pause began
@@ -127,7 +136,8 @@ class Turn:
             await self.alarm.nap(MINUTE_LOOK)
             await self.sharing.exchange(LOOK, 0.0, self.last_start)
         interval, on_room = self._spacing(self.clock())
-        slot = await self.sharing.exchange(RESERVE, interval, self.last_start, commit=commit)
+        slot = await self.sharing.exchange(RESERVE, interval, self.last_start, commit=commit, live=self.live)
+        self.first = slot.live
         if slot.deferred:
             await self.alarm.nap(slot.wait)
             return None

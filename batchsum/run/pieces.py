@@ -57,7 +57,8 @@ class Pieces:
     ``locks``: files the run owns while it runs (``RunLock``), ``wait``: wait for another run holding
     them. ``output``: makes the dataset output, after the locks are taken and before the journal is
     opened, so that a refused journal leaves no temporary output behind; the journal records the
-    location it served. ``client``: the client each key sends with.
+    location it served. ``client``: the client each key sends with. ``live``: a live door's part of the
+    key its requests may take ahead of the batch runs (the gateway's ``--interactive-share``; 0: none).
     """
 
     def __init__(
@@ -67,8 +68,10 @@ class Pieces:
         wait: bool = False,
         output: Callable[[], DatasetOutput] | None = None,
         client: type[AsyncClient] = AsyncClient,
+        live: float = 0.0,
     ) -> None:
         self._client_type = client
+        self._live = live
         self._locks = locks
         self._wait = wait
         self._make_output = output
@@ -137,7 +140,9 @@ class Pieces:
             rpm, auto = plan.limit(spec.rpm, spec.auto) if plan is not None else (spec.rpm, spec.auto)
             options = dataclasses.replace(self.options, rpm=rpm, auto=auto, budget=budget, record=record)
             entry = open_entry(self._stack, run_id, budget, spec, stats, shared=shared, output=self.output)
-            pacer = options.pacer(on_pace_change, share=share, alone=not shared, log=stats.timeline, presence=entry)
+            pacer = options.pacer(
+                on_pace_change, share=share, alone=not shared, log=stats.timeline, presence=entry, live=self._live
+            )
             quota = plan.quota if plan is not None and plan.quota is not None else spec.quota
             source = plan.source if plan is not None else ""
             lane = KeyLane(client, pacer, record, key, source, quota, budget, tell=self._tell)

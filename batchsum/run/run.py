@@ -80,6 +80,8 @@ class Run:
     locks are taken and before the journal is opened, so that a refused journal leaves no temporary
     output behind; the journal records the location it served. ``client``: the client each key sends
     with (an ``AsyncClient`` subclass: the gateway's hands the service's answers on as they came).
+    ``live``: a door whose requests are live (the gateway's): the part of the key they may take ahead
+    of the batch runs' reserved starts (its ``--interactive-share``; 0: a batch run).
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class Run:
         wait: bool = False,
         output: Callable[[], DatasetOutput] | None = None,
         client: type[AsyncClient] = AsyncClient,
+        live: float = 0.0,
     ) -> None:
         self.spec = spec
         self.shared = shared
@@ -101,7 +104,7 @@ class Run:
         if total is not None:
             self.stats.total = total
         self._on_result = on_result
-        self.pieces = Pieces(locks, wait=wait, output=output, client=client)
+        self.pieces = Pieces(locks, wait=wait, output=output, client=client, live=live)
         self.watch: Watch
         self.opened = False
         self.late_stop: BaseException | None = None  # a stop that came after every row was done

@@ -135,12 +135,19 @@ def _cancelling() -> bool:
 class ServedRun:
     """One key's run (or a set of held keys'), opened from ``spec``, a batch open per mode (a key
     not proven in mode 2 is served no mode-2 answer another key paid for); ``answer`` takes one
-    request through it within its deadline; ``report``: where its run report is merged at its end."""
+    request through it within its deadline; ``report``: where its run report is merged at its end;
+    ``live``: the part of the key its requests may take ahead of the batch runs (``Run``'s)."""
 
-    def __init__(self, spec: RunSpec, report: str | None = None, stopping: asyncio.Future[None] | None = None) -> None:
+    def __init__(
+        self,
+        spec: RunSpec,
+        report: str | None = None,
+        stopping: asyncio.Future[None] | None = None,
+        live: float = 0.0,
+    ) -> None:
         self.stopping = stopping  # resolved when the door stops: what waits for a turn is answered then
         self.waits = Waits()
-        self.run = Run(spec, stats=BatchStats(waits=self.waits), client=_Relay)
+        self.run = Run(spec, stats=BatchStats(waits=self.waits), client=_Relay, live=live)
         self.report = report
         self.busy = 0  # requests in it now
         self.used = self.opened = time.monotonic()  # when the last one left; when it opened
@@ -192,7 +199,7 @@ class ServedRun:
                 return self._answered(batch, answer, told)
         except BatchsumError as exc:
             waits.waited(time.monotonic() - arrived)
-            return self._stopped(exc)
+            return _stopped(waits, exc)
         finally:
             self.busy -= 1
             waits.open -= 1
@@ -236,7 +243,7 @@ class ServedRun:
         lanes = self.run.pieces.lanes
         now = lanes[0].pacer.now()
         if any(lane.pacer.state().budget is not None for lane in lanes):
-            return self._unavailable()
+            return _unavailable(self.waits)
         self.waits.late += 1
         spent = [lane.spent_now() for lane in lanes]
         if all(spent):
@@ -248,25 +255,6 @@ class ServedRun:
         return Served(
             status=LATE, retry_after=turn, why=f"the key's next turn for it is in {turn:.1f} s, past its wait"
         )
-
-    def _unavailable(self) -> Served:
-        self.waits.unavailable += 1
-        why = "the key's rate budget cannot be reached; nothing was sent"
-        return Served(status=UNAVAILABLE, retry_after=MAX_PROBE_SECONDS, why=why)
-
-    def _stopped(self, stop: BatchsumError) -> Served:
-        """A request its batch's stop ended: the key refused (the service's 401, handed on), a quota
-        spent past ``max_wait`` (429 until its reset), the budget lost (503)."""
-        if isinstance(stop, APIStatusError):
-            self.waits.answered += 1
-            return Served(error=stop)
-        if isinstance(stop, QuotaSpent):
-            self.waits.late += 1
-            return Served(status=LATE, retry_after=stop.resets_at - time.time(), why=str(stop))
-        if isinstance(stop, BudgetError):
-            return self._unavailable()
-        self.waits.unavailable += 1
-        return Served(status=UNAVAILABLE, retry_after=MAX_PROBE_SECONDS, why=str(stop))
 
     async def close(self) -> None:
         """Its batches drained (answers on the wire kept), its keys' last words said, its run closed;
@@ -284,12 +272,35 @@ class ServedRun:
                 log.warning("batchsum: could not write the report %s: %s", self.report, exc)
 
 
+def _unavailable(waits: Waits) -> Served:
+    """A request the key's budget out of reach kept from its turn: 503, nothing sent."""
+    waits.unavailable += 1
+    why = "the key's rate budget cannot be reached; nothing was sent"
+    return Served(status=UNAVAILABLE, retry_after=MAX_PROBE_SECONDS, why=why)
+
+
+def _stopped(waits: Waits, stop: BatchsumError) -> Served:
+    """A request its batch's stop ended: the key refused (the service's 401, handed on), a quota
+    spent past ``max_wait`` (429 until its reset), the budget lost (503)."""
+    if isinstance(stop, APIStatusError):
+        waits.answered += 1
+        return Served(error=stop)
+    if isinstance(stop, QuotaSpent):
+        waits.late += 1
+        return Served(status=LATE, retry_after=stop.resets_at - time.time(), why=str(stop))
+    if isinstance(stop, BudgetError):
+        return _unavailable(waits)
+    waits.unavailable += 1
+    return Served(status=UNAVAILABLE, retry_after=MAX_PROBE_SECONDS, why=str(stop))
+
+
 class KeyRuns:
     """``ServedRun``s by key, on one event loop: a key's opened on its first request from
     ``spec_for(key)``, closed once idle ``idle_seconds`` (``kept``, a key never closed: the held
     keys'), every one at ``close``. A run older than ``RENEW_SECONDS`` is renewed: the next request
     opens the key's next run, and the old one closes once its last request is answered (so what a
-    run keeps as it goes stays a day's). ``report``: where each merges its run report."""
+    run keeps as it goes stays a day's). ``report``: where each merges its run report. ``live``: the
+    part of the key their requests may take ahead of the batch runs' reserved starts."""
 
     def __init__(
         self,
@@ -298,8 +309,10 @@ class KeyRuns:
         idle_seconds: float = IDLE_SECONDS,
         report: str | None = None,
         kept: str | None = None,
+        live: float = 0.0,
     ) -> None:
         self.spec_for, self.idle_seconds, self.report, self.kept = spec_for, idle_seconds, report, kept
+        self.live = live
         self._runs: dict[str, ServedRun] = {}
         self._old: list[ServedRun] = []  # renewed: closed once idle
         self._opening: dict[str, asyncio.Task[ServedRun]] = {}
@@ -318,7 +331,7 @@ class KeyRuns:
         return await asyncio.shield(opening)
 
     async def _open(self, key: str) -> ServedRun:
-        run = await ServedRun(self.spec_for(key), self.report, self._stopping).open()
+        run = await ServedRun(self.spec_for(key), self.report, self._stopping, self.live).open()
         self._runs[key] = run  # kept even when every request that asked for it has gone
         return run
 

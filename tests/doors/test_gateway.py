@@ -3,8 +3,9 @@ command in a process of its own), real runs beside it, a real redis-server. JSON
 answered as the service answers them; its error bodies handed on; a spent quota's 429 and a
 request's deadline's 429, each with Retry-After; a 429 from the service pausing the key for every
 client and run; a text paid once whoever asks; Redis stopped under load; a held key behind a token;
-no start off loopback without a token; the key nowhere; ``top`` seeing the gateway; and the key's
-pace between gateways and a CLI run asserted on the budget's ledger."""
+no start off loopback without a token; the key nowhere; ``top`` seeing the gateway; the key's pace
+between gateways and a CLI run asserted on the budget's ledger; and live requests ahead of the batch
+runs' reserved starts on both budgets."""
 
 from __future__ import annotations
 
@@ -289,6 +290,14 @@ def test_off_loopback_it_refuses_to_start_without_a_token_in_one_line(env, capsy
     assert code == 2 and err.count("\n") == 1 and "without a token" in err and "--token-file" in err
 
 
+@pytest.mark.parametrize("share", ["1.5", "-0.1", "half", "nan"])
+def test_an_interactive_share_outside_0_to_1_is_one_line_naming_the_flag(env, capsys, share):
+    code = main(["gateway", "--port", "0", "--interactive-share", share])
+    err = capsys.readouterr().err
+    first = err.splitlines()[0]  # (the next says where the flags are: --help)
+    assert code == 2 and "--interactive-share" in first and "from 0 to 1" in first
+
+
 # -- the command, top and the key ------------------------------------------------------------------
 
 
@@ -434,3 +443,54 @@ def test_gateways_and_a_run_on_one_budget_hold_the_keys_pace_between_them(tmp_pa
     for width in (1.0, 10.0):
         most = max(ledger.started(t, t + width) for t in ticks_before(ledger.now, 120))
         assert most <= max_starts(1200, width) + 1, (width, most)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["machine", "redis"])
+def test_a_live_request_goes_ahead_of_the_batch_runs_reserved_starts(redis_url, where):
+    """Live before batch, on the machine's budget and on Redis: four batch runs on one key at 60/min
+    (an interval of a second; each holds its next start reserved, a queue of four) and, through a
+    gateway on the same budget (``--interactive-share 0.5``: a live start every two seconds), a
+    client's live requests every few seconds. Each reaches the service ahead of the
+    runs' reserved starts: at most one batch start at the service between its sending and its answer
+    (in the queue it would wait for four). On Redis the first live request opens the lane (the runs
+    then reserve each start just in time), so it is sent first and not counted. Every start is on
+    the budget's ledger once, and the runs lose nothing: each ends with every text answered."""
+    import asyncio
+
+    import batchsum
+
+    key = f"gateway-live-{where}-{os.getpid()}-{time.monotonic_ns()}"
+    budget = "machine" if where == "machine" else redis_url
+    flags = ("--rpm", "60", "--budget", budget, "--store", "none", "--interactive-share", "0.5")
+
+    def batch_run(n: int) -> list:
+        texts = [article(30, 100 * n + i) for i in range(6)]
+        run = batchsum.summarize_texts(
+            texts, api_key=key, base_url=service.url, rpm=60, budget=budget, store="none", progress=False
+        )
+        return asyncio.run(run)
+
+    with LocalService([key]) as service, gateway("--upstream", service.url, *flags) as url:
+        assert ask(url, article(30, 0), key=key).status_code == 200  # the key proven, the gateway's run open
+        with ThreadPoolExecutor(4) as pool:
+            runs = [pool.submit(batch_run, n) for n in range(1, 5)]
+            wait_for(lambda: len(service.state.admitted) >= 4, what="the batch runs under way")
+            assert ask(url, article(30, 1), key=key).status_code == 200  # the lane open
+            between = []
+            for i in range(3):
+                time.sleep(2.5)  # the client's pace: a request every few seconds, within the lane's share
+                sent = time.monotonic()
+                answer = ask(url, article(30, 10 + i), key=key)
+                answered = time.monotonic()
+                assert answer.status_code == 200
+                between.append(sum(sent <= t <= answered for t in list(service.state.admitted)) - 1)
+            results = [future.result() for future in runs]
+        ledger = budget_ledger(budget, key, service.url)
+        admitted = len(service.state.admitted)
+    assert max(between) <= 1, between
+    assert all(r.status == "ok" for run in results for r in run) and sum(map(len, results)) == 24
+    assert ledger.started(ledger.now - 120, ledger.now + 1) == admitted == 24 + 5
+    for width in (1.0, 10.0):
+        most = max(ledger.started(t, t + width) for t in ticks_before(ledger.now, 120))
+        assert most <= max_starts(60, width) + 1, (width, most)

@@ -46,11 +46,18 @@ class Far(Budget):
             await asyncio.sleep(self.rtt / 2 + self.random.uniform(0.0, self.jitter))
 
     async def _call(
-        self, what: int, interval: float, report: Report, share: Share | None, count: int = 1, lead: float = 0.0
+        self,
+        what: int,
+        interval: float,
+        report: Report,
+        share: Share | None,
+        count: int = 1,
+        lead: float = 0.0,
+        live: float = 0.0,
     ) -> Slot:
         self.calls[what] += 1
         await self._way()
-        slot = await self.inner._call(what, interval, report, share, count, lead)
+        slot = await self.inner._call(what, interval, report, share, count, lead, live)
         self.epoch = slot.epoch
         await self._way()
         return slot

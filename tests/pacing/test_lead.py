@@ -231,7 +231,7 @@ def test_a_machine_budget_whose_clock_is_stepped_neither_stalls_nor_bursts(step,
 
 def test_the_gcra_state_moves_its_schedule_back_with_the_clock():
     state = gcra.State(tat=1000.5, last=1000.0, paused_until=1000.2, updated=1000.0)
-    at, committed = state.advance(700.0, 0.5, Report(), exchange.RESERVE)
+    at, committed, _, _ = state.advance(700.0, 0.5, Report(), exchange.RESERVE)
     assert at == pytest.approx(700.5) and not committed  # an interval after the last start, moved back
     assert state.paused_until == pytest.approx(700.2)
 

@@ -186,7 +186,16 @@ class ProcessBudget(Budget):
         self.shared = shared
         self._clock = clock
         self._lock = threading.Lock()
-        self._state = State(tat=-math.inf, paused_until=-math.inf, last=-math.inf, pace_at=-math.inf, updated=-math.inf)
+        self._state = State(
+            tat=-math.inf,
+            paused_until=-math.inf,
+            last=-math.inf,
+            pace_at=-math.inf,
+            updated=-math.inf,
+            held=-math.inf,
+            live_next=-math.inf,
+            live_until=-math.inf,
+        )
         self._tallies = _Tallies()
         self._shares: dict[str, float] = {}  # holder -> its own tat
         self._lead: tuple[str | None, float, str | None, float] = (None, -math.inf, None, -math.inf)
@@ -200,7 +209,14 @@ class ProcessBudget(Budget):
             return cls._registry.setdefault(key_id, cls(shared=True))
 
     async def _call(
-        self, what: int, interval: float, report: Report, share: Share | None, count: int = 1, lead: float = 0.0
+        self,
+        what: int,
+        interval: float,
+        report: Report,
+        share: Share | None,
+        count: int = 1,
+        lead: float = 0.0,
+        live: float = 0.0,
     ) -> Slot:
         with self._lock:
             now = self._clock()
@@ -208,15 +224,15 @@ class ProcessBudget(Budget):
             if what in (RESERVE, RESERVE_ONLY, AHEAD) and share is not None:
                 count = 1  # a shared run's own schedule goes one start at a time
                 turn = share_wait(self._shares.get(share.holder, -math.inf), now, share.own_interval(interval))
-            at, committed = self._state.advance(now, interval, report, LOOK if turn is not None else what, count, lead)
-            if share is not None and what in (RESERVE, RESERVE_ONLY, AHEAD) and at is not None:
+            step = self._state.advance(now, interval, report, LOOK if turn is not None else what, count, lead, live)
+            if share is not None and what in (RESERVE, RESERVE_ONLY, AHEAD) and step.at is not None:
                 if len(self._shares) > 1024:  # forget runs long gone
                     self._shares = {h: t for h, t in self._shares.items() if t > now - KEEP_SECONDS}
-                self._shares[share.holder] = at + share.own_interval(interval)
-            if committed:
+                self._shares[share.holder] = step.at + share.own_interval(interval)
+            if step.committed:
                 self._tallies.add(tick_of(now), starts=1)
             self._tallies.ended(now, report)
-            slot = deferred(self._state.slot(now, at, *self._tallies.last_minute(now), committed), turn)
+            slot = deferred(self._state.slot(now, step, *self._tallies.last_minute(now)), turn)
             return dataclasses.replace(slot, epoch=self.epoch, stop=self._registry_step(now, report))
 
     def _registry_step(self, now: float, report: Report) -> str | None:

@@ -200,6 +200,8 @@ class Slot:
     committed: bool = False  # the start is recorded as the key's last: it goes now (``wait`` is 0)
     epoch: str = ""  # the budget's epoch: another than the one first seen means it came back empty
     stop: str | None = None  # the calling run's job was stopped (``post_stop``): its cause
+    live: bool = False  # reserved ahead of the batch runs (the live lane's): commit it with ``live``
+    live_open: bool = False  # a live lane is open on the key: a far batch run reserves each start just in time
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,11 @@ class Lead:
 LOOK, RESERVE, COMMIT, RESERVE_ONLY, AHEAD = 0, 1, 2, 3, 4
 
 
+def _lane(live: float) -> dict[str, Any]:
+    """A call's live part, told only when there is one (a budget of a test's own may know no lane)."""
+    return {"live": live} if live > 0 else {}
+
+
 class Budget(abc.ABC):
     """Gives the next start time for a key. ``shared``: other processes may use it too."""
 
@@ -262,6 +269,7 @@ class Budget(abc.ABC):
         commit: bool = True,
         ahead: int = 0,
         lead: float = 0.0,
+        live: float = 0.0,
     ) -> Slot:
         """Push ``report``; reserve a start ``interval`` seconds after the key's previous one
         (``start``; else only look). With ``share``, only once the shared run's own turn has come
@@ -269,23 +277,34 @@ class Budget(abc.ABC):
         ``commit``); any other must be committed when its wait is over (``commit``). ``ahead``: the
         next ``ahead`` starts instead, at ``at``, ``at + interval`` ..., the first at least ``lead``
         seconds from now (the time the answer takes to reach the caller): ``AHEAD``, nothing to commit;
-        tell each that went out with a later report's ``started``."""
-        if ahead > 0 and start:
-            return await self._call(AHEAD, interval, report, share, count=ahead, lead=lead)
-        what = (RESERVE if commit else RESERVE_ONLY) if start else LOOK
-        return await self._call(what, interval, report, share)
+        tell each that went out with a later report's ``started``. ``live``: a live request's (its part
+        of the key), ahead of the batch runs' reserved starts while the live lane has room (``gcra.py``;
+        ``Slot.live`` says if it was); a far batch reservation may be ``deferred`` for the lane."""
+        what = (AHEAD if ahead > 0 else RESERVE if commit else RESERVE_ONLY) if start else LOOK
+        extra: dict[str, Any] = {"count": ahead, "lead": lead} if what == AHEAD else {}
+        return await self._call(what, interval, report, share, **extra, **_lane(live if start else 0.0))
 
-    async def commit(self, interval: float, report: Report = NO_REPORT, *, share: Share | None = None) -> Slot:
+    async def commit(
+        self, interval: float, report: Report = NO_REPORT, *, share: Share | None = None, live: float = 0.0
+    ) -> Slot:
         """Push ``report``; record a start now if the key's last committed start is ``interval``
-        back and no pause holds (``committed``), else the ``wait`` before trying again."""
-        return await self._call(COMMIT, interval, report, share)
+        back and no pause holds (``committed``), else the ``wait`` before trying again. ``live``: the
+        commit of a start reserved ahead of the batch runs (``Slot.live``): the live start held is its own."""
+        return await self._call(COMMIT, interval, report, share, **_lane(live))
 
     @abc.abstractmethod
     async def _call(
-        self, what: int, interval: float, report: Report, share: Share | None, count: int = 1, lead: float = 0.0
+        self,
+        what: int,
+        interval: float,
+        report: Report,
+        share: Share | None,
+        count: int = 1,
+        lead: float = 0.0,
+        live: float = 0.0,
     ) -> Slot:
         """One atomic step on the budget's state: ``LOOK``, ``RESERVE``, ``COMMIT`` or ``AHEAD``
-        (``count`` starts, the first at least ``lead`` from now)."""
+        (``count`` starts, the first at least ``lead`` from now), a live caller's (``live``) or not."""
 
     async def check(self) -> None:
         """Raise ``BudgetError`` when the budget cannot be used (before anything is sent)."""

@@ -4,17 +4,34 @@ budget lives (``budget.ProcessBudget``, ``sqlite_budget``; ``redis_budget`` runs
 Invariant: a clock stepped back (an NTP correction, a suspended virtual machine's clock set right)
 moves the whole schedule back with it, so nothing waits for the time lost; a clock stepped forward
 leaves the last start where it was, so the next one is still an interval after it (no burst).
+
+The live lane (``batchsum gateway``'s requests, ``live``: the part of the key they may take so): a
+live reservation takes the key's next turn ahead of the batch runs' reserved starts while the lane's
+own schedule (``live_next``, one start every ``interval / live``, two at once) has room. On a local
+budget it is the first start the spacing allows after the key's last one (and after another live
+start held), whatever the batch runs reserved: it is held for the live caller (``held``), so no other
+start commits within an interval of it; the batch run whose reserved start it took finds its commit
+refused and commits an interval later (its start handed back, in its place in its run, never lost);
+the key's next free slot (``tat``) moves one interval for it. On a far budget a start reserved ahead
+goes without asking again, so none is ever taken back: while a live lane is open with room, a batch
+reservation whose first start would be more than its answer's way back (``lead``) and ``LIVE_SLACK``
+away is deferred (nothing reserved: ask again then), so the batch runs hold the key's next start only
+just before it goes and a live request finds it free. Every start is still an interval after the
+key's last: the lane changes who takes a turn, never the spacing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ...service.retry import MAX_RETRY_AFTER
-from .exchange import AHEAD, COMMIT, LOOK, RESERVE, SHARED_SECONDS, Report, Slot
+from .exchange import AHEAD, COMMIT, LOOK, RESERVE, RESERVE_ONLY, SHARED_SECONDS, Report, Slot
 
 __all__ = [
     "State",
+    "Step",
     "share_wait",
     "deferred",
     "MAX_AHEAD",
@@ -23,6 +40,8 @@ __all__ = [
     "MINUTE",
     "KEEP_SECONDS",
     "REASON_CHARS",
+    "LIVE_LEASE",
+    "LIVE_SLACK",
 ]
 
 MAX_AHEAD = 3600.0  # a schedule further ahead than this (beyond its interval) is a clock that jumped back
@@ -31,12 +50,30 @@ MAX_PAUSE = 2 * MAX_RETRY_AFTER  # likewise for a pause
 MINUTE = 60
 KEEP_SECONDS = 180  # a share's schedule older than this is dropped
 REASON_CHARS = 300
+LIVE_LEASE = 60.0  # a live lane with no live call for this long is closed (far batch reservations go ahead again)
+# A far batch reservation may hold the key's next start this much longer than its answer's way back
+# while a live lane has room: a live request arriving within it waits one interval more (docs/pacing.md).
+LIVE_SLACK = 0.005
+
+
+class Step(NamedTuple):
+    """What one step gives its caller: the start (``at``; None: a look, or nothing reserved),
+    whether it is committed, whether it was reserved ahead of the batch runs (``live``: commit it as
+    the live lane's), and, for a far reservation deferred for a live lane, the seconds to ask again in."""
+
+    at: float | None
+    committed: bool = False
+    live: bool = False
+    defer: float | None = None
 
 
 @dataclass
 class State:
     """A key's budget: the next free slot (``tat``), the shared pause and pace (written at
-    ``pace_at``), the last committed start, and when the state was last written (``updated``)."""
+    ``pace_at``), the last committed start, when the state was last written (``updated``), and the
+    live lane: the live start held and not yet committed (``held``: while it is after ``last``), the
+    lane's own schedule (``live_next``: when its next start may go ahead of the batch runs) and until
+    when it is open (``live_until``)."""
 
     tat: float = 0.0
     paused_until: float = 0.0
@@ -46,26 +83,81 @@ class State:
     last: float = 0.0  # the key's last committed start
     pace_at: float = 0.0
     updated: float = 0.0
+    held: float = 0.0
+    live_next: float = 0.0
+    live_until: float = 0.0
 
     def advance(
-        self, now: float, interval: float, report: Report, what: int, count: int = 1, lead: float = 0.0
-    ) -> tuple[float | None, bool]:
+        self,
+        now: float,
+        interval: float,
+        report: Report,
+        what: int,
+        count: int = 1,
+        lead: float = 0.0,
+        live: float = 0.0,
+    ) -> Step:
         """Apply ``report``; then reserve the next start (``RESERVE``: its time, and whether it was
         committed at once), or commit a start now (``COMMIT``: now when the last committed start is
         an interval back and no pause holds, else the time it may be tried again), or reserve the
         next ``count`` starts ahead (``AHEAD``: the first's time, at least ``lead`` from now; each an
         interval after the one before, the last recorded as the key's last start at once). A ``LOOK``
-        does neither: (None, False)."""
+        does neither. ``live``: a live caller's part of the key (``--interactive-share``; 0: a batch
+        run's): its reservation goes ahead of the batch runs' while the lane has room, and its commit
+        (of such a reservation) is not held back by the live start held."""
         interval = max(0.0, interval)
+        self._set(now, interval, report)
+        if live > 0:
+            self.live_until = now + LIVE_LEASE
+        if what == LOOK:
+            return Step(None)
+        ahead_of_batch = live > 0 and (what == COMMIT or self.live_next <= now + ON_TIME)
+        due = max(self.last + interval, self.paused_until)
+        if self.held > self.last and not (ahead_of_batch and what == COMMIT):
+            due = max(due, self.held + interval)  # a live start held: nothing else within an interval of it
+        if what == COMMIT:
+            if due > now + ON_TIME:
+                return Step(due)
+            self.last = now
+            return Step(now, True, ahead_of_batch)
+        if ahead_of_batch:  # the lane's next start: two may go at once, then one every interval / live
+            self.live_next = max(self.live_next + interval / live, now)
+        way_back = max(0.0, min(lead, interval + 1.0)) if what == AHEAD else 0.0
+        at = max(due, now + way_back) if ahead_of_batch else max(self.tat, due, now + way_back)
+        if what == AHEAD:
+            if (
+                not ahead_of_batch
+                and self.live_until > now
+                and self.live_next <= at
+                and at > now + way_back + LIVE_SLACK
+            ):
+                return Step(None, defer=at - now - way_back - LIVE_SLACK / 2)  # a live request may take it
+            count = max(1, count)
+            self.tat = at + count * interval
+            self.last = at + (count - 1) * interval
+            return Step(at, False, ahead_of_batch)
+        self.tat = max(self.tat, at) + interval
+        if at <= now + ON_TIME and what == RESERVE:
+            self.last = now
+            return Step(now, True, ahead_of_batch)
+        if ahead_of_batch and what in (RESERVE, RESERVE_ONLY):
+            self.held = max(self.held, at)
+        return Step(at, False, ahead_of_batch)
+
+    def _set(self, now: float, interval: float, report: Report) -> None:
+        """The clock's steps and the report applied: a pause someone began, a pace someone set."""
         if now < self.updated:  # the clock was stepped back: so is the schedule
             back = now - self.updated
             self.tat, self.last, self.paused_until = self.tat + back, self.last + back, self.paused_until + back
             self.pace_at += back
+            self.held, self.live_next, self.live_until = self.held + back, self.live_next + back, self.live_until + back
         self.updated = now
         if self.tat > now + interval + MAX_AHEAD:
             self.tat = now
         if self.last > now + MAX_AHEAD:
             self.last = now - interval
+        if self.held > now + MAX_AHEAD:
+            self.held = 0.0
         if self.paused_until > now + MAX_PAUSE:
             self.paused_until = now
         if report.pause_for > 0 and now + report.pause_for > self.paused_until:
@@ -75,33 +167,14 @@ class State:
             self.pace = report.pace
             self.pace_version += 1
             self.pace_at = now
-        if what == LOOK:
-            return None, False
-        due = max(self.last + interval, self.paused_until)
-        if what == COMMIT:
-            if due > now + ON_TIME:
-                return due, False
-            self.last = now
-            return now, True
-        at = max(self.tat, due, now + (max(0.0, min(lead, interval + 1.0)) if what == AHEAD else 0.0))
-        if what == AHEAD:
-            count = max(1, count)
-            self.tat = at + count * interval
-            self.last = at + (count - 1) * interval
-            return at, False
-        self.tat = at + interval
-        if at <= now + ON_TIME and what == RESERVE:
-            self.last = now
-            return now, True
-        return at, False
 
-    def slot(
-        self, now: float, at: float | None, starts: int, refused: int, answered: int, committed: bool = False
-    ) -> Slot:
-        """What the caller is told: its start (``at``), the pause and the pace (a pace not written for
-        ``SHARED_SECONDS`` is nobody's any more), and the key's counts of the last minute."""
+    def slot(self, now: float, step: Step, starts: int, refused: int, answered: int) -> Slot:
+        """What the caller is told: its start (``step``), the pause and the pace (a pace not written
+        for ``SHARED_SECONDS`` is nobody's any more), whether a live lane is open, and the key's
+        counts of the last minute."""
+        at = step.at
         return Slot(
-            wait=0.0 if at is None or committed else max(0.0, at - now),
+            wait=step.defer if step.defer is not None else 0.0 if at is None or step.committed else max(0.0, at - now),
             at=at,
             paused_for=min(MAX_PAUSE, max(0.0, self.paused_until - now)),  # (now + x) - now may be x plus an ulp
             pause_mark=self.paused_until,
@@ -111,7 +184,10 @@ class State:
             starts=starts,
             refused=refused,
             answered=answered,
-            committed=committed,
+            committed=step.committed,
+            deferred=step.defer is not None,
+            live=step.live,
+            live_open=self.live_until > now,
         )
 
 
@@ -126,16 +202,4 @@ def deferred(slot: Slot, turn: float | None) -> Slot:
     """``slot``, or when the shared run's turn has not come, the wait for it with nothing reserved."""
     if turn is None:
         return slot
-    return Slot(
-        wait=turn,
-        at=None,
-        paused_for=slot.paused_for,
-        pause_mark=slot.pause_mark,
-        pause_reason=slot.pause_reason,
-        pace=slot.pace,
-        pace_version=slot.pace_version,
-        starts=slot.starts,
-        refused=slot.refused,
-        answered=slot.answered,
-        deferred=True,
-    )
+    return dataclasses.replace(slot, wait=turn, at=None, committed=False, live=False, deferred=True)

@@ -10,7 +10,7 @@ import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from ...service.errors import BudgetError, location_secrets, one_line, redact, redact_location
 from ...service.location import BUDGET, Location
@@ -37,7 +37,7 @@ from .exchange import (
     Share,
     Slot,
 )
-from .gcra import KEEP_SECONDS, MAX_AHEAD, MAX_PAUSE, MINUTE, ON_TIME, REASON_CHARS
+from .gcra import KEEP_SECONDS, LIVE_LEASE, LIVE_SLACK, MAX_AHEAD, MAX_PAUSE, MINUTE, ON_TIME, REASON_CHARS
 from .ledger import LEDGER_SECONDS, TICK, Ledger, Tally
 from .outage import hurried
 from .redis_scripts import GIVE_BACK, LEAD, LEDGER, QUOTA, RESTORE, REWRITE, RUNS, STEP
@@ -223,7 +223,14 @@ class RedisBudget(_RedisConnection):
     far = True
 
     async def _call(
-        self, what: int, interval: float, report: Report, share: Share | None, count: int = 1, lead: float = 0.0
+        self,
+        what: int,
+        interval: float,
+        report: Report,
+        share: Share | None,
+        count: int = 1,
+        lead: float = 0.0,
+        live: float = 0.0,
     ) -> Slot:
         _, _, script = self._client()
         budget, run = self._keys[0], report.run
@@ -234,40 +241,27 @@ class RedisBudget(_RedisConnection):
             f"{budget}:runs:seen",
             f"{budget}:stop:{run.run_id if run is not None else ''}",
         ]
-        args = _step_args(what, interval, report, share, count, lead)
+        args = _step_args(what, interval, report, share, count, lead, live)
         raw = await self._redis(lambda: script(keys=keys, args=args))
-        (
-            wait,
-            at,
-            paused_for,
-            mark,
-            reason,
-            pace,
-            version,
-            starts,
-            refused,
-            deferred,
-            committed,
-            answered,
-            epoch,
-            stop,
-        ) = (_text(v) for v in raw)
-        self.epoch = epoch
+        step = _Answer._make(_text(v) for v in raw)
+        self.epoch = step.epoch
         return Slot(
-            wait=float(deferred) if deferred else float(wait),
-            deferred=bool(deferred),
-            at=float(at) if at else None,
-            paused_for=min(MAX_PAUSE, max(0.0, float(paused_for))),
-            pause_mark=float(mark),
-            pause_reason=reason or None,
-            pace=float(pace) if pace else None,
-            pace_version=int(version),
-            starts=int(starts),
-            refused=int(refused),
-            answered=int(answered),
-            committed=committed == "1",
-            epoch=epoch,
-            stop=stop or None,
+            wait=float(step.deferred) if step.deferred else float(step.wait),
+            deferred=bool(step.deferred),
+            at=float(step.at) if step.at else None,
+            paused_for=min(MAX_PAUSE, max(0.0, float(step.paused_for))),
+            pause_mark=float(step.mark),
+            pause_reason=step.reason or None,
+            pace=float(step.pace) if step.pace else None,
+            pace_version=int(step.version),
+            starts=int(step.starts),
+            refused=int(step.refused),
+            answered=int(step.answered),
+            committed=step.committed == "1",
+            epoch=step.epoch,
+            stop=step.stop or None,
+            live=step.live == "1",
+            live_open=step.live_open == "1",
         )
 
     async def rewrite(self, entries: Sequence[Remembered]) -> None:
@@ -363,7 +357,30 @@ class RedisBudget(_RedisConnection):
         return f"{self._keys[0]}:quota:{period}"
 
 
-def _step_args(what: int, interval: float, report: Report, share: Share | None, count: int, lead: float) -> list[str]:
+class _Answer(NamedTuple):
+    """What the ``STEP`` script answers, in its order (each a text)."""
+
+    wait: str
+    at: str
+    paused_for: str
+    mark: str
+    reason: str
+    pace: str
+    version: str
+    starts: str
+    refused: str
+    deferred: str
+    committed: str
+    answered: str
+    epoch: str
+    stop: str
+    live: str
+    live_open: str
+
+
+def _step_args(
+    what: int, interval: float, report: Report, share: Share | None, count: int, lead: float, live: float = 0.0
+) -> list[str]:
     """The ``STEP`` script's arguments (``redis_scripts.STEP`` numbers them)."""
     run = report.run
     return [
@@ -391,6 +408,9 @@ def _step_args(what: int, interval: float, report: Report, share: Share | None, 
         str(1 if share is not None else max(1, count)),
         " ".join(f"{age:.4f}" for age in report.started),
         f"{max(0.0, min(lead, interval + 1.0)):.6f}",
+        f"{live:.6f}" if live > 0 else "",
+        str(LIVE_LEASE),
+        str(LIVE_SLACK),
     ]
 
 

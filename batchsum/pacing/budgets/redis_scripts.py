@@ -18,7 +18,10 @@ __all__ = ["ticks", "live_runs", "STEP", "RUNS", "LEDGER", "LEAD", "QUOTA", "RES
 # the calling member ('' none), ARGV[19] its run, ARGV[20] its entry ('' none this time), ARGV[21] the
 # lease; KEYS[6]: the calling run's stop. AHEAD (4): ARGV[22] starts reserved at once, each an interval
 # after the one before (the last recorded as the key's last start), the first at least ARGV[24] seconds
-# from now; ARGV[23]: the ages of the starts reserved ahead that went out, counted now.
+# from now; ARGV[23]: the ages of the starts reserved ahead that went out, counted now. The live lane
+# (gcra.py): ARGV[25] the caller's part of the key when it is a live one ('' none), ARGV[26] how long a
+# live call keeps the lane open, ARGV[27] the slack of a far reservation's first start while it has room;
+# its fields in KEYS[1]: held, live_next, live_until.
 STEP = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -29,6 +32,7 @@ local base = ARGV[12]
 local share_interval = tonumber(ARGV[13])
 local on_time, shared_seconds, tick = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16])
 local count = math.max(1, tonumber(ARGV[22]) or 1)
+local live, slack = tonumber(ARGV[25]) or 0, tonumber(ARGV[27])
 local deferred = ''
 if (what == 1 or what == 3 or what == 4) and share_interval ~= nil then
   local own = tonumber(redis.call('GET', KEYS[3])) or 0
@@ -39,17 +43,20 @@ if (what == 1 or what == 3 or what == 4) and share_interval ~= nil then
   end
 end
 local s = redis.call('HMGET', KEYS[1], 'tat', 'paused_until', 'reason', 'pace', 'pace_version', 'last', 'pace_at',
-  'updated', 'epoch')
+  'updated', 'epoch', 'held', 'live_next', 'live_until')
 local epoch = s[9] or ARGV[17]
+local held, live_next, live_until = tonumber(s[10]) or 0, tonumber(s[11]) or 0, tonumber(s[12]) or 0
 local tat, paused_until = tonumber(s[1]) or 0, tonumber(s[2]) or 0
 local old_reason, old_pace, version = s[3] or '', s[4] or '', tonumber(s[5]) or 0
 local last, pace_at, updated = tonumber(s[6]) or 0, tonumber(s[7]) or 0, tonumber(s[8]) or 0
 if now < updated then
   local back = now - updated
   tat, last, paused_until, pace_at = tat + back, last + back, paused_until + back, pace_at + back
+  held, live_next, live_until = held + back, live_next + back, live_until + back
 end
 if tat > now + interval + max_ahead then tat = now end
 if last > now + max_ahead then last = now - interval end
+if held > now + max_ahead then held = 0 end
 if paused_until > now + max_pause then paused_until = now end
 if pause_for > 0 and now + pause_for > paused_until then
   paused_until = now + math.min(pause_for, max_pause)
@@ -58,30 +65,49 @@ end
 if pace ~= '' and (base == '' or tonumber(base) == version) then
   old_pace = pace; version = version + 1; pace_at = now
 end
+if live > 0 then live_until = now + tonumber(ARGV[26]) end
 local at = nil
-local committed = '0'
+local committed, granted = '0', '0'
 if what ~= 0 then
+  local first = live > 0 and (what == 2 or live_next <= now + on_time)
   local due = math.max(last + interval, paused_until)
+  if held > last and not (first and what == 2) then due = math.max(due, held + interval) end
   if what == 2 then
-    if due > now + on_time then at = due else at = now; last = now; committed = '1' end
-  elseif what == 4 then
-    at = math.max(tat, due, now + (tonumber(ARGV[24]) or 0))
-    tat = at + count * interval
-    last = at + (count - 1) * interval
-  else
-    at = math.max(tat, due, now)
-    tat = at + interval
-    if at <= now + on_time and what == 1 then at = now; last = now; committed = '1' end
-  end
-  if what ~= 2 then
-    if share_interval ~= nil then
-      redis.call('SET', KEYS[3], string.format('%.6f', at + share_interval), 'EX', keep)
+    if due > now + on_time then at = due else
+      at = now; last = now; committed = '1'
+      if first then granted = '1' end
     end
+  else
+    if first then live_next = math.max(live_next + interval / live, now); granted = '1' end
+    local way_back = 0
+    if what == 4 then way_back = tonumber(ARGV[24]) or 0 end
+    if first then at = math.max(due, now + way_back) else at = math.max(tat, due, now + way_back) end
+    if what == 4 then
+      if not first and live_until > now and live_next <= at and at > now + way_back + slack then
+        deferred = string.format('%.6f', at - now - way_back - slack / 2)
+        at = nil
+      else
+        tat = at + count * interval
+        last = at + (count - 1) * interval
+      end
+    else
+      tat = math.max(tat, at) + interval
+      if at <= now + on_time and what == 1 then
+        at = now; last = now; committed = '1'
+      elseif first then
+        held = math.max(held, at)
+      end
+    end
+  end
+  if what ~= 2 and at ~= nil and share_interval ~= nil then
+    redis.call('SET', KEYS[3], string.format('%.6f', at + share_interval), 'EX', keep)
   end
 end
 redis.call('HSET', KEYS[1], 'tat', string.format('%.6f', tat), 'paused_until', string.format('%.6f', paused_until),
   'reason', old_reason, 'pace', old_pace, 'pace_version', version, 'last', string.format('%.6f', last),
-  'pace_at', string.format('%.6f', pace_at), 'updated', string.format('%.6f', now), 'epoch', epoch)
+  'pace_at', string.format('%.6f', pace_at), 'updated', string.format('%.6f', now), 'epoch', epoch,
+  'held', string.format('%.6f', held), 'live_next', string.format('%.6f', live_next),
+  'live_until', string.format('%.6f', live_until))
 redis.call('EXPIRE', KEYS[1], 86400)
 local stop = ''
 if ARGV[18] ~= '' then
@@ -138,7 +164,7 @@ if at ~= nil then at_text = string.format('%.6f', at) end
 if now - pace_at > shared_seconds then old_pace = '' end
 return {string.format('%.6f', wait), at_text, string.format('%.6f', paused_until - now), string.format('%.6f', paused_until),
   old_reason, old_pace, tostring(version), tostring(starts), tostring(refusals), deferred, committed, tostring(answers),
-  epoch, stop}
+  epoch, stop, granted, live_until > now and '1' or '0'}
 """
 
 # The runs on the key: members seen within ARGV[1] seconds, with their entries. Returns now, then

@@ -31,13 +31,16 @@ from .exchange import (
     Share,
     Slot,
 )
-from .gcra import KEEP_SECONDS, MINUTE, State, deferred, share_wait
+from .gcra import KEEP_SECONDS, MINUTE, State, Step, deferred, share_wait
 from .ledger import KEEP_TICKS, LEDGER_SECONDS, Ledger, Tally, tick_of
 from .outage import hurried
 from .sqlite_file import SQLiteFile
 
 __all__ = ["SQLiteBudget"]
 
+# The budget's row, in ``gcra.State``'s order.
+_FIELDS = tuple(field.name for field in dataclasses.fields(State))
+_STATE = ", ".join(_FIELDS)
 _TALLY = (
     "INSERT INTO tallies VALUES (?, ?, ?, ?, ?) ON CONFLICT (id, tick) DO UPDATE SET "
     "starts = starts + excluded.starts, answered = answered + excluded.answered, refused = refused + excluded.refused"
@@ -49,9 +52,16 @@ class SQLiteBudget(SQLiteFile):
     ``BEGIN IMMEDIATE`` transaction on the machine's wall clock (the same in every process)."""
 
     async def _call(
-        self, what: int, interval: float, report: Report, share: Share | None, count: int = 1, lead: float = 0.0
+        self,
+        what: int,
+        interval: float,
+        report: Report,
+        share: Share | None,
+        count: int = 1,
+        lead: float = 0.0,
+        live: float = 0.0,
     ) -> Slot:
-        return await self._transaction(lambda db: self._step(db, what, interval, report, share, (count, lead)))
+        return await self._transaction(lambda db: self._step(db, what, interval, report, share, (count, lead), live))
 
     def _step(
         self,
@@ -61,56 +71,43 @@ class SQLiteBudget(SQLiteFile):
         report: Report,
         share: Share | None,
         ahead: tuple[int, float] = (1, 0.0),
+        live: float = 0.0,
     ) -> Slot:
         now = time.time()
-        row = db.execute(
-            "SELECT tat, paused_until, reason, pace, pace_version, last, pace_at, updated FROM budgets WHERE id=?",
-            (self.id,),
-        ).fetchone()
+        row = db.execute(f"SELECT {_STATE} FROM budgets WHERE id=?", (self.id,)).fetchone()
         state = State(*row) if row else State()
         turn = None
         if what in (RESERVE, RESERVE_ONLY, AHEAD) and share is not None:
             ahead = (1, ahead[1])  # a shared run's own schedule goes one start at a time
             own = db.execute("SELECT tat FROM shares WHERE id=? AND holder=?", (self.id, share.holder)).fetchone()
             turn = share_wait(own[0] if own else -math.inf, now, share.own_interval(interval))
-        at, committed = state.advance(now, interval, report, LOOK if turn is not None else what, *ahead)
-        if share is not None and what in (RESERVE, RESERVE_ONLY, AHEAD) and at is not None:
+        step = state.advance(now, interval, report, LOOK if turn is not None else what, *ahead, live)
+        if share is not None and what in (RESERVE, RESERVE_ONLY, AHEAD) and step.at is not None:
             db.execute(
                 "INSERT OR REPLACE INTO shares VALUES (?, ?, ?)",
-                (self.id, share.holder, at + share.own_interval(interval)),
+                (self.id, share.holder, step.at + share.own_interval(interval)),
             )
             db.execute("DELETE FROM shares WHERE id=? AND tat < ?", (self.id, now - KEEP_SECONDS))
-        if row or what != LOOK or report != NO_REPORT:
+        if row or what != LOOK or report != NO_REPORT or live > 0:
             db.execute(
-                "INSERT OR REPLACE INTO budgets (id, tat, paused_until, reason, pace, pace_version, updated, last, "
-                "pace_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    self.id,
-                    state.tat,
-                    state.paused_until,
-                    state.reason,
-                    state.pace,
-                    state.pace_version,
-                    state.updated,
-                    state.last,
-                    state.pace_at,
-                ),
+                f"INSERT OR REPLACE INTO budgets (id, {_STATE}) VALUES (?{', ?' * len(_FIELDS)})",
+                (self.id, *(getattr(state, name) for name in _FIELDS)),
             )
         stop = _registry_step(db, self.id, now, report)
-        tallies = [(self.id, tick_of(now), 1, 0, 0)] if committed else []
+        tallies = [(self.id, tick_of(now), 1, 0, 0)] if step.committed else []
         tallies += [(self.id, tick_of(now - age), 1, 0, 0) for age in report.started]
         tallies += [(self.id, tick_of(now - age), 0, 1, 0) for age in report.answered]
         tallies += [(self.id, tick_of(now - age), 0, 0, 1) for age in report.refused]
         if tallies:
             db.executemany(_TALLY, tallies)
-            if committed and tick_of(now) % 100 == 0:  # now and then, the old ticks go
+            if step.committed and tick_of(now) % 100 == 0:  # now and then, the old ticks go
                 db.execute("DELETE FROM tallies WHERE id=? AND tick < ?", (self.id, tick_of(now) - KEEP_TICKS))
         starts, answered, refused = db.execute(
             "SELECT COALESCE(SUM(starts), 0), COALESCE(SUM(answered), 0), COALESCE(SUM(refused), 0) FROM tallies "
             "WHERE id=? AND tick >= ?",
             (self.id, tick_of(now - MINUTE)),
         ).fetchone()
-        slot = deferred(state.slot(now, at, int(starts), int(refused), int(answered), committed), turn)
+        slot = deferred(state.slot(now, step, int(starts), int(refused), int(answered)), turn)
         return dataclasses.replace(slot, epoch=self.epoch, stop=stop)
 
     async def runs(self) -> list[RunEntry]:
@@ -181,7 +178,7 @@ class SQLiteBudget(SQLiteFile):
 
     async def look(self) -> Slot:
         if not self.path.exists():
-            return State().slot(time.time(), None, 0, 0, 0)
+            return State().slot(time.time(), Step(None), 0, 0, 0)
         return await self.reserve(0.0, start=False)
 
 

@@ -96,9 +96,16 @@ CREATE TABLE IF NOT EXISTS stops (
     id TEXT NOT NULL, run_id TEXT NOT NULL, cause TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (id, run_id)
 ) WITHOUT ROWID;
 """
-# 3: the epoch, the runs' registry and a job's stops; 4: the quotas' restores (tables made in older files as they open)
-SCHEMA_VERSION = "4"
-_COLUMNS = {"last": "REAL NOT NULL DEFAULT 0", "pace_at": "REAL NOT NULL DEFAULT 0"}  # added to old files
+# 3: the epoch, the runs' registry and a job's stops; 4: the quotas' restores (tables made in older files
+# as they open); 5: the live lane (``gcra.State``: the live start held, the lane's schedule, until when open)
+SCHEMA_VERSION = "5"
+_COLUMNS = {  # added to old files
+    "last": "REAL NOT NULL DEFAULT 0",
+    "pace_at": "REAL NOT NULL DEFAULT 0",
+    "held": "REAL NOT NULL DEFAULT 0",
+    "live_next": "REAL NOT NULL DEFAULT 0",
+    "live_until": "REAL NOT NULL DEFAULT 0",
+}
 
 
 class SQLiteFile(Budget):
