@@ -141,7 +141,7 @@ class FarTurn(Turn):
         while True:
             held = await self._next()
             if at_turn is not None and claimed is None:
-                await self._until(held.at - max(self.turn_took))
+                await self._sleep_until(held.at - max(self.turn_took))
                 if self._stale(held):
                     continue
                 started = self.clock()
@@ -150,7 +150,7 @@ class FarTurn(Turn):
                 self.turn_took.append(claimed - started)
                 if not go:  # its start stays at the head, for the next attempt
                     raise TurnGiven
-            await self._until(max(held.at, self.last_start + held.interval))  # our own last start too
+            await self._sleep_until(max(held.at, self.last_start + held.interval))  # our own last start too
             if self._stale(held):
                 continue
             self.held.popleft()
@@ -183,7 +183,7 @@ class FarTurn(Turn):
             await asyncio.shield(self.coming)
         return self.held[0]
 
-    async def _until(self, at: float) -> None:
+    async def _sleep_until(self, at: float) -> None:
         """Until ``at`` on our clock, or a pause of ours (the alarm)."""
         while (wait := at - self.clock()) > ON_TIME and not self.pause.paused(self.clock()):
             await self.alarm.nap(wait)
@@ -213,7 +213,7 @@ class FarTurn(Turn):
         try:
             while True:
                 if (asked := in_time(self)) is not None:  # the key's next start left free for a live request
-                    await self._until(asked)
+                    await self._sleep_until(asked)
                 # Nothing is reserved while a pause holds: its starts could not go, and each call
                 # reserving them again would push the key's schedule further out (every run's).
                 while (wait := self.pause.left(self.clock())) > ON_TIME:
@@ -228,7 +228,8 @@ class FarTurn(Turn):
                     self.rtts.append(self.sharing.call[1] - self.sharing.call[0])
                 interval, on_room = self._spacing(self.clock())
                 way_back = answer_way(self.rtts)  # the first start no sooner than the answer reaches us
-                single = on_room or self.share is not None or self.limiter is not None or self.live > 0  # one by one
+                lane = in_time(self) is not None  # a live lane open: one start at a time, just in time
+                single = on_room or self.share is not None or self.limiter is not None or self.live > 0 or lane
                 count = 1 if single else batch_of(self, interval)
                 outages = self.sharing.budget.outage.ended
                 slot = await self.sharing.exchange(

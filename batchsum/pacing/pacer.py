@@ -191,14 +191,17 @@ class Pacer:
         gateway's 429 says in Retry-After): the shared pause, then the interval in force (wider during
         the ramp; a share's, on a share) after the last start this pacer made (a live run's first
         turn is the key's next start), then one each at this run's part of the key's starts: all of
-        them alone on the key, else its part of the last minute's, at least its live part."""
+        them alone on the key (or on a share: its own interval), else its part of the last minute's, at least
+        its live part."""
         now = self._clock()
         turn = self._turn
         interval = self._paces.interval * self._pause.ramp
         if turn.share is not None:
             interval = turn.share.own_interval(interval)
         first = max(self._pause.left(now), turn.last_start + interval - now, 0.0)
-        part = 1.0 if turn.company.alone(now) else max(turn.live, share_of(turn.evidence, now))
+        # A share's own interval is its part of the key already: not divided by it twice.
+        alone = turn.share is not None or turn.company.alone(now)
+        part = 1.0 if alone else max(turn.live, share_of(turn.evidence, now))
         return first + max(0, waiting - 1) * interval / part
 
     def room_left(self, now: float) -> int:

@@ -87,13 +87,13 @@ class Far(Budget):
 
 def woken_late(pacer: Pacer, rng: random.Random, lag: Callable[[random.Random], float]) -> None:
     """``pacer``'s process woken late for each start, ``lag(rng)`` seconds after its time (a loaded
-    machine's scheduling), as its far schedule waits for it (``FarTurn._until``)."""
+    machine's scheduling), as its far schedule waits for it (``FarTurn._sleep_until``)."""
 
     class Late(FarTurn):
         __slots__ = ()
 
-        async def _until(self, at: float) -> None:
-            await FarTurn._until(self, at)
+        async def _sleep_until(self, at: float) -> None:
+            await FarTurn._sleep_until(self, at)
             await asyncio.sleep(lag(rng))
 
     assert type(pacer._turn) is FarTurn

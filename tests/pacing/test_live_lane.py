@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batchsum.pacing import Pacer, interval_of, max_starts
-from batchsum.pacing.budgets.budget import ProcessBudget
+from batchsum.pacing.budgets.budget import ProcessBudget, Share
 from batchsum.pacing.budgets.gcra import LIVE_SLACK
 from batchsum.pacing.pacer import _loop_time
 from tests import virtual_clock
@@ -230,12 +230,15 @@ def test_a_live_start_held_for_a_request_that_gave_up_costs_the_batch_one_turn_a
     assert sum(gap > 1.5 * interval for gap in gaps) == 1  # the one turn the hold kept
 
 
-def test_a_late_requests_retry_after_counts_the_live_turn():
+@pytest.mark.parametrize("share", [None, 0.5])
+def test_a_late_requests_retry_after_counts_the_live_turn(share):
     """What a gateway's late request is told (``Pacer.turn_in``): beside a busy batch run, its first
     turn is the key's next (within an interval), and the requests behind it one each at the lane's
-    part of the key (its share, beside a run that takes the rest)."""
+    part of the key (its share, beside a run that takes the rest); with a ``--share`` of its own, one
+    each at that share's interval."""
     inner = ProcessBudget(_loop_time, shared=True)
-    batch, gateway = Pacer(600, budget=inner), Pacer(600, budget=inner, live=0.25)
+    own = None if share is None else Share("gateway", share)  # the gateway's --share: its own interval
+    batch, gateway = Pacer(600, budget=inner), Pacer(600, budget=inner, live=0.25, share=own)
 
     async def main():
         gate, live_gate = engine_hooks(batch), engine_hooks(gateway)
@@ -255,5 +258,20 @@ def test_a_late_requests_retry_after_counts_the_live_turn():
 
     first, third = virtual_clock.run(main())
     interval = interval_of(600)
-    assert first <= interval + 1e-9
-    assert third == pytest.approx(first + 2 * interval / 0.25)
+    if share is None:
+        assert first <= interval + 1e-9
+        assert third == pytest.approx(first + 2 * interval / 0.25)
+    else:  # its share's interval is its part of the key already: not divided by its part again
+        assert first <= interval / share + 1e-9
+        assert third == pytest.approx(first + 2 * interval / share)
+
+
+def test_a_far_batch_run_reserves_one_start_at_a_time_while_the_lane_is_open():
+    """At 6000/min 20 ms away a far batch run would reserve several starts in one call (enough for two
+    round trips); while a live lane is open it reserves each alone, just in time, so a live request
+    still finds the key's next start free (within the interval and its reach)."""
+    rpm = 6000
+    live_at = [1.0 + 0.537 * k for k in range(10)]
+    lane = live_sim.simulate(rpm, each=700, live_at=live_at, far=True)
+    _checked(lane, rpm, True, 710)
+    assert max(lane.waits()[1:]) <= interval_of(rpm) + FAR_REACH
