@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
 from batchsum.local import LocalService
 from tests.support import BASIC_KEY, EXPIRED_KEY, KEY, RedisServer, free_port
+
+# A suite started as a background job of a script (`.ci/run &`) inherits SIGINT ignored, and Python
+# then installs no handler of its own: the tests that interrupt a run (and the processes they start,
+# which inherit it through exec) need SIGINT as an interactive session has it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # What the fast lane (`pytest -m "not slow"`, README.md) leaves out: a test marked ``slow`` starts a
 # process (batchsum's command, voila, a kernel) or waits on the wall clock; the heavy, Spark and Ray

@@ -5,9 +5,11 @@ and a budget that came back empty (another epoch) is given again what this run h
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..service.errors import BudgetError
 from .auto.key_record import KeyRecord
@@ -46,6 +48,7 @@ class Sharing:
     epoch: str | None = None  # the budget's epoch as this run first saw it (another: it came back empty)
     resets: int = 0  # times the budget came back empty during the run
     call: tuple[float, float] = (0.0, 0.0)  # the last call: when it was made and when it was answered
+    asker: str = field(default_factory=lambda: os.urandom(6).hex())  # this pacer, to the budget (``Report.asker``)
 
     async def exchange(
         self,
@@ -68,6 +71,8 @@ class Sharing:
         report = self.owed.take(before, self.pause.left(before), self.pause.reason, pace)
         if self.presence is not None:
             report = self.presence.stamp(report)
+        if what == AHEAD:
+            report = dataclasses.replace(report, asker=self.asker)
         try:
             if what == RESERVE:
                 slot = await self.budget.reserve(interval, report, share=self.share, commit=commit, live=live)

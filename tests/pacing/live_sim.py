@@ -75,14 +75,17 @@ def simulate(
     latency: float = 0.5,
     limit: tuple[int, float] | None = None,
     seed: int = 0,
+    rtts: Sequence[float] = (),
 ) -> Lane:
     """``runs`` batch runs of ``each`` requests and a gateway whose live requests arrive at
     ``live_at`` (seconds), all at ``rpm`` on one key, the gateway's part ahead of the runs ``share``;
     ``far``: the budget 20 ms away (2 ms of jitter each way); ``limit``: the service's (a count in any
-    window of so many seconds; default the plan's sixth in any 10 s)."""
+    window of so many seconds; default the plan's sixth in any 10 s); ``rtts``: each batch run's own round
+    trip to a far budget (the gateway's: ``RTT``)."""
     inner = ProcessBudget(_loop_time, shared=True)
     rtt, jitter = (RTT, JITTER) if far else (0.0, 0.0)
-    budgets = [Far(inner, rtt, jitter, seed + n, far=far) for n in range(runs + 1)]
+    each_rtt = [*rtts, *[rtt] * (runs + 1 - len(rtts))]
+    budgets = [Far(inner, each_rtt[n], jitter, seed + n, far=far) for n in range(runs + 1)]
     pacers = [Pacer(rpm, budget=budget) for budget in budgets[:runs]]
     gateway = Pacer(rpm, budget=budgets[runs], live=share)  # share 0: a gateway with no live lane
     sim = Sim(latency=lambda t: latency)

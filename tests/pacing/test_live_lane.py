@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batchsum.pacing import Pacer, interval_of, max_starts
-from batchsum.pacing.budgets.budget import ProcessBudget, Share
+from batchsum.pacing.budgets.budget import ProcessBudget, Report, Share
 from batchsum.pacing.budgets.gcra import LIVE_SLACK
 from batchsum.pacing.pacer import _loop_time
 from tests import virtual_clock
@@ -104,6 +104,40 @@ def test_a_far_batch_reservation_is_deferred_while_a_live_lane_has_room_for_its_
         finally:
             await gateway.aclose()
             await batch.aclose()
+
+    asyncio.run(main())
+
+
+def test_far_batch_runs_told_to_wait_for_the_lane_take_the_next_starts_in_the_order_told(users):
+    """While the lane is open the first far batch run told to wait has the key's next start kept for it:
+    another that asks within its own (longer) way back of that start, which would have taken it, is
+    told to wait one more interval, queued behind it. Once the first takes its start the second is
+    first in the queue and keeps its place when a live request takes the start after (the lane goes
+    first); a third waits behind it. The same on every back-end."""
+
+    async def main():
+        gateway, first, second, third = users(), users(), users(), users()
+        a, b, c = (Report(asker=name) for name in ("a", "b", "c"))
+        far = INTERVAL + 1.0  # a way back that reaches the next start: granted at once, but for the queue
+        try:
+            opened = await gateway.reserve(INTERVAL, ahead=1, lead=0.01, live=0.25)
+            assert opened.live and opened.live_open and opened.at is not None
+            told = await first.reserve(INTERVAL, a, ahead=1, lead=0.01)  # the lane has room: asked to wait
+            assert told.deferred and told.live_open
+            kept = await second.reserve(INTERVAL, b, ahead=1, lead=far)  # the next start is a's
+            assert kept.deferred and kept.wait + far > told.wait + 0.01 + INTERVAL / 2  # for the start after
+            mine = await first.reserve(INTERVAL, a, ahead=1, lead=far)
+            assert not mine.deferred and mine.at == pytest.approx(opened.at + INTERVAL, abs=1.0)
+            assert (await third.reserve(INTERVAL, c, ahead=1, lead=far)).deferred  # b's turn before c's
+            live = await gateway.reserve(INTERVAL, ahead=1, lead=0.01, live=0.25)  # the lane's second at once
+            assert live.live and live.at == pytest.approx(mine.at + INTERVAL, abs=1.0)
+            yours = await second.reserve(INTERVAL, b, ahead=1, lead=far)  # the lane's room spent: b's turn
+            assert not yours.deferred and yours.at == pytest.approx(live.at + INTERVAL, abs=1.0)
+            theirs = await third.reserve(INTERVAL, c, ahead=1, lead=far)  # first now; the lane's room is back then
+            assert theirs.deferred and theirs.wait + far == pytest.approx(yours.wait + INTERVAL, abs=1.0)
+        finally:
+            for user in (gateway, first, second, third):
+                await user.aclose()
 
     asyncio.run(main())
 
@@ -275,3 +309,17 @@ def test_a_far_batch_run_reserves_one_start_at_a_time_while_the_lane_is_open():
     lane = live_sim.simulate(rpm, each=700, live_at=live_at, far=True)
     _checked(lane, rpm, True, 710)
     assert max(lane.waits()[1:]) <= interval_of(rpm) + FAR_REACH
+
+
+@pytest.mark.parametrize("rtts", [(0.02, 0.02), (0.04, 0.002), (0.04, 0.002, 0.02)])
+def test_far_batch_runs_told_to_wait_for_the_lane_take_the_keys_starts_in_turn(rtts):
+    """Far batch runs beside a live request every 2 s, each at its own distance from the budget: the
+    run whose calls land soonest does not take every start (the budget keeps the next start for the
+    run it told to wait, then the next for the next one told): each run's part of the batch starts
+    is within a tenth of an even one, the key used as fully, no start lost."""
+    rpm, runs = 600, len(rtts)
+    live_at = [1.0 + 2.0 * k for k in range(15)]
+    lane = live_sim.simulate(rpm, runs=runs, each=600 // runs, live_at=live_at, far=True, rtts=rtts)
+    _checked(lane, rpm, True, 600 + len(live_at))
+    parts = [sum(5 <= t < 25 for t in run) for run in lane.batch]
+    assert min(parts) >= (1 / runs - 0.1) * sum(parts), parts

@@ -160,6 +160,7 @@ class Report:
     started: tuple[float, ...] = ()  # starts reserved ahead (``AHEAD``) that went out, by age
     run: Member | None = None  # the run calling: its job's stop is looked up (``Slot.stop``)
     entry: str | None = None  # the run's entry to publish (plain JSON), at most once a second
+    asker: str = ""  # the pacer asking (a token of its own): a far batch run a start is kept for (``gcra``)
 
     def ended(self) -> bool:
         """Whether it tells of attempts that ended (or of starts reserved ahead that went out)."""

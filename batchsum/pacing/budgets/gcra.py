@@ -42,6 +42,7 @@ __all__ = [
     "REASON_CHARS",
     "LIVE_LEASE",
     "LIVE_SLACK",
+    "QUEUE_MOST",
 ]
 
 MAX_AHEAD = 3600.0  # a schedule further ahead than this (beyond its interval) is a clock that jumped back
@@ -54,6 +55,10 @@ LIVE_LEASE = 60.0  # a live lane with no live call for this long is closed (far 
 # A far batch reservation may hold the key's next start this much longer than its answer's way back
 # while a live lane has room: a live request arriving within it waits one interval more (docs/pacing.md).
 LIVE_SLACK = 0.005
+# While the lane is open the far batch runs told to wait take the key's starts in the order they were
+# told (the first one's start kept for it until an interval past it), not first come: else the run
+# whose calls land soonest would take them all. At most this many wait so.
+QUEUE_MOST = 16
 
 
 class Step(NamedTuple):
@@ -73,7 +78,8 @@ class State:
     ``pace_at``), the last committed start, when the state was last written (``updated``), and the
     live lane: the live start held and not yet committed (``held``: while it is after ``last``), the
     lane's own schedule (``live_next``: when its next start may go ahead of the batch runs) and until
-    when it is open (``live_until``)."""
+    when it is open (``live_until``), and the start kept for a far batch run told to wait for it
+    (``promised``, ``promisee``)."""
 
     tat: float = 0.0
     paused_until: float = 0.0
@@ -86,6 +92,8 @@ class State:
     held: float = 0.0
     live_next: float = 0.0
     live_until: float = 0.0
+    promised: float = 0.0  # the start kept for the first far batch run told to wait while the lane had room ...
+    promisee: str = ""  # ... the runs waiting (``Report.asker``, space-separated): each takes a start in turn
 
     def advance(
         self,
@@ -125,13 +133,20 @@ class State:
         way_back = max(0.0, min(lead, interval + 1.0)) if what == AHEAD else 0.0
         at = max(due, now + way_back) if ahead_of_batch else max(self.tat, due, now + way_back)
         if what == AHEAD:
-            if (
-                not ahead_of_batch
-                and self.live_until > now
-                and self.live_next <= at
-                and at > now + way_back + LIVE_SLACK
-            ):
-                return Step(None, defer=at - now - way_back - LIVE_SLACK / 2)  # a live request may take it
+            if not ahead_of_batch:
+                queue = self.promisee.split() if self.live_until > now and now < self.promised + interval else []
+                me = report.asker
+                if queue and queue[0] != me:  # the key's next start is kept for a run told to wait for it
+                    if me not in queue and len(queue) < QUEUE_MOST:
+                        queue.append(me)
+                    self.promisee = " ".join(queue)
+                    turns = queue.index(me) if me in queue else len(queue)
+                    return Step(None, defer=max(ON_TIME, at + turns * interval - now - way_back - LIVE_SLACK / 2))
+                if self.live_until > now and self.live_next <= at and at > now + way_back + LIVE_SLACK:
+                    self.promised, self.promisee = at, " ".join(queue or [me])  # kept for the queue's first
+                    return Step(None, defer=at - now - way_back - LIVE_SLACK / 2)
+                if queue:  # this run's turn: the next in the queue has the start after it
+                    self.promised, self.promisee = at + interval, " ".join(queue[1:])
             count = max(1, count)
             self.tat = at + count * interval
             self.last = at + (count - 1) * interval
@@ -149,7 +164,7 @@ class State:
         if now < self.updated:  # the clock was stepped back: so is the schedule
             back = now - self.updated
             self.tat, self.last, self.paused_until = self.tat + back, self.last + back, self.paused_until + back
-            self.pace_at += back
+            self.pace_at, self.promised = self.pace_at + back, self.promised + back
             self.held, self.live_next, self.live_until = self.held + back, self.live_next + back, self.live_until + back
         self.updated = now
         if self.tat > now + interval + MAX_AHEAD:

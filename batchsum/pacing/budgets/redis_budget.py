@@ -37,7 +37,7 @@ from .exchange import (
     Share,
     Slot,
 )
-from .gcra import KEEP_SECONDS, LIVE_LEASE, LIVE_SLACK, MAX_AHEAD, MAX_PAUSE, MINUTE, ON_TIME, REASON_CHARS
+from .gcra import KEEP_SECONDS, LIVE_LEASE, LIVE_SLACK, MAX_AHEAD, MAX_PAUSE, MINUTE, ON_TIME, QUEUE_MOST, REASON_CHARS
 from .ledger import LEDGER_SECONDS, TICK, Ledger, Tally
 from .outage import hurried
 from .redis_scripts import GIVE_BACK, LEAD, LEDGER, QUOTA, RESTORE, REWRITE, RUNS, STEP
@@ -411,6 +411,8 @@ def _step_args(
         f"{live:.6f}" if live > 0 else "",
         str(LIVE_LEASE),
         str(LIVE_SLACK),
+        report.asker,
+        str(QUEUE_MOST),
     ]
 
 

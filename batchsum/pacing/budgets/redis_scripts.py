@@ -21,7 +21,8 @@ __all__ = ["ticks", "live_runs", "STEP", "RUNS", "LEDGER", "LEAD", "QUOTA", "RES
 # from now; ARGV[23]: the ages of the starts reserved ahead that went out, counted now. The live lane
 # (gcra.py): ARGV[25] the caller's part of the key when it is a live one ('' none), ARGV[26] how long a
 # live call keeps the lane open, ARGV[27] the slack of a far reservation's first start while it has room;
-# its fields in KEYS[1]: held, live_next, live_until.
+# ARGV[28] the caller's token (``Report.asker``), ARGV[29] how many far batch runs may queue; its fields
+# in KEYS[1]: held, live_next, live_until, promised and promisee (the queue, space-separated).
 STEP = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -43,8 +44,9 @@ if (what == 1 or what == 3 or what == 4) and share_interval ~= nil then
   end
 end
 local s = redis.call('HMGET', KEYS[1], 'tat', 'paused_until', 'reason', 'pace', 'pace_version', 'last', 'pace_at',
-  'updated', 'epoch', 'held', 'live_next', 'live_until')
+  'updated', 'epoch', 'held', 'live_next', 'live_until', 'promised', 'promisee')
 local epoch = s[9] or ARGV[17]
+local promised, promisee = tonumber(s[13]) or 0, s[14] or ''
 local held, live_next, live_until = tonumber(s[10]) or 0, tonumber(s[11]) or 0, tonumber(s[12]) or 0
 local tat, paused_until = tonumber(s[1]) or 0, tonumber(s[2]) or 0
 local old_reason, old_pace, version = s[3] or '', s[4] or '', tonumber(s[5]) or 0
@@ -52,7 +54,7 @@ local last, pace_at, updated = tonumber(s[6]) or 0, tonumber(s[7]) or 0, tonumbe
 if now < updated then
   local back = now - updated
   tat, last, paused_until, pace_at = tat + back, last + back, paused_until + back, pace_at + back
-  held, live_next, live_until = held + back, live_next + back, live_until + back
+  held, live_next, live_until, promised = held + back, live_next + back, live_until + back, promised + back
 end
 if tat > now + interval + max_ahead then tat = now end
 if last > now + max_ahead then last = now - interval end
@@ -82,11 +84,33 @@ if what ~= 0 then
     local way_back = 0
     if what == 4 then way_back = tonumber(ARGV[24]) or 0 end
     if first then at = math.max(due, now + way_back) else at = math.max(tat, due, now + way_back) end
-    if what == 4 then
+    local queue = {}
+    if what == 4 and not first and live_until > now and now < promised + interval then
+      for asker in string.gmatch(promisee, '%S+') do queue[#queue + 1] = asker end
+    end
+    local me = ARGV[28] or ''
+    if what == 4 and not first and #queue > 0 and queue[1] ~= me then
+      local turns = nil
+      for i = 1, #queue do if queue[i] == me then turns = i - 1 end end
+      if turns == nil then
+        turns = #queue
+        if #queue < tonumber(ARGV[29]) then queue[#queue + 1] = me end
+      end
+      promisee = table.concat(queue, ' ')
+      deferred = string.format('%.6f', math.max(on_time, at + turns * interval - now - way_back - slack / 2))
+      at = nil
+    elseif what == 4 then
       if not first and live_until > now and live_next <= at and at > now + way_back + slack then
         deferred = string.format('%.6f', at - now - way_back - slack / 2)
+        promised = at
+        if #queue == 0 then promisee = me else promisee = table.concat(queue, ' ') end
         at = nil
       else
+        if #queue > 0 then
+          promised = at + interval
+          table.remove(queue, 1)
+          promisee = table.concat(queue, ' ')
+        end
         tat = at + count * interval
         last = at + (count - 1) * interval
       end
@@ -107,7 +131,7 @@ redis.call('HSET', KEYS[1], 'tat', string.format('%.6f', tat), 'paused_until', s
   'reason', old_reason, 'pace', old_pace, 'pace_version', version, 'last', string.format('%.6f', last),
   'pace_at', string.format('%.6f', pace_at), 'updated', string.format('%.6f', now), 'epoch', epoch,
   'held', string.format('%.6f', held), 'live_next', string.format('%.6f', live_next),
-  'live_until', string.format('%.6f', live_until))
+  'live_until', string.format('%.6f', live_until), 'promised', string.format('%.6f', promised), 'promisee', promisee)
 redis.call('EXPIRE', KEYS[1], 86400)
 local stop = ''
 if ARGV[18] ~= '' then

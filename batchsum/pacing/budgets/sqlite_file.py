@@ -97,7 +97,7 @@ CREATE TABLE IF NOT EXISTS stops (
 ) WITHOUT ROWID;
 """
 # 3: the epoch, the runs' registry and a job's stops; 4: the quotas' restores (tables made in older files
-# as they open); 5: the live lane (``gcra.State``: the live start held, the lane's schedule, until when open)
+# as they open); 5: the live lane (``gcra.State``: the live start held, the lane's schedule, until when open, the far batch runs' queue)
 SCHEMA_VERSION = "5"
 _COLUMNS = {  # added to old files
     "last": "REAL NOT NULL DEFAULT 0",
@@ -105,6 +105,8 @@ _COLUMNS = {  # added to old files
     "held": "REAL NOT NULL DEFAULT 0",
     "live_next": "REAL NOT NULL DEFAULT 0",
     "live_until": "REAL NOT NULL DEFAULT 0",
+    "promised": "REAL NOT NULL DEFAULT 0",
+    "promisee": "TEXT NOT NULL DEFAULT ''",
 }
 
 
