@@ -127,7 +127,8 @@ def test_far_batch_runs_told_to_wait_for_the_lane_take_the_next_starts_in_the_or
             kept = await second.reserve(INTERVAL, b, ahead=1, lead=far)  # the next start is a's
             assert kept.deferred and kept.wait + far > told.wait + 0.01 + INTERVAL / 2  # for the start after
             mine = await first.reserve(INTERVAL, a, ahead=1, lead=far)
-            assert not mine.deferred and mine.at == pytest.approx(opened.at + INTERVAL, abs=1.0)
+            assert not mine.deferred and mine.at is not None  # the key's next start (its way back's reach, at least)
+            assert opened.at + INTERVAL - 0.01 <= mine.at < opened.at + 2 * INTERVAL - 10
             assert (await third.reserve(INTERVAL, c, ahead=1, lead=far)).deferred  # b's turn before c's
             live = await gateway.reserve(INTERVAL, ahead=1, lead=0.01, live=0.25)  # the lane's second at once
             assert live.live and live.at == pytest.approx(mine.at + INTERVAL, abs=1.0)

@@ -56,8 +56,8 @@ LIVE_LEASE = 60.0  # a live lane with no live call for this long is closed (far 
 # while a live lane has room: a live request arriving within it waits one interval more (docs/pacing.md).
 LIVE_SLACK = 0.005
 # While the lane is open the far batch runs told to wait take the key's starts in the order they were
-# told (the first one's start kept for it until an interval past it), not first come: else the run
-# whose calls land soonest would take them all. At most this many wait so.
+# told (the first one's start kept for it until it passes, then the next one's), not first come: else
+# the run whose calls land soonest would take them all. At most this many wait so.
 QUEUE_MOST = 16
 
 
@@ -134,8 +134,14 @@ class State:
         at = max(due, now + way_back) if ahead_of_batch else max(self.tat, due, now + way_back)
         if what == AHEAD:
             if not ahead_of_batch:
-                queue = self.promisee.split() if self.live_until > now and now < self.promised + interval else []
-                me = report.asker
+                me = report.asker if live <= 0 else ""  # a live caller beyond its lane's room keeps out of it
+                queue: list[str] = []
+                if me and self.live_until > now:
+                    queue = self.promisee.split()
+                    while queue and now > self.promised + LIVE_SLACK:  # the first did not come for its start
+                        queue.pop(0)
+                        self.promised += interval
+                    self.promisee = " ".join(queue)
                 if queue and queue[0] != me:  # the key's next start is kept for a run told to wait for it
                     if me not in queue and len(queue) < QUEUE_MOST:
                         queue.append(me)
@@ -143,7 +149,8 @@ class State:
                     turns = queue.index(me) if me in queue else len(queue)
                     return Step(None, defer=max(ON_TIME, at + turns * interval - now - way_back - LIVE_SLACK / 2))
                 if self.live_until > now and self.live_next <= at and at > now + way_back + LIVE_SLACK:
-                    self.promised, self.promisee = at, " ".join(queue or [me])  # kept for the queue's first
+                    if me:  # a live request may take it; no batch run before the queue's first
+                        self.promised, self.promisee = at, " ".join(queue or [me])
                     return Step(None, defer=at - now - way_back - LIVE_SLACK / 2)
                 if queue:  # this run's turn: the next in the queue has the start after it
                     self.promised, self.promisee = at + interval, " ".join(queue[1:])

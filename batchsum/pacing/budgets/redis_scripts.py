@@ -84,11 +84,17 @@ if what ~= 0 then
     local way_back = 0
     if what == 4 then way_back = tonumber(ARGV[24]) or 0 end
     if first then at = math.max(due, now + way_back) else at = math.max(tat, due, now + way_back) end
+    local me = ''
+    if live == 0 then me = ARGV[28] or '' end
     local queue = {}
-    if what == 4 and not first and live_until > now and now < promised + interval then
+    if what == 4 and not first and me ~= '' and live_until > now then
       for asker in string.gmatch(promisee, '%S+') do queue[#queue + 1] = asker end
+      while #queue > 0 and now > promised + slack do
+        table.remove(queue, 1)
+        promised = promised + interval
+      end
+      promisee = table.concat(queue, ' ')
     end
-    local me = ARGV[28] or ''
     if what == 4 and not first and #queue > 0 and queue[1] ~= me then
       local turns = nil
       for i = 1, #queue do if queue[i] == me then turns = i - 1 end end
@@ -102,8 +108,10 @@ if what ~= 0 then
     elseif what == 4 then
       if not first and live_until > now and live_next <= at and at > now + way_back + slack then
         deferred = string.format('%.6f', at - now - way_back - slack / 2)
-        promised = at
-        if #queue == 0 then promisee = me else promisee = table.concat(queue, ' ') end
+        if me ~= '' then
+          promised = at
+          if #queue == 0 then promisee = me else promisee = table.concat(queue, ' ') end
+        end
         at = nil
       else
         if #queue > 0 then
