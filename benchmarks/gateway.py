@@ -588,7 +588,7 @@ def live(args: argparse.Namespace) -> dict[str, Any]:
 
     results: dict[str, Any] = {}
     for budget in args.budgets:
-        for share in ("0.25", "0"):
+        for share in args.live_shares:
             with tempfile.TemporaryDirectory() as folder:
                 redis = OwnRedis(folder) if budget == "redis" else None
                 if redis is not None:
@@ -689,6 +689,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--offer-seconds", type=float, default=90.0)
     parser.add_argument("--outage-seconds", type=float, default=40.0)
+    parser.add_argument(
+        "--live-shares", nargs="+", default=["0.25", "0"], metavar="SHARE", help="--interactive-share values (live)"
+    )
     parser.add_argument("--litellm", default="/tmp/litellm-venv", metavar="DIR", help="a venv with litellm[proxy]")
     parser.add_argument("--budgets", nargs="+", default=["machine", "redis"], choices=["machine", "redis"])
     parser.add_argument("--json", default=None)

@@ -24,7 +24,6 @@ import os
 import secrets
 import stat
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -131,7 +130,7 @@ class Gateway:
         from ..run.served import IDLE_SECONDS, KeyRuns
 
         self.options = options
-        self.run_id = options.spec.run_id or uuid.uuid4().hex[:16]
+        self.run_id = options.spec.run_id or os.urandom(8).hex()
         self.runs = KeyRuns(
             self._spec_for,
             idle_seconds=options.idle_seconds or IDLE_SECONDS,
