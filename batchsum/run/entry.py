@@ -39,6 +39,10 @@ log = logging.getLogger("batchsum")
 
 ENV_HOST = "BATCHSUM_HOST"  # the host a run names itself by (default: the machine's name)
 KEEP_ALIVE_SECONDS = RUN_LEASE_SECONDS / 3  # a quiet run publishes on a call of its own this often
+# An entry asked for at once goes with the pacer's next call when one comes within this, else on a call
+# of its own: a busy run (a gateway's, a claim on the quota at every request) makes no call more for it.
+# Well inside PUBLISH_SECONDS, the lag others allow an entry (``quota.OtherClaims.held``).
+CARRIED_SECONDS = 0.25
 OUTPUT_CHARS = 240  # an output's location longer than this is shown by its ends
 RATE_SECONDS = 60.0  # a run's own rate: its starts on the key in the trailing minute
 
@@ -160,9 +164,9 @@ class Entry(Presence):
             lane.counted.others.publish(self.member.member, self.publish_now)
 
     def publish_now(self) -> None:
-        """The entry published at once: with the pacer's next call, else on a call of its own (its
-        claims on the quota started or stopped being pending: a run refused by the count waits on
-        them, and a far budget's starts, reserved ahead, make no call to carry them)."""
+        """The entry published now: with the pacer's next call, else (none within ``CARRIED_SECONDS``) on
+        a call of its own (its claims on the quota started or stopped being pending: a run refused by
+        the count waits on them, and a far budget's starts, reserved ahead, make no call to carry them)."""
         self.published()
         self._now.set()
 
@@ -190,13 +194,19 @@ class Entry(Presence):
 
     async def keep_alive(self) -> None:
         """Publish on a call of the run's own whenever its pacer made none for ``KEEP_ALIVE_SECONDS``,
-        or at once when asked (``publish_now``)."""
+        or when asked (``publish_now``) and no call of the pacer's carried it within ``CARRIED_SECONDS``."""
         while True:
             wait = self.last + KEEP_ALIVE_SECONDS - self._clock()
             if wait > 0 and not self._now.is_set():
                 with suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._now.wait(), min(wait, KEEP_ALIVE_SECONDS))
                 continue
+            if self._now.is_set():  # asked at once: the pacer's next call carries it, if one comes soon
+                self._now.clear()
+                asked = self._clock()
+                await asyncio.sleep(CARRIED_SECONDS)
+                if self.last >= asked and not self._now.is_set():
+                    continue
             self._now.clear()
             report = self.stamp(NO_REPORT)
             if report.entry is None:  # published less than PUBLISH_SECONDS ago, after all
